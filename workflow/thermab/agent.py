@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""thermab telemetry agent: one stdlib-only file copied to every host and run detached.
+
+Usage on a host (Python >= 3.8, nothing to install):
+
+    python3 agent.py --config agent.json          # runs until SIGTERM or the stop file
+
+agent.json holds: out_dir, sys_root ("/" on a real host, the node tree on a simulated
+one), proc_root ("/proc"), process_pattern (regex over /proc/PID/cmdline), intervals
+({"thermal": 15, "cpu": 6, "freq": 15}) and optionally stop_file.  The settings travel in
+a file rather than on the command line so that the agent's own cmdline never matches the
+process pattern it is looking for.
+
+Every source appends rows ``t,sensor,value,reason`` to ``out_dir/<source>.csv`` and flushes
+each sample, so a crash loses at most one sample.  ``value`` is empty and ``reason`` says
+why when a reading is missing.  A restart appends (never truncates) and writes an
+``agent_start`` row to ``agent_events.csv`` so the gap is visible.
+"""
+
+import argparse
+import csv
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+VERSION = "0.1.0"
+PLAUSIBLE_C = (-40.0, 150.0)
+
+
+def read_text(path):
+    with open(path, "r", encoding="utf-8", errors="replace") as handle:
+        return handle.read().strip()
+
+
+class Source:
+    """One kind of telemetry: ``available()``, ``discover()`` then ``sample()`` repeatedly."""
+
+    name = "source"
+
+    def __init__(self, sys_root="/", proc_root="/proc"):
+        self.sys_root = sys_root
+        self.proc_root = proc_root
+
+    def sys_path(self, *parts):
+        return os.path.join(self.sys_root, "sys", *parts)
+
+    def proc_path(self, *parts):
+        return os.path.join(self.proc_root, *parts)
+
+    def available(self):
+        return True
+
+    def discover(self):
+        """Return a dict of facts found once at start (names, trip points, ...)."""
+        return {}
+
+    def sample(self):
+        """Return a list of (sensor, value or None, reason)."""
+        raise NotImplementedError
+
+
+def zone_name(raw_path, zone_type, index, taken):
+    """``\\_TZ_.TSOC`` -> ``TSOC``; without a device path, the zone type (deduplicated)."""
+    if raw_path:
+        name = re.split(r"[\\.]", raw_path.strip())[-1]
+        if name:
+            return name
+    name = zone_type or "zone%d" % index
+    if name in taken:
+        name = "%s_%d" % (name, index)
+    return name
+
+
+def parse_millidegrees(text):
+    """Return (celsius or None, reason)."""
+    try:
+        value = int(text) / 1000.0
+    except ValueError:
+        return None, "not a number: %r" % text[:40]
+    if not PLAUSIBLE_C[0] < value < PLAUSIBLE_C[1]:
+        return None, "implausible: %.1f C" % value
+    return value, ""
+
+
+class ThermalZones(Source):
+    name = "thermal"
+
+    def __init__(self, *args, **kwargs):
+        Source.__init__(self, *args, **kwargs)
+        self.zones = {}
+
+    def base(self):
+        return self.sys_path("class", "thermal")
+
+    def available(self):
+        return os.path.isdir(self.base())
+
+    def discover(self):
+        zones, trips = {}, {}
+        entries = sorted(
+            (e for e in os.listdir(self.base()) if e.startswith("thermal_zone")),
+            key=lambda e: int(re.sub(r"\D", "", e) or 0),
+        )
+        for entry in entries:
+            zone_dir = os.path.join(self.base(), entry)
+            index = int(re.sub(r"\D", "", entry) or 0)
+            raw_path = self._optional(os.path.join(zone_dir, "device", "path"))
+            zone_type = self._optional(os.path.join(zone_dir, "type"))
+            name = zone_name(raw_path, zone_type, index, zones)
+            zones[name] = zone_dir
+            trip = self._optional(os.path.join(zone_dir, "trip_point_0_temp"))
+            if trip:
+                trips[name] = parse_millidegrees(trip)[0]
+        self.zones = zones
+        return {"zones": sorted(zones), "trip_points_c": trips}
+
+    @staticmethod
+    def _optional(path):
+        try:
+            return read_text(path)
+        except OSError:
+            return ""
+
+    def sample(self):
+        rows = []
+        for name, zone_dir in sorted(self.zones.items()):
+            try:
+                value, reason = parse_millidegrees(read_text(os.path.join(zone_dir, "temp")))
+            except OSError as error:
+                value, reason = None, "unreadable: %s" % error.strerror
+            rows.append((name, value, reason))
+        return rows
+
+
+class CpuFrequency(Source):
+    """Every cpufreq policy; ``cpuinfo_avg_freq`` where the kernel has it (GB10's
+    ``scaling_cur_freq`` can over-read), else ``scaling_cur_freq``."""
+
+    name = "freq"
+
+    def base(self):
+        return self.sys_path("devices", "system", "cpu", "cpufreq")
+
+    def available(self):
+        return os.path.isdir(self.base())
+
+    def discover(self):
+        self.policies = {}
+        for entry in sorted(os.listdir(self.base()), key=lambda e: int(re.sub(r"\D", "", e) or 0)):
+            if not entry.startswith("policy"):
+                continue
+            policy_dir = os.path.join(self.base(), entry)
+            for source_file in ("cpuinfo_avg_freq", "scaling_cur_freq"):
+                if os.path.exists(os.path.join(policy_dir, source_file)):
+                    self.policies["cpu" + entry[len("policy"):]] = os.path.join(policy_dir, source_file)
+                    break
+        return {"policies": {k: os.path.basename(v) for k, v in self.policies.items()}}
+
+    def sample(self):
+        rows = []
+        for sensor, path in sorted(self.policies.items(), key=lambda kv: int(kv[0][3:])):
+            try:
+                rows.append((sensor, int(read_text(path)) / 1000.0, ""))
+            except (OSError, ValueError) as error:
+                rows.append((sensor, None, "unreadable: %s" % error))
+        return rows
+
+
+def parse_stat(text):
+    """utime+stime ticks and starttime from /proc/PID/stat (comm may contain spaces)."""
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[11]) + int(fields[12]), int(fields[19])
+
+
+class ProcessCpu(Source):
+    """Σ Δ(utime+stime) / CLK_TCK / Δt × 100 over every process whose cmdline matches."""
+
+    name = "cpu"
+
+    def __init__(self, pattern="vllm", *args, **kwargs):
+        Source.__init__(self, *args, **kwargs)
+        self.pattern = re.compile(pattern)
+        self.clk_tck = os.sysconf("SC_CLK_TCK")
+        self.previous = None
+        self.previous_t = None
+        self.own_pids = {os.getpid()}
+
+    def matching_pids(self):
+        pids = []
+        for entry in os.listdir(self.proc_root):
+            if not entry.isdigit() or int(entry) in self.own_pids:
+                continue
+            try:
+                with open(self.proc_path(entry, "cmdline"), "rb") as handle:
+                    cmdline = handle.read().replace(b"\0", b" ").decode("utf-8", "replace")
+            except OSError:
+                continue
+            if self.pattern.search(cmdline):
+                pids.append(entry)
+        return pids
+
+    def ticks(self):
+        result = {}
+        for pid in self.matching_pids():
+            try:
+                result[pid] = parse_stat(read_text(self.proc_path(pid, "stat")))
+            except (OSError, ValueError):
+                continue  # the process ended between listing and reading
+        return result
+
+    def boot_ticks(self, now):
+        """Uptime in ticks, to tell whether a new process started after the last sample."""
+        try:
+            uptime = float(read_text(self.proc_path("uptime")).split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return uptime * self.clk_tck
+
+    def sample(self):
+        now = time.time()
+        current = self.ticks()
+        rows = []
+        if self.previous is not None:
+            elapsed = now - self.previous_t
+            uptime_ticks = self.boot_ticks(now)
+            since_ticks = None if uptime_ticks is None else uptime_ticks - elapsed * self.clk_tck
+            delta = 0
+            for pid, (ticks, start) in current.items():
+                if pid in self.previous and self.previous[pid][1] == start:
+                    delta += ticks - self.previous[pid][0]
+                elif since_ticks is not None and start >= since_ticks:
+                    delta += ticks  # born inside this interval: all its ticks are new
+            rows.append(("vllm_cpu_pct", 100.0 * delta / self.clk_tck / elapsed, ""))
+            rows.append(("vllm_processes", float(len(current)), ""))
+        self.previous, self.previous_t = current, now
+        return rows
+
+
+class SystemCpu(Source):
+    """Busy share of all CPUs from /proc/stat, and the 1-minute load average."""
+
+    name = "system"
+
+    def __init__(self, *args, **kwargs):
+        Source.__init__(self, *args, **kwargs)
+        self.previous = None
+
+    def sample(self):
+        fields = [int(x) for x in read_text(self.proc_path("stat")).splitlines()[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        total = sum(fields[:8])
+        rows = []
+        if self.previous is not None:
+            d_total = total - self.previous[0]
+            if d_total > 0:
+                rows.append(("busy_pct", 100.0 * (d_total - (idle - self.previous[1])) / d_total, ""))
+        self.previous = (total, idle)
+        rows.append(("loadavg_1m", float(read_text(self.proc_path("loadavg")).split()[0]), ""))
+        return rows
+
+
+def format_value(value):
+    if value is None or value == "":
+        return ""
+    return "%.3f" % value if isinstance(value, float) else str(value)
+
+
+class Agent:
+    def __init__(self, settings):
+        self.settings = settings
+        self.out_dir = settings["out_dir"]
+        sys_root = settings.get("sys_root", "/")
+        proc_root = settings.get("proc_root", "/proc")
+        intervals = settings.get("intervals", {})
+        candidates = [
+            ThermalZones(sys_root, proc_root),
+            CpuFrequency(sys_root, proc_root),
+            ProcessCpu(settings.get("process_pattern", "vllm"), sys_root, proc_root),
+            SystemCpu(sys_root, proc_root),
+        ]
+        default_interval = {"thermal": 15.0, "cpu": 6.0, "freq": 15.0, "system": 6.0}
+        self.sources = []
+        for source in candidates:
+            interval = float(intervals.get(source.name, default_interval[source.name]))
+            if interval > 0 and source.available():
+                self.sources.append((source, interval))
+        self.stopping = False
+
+    def event(self, name, detail):
+        self._append("agent_events", [(time.time(), name, "", json.dumps(detail, sort_keys=True))])
+
+    def _append(self, stem, rows):
+        path = os.path.join(self.out_dir, stem + ".csv")
+        new = not os.path.exists(path)
+        with open(path, "a", newline="") as handle:
+            writer = csv.writer(handle)
+            if new:
+                writer.writerow(["t", "sensor", "value", "reason"])
+            for row in rows:
+                t, sensor, value, reason = row
+                writer.writerow(["%.3f" % t, sensor, format_value(value), reason])
+            handle.flush()
+
+    def stop_requested(self):
+        stop_file = self.settings.get("stop_file")
+        return self.stopping or bool(stop_file and os.path.exists(stop_file))
+
+    def run(self):
+        os.makedirs(self.out_dir, exist_ok=True)
+        discovered = {}
+        for source, _ in self.sources:
+            try:
+                discovered[source.name] = source.discover()
+            except OSError as error:
+                discovered[source.name] = {"error": str(error)}
+        meta = {"pid": os.getpid(), "version": VERSION, "start": time.time(),
+                "sources": {s.name: i for s, i in self.sources}, "discovered": discovered}
+        with open(os.path.join(self.out_dir, "agent.json"), "w") as handle:
+            json.dump(meta, handle, indent=1, sort_keys=True)
+        self.event("agent_start", meta)
+        due = {source.name: time.time() for source, _ in self.sources}
+        while not self.stop_requested():
+            now = time.time()
+            for source, interval in self.sources:
+                if now >= due[source.name]:
+                    due[source.name] = now + interval
+                    try:
+                        rows = source.sample()
+                    except (OSError, ValueError) as error:
+                        rows = [("source_error", None, str(error)[:200])]
+                    t = time.time()
+                    self._append(source.name, [(t, s, v, r) for s, v, r in rows])
+            time.sleep(max(0.05, min(min(due.values()) - time.time(), 0.5)))
+        self.event("agent_stop", {"pid": os.getpid()})
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="agent.json with out_dir, roots, pattern, intervals")
+    args = parser.parse_args(argv)
+    with open(args.config) as handle:
+        settings = json.load(handle)
+    agent = Agent(settings)
+
+    def request_stop(signum, frame):
+        agent.stopping = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    agent.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
