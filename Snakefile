@@ -1,0 +1,25 @@
+# thermab: controlled A/B experiments of heat, CPU and speed on LLM inference servers.
+# Stages and file contracts: ../shared/DESIGN.md (mirrored in docs/design.md); keys: config/README.md.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/preflight.smk"
+include: "workflow/rules/monitor.smk"
+include: "workflow/rules/phase.smk"
+include: "workflow/rules/analyze.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        get_final_outputs,
+    default_target: True

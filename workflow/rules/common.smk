@@ -1,0 +1,45 @@
+import sys
+from pathlib import Path
+
+# The Snakefile imports the package from the checkout; jobs import the installed one
+# (`pip install -e .`, or the `-e ..` line of each conda env).
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
+
+from thermab import config as thermab_config
+from thermab import plan
+
+# JSON-schema validation (workflow/schemas/config.schema.yaml) with defaults filled in;
+# an error names the config key at fault and stops the run before any job.
+config.update(thermab_config.validate(config))
+
+TABLES = ["thresholds", "zones", "cpu", "performance", "variance"]
+
+
+wildcard_constraints:
+    cluster="|".join(config["clusters"]),
+    order="[" + "".join(config["arms"]) + "]+",
+    rep=r"\d+",
+    arm="|".join(config["arms"]),
+
+
+def get_final_outputs(wildcards):
+    return [
+        f"results/{cluster}/{config['order']}/{name}"
+        for cluster in config["clusters"]
+        for name in ("summary.md", "report.html")
+    ]
+
+
+def get_previous_phase(wildcards):
+    previous = plan.previous(wildcards.order, int(wildcards.rep), wildcards.arm)
+    return f"results/{wildcards.cluster}/{wildcards.order}/phases/{previous}/phase.json"
+
+
+def get_phase_files(name):
+    def phase_files(wildcards):
+        return [
+            f"results/{wildcards.cluster}/{wildcards.order}/phases/{phase.id}/{name}"
+            for phase in plan.phases(wildcards.order, config["repeats"])
+        ]
+
+    return phase_files

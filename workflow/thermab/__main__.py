@@ -1,0 +1,32 @@
+"""``python -m thermab COMMAND``: the package's entry points outside Snakemake.
+
+    analyze RUN_DIR             tables and summary.md of any run directory
+    import-chart JSON OUT_DIR   a run directory from existing wide time-series data
+    load ...                    one closed-loop load phase against an endpoint
+    check-config FILE           validate a config file, naming any key at fault
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "analyze": "thermab.analyze",
+    "import-chart": "thermab.importer",
+    "load": "thermab.load",
+    "check-config": "thermab.config",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(__doc__, file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[argv[0]])
+    return module.main(argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

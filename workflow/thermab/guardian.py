@@ -1,0 +1,120 @@
+"""The dead-man switch: a detached process that watches the Snakemake process driving a
+run and, if it goes away before the run has shut down cleanly (failure, Ctrl-C, kill),
+performs the shutdown itself: restore every patched file, stop servers and agents.
+
+Snakemake's ``onerror`` is not called on every kind of exit (an interrupt, a killed
+controller), so the guarantee "no host left patched" cannot live inside Snakemake."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PID_FILE = "guardian.json"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def controller_pid() -> int:
+    """The outermost Snakemake ancestor of this process, else our parent."""
+    found, pid = 0, os.getppid()
+    while pid > 1:
+        if "snakemake" in _cmdline(pid):
+            found = pid
+        pid = _parent(pid)
+    return found or os.getppid()
+
+
+def alive(pid: int) -> bool:
+    """Running and not a zombie (an exited child not yet reaped is dead for our purpose)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _read(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / PID_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def ensure(run_dir: Path) -> int:
+    """Make sure a guardian watches the current controller; returns the guardian's pid."""
+    run_dir = Path(run_dir)
+    watch = controller_pid()
+    current = _read(run_dir)
+    if current and current["watch"] == watch and alive(current["pid"]) \
+            and "thermab.guardian" in _cmdline(current["pid"]):
+        return current["pid"]
+    if current and alive(current["pid"]) and "thermab.guardian" in _cmdline(current["pid"]):
+        os.kill(current["pid"], signal.SIGTERM)  # it watches a controller that has gone
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "logs" / "guardian.log", "a") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "thermab.guardian", "--run-dir", str(run_dir), "--watch", str(watch)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    (run_dir / PID_FILE).write_text(json.dumps({"pid": process.pid, "watch": watch}))
+    return process.pid
+
+
+def release(run_dir: Path) -> None:
+    """The run shut down cleanly: the guardian is no longer needed."""
+    current = _read(Path(run_dir))
+    if current and alive(current["pid"]) and "thermab.guardian" in _cmdline(current["pid"]):
+        os.kill(current["pid"], signal.SIGTERM)
+    (Path(run_dir) / PID_FILE).unlink(missing_ok=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="restore and stop a run when its controller exits")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--watch", required=True, type=int)
+    args = parser.parse_args(argv)
+    released = False
+
+    def on_release(signum, frame):
+        nonlocal released
+        released = True
+
+    signal.signal(signal.SIGTERM, on_release)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal is for Snakemake
+    while not released and alive(args.watch):
+        time.sleep(0.5)
+    if released:
+        return 0
+    from thermab.run import Run  # imported late: the guardian idles with few modules loaded
+
+    def say(message: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} guardian: {message}", flush=True)
+
+    say(f"controller {args.watch} exited before the run shut down: restoring and stopping")
+    problems = Run.from_session(args.run_dir, say).shutdown(f"controller {args.watch} exited")
+    say("shutdown complete" if not problems else f"shutdown finished with {len(problems)} problem(s)")
+    (args.run_dir / PID_FILE).unlink(missing_ok=True)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

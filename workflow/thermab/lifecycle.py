@@ -1,0 +1,61 @@
+"""Server lifecycle on a cluster: stop (head first), start (in config order: the worker
+before the head), and wait until the OpenAI endpoint is ready."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Callable
+
+from thermab.host import Host
+
+
+class NotReady(RuntimeError):
+    pass
+
+
+def stop_servers(hosts: list[Host]) -> None:
+    for host in reversed(hosts):
+        command = host.spec.command("stop")
+        if command:
+            host.run(command, timeout=300)
+
+
+def start_servers(hosts: list[Host], env: dict[str, str] | None = None) -> None:
+    for host in hosts:
+        command = host.spec.command("start", env)
+        if command:
+            host.run(command, timeout=300)
+
+
+def _get_json(url: str, timeout: float = 5) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read() or b"{}")
+
+
+def wait_ready(endpoint: str, timeout_s: float, *, poll_s: float = 1.0,
+               progress: Callable[[str], None] = print) -> str:
+    """Poll ``/health`` then ``/v1/models``; return the first model id.
+
+    Real servers take 3-20 minutes to load weights, so progress is reported while waiting."""
+    deadline = time.monotonic() + timeout_s
+    last_error = "no answer yet"
+    next_report = time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(endpoint + "/health", timeout=5).close()
+            models = _get_json(endpoint + "/v1/models")["data"]
+            if models:
+                return models[0]["id"]
+            last_error = "/v1/models lists no model"
+        except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
+            last_error = str(getattr(error, "reason", error))
+        if time.monotonic() >= next_report:
+            waited = timeout_s - (deadline - time.monotonic())
+            progress(f"waiting for {endpoint} to be ready: {waited:.0f}/{timeout_s:.0f} s ({last_error})")
+            next_report = time.monotonic() + 10
+        time.sleep(poll_s)
+    raise NotReady(f"{endpoint} not ready after {timeout_s:.0f} s "
+                   f"(config key 'timings.startup_timeout_s'): {last_error}")

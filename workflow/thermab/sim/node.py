@@ -1,0 +1,240 @@
+"""A simulated GB10 node: the files a real node has, under one root directory.
+
+::
+
+    ROOT/usr/local/lib/python3.12/dist-packages/vllm/...      importable stand-in of vLLM
+        .../distributed/device_communicators/shm_broadcast.py the file the arms patch
+    ROOT/sys/class/thermal/thermal_zone{0..6}/                type, device/path, temp,
+                                                              trip_point_0_temp
+    ROOT/sys/devices/system/cpu/cpufreq/policy{0..N-1}/       scaling_cur_freq,
+                                                              cpuinfo_max_freq,
+                                                              cpuinfo_avg_freq (perf cores)
+    ROOT/sim.json                                             role, process pattern,
+                                                              clocks, thermal model
+    ROOT/run/                                                 pid files, logs, gpu_busy_s
+
+The telemetry agent reads it with ``sys_root=ROOT``; the simulated server
+(:mod:`thermab.sim.vllm`) and thermal model (:mod:`thermab.sim.thermal`) run as processes
+recorded in ``run/``.  Every server process carries ``--node ROOT`` on its command line,
+which is how :func:`process_pattern` tells the nodes apart on one machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+ROLES = ("head", "worker")
+SITE_PACKAGES = Path("usr/local/lib/python3.12/dist-packages")
+SHM_BROADCAST = SITE_PACKAGES / "vllm/distributed/device_communicators/shm_broadcast.py"
+VLLM_VERSION = "0.25.2.dev0+thermab.sim"  # the study's image ran vLLM 0.25.2.dev0
+
+# GB10 ACPI zones in thermal_zone order; TSOC reads the hottest of the others.
+ZONES = ("TSOC", "TS0E", "TS0P", "TS1E", "TS1P", "TGPU", "TUNC")
+SOC_ZONE = "TSOC"
+TRIP_POINT_MILLIC = 104800
+
+# First-order model per zone, see thermab.sim.thermal.  Ambient = the study's head idle
+# means.  Gains are fitted to the study's head load means (stock 89.5 / patched 80.4 on
+# TS1P, TUNC 73.6/71.1, TGPU 69.1/68.6, TS0P 68.9/67.1, ...) given what this emulator
+# measures on a 2-core machine under 4 streams: head node processes ~1.2 cores stock,
+# ~0.35 patched, GPU busy ~0.9 in both.  The worker (~0.3 cores) then lands at ~77 °C,
+# the study's worker TSOC in both arms.
+THERMAL_MODEL = {
+    "tick_s": 0.5,
+    "noise_c": 0.2,
+    "zones": {
+        "TS0E": {"ambient_c": 45.2, "c_per_core": 1.9, "c_at_gpu_busy": 23.6, "tau_s": 15.0},
+        "TS0P": {"ambient_c": 45.9, "c_per_core": 2.1, "c_at_gpu_busy": 22.8, "tau_s": 15.0},
+        "TS1E": {"ambient_c": 45.6, "c_per_core": 2.8, "c_at_gpu_busy": 23.4, "tau_s": 15.0},
+        "TS1P": {"ambient_c": 45.9, "c_per_core": 10.7, "c_at_gpu_busy": 34.5, "tau_s": 10.0},
+        "TGPU": {"ambient_c": 48.8, "c_per_core": 0.6, "c_at_gpu_busy": 21.8, "tau_s": 12.0},
+        "TUNC": {"ambient_c": 46.8, "c_per_core": 2.9, "c_at_gpu_busy": 26.0, "tau_s": 15.0},
+    },
+}
+
+# GB10 CPU: two clusters of ten, each five Cortex-A725 then five Cortex-X925 cores.
+CLOCKS = {"performance_khz": 3900000, "efficiency_khz": 2808000, "jitter_khz": 20000}
+
+
+def process_pattern(root: Path) -> str:
+    """Regex over /proc/PID/cmdline matching every server process of this node only."""
+    return r"vllm.*--node %s(\s|$)" % re.escape(str(Path(root).resolve()))
+
+
+def performance_policies(cores: int) -> list[int]:
+    """The upper half of each of the two clusters (policy5..9 and 15..19 on 20 cores)."""
+    half = max(1, cores // 2)
+    return [cpu for cpu in range(cores) if cpu % half >= half // 2]
+
+
+def zone_dir(root: Path, index: int) -> Path:
+    return Path(root) / "sys/class/thermal" / ("thermal_zone%d" % index)
+
+
+def policy_dir(root: Path, cpu: int) -> Path:
+    return Path(root) / "sys/devices/system/cpu/cpufreq" / ("policy%d" % cpu)
+
+
+def run_dir(root: Path) -> Path:
+    return Path(root) / "run"
+
+
+def millidegrees(celsius: float) -> str:
+    """Sysfs text at the 0.1 °C resolution GB10 reports."""
+    return "%d\n" % (round(celsius * 10) * 100)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write then rename, so a reader never sees a half-written value."""
+    tmp = path.with_name(".%s.tmp%d" % (path.name, os.getpid()))
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _write_missing(path: Path, text: str) -> None:
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text)
+
+
+def create_node(root: Path, role: str, cores: int = 20) -> None:
+    """Create or complete a node tree.  Idempotent: existing files are kept (the
+    shm_broadcast.py may carry a patch, temperatures may be live); sim.json is rewritten."""
+    if role not in ROLES:
+        raise ValueError("role must be one of %s, not %r" % (ROLES, role))
+    root = Path(root).resolve()
+    run_dir(root).mkdir(parents=True, exist_ok=True)
+
+    package = root / SITE_PACKAGES / "vllm"
+    _write_missing(package / "__init__.py", '__version__ = "%s"\n' % VLLM_VERSION)
+    _write_missing(package / "distributed/__init__.py", "")
+    _write_missing(package / "distributed/device_communicators/__init__.py", "")
+    template = resources.files("thermab.sim").joinpath("shm_broadcast_template.py").read_text()
+    _write_missing(root / SHM_BROADCAST, template)
+
+    zones = THERMAL_MODEL["zones"]
+    idle = {name: zones[name]["ambient_c"] for name in zones}
+    idle[SOC_ZONE] = max(idle.values())
+    for index, name in enumerate(ZONES):
+        directory = zone_dir(root, index)
+        _write_missing(directory / "type", "acpitz\n")
+        _write_missing(directory / "device/path", "\\_TZ_.%s\n" % name)
+        _write_missing(directory / "temp", millidegrees(idle[name]))
+        _write_missing(directory / "trip_point_0_temp", "%d\n" % TRIP_POINT_MILLIC)
+
+    performance = performance_policies(cores)
+    for cpu in range(cores):
+        khz = CLOCKS["performance_khz" if cpu in performance else "efficiency_khz"]
+        directory = policy_dir(root, cpu)
+        _write_missing(directory / "cpuinfo_max_freq", "%d\n" % khz)
+        _write_missing(directory / "scaling_cur_freq", "%d\n" % khz)
+        if cpu in performance:
+            _write_missing(directory / "cpuinfo_avg_freq", "%d\n" % khz)
+
+    settings = {
+        "role": role,
+        "cores": cores,
+        "performance_policies": performance,
+        "process_pattern": process_pattern(root),
+        "clocks": CLOCKS,
+        "thermal": THERMAL_MODEL,
+    }
+    write_atomic(root / "sim.json", json.dumps(settings, indent=1) + "\n")
+
+
+def load_settings(root: Path) -> dict:
+    return json.loads((Path(root) / "sim.json").read_text())
+
+
+def read_busy_loop_s(root: Path) -> float:
+    """The default of ``SpinCondition(busy_loop_s=...)`` in the node's own file, read by
+    importing it, so whatever a patch wrote there (or broke) is what the server runs."""
+    path = Path(root) / SHM_BROADCAST
+    spec = importlib.util.spec_from_file_location("thermab_node_shm_broadcast", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    default = inspect.signature(module.SpinCondition.__init__).parameters["busy_loop_s"].default
+    return float(default)
+
+
+# Daemons of a node: one pid file per name in run/, a log next to it.
+
+def pid_file(root: Path, name: str) -> Path:
+    return run_dir(root) / (name + ".pid")
+
+
+def claim_pid_file(root: Path, name: str) -> None:
+    write_atomic(pid_file(root, name), "%d\n" % os.getpid())
+
+
+def release_pid_file(root: Path, name: str) -> None:
+    path = pid_file(root, name)
+    try:
+        if int(path.read_text()) == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def start_detached(root: Path, name: str, module: str, args: list[str]) -> int:
+    """Run ``python -m module args`` in a new session logging to run/NAME.log; return at once."""
+    with open(run_dir(root) / (name + ".log"), "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    write_atomic(pid_file(root, name), "%d\n" % process.pid)
+    return process.pid
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (a zombie has released everything but its pid)."""
+    try:
+        stat = Path("/proc/%d/stat" % pid).read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def stop(root: Path, name: str, timeout: float = 10.0) -> bool:
+    """SIGTERM the process in run/NAME.pid (its whole session when it leads one), wait,
+    then SIGKILL.  Returns whether it was running.  A pid whose command line does not
+    name this node is stale (reused by something else) and is never signalled."""
+    root = Path(root).resolve()
+    path = pid_file(root, name)
+    try:
+        pid = int(path.read_text())
+        cmdline = Path("/proc/%d/cmdline" % pid).read_bytes().replace(b"\0", b" ").decode()
+    except (OSError, ValueError):
+        cmdline = ""
+    if not re.search(r"--node %s(\s|$)" % re.escape(str(root)), cmdline):
+        path.unlink(missing_ok=True)
+        return False
+    leads_group = os.getpgid(pid) == pid
+
+    def send(sig):
+        try:
+            os.killpg(pid, sig) if leads_group else os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    send(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    send(signal.SIGKILL)  # whatever is left of the session after a clean exit or the timeout
+    while _alive(pid):
+        time.sleep(0.05)
+    path.unlink(missing_ok=True)
+    return True

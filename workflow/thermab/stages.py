@@ -1,0 +1,217 @@
+"""What each host-touching rule does: preflight, monitor start, baseline, one phase,
+monitor stop.  The rules' scripts are one call into here."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from thermab import guardian, lifecycle, monitor
+from thermab.load import run_load
+from thermab.patch import anchor_count, sha256
+from thermab.run import Run, clock_offsets
+from thermab.transport import TransportError
+
+ZONES_SCRIPT = (
+    'for z in {base}/thermal_zone*; do [ -r "$z/temp" ] || continue; '
+    'printf "%s\\t%s\\t%s\\t%s\\n" "${{z##*/}}" "$(cat $z/device/path 2>/dev/null)" '
+    '"$(cat $z/type 2>/dev/null)" "$(cat $z/trip_point_0_temp 2>/dev/null)"; done')
+
+
+class PreflightError(RuntimeError):
+    pass
+
+
+def _zones(host) -> list[dict]:
+    base = shlex.quote(host.path("/sys/class/thermal"))
+    result = host.run(ZONES_SCRIPT.format(base=base), check=False)
+    zones = []
+    for line in result.stdout.splitlines():
+        index, path, kind, trip = (line.split("\t") + ["", "", "", ""])[:4]
+        zones.append({"zone": index, "device_path": path, "type": kind,
+                      "trip_point_c": int(trip) / 1000 if trip.strip().isdigit() else None})
+    return zones
+
+
+def _check_host(run: Run, host) -> tuple[dict, list[str]]:
+    facts: dict = {"transport": host.spec.transport, "container": host.spec.container}
+    problems: list[str] = []
+    try:
+        facts["uname"] = host.run("uname -srm", timeout=30).stdout.strip()
+        facts["reachable"] = True
+    except TransportError as error:
+        return {**facts, "reachable": False, "error": str(error)}, [str(error)]
+    setting = run.config["setting"]
+    if setting["method"] == "file":
+        patcher = run.patcher(host)
+        try:
+            text = patcher.original().decode()
+        except TransportError as error:
+            problems.append(f"host {host.name}: cannot read {setting['file']}: {error}")
+        else:
+            count = anchor_count(text, setting["anchor"])
+            facts.update(file=setting["file"], sha256=sha256(text.encode()), anchor_count=count)
+            if count != 1:
+                problems.append(f"host {host.name}: anchor {setting['anchor']!r} matches {count} times "
+                                f"in {setting['file']} (must be exactly 1)")
+    facts["zones"] = _zones(host)
+    return facts, problems
+
+
+def preflight(run: Run, out_path: Path, run_json: Path) -> dict:
+    """Check every host before anything changes; raise naming each host and cause."""
+    run.write_session()
+    run.power_on_simulated()
+    restored = run.restore_leftovers()
+    if restored:
+        run.say(f"restored hosts an earlier run left patched: {', '.join(restored)}")
+    report: dict = {"cluster": run.cluster.name, "order": run.order, "t": time.time(),
+                    "restored_leftovers": restored, "hosts": {}}
+    problems: list[str] = []
+    for host in run.hosts:
+        facts, host_problems = _check_host(run, host)
+        report["hosts"][host.name] = facts
+        problems += host_problems
+        run.say(f"preflight {host.name}: {'ok' if not host_problems else '; '.join(host_problems)}")
+    if not problems:
+        report["clock_offset_s"] = clock_offsets(run.hosts)
+    trips = [z["trip_point_c"] for z in report["hosts"].get(run.cluster.head, {}).get("zones", [])
+             if z["trip_point_c"]]
+    out_path.write_text(json.dumps(report, indent=1))
+    if problems:
+        raise PreflightError("preflight failed, nothing was changed:\n  " + "\n  ".join(problems))
+    analysis = run.config["analysis"]
+    run_json.write_text(json.dumps({
+        "cluster": run.cluster.name, "order": run.order, "repeats": run.config["repeats"],
+        "arms": run.config["arms"], "reference_arm": next(iter(run.config["arms"])),
+        "setting": run.config["setting"]["name"], "head": run.cluster.head,
+        "hosts": [h.name for h in run.hosts], "thresholds_c": analysis["thresholds_c"],
+        "trip_point_c": trips[0] if trips else None, "reference_lines_c": analysis["reference_lines_c"],
+        "stall_gap_s": analysis["stall_gap_s"], "timeline_zone": analysis["timeline_zone"],
+        "max_tokens": run.config["load"]["max_tokens"], "load_s": run.config["timings"]["load_s"],
+    }, indent=1))
+    return report
+
+
+def monitor_start(run: Run, out_path: Path) -> None:
+    run.event("run_start", detail={"cluster": run.cluster.name})
+    run.ensure_up()
+    out_path.write_text(json.dumps({"session": run.session, "t": time.time(),
+                                    "agents": {h.name: monitor.agent_pid(h, run.session) for h in run.hosts}},
+                                   indent=1))
+
+
+def _sleep_with_progress(run: Run, seconds: float, what: str) -> None:
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        run.say(f"{what}: {seconds - left:.0f}/{seconds:.0f} s, head {_hottest(run)}")
+        time.sleep(min(left, 10))
+
+
+def _hottest(run: Run) -> str:
+    zones = monitor.latest(run.head, run.session, "thermal")
+    if not zones:
+        return "no thermal sample yet"
+    name = max(zones, key=zones.get)
+    return f"hottest {name} {zones[name]:.1f} °C"
+
+
+def baseline(run: Run, out_path: Path) -> None:
+    run.ensure_up()
+    start = run.event("baseline_start")["t"]
+    _sleep_with_progress(run, run.config["timings"]["baseline_s"], "baseline (idle)")
+    end = run.event("baseline_end")["t"]
+    out_path.write_text(json.dumps({"phase": "baseline", "t_start": start, "t_end": end}, indent=1))
+
+
+def _restart(run: Run, rep: int, arm: str) -> str:
+    setting = run.config["setting"]
+    value = run.config["arms"][arm]["value"]
+    env = {}
+    if setting["method"] == "file":
+        for host in run.hosts:
+            done = run.patcher(host).apply(value)
+            run.event("patch_applied", rep=rep, arm=arm, host=host.name, detail=done)
+    else:
+        env = {setting["env_var"]: value}
+        run.event("patch_applied", rep=rep, arm=arm, detail={"env": env})
+    run.event("restart_start", rep=rep, arm=arm)
+    lifecycle.stop_servers(run.hosts)
+    lifecycle.start_servers(run.hosts, env)
+    return lifecycle.wait_ready(run.cluster.endpoint, run.config["timings"]["startup_timeout_s"],
+                                progress=run.say)
+
+
+def _cooldown(run: Run, rep: int, arm: str) -> dict:
+    timings = run.config["timings"]
+    below, cap = timings["cooldown_below_c"], timings["cooldown_max_s"]
+    start = time.monotonic()
+    interval = float(run.config["monitor"]["intervals"]["thermal"])
+    while True:
+        time.sleep(interval)
+        zones = monitor.latest(run.head, run.session, "thermal")
+        waited = time.monotonic() - start
+        hottest = max(zones.values()) if zones else float("nan")
+        if zones and hottest < below:
+            reason = f"every head zone below {below} °C"
+            break
+        if waited >= cap:
+            reason = f"time cap {cap:.0f} s reached (hottest {hottest:.1f} °C)"
+            break
+        if int(waited) % 10 < interval:
+            run.say(f"cooldown: {waited:.0f}/{cap:.0f} s, head {_hottest(run)}")
+    run.event("cooldown_end", rep=rep, arm=arm, detail={"reason": reason})
+    return {"reason": reason, "seconds": round(time.monotonic() - start, 1)}
+
+
+def phase(run: Run, rep: int, arm: str, out_json: Path, out_requests: Path, load_log: Path) -> dict:
+    """Patch, restart, ready, load with probe, cool down: one ``rep{rep}-{arm}``."""
+    run.ensure_up()
+    label = run.config["arms"][arm]["label"]
+    run.say(f"phase rep{rep}-{arm} ({label}, {run.config['setting']['name']} = "
+            f"{run.config['arms'][arm]['value']})")
+    model = _restart(run, rep, arm)
+    run.event("server_ready", rep=rep, arm=arm, detail={"model": model})
+    load = run.config["load"]
+    duration = run.config["timings"]["load_s"]
+    validity = run_load(
+        run.cluster.endpoint, out_requests, order=run.order, rep=rep, arm=arm,
+        users=load["users"], duration_s=duration, max_tokens=load["max_tokens"],
+        prompt_tokens=load["prompt_tokens"], model=load["model"] or model,
+        extra_body=load["extra_body"], probe=load["probe"], probe_at=load["probe_at"] * duration,
+        probe_n=load["probe_n"], probe_tokens=load["probe_tokens"],
+        stall_gap_s=run.config["analysis"]["stall_gap_s"], log_path=load_log,
+        progress=run.say, status_hint=lambda: f"head {_hottest(run)}")
+    requests = pd.read_parquet(out_requests)
+    load_rows = requests[requests["kind"] == "load"]
+    if load_rows.empty:
+        raise RuntimeError(f"phase rep{rep}-{arm}: no load request was sent; see {load_log}")
+    load_start = float(load_rows["t_start"].min())
+    run.event("load_start", t=load_start, rep=rep, arm=arm)
+    probes = requests[requests["kind"] == "probe"]
+    if not probes.empty:
+        run.event("probe_start", t=float(probes["t_start"].min()), rep=rep, arm=arm)
+        run.event("probe_end", t=float(probes["t_end"].max()), rep=rep, arm=arm)
+    run.event("load_end", t=load_start + duration, rep=rep, arm=arm)
+    cooldown = _cooldown(run, rep, arm)
+    result = {"phase": f"rep{rep}-{arm}", "order": run.order, "rep": rep, "arm": arm, "label": label,
+              "value": run.config["arms"][arm]["value"], "model": model, "load_start": load_start,
+              "load_end": load_start + duration, "validity": validity, "cooldown": cooldown}
+    out_json.write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+def monitor_stop(run: Run, out_path: Path) -> None:
+    """End of the run: restore, stop, pull every host's logs, release the guardian."""
+    offsets_end = clock_offsets(run.hosts)
+    problems = run.shutdown("completed")
+    run.event("run_end", detail={"problems": problems})
+    guardian.release(run.run_dir)
+    out_path.write_text(json.dumps({"t": time.time(), "clock_offset_end_s": offsets_end,
+                                    "problems": problems}, indent=1))
+    if problems:
+        raise RuntimeError("the run ended with problems (see above); logs pulled where possible")

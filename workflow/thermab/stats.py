@@ -1,0 +1,263 @@
+"""Arm comparisons over repeated phases: spread, intervals, findings, repeats needed.
+
+Input is the long per-phase table of ``metrics.phase_metrics`` (order, rep, arm, metric,
+unit, value), possibly pooled over several run directories of one cluster.  Output is the
+numeric part of ``variance.csv``; the words (verdicts) are written by ``summary``.
+
+Two estimates of an arm's effect, both as (arm − reference), also in % of the reference mean:
+
+* Welch t (unequal variances) on the phase values of the two arms; needs n ≥ 2 per arm.
+  With a single order (e.g. AB repeated) an arm always runs in the same position, so this
+  difference also contains any order (period) effect such as heat soak of the later phase.
+* When the data hold more than one order (AB and BA, ABCD and DCBA), arm and position are no
+  longer confounded: an ordinary least-squares fit ``value ~ arm + position`` (position =
+  index of the arm in its order, a linear drift per step) separates the arm effect from the
+  period effect, each with a t interval on the residual degrees of freedom.  This estimate
+  is then the one reported.
+
+The interval in % divides by the reference mean and treats it as fixed; a difference is a
+finding ("real") only when its interval excludes zero AND it is at least as large as the
+restart variance, the larger coefficient of variation between repeats of either arm.
+"""
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+import pandas as pd
+
+VARIANCE_COLUMNS = [
+    "metric", "unit", "arm", "label", "n", "mean", "sd", "cv_pct",
+    "reference", "diff", "diff_pct", "ci_low", "ci_high", "ci_low_pct", "ci_high_pct", "method",
+    "period_effect", "period_ci_low", "period_ci_high",
+    "restart_cv_pct", "finding", "repeats_needed_observed", "detect_pct", "repeats_needed",
+]
+# finding values, from least to most conclusive
+UNDEFINED = "undefined"  # one phase in an arm: no variance, no interval
+CONTAINS_ZERO = "interval contains zero"
+VARIANCE_UNKNOWN = "restart variance unknown"
+INSIDE_VARIANCE = "inside restart variance"
+REAL = "real"
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Quantile of Student's t distribution (bisection on the CDF; no SciPy needed)."""
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    low, high = 0.0, 1.0
+    while _t_cdf(high, df) < p:
+        low, high = high, high * 2
+    for _ in range(200):
+        middle = (low + high) / 2
+        low, high = (middle, high) if _t_cdf(middle, df) < p else (low, middle)
+        if high - low < 1e-12 * max(1.0, high):
+            break
+    return (low + high) / 2
+
+
+def _t_cdf(x: float, df: float) -> float:
+    tail = 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + x * x))
+    return 1 - tail if x >= 0 else tail
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta I_x(a, b), continued fraction (Numerical Recipes §6.4)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                     + a * math.log(x) + b * math.log1p(-x))
+    # the fraction converges fast only below (a+1)/(a+b+2); use the symmetry above it
+    if x < (a + 1) / (a + b + 2):
+        return front * _beta_fraction(a, b, x) / a
+    return 1 - front * _beta_fraction(b, a, 1 - x) / b
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    tiny = 1e-300
+
+    def guard(value):
+        return tiny if abs(value) < tiny else value
+
+    c, d = 1.0, 1 / guard(1 - (a + b) * x / (a + 1))
+    result = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1 / guard(1 + numerator * d)
+            c = guard(1 + numerator / c)
+            result *= d * c
+        if abs(d * c - 1) < 1e-15:
+            break
+    return result
+
+
+def describe(values: pd.Series) -> dict:
+    """n, mean, sd (n − 1) and CV in % of the mean; sd and CV are NaN for a single value."""
+    n = int(values.count())
+    mean = float(values.mean()) if n else math.nan
+    sd = float(values.std(ddof=1)) if n >= 2 else math.nan
+    if n >= 2 and sd == 0:
+        cv = 0.0
+    else:
+        cv = abs(sd / mean) * 100 if mean else math.nan
+    return {"n": n, "mean": mean, "sd": sd, "cv_pct": cv}
+
+
+def welch_interval(reference: pd.Series, arm: pd.Series, alpha: float = 0.05) -> dict:
+    """Difference of means (arm − reference) with its Welch t interval; NaN interval with fewer
+    than two values in either group."""
+    diff = float(arm.mean() - reference.mean())
+    n1, n2 = reference.count(), arm.count()
+    if min(n1, n2) < 2:
+        return {"diff": diff, "ci_low": math.nan, "ci_high": math.nan}
+    v1, v2 = reference.var(ddof=1) / n1, arm.var(ddof=1) / n2
+    if v1 + v2 == 0:
+        return {"diff": diff, "ci_low": diff, "ci_high": diff}
+    df = (v1 + v2) ** 2 / (v1 ** 2 / (n1 - 1) + v2 ** 2 / (n2 - 1))
+    half = t_quantile(1 - alpha / 2, df) * math.sqrt(v1 + v2)
+    return {"diff": diff, "ci_low": diff - half, "ci_high": diff + half}
+
+
+def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> dict | None:
+    """OLS ``value ~ arm + position`` over all arms of one metric.
+
+    Returns {"arms": {arm: (estimate, low, high)}, "period": (estimate, low, high)} with the
+    period effect per position step, or None when arm and position are confounded (a single
+    order) or no residual degree of freedom is left.
+    """
+    others = [a for a in pd.unique(data["arm"]) if a != reference]
+    position = np.array([order.index(arm) for order, arm in zip(data["order"], data["arm"])], float)
+    design = np.column_stack([np.ones(len(data))]
+                             + [(data["arm"] == a).to_numpy(float) for a in others] + [position])
+    dof = len(data) - design.shape[1]
+    if dof < 1 or np.linalg.matrix_rank(design) < design.shape[1]:
+        return None
+    values = data["value"].to_numpy(float)
+    coef, *_ = np.linalg.lstsq(design, values, rcond=None)
+    residual = values - design @ coef
+    covariance = residual @ residual / dof * np.linalg.inv(design.T @ design)
+    half = t_quantile(1 - alpha / 2, dof) * np.sqrt(np.diag(covariance))
+    estimates = [(coef[i], coef[i] - half[i], coef[i] + half[i]) for i in range(len(coef))]
+    return {"arms": dict(zip(others, estimates[1:-1])), "period": estimates[-1]}
+
+
+def repeats_needed(sd: float, difference: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Phases per arm to detect ``difference`` with a two-sided test at ``alpha`` and ``power``
+    (normal approximation, equal n): 2 (z₁₋α/₂ + z_power)² sd² / difference², at least 2 so
+    that the variance can be estimated.  NaN when sd is unknown or the difference is zero."""
+    if math.isnan(sd) or math.isnan(difference) or difference == 0:
+        return math.nan
+    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
+    return float(max(2, math.ceil(2 * (z * sd / difference) ** 2)))
+
+
+def compare(long: pd.DataFrame, arms: dict, reference: str, detect_pct: float = 5.0,
+            alpha: float = 0.05, power: float = 0.8) -> pd.DataFrame:
+    """variance.csv without the verdict: one row per metric and arm (in the order of ``arms``,
+    a mapping letter → {"label", "value"}); non-reference rows carry the difference to
+    ``reference``, its interval, the finding and the repeats per arm needed to detect the
+    observed difference and a ``detect_pct`` % difference at the pooled sd."""
+    rows = []
+    for metric, data in long.groupby("metric", sort=False):
+        fit = arm_period_fit(data, reference, alpha)
+        ref_values = data.loc[data["arm"] == reference, "value"]
+        ref = describe(ref_values)
+        for arm, spec in arms.items():
+            values = data.loc[data["arm"] == arm, "value"]
+            if values.empty:
+                continue
+            row = {"metric": metric, "unit": data["unit"].iloc[0], "arm": arm,
+                   "label": spec.get("label", arm), **describe(values)}
+            if arm != reference and ref["n"]:
+                row.update(_difference(ref, ref_values, row, values, fit, arm, alpha, power, detect_pct))
+                row["reference"] = reference
+            rows.append(row)
+    return pd.DataFrame(rows).reindex(columns=VARIANCE_COLUMNS)
+
+
+def _difference(ref: dict, ref_values, stats: dict, values, fit, arm, alpha, power, detect_pct) -> dict:
+    if fit is not None:
+        diff, low, high = fit["arms"][arm]
+        period = fit["period"]
+        method = "OLS arm + position (orders pooled)"
+    else:
+        welch = welch_interval(ref_values, values, alpha)
+        diff, low, high = welch["diff"], welch["ci_low"], welch["ci_high"]
+        period = (math.nan,) * 3
+        method = "Welch t" if not math.isnan(low) else "none (n = 1)"
+    scale = 100 / ref["mean"] if ref["mean"] else math.nan
+    pooled_sd = _pooled_sd(ref, stats)
+    restart_cv = max(ref["cv_pct"], stats["cv_pct"])  # NaN propagates when either is unknown
+    return {
+        "diff": diff, "diff_pct": diff * scale, "ci_low": low, "ci_high": high,
+        "ci_low_pct": low * scale, "ci_high_pct": high * scale, "method": method,
+        "period_effect": period[0], "period_ci_low": period[1], "period_ci_high": period[2],
+        "restart_cv_pct": restart_cv,
+        "finding": _finding(diff, low, high, ref, stats),
+        "repeats_needed_observed": repeats_needed(pooled_sd, diff, alpha, power),
+        "detect_pct": detect_pct,
+        "repeats_needed": repeats_needed(pooled_sd, ref["mean"] * detect_pct / 100, alpha, power),
+    }
+
+
+def _pooled_sd(a: dict, b: dict) -> float:
+    if min(a["n"], b["n"]) < 2:
+        return math.nan
+    return math.sqrt(((a["n"] - 1) * a["sd"] ** 2 + (b["n"] - 1) * b["sd"] ** 2) / (a["n"] + b["n"] - 2))
+
+
+def _finding(diff: float, low: float, high: float, ref: dict, arm: dict) -> str:
+    if math.isnan(low):
+        return UNDEFINED
+    if low <= 0 <= high:
+        return CONTAINS_ZERO
+    if math.isnan(ref["sd"]) or math.isnan(arm["sd"]):
+        return VARIANCE_UNKNOWN
+    # restart variance as CV (|diff| in % of the reference vs the larger CV); a zero
+    # reference mean has no CV, so compare in the metric's own unit against the larger sd
+    if ref["mean"]:
+        inside = abs(diff / ref["mean"]) * 100 < max(ref["cv_pct"], arm["cv_pct"])
+    else:
+        inside = abs(diff) < max(ref["sd"], arm["sd"])
+    return INSIDE_VARIANCE if inside else REAL
+
+
+def best_setting(variance: pd.DataFrame, arms: dict, reference: str, temperature_metric: str,
+                 throughput_metric: str = "output throughput", stall_metric: str = "stall gaps",
+                 tolerance_pct: float = 5.0) -> dict | None:
+    """The arm with the lowest mean of ``temperature_metric`` among those that neither stall
+    more than the reference (mean stall-gap count above the reference's: every stall is
+    visible to a user) nor lose throughput beyond variance (a "real" loss, or where the
+    variance is unknown a loss larger than ``tolerance_pct`` %).  Returns
+    {"arm", "label", "value", "mean", "excluded": {arm: reason}, "checked": [criteria]} or None
+    without temperature data."""
+    def rows_of(metric):
+        return variance[variance["metric"] == metric].set_index("arm")
+
+    temperature, throughput, stalls = rows_of(temperature_metric), rows_of(throughput_metric), rows_of(stall_metric)
+    if temperature.empty:
+        return None
+    excluded = {}
+    for arm in temperature.index.drop(reference, errors="ignore"):
+        if arm in stalls.index and reference in stalls.index and \
+                stalls.at[arm, "mean"] > stalls.at[reference, "mean"]:
+            excluded[arm] = (f"more stall gaps than {reference} "
+                             f"({stalls.at[arm, 'mean']:.1f} vs {stalls.at[reference, 'mean']:.1f})")
+        elif arm in throughput.index and _throughput_loss(throughput.loc[arm], tolerance_pct):
+            excluded[arm] = f"throughput loss {throughput.at[arm, 'diff_pct']:+.1f} %"
+    candidates = temperature.drop(index=list(excluded))
+    best = candidates["mean"].idxmin()
+    return {"arm": best, "label": arms[best].get("label", best), "value": arms[best].get("value"),
+            "mean": float(candidates.at[best, "mean"]), "excluded": excluded,
+            "checked": [name for name, table in (("stalls", stalls), ("throughput", throughput))
+                        if not table.empty]}
+
+
+def _throughput_loss(row: pd.Series, tolerance_pct: float) -> bool:
+    if row["diff_pct"] >= 0:
+        return False
+    if row["finding"] in (UNDEFINED, VARIANCE_UNKNOWN):
+        return abs(row["diff_pct"]) > tolerance_pct
+    return row["finding"] == REAL
