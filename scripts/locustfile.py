@@ -34,6 +34,8 @@ show whole requests.
 import http.client
 import itertools
 import json
+import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -42,6 +44,7 @@ import requests
 import urllib3
 from gevent import GreenletExit
 from locust import User, events, task
+from locust.exception import StopUser
 
 from thermab.prompts import DEFAULT_TOKENS_PER_CHAR, build_prompt, calibrated_tokens_per_char
 
@@ -65,6 +68,7 @@ def add_options(parser):
     parser.add_argument("--extra-body", default="{}", help='JSON merged into each request, e.g. {"reasoning_effort": "low"}')
     parser.add_argument("--tag-prefix", default="", help="Run/phase id at the start of every tag (default: time and pid)")
     parser.add_argument("--records-out", default="", help="JSONL file, one record per request (appended, flushed per line)")
+    parser.add_argument("--events-out", default="", help="JSONL file for load_start, probe_start, probe_end, load_end (appended)")
     parser.add_argument("--probe-at", default="60%", help="Probe start: seconds after test start, or a percentage of --run-time")
     parser.add_argument("--probe-n", type=int, default=3, help="Sequential probe requests (0: no probe)")
     parser.add_argument("--probe-tokens", type=int, default=256, help="max_tokens of each probe request")
@@ -87,6 +91,7 @@ class Settings:
     extra_body: dict
     tag_prefix: str
     records_out: str
+    events_out: str
     probe_delay_s: float | None
     probe_n: int
     probe_tokens: int
@@ -103,8 +108,9 @@ class Settings:
             prompt_tokens=int(options.prompt_tokens),
             extra_body=extra_body,
             # A fresh default per test keeps reruns against one server from sharing prefixes.
-            tag_prefix=options.tag_prefix or time.strftime("run-%Y%m%dT%H%M%S"),
+            tag_prefix=options.tag_prefix or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}",
             records_out=options.records_out,
+            events_out=options.events_out,
             probe_delay_s=probe_delay_s(options.probe_at, options.run_time),
             probe_n=int(options.probe_n),
             probe_tokens=int(options.probe_tokens),
@@ -158,7 +164,7 @@ class StreamReader:
             raise StreamFailure(f"server error in stream: {event['error']}")
         if event.get("usage"):
             self.usage = event["usage"]
-        if any(choice.get("delta", {}).get(field) for choice in event.get("choices") or [] for field in TEXT_FIELDS):
+        if any((choice.get("delta") or {}).get(field) for choice in event.get("choices") or [] for field in TEXT_FIELDS):
             self._token_chunk(now)
 
     def _token_chunk(self, now):
@@ -167,7 +173,8 @@ class StreamReader:
         else:
             gap = now - self.t_last_token
             self.max_gap_s = gap if self.max_gap_s is None else max(self.max_gap_s, gap)
-            self.stall_gaps += gap >= self.stall_gap_s
+            if gap >= self.stall_gap_s:
+                self.stall_gaps += 1
         self.t_last_token = now
         self.token_chunks += 1
 
@@ -194,14 +201,27 @@ class StreamReader:
         }
 
 
+def open_jsonl(path):
+    return open(path, "a", encoding="utf-8") if path else None
+
+
+def write_line(handle, obj):
+    # Flushed per line: a crash loses at most the line being written. Greenlets cannot
+    # interleave lines, as file writes do not yield to gevent.
+    if handle:
+        handle.write(json.dumps(obj) + "\n")
+        handle.flush()
+
+
 class Run:
-    """What one test shares from test_start to test_stop: settings, the records file, the
+    """What one test shares from test_start to test_stop: settings, the output files, the
     model name, the prompt-size calibration and the probe."""
 
     def __init__(self, environment):
         self.environment = environment
         self.settings = Settings.from_options(environment.parsed_options)
-        self.records = open(self.settings.records_out, "a", encoding="utf-8") if self.settings.records_out else None
+        self.records = open_jsonl(self.settings.records_out)
+        self.events = open_jsonl(self.settings.events_out)
         self.base_url = (environment.host or "").rstrip("/").removesuffix("/v1")
         self.model = self.settings.model
         self.tokens_per_char = DEFAULT_TOKENS_PER_CHAR
@@ -213,9 +233,12 @@ class Run:
 
     def model_name(self, session):
         if not self.model:
-            response = session.get(f"{self.base_url}/v1/models", timeout=TIMEOUT_S)
-            response.raise_for_status()
-            self.model = response.json()["data"][0]["id"]
+            try:
+                response = session.get(f"{self.base_url}/v1/models", timeout=TIMEOUT_S)
+                response.raise_for_status()
+                self.model = response.json()["data"][0]["id"]
+            except (requests.RequestException, ValueError, LookupError) as exc:
+                raise StreamFailure(f"model lookup at /v1/models failed: {exc!r}") from exc
         return self.model
 
     def exchange(self, session, kind, user, sequence, max_tokens):
@@ -238,15 +261,17 @@ class Run:
                     raise StreamFailure(f"HTTP {response.status_code}: {response.text[:300]}")
                 reader.read(response)
         except GreenletExit:
-            reader.fail(f"stopped: stream still open when --stop-timeout ran out after {reader.token_chunks} token chunks")
+            reader.fail(f"stopped at --stop-timeout: stream still open after {reader.token_chunks} token chunks")
             raise
         except StreamFailure as exc:
             reader.fail(str(exc))
-        except (requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError, ValueError) as exc:
+        except (requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
             if reader.responded:
-                reader.fail(f"connection dropped mid-stream after {reader.token_chunks} token chunks: {exc!r}")
+                reader.fail(f"connection dropped mid-stream: after {reader.token_chunks} token chunks, {exc!r}")
             else:
                 reader.fail(f"request failed before a response: {exc!r}")
+        except ValueError as exc:
+            reader.fail(f"bad stream data: {exc}")
         finally:
             reader.t_end = time.time()
             self.emit(reader, kind, user, tag)
@@ -254,10 +279,7 @@ class Run:
         return not reader.error
 
     def emit(self, reader, kind, user, tag):
-        record = reader.record(kind, user, tag)
-        if self.records:
-            self.records.write(json.dumps(record) + "\n")
-            self.records.flush()
+        write_line(self.records, reader.record(kind, user, tag))
         self.environment.events.request.fire(
             request_type="POST",
             name=f"/v1/chat/completions ({kind})",
@@ -279,33 +301,44 @@ class Run:
         if self.settings.probe_n <= 0:
             return
         if delay is None:
-            print("thermab probe: no --run-time to take a percentage of; give --probe-at in seconds", flush=True)
+            logging.warning("thermab probe skipped: no --run-time to take a percentage of; give --probe-at in seconds")
             return
         self.probe = gevent.spawn_later(delay, self._probe)
 
     def _probe(self):
         session = requests.Session()
-        for sequence in range(self.settings.probe_n):
-            if self.stopping:
-                return
-            self.exchange(session, "probe", PROBE_USER, sequence, self.settings.probe_tokens)
+        self.mark("probe_start")
+        try:
+            for sequence in range(self.settings.probe_n):
+                if self.stopping:
+                    return
+                self.exchange(session, "probe", PROBE_USER, sequence, self.settings.probe_tokens)
+        finally:
+            self.mark("probe_end")
+
+    def mark(self, event):
+        write_line(self.events, {"t": time.time(), "event": event})
 
     def begin_stop(self):
+        self.mark("load_end")
         self.stopping = True
         self.stop_deadline = time.time() + self.environment.stop_timeout
 
     def finish(self):
-        """Let a probe request in flight end within the stop timeout, then close the file."""
-        if self.probe is not None and not self.probe.join(timeout=max(0.0, self.stop_deadline - time.time())):
-            self.probe.kill()
-        if self.records:
-            self.records.close()
+        """Let a probe request in flight end within the stop timeout, then close the files."""
+        if self.probe is not None:
+            self.probe.join(timeout=max(0.0, self.stop_deadline - time.time()))
+            self.probe.kill()  # no-op when it has ended; else its open stream is recorded as stopped
+        for handle in (self.records, self.events):
+            if handle:
+                handle.close()
 
 
 @events.test_start.add_listener
 def on_test_start(environment, **_kwargs):
     global RUN
     RUN = Run(environment)
+    RUN.mark("load_start")
     RUN.start_probe()
 
 
@@ -335,4 +368,8 @@ class LoadUser(User):
 
     @task
     def chat(self):
+        # Locust tells users to stop a moment after test_stopping; a request ending in that
+        # moment must not start another after the end of the load.
+        if RUN.stopping:
+            raise StopUser()
         self.last_failed = not RUN.exchange(self.session, "load", self.index, next(self.sequence), RUN.settings.max_tokens)

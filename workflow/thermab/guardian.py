@@ -60,10 +60,11 @@ def _read(run_dir: Path) -> dict | None:
         return None
 
 
-def ensure(run_dir: Path) -> int:
-    """Make sure a guardian watches the current controller; returns the guardian's pid."""
+def ensure(run_dir: Path, watch: int | None = None) -> int:
+    """Make sure a guardian watches the controller (by default the Snakemake process
+    running this job); returns the guardian's pid."""
     run_dir = Path(run_dir)
-    watch = controller_pid()
+    watch = watch or controller_pid()
     current = _read(run_dir)
     if current and current["watch"] == watch and alive(current["pid"]) \
             and "thermab.guardian" in _cmdline(current["pid"]):

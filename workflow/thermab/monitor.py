@@ -57,9 +57,11 @@ def start_agent(host: Host, session: str, settings: dict) -> int:
         host.transport.put(config_path, f"{directory}/agent-config.json")
         host.transport.put(AGENT_SOURCE, f"{directory}/agent.py")
     quoted = shlex.quote(directory)
+    # only the agent goes to the background, with every stream redirected, so the
+    # transport's command returns at once instead of waiting on the agent's pipes
     result = host.run(
-        f"cd {quoted} && rm -f stop && setsid nohup {_python(host)} agent.py --config agent-config.json "
-        f">> agent.log 2>&1 < /dev/null & echo $! > {quoted}/agent.pid && cat {quoted}/agent.pid")
+        f"cd {quoted} && rm -f stop && {{ setsid nohup {_python(host)} agent.py --config agent-config.json "
+        f">> agent.log 2>&1 < /dev/null & echo $! > agent.pid; }} && cat agent.pid")
     return int(result.stdout.strip())
 
 

@@ -28,7 +28,7 @@ import pandas as pd
 
 VARIANCE_COLUMNS = [
     "metric", "unit", "arm", "label", "n", "mean", "sd", "cv_pct",
-    "reference", "diff", "diff_pct", "ci_low", "ci_high", "ci_low_pct", "ci_high_pct", "method",
+    "reference", "ref_n", "diff", "diff_pct", "ci_low", "ci_high", "ci_low_pct", "ci_high_pct", "method",
     "period_effect", "period_ci_low", "period_ci_high",
     "restart_cv_pct", "finding", "repeats_needed_observed", "detect_pct", "repeats_needed",
 ]
@@ -172,7 +172,7 @@ def compare(long: pd.DataFrame, arms: dict, reference: str, detect_pct: float = 
                    "label": spec.get("label", arm), **describe(values)}
             if arm != reference and ref["n"]:
                 row.update(_difference(ref, ref_values, row, values, fit, arm, alpha, power, detect_pct))
-                row["reference"] = reference
+                row.update(reference=reference, ref_n=ref["n"])
             rows.append(row)
     return pd.DataFrame(rows).reindex(columns=VARIANCE_COLUMNS)
 

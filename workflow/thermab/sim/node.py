@@ -221,7 +221,10 @@ def stop(root: Path, name: str, timeout: float = 10.0) -> bool:
     if not re.search(r"--node %s(\s|$)" % re.escape(str(root)), cmdline):
         path.unlink(missing_ok=True)
         return False
-    leads_group = os.getpgid(pid) == pid
+    try:
+        leads_group = os.getpgid(pid) == pid
+    except ProcessLookupError:
+        leads_group = False
 
     def send(sig):
         try:
@@ -229,12 +232,14 @@ def stop(root: Path, name: str, timeout: float = 10.0) -> bool:
         except ProcessLookupError:
             pass
 
+    def wait(seconds):
+        deadline = time.monotonic() + seconds
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     send(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait(timeout)
     send(signal.SIGKILL)  # whatever is left of the session after a clean exit or the timeout
-    while _alive(pid):
-        time.sleep(0.05)
+    wait(5.0)
     path.unlink(missing_ok=True)
     return True

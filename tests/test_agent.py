@@ -1,0 +1,115 @@
+"""The telemetry agent on fixture sysfs trees, run for real as a detached process."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from thermab.agent import CpuFrequency, ProcessCpu, ThermalZones, parse_millidegrees, zone_name
+from thermab.config import HostSpec
+from thermab.host import Host
+from thermab import ingest, monitor
+
+GB10_ZONES = ["TSOC", "TS0E", "TS0P", "TS1E", "TS1P", "TGPU", "TUNC"]
+
+
+def make_gb10(root: Path, temps=None) -> None:
+    for index, name in enumerate(GB10_ZONES):
+        zone = root / f"sys/class/thermal/thermal_zone{index}"
+        (zone / "device").mkdir(parents=True)
+        (zone / "device/path").write_text(f"\\_TZ_.{name}\n")
+        (zone / "type").write_text("acpitz\n")
+        (zone / "temp").write_text(f"{(temps or {}).get(name, 50000 + index * 1000)}\n")
+        (zone / "trip_point_0_temp").write_text("104800\n")
+    for cpu in range(20):
+        policy = root / f"sys/devices/system/cpu/cpufreq/policy{cpu}"
+        policy.mkdir(parents=True)
+        (policy / "scaling_cur_freq").write_text("3900000\n")
+        if cpu >= 5:
+            (policy / "cpuinfo_avg_freq").write_text("3978000\n")
+
+
+def test_zone_names_follow_the_device_path():
+    assert zone_name("\\_TZ_.TSOC", "acpitz", 0, {}) == "TSOC"
+    assert zone_name("", "x86_pkg_temp", 3, {}) == "x86_pkg_temp"
+    assert zone_name("", "acpitz", 4, {"acpitz": "..."}) == "acpitz_4"
+
+
+@pytest.mark.parametrize("text, value, reason", [
+    ("89600", 89.6, ""), ("garbage", None, "not a number"), ("-273000", None, "implausible"),
+    ("151000", None, "implausible"),
+])
+def test_bad_readings_become_missing_with_a_reason(text, value, reason):
+    parsed, why = parse_millidegrees(text)
+    assert parsed == value and reason in why
+
+
+def test_gb10_tree_discovery_and_samples(tmp_path):
+    make_gb10(tmp_path, {"TSOC": 89600})
+    (tmp_path / "sys/class/thermal/thermal_zone1/temp").write_text("n/a\n")
+    zones = ThermalZones(str(tmp_path))
+    found = zones.discover()
+    assert found["zones"] == sorted(GB10_ZONES) and found["trip_points_c"]["TSOC"] == 104.8
+    samples = {name: (value, reason) for name, value, reason in zones.sample()}
+    assert samples["TSOC"] == (89.6, "")
+    assert samples["TS0E"][0] is None and "not a number" in samples["TS0E"][1]
+    freq = CpuFrequency(str(tmp_path))
+    policies = freq.discover()["policies"]
+    assert policies["cpu0"] == "scaling_cur_freq" and policies["cpu5"] == "cpuinfo_avg_freq"
+    assert dict((s, v) for s, v, _ in freq.sample())["cpu15"] == 3978.0
+
+
+def test_process_cpu_counts_a_busy_process(tmp_path):
+    marker = f"thermab-test-burner-{os.getpid()}"
+    burner = subprocess.Popen([sys.executable, "-c", "import sys\nwhile True: pass", marker])
+    try:
+        source = ProcessCpu(marker)
+        deadline = time.monotonic() + 10
+        while not source.matching_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the child has exec'd and carries the marker
+        source.sample()
+        time.sleep(1.5)
+        rows = dict((s, v) for s, v, _ in source.sample())
+    finally:
+        burner.kill()
+        burner.wait()
+    assert rows["vllm_processes"] == 1
+    assert rows["vllm_cpu_pct"] > 50, "a busy loop should show most of a core"
+
+
+def test_agent_runs_detached_appends_on_restart_and_is_ingested(tmp_path):
+    root = tmp_path / "node"
+    make_gb10(root)
+    spec = HostSpec("head", "t", "local", {}, root, simulated="head")
+    host = Host(spec)
+    settings = {"process_pattern": "no-such-process-xyz", "intervals": {"thermal": 0.2, "cpu": 0.2, "freq": 0.5}}
+    pid = monitor.start_agent(host, "t-AB", settings)
+    try:
+        assert monitor.start_agent(host, "t-AB", settings) == pid, "a running agent is reused"
+        time.sleep(1.0)
+        assert monitor.latest(host, "t-AB", "thermal")["TSOC"] == 50.0
+    finally:
+        monitor.stop_agent(host, "t-AB")
+    assert monitor.agent_pid(host, "t-AB") is None
+    directory = Path(monitor.session_dir(host, "t-AB"))
+    rows_first = len((directory / "thermal.csv").read_text().splitlines())
+    pid2 = monitor.start_agent(host, "t-AB", settings)
+    time.sleep(0.6)
+    monitor.stop_agent(host, "t-AB")
+    assert pid2 != pid
+    text = (directory / "thermal.csv").read_text().splitlines()
+    assert text[0] == "t,sensor,value,reason" and text.count(text[0]) == 1, "restart appends, one header"
+    assert len(text) > rows_first
+    starts = [line for line in (directory / "agent_events.csv").read_text().splitlines() if ",agent_start," in line]
+    assert len(starts) == 2, "the restart (and so the gap) is marked"
+    pulled = monitor.pull(host, "t-AB", tmp_path / "run/monitor/head")
+    assert {p.name for p in pulled} >= {"thermal.csv", "freq.csv", "agent.json"}
+    tidy, dropped = ingest.telemetry(tmp_path / "run/monitor", {"head": 0.0})
+    assert set(tidy["kind"]) >= {"thermal", "freq"}
+    assert set(tidy[tidy["kind"] == "thermal"]["sensor"]) == set(GB10_ZONES)
+    assert list(tidy.columns) == ["t", "host", "kind", "sensor", "value"]
+    assert json.loads((directory / "agent.json").read_text())["pid"] == pid2

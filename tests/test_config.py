@@ -1,0 +1,71 @@
+"""Config validation: every bad value is refused before anything runs, naming its key."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from thermab.config import ConfigError, cluster_spec, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def raw():
+    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+def test_default_config_is_valid_and_gets_defaults(raw):
+    del raw["load"]["probe_n"]
+    config = validate(raw)
+    assert config["load"]["probe_n"] == 3
+    assert config["clusters"]["sim"]["hosts"]["head"]["agent_dir"] == "/tmp/thermab-agent"
+    assert "probe_n" not in raw["load"], "validate must not modify its input"
+
+
+@pytest.mark.parametrize("change, key", [
+    (lambda c: c.update(ordr="BA"), "'ordr'"),
+    (lambda c: c.update(repeats=0), "'repeats'"),
+    (lambda c: c.update(repeats="three"), "'repeats'"),
+    (lambda c: c.update(order="AC"), "'order'"),
+    (lambda c: c.update(order="ABA"), "'order'"),
+    (lambda c: c["timings"].update(load_s=0), "'timings.load_s'"),
+    (lambda c: c["timings"].update(baseline_s=-5), "'timings.baseline_s'"),
+    (lambda c: c["load"].update(probe_at=1.2), "'load.probe_at'"),
+    (lambda c: c["load"].update(users="4"), "'load.users'"),
+    (lambda c: c["clusters"]["sim"].update(head="nohost"), "'clusters.sim.head'"),
+    (lambda c: c["clusters"]["sim"]["hosts"]["head"].update(transport="telnet"),
+     "'clusters.sim.hosts.head.transport'"),
+    (lambda c: c["clusters"]["sim"]["hosts"]["head"].update(transport="ssh"),
+     "'clusters.sim.hosts.head.address'"),
+    (lambda c: c["setting"].update(anchor="busy_loop_s: float = ([0-9"), "'setting.anchor'"),
+    (lambda c: c["setting"].update(replacement="busy_loop_s: float = 2"), "'setting.replacement'"),
+    (lambda c: c["arms"]["A"].update(label="has space"), "'arms.A.label'"),
+    (lambda c: c["clusters"]["sim"].update(endpoint="127.0.0.1:8000"), "'clusters.sim.endpoint'"),
+])
+def test_bad_values_name_their_key(raw, change, key):
+    bad = copy.deepcopy(raw)
+    change(bad)
+    with pytest.raises(ConfigError) as error:
+        validate(bad)
+    assert key in str(error.value)
+
+
+def test_simulated_hosts_count_only_their_own_processes(raw, tmp_path):
+    cluster = cluster_spec(validate(raw), "sim", tmp_path)
+    head = cluster.host("head")
+    pattern = head.process_pattern("vllm")
+    import re
+    root = str(head.root)
+    assert re.search(pattern, f"python -m thermab.sim.vllm serve --node {root} --role head")
+    assert not re.search(pattern, f"python -m thermab.sim.vllm serve --node {root}2 --role head")
+    assert not re.search(pattern, f"python -m thermab.sim.vllm serve --node {cluster.host('worker').root}")
+    assert [h.name for h in cluster.hosts] == ["worker", "head"], "hosts keep the configured start order"
+
+
+def test_commands_quote_paths(raw, tmp_path):
+    hostile = tmp_path / "a b;touch pwned"
+    raw["clusters"]["sim"]["hosts"]["head"]["root"] = str(hostile)
+    command = cluster_spec(validate(raw), "sim", tmp_path).host("head").command("stop")
+    assert f"'{hostile}'" in command

@@ -1,0 +1,64 @@
+"""The anchor-checked patcher against a real file on a local host."""
+
+import pytest
+
+from thermab.config import HostSpec
+from thermab.host import Host
+from thermab.patch import PatchError, Patcher, render, sha256
+
+SETTING = {
+    "file": "/usr/lib/vllm/shm_broadcast.py",
+    "anchor": r"busy_loop_s: float = [0-9.eE+-]+",
+    "replacement": "busy_loop_s: float = {value}",
+}
+STOCK = "class SpinCondition:\n    def __init__(\n        self,\n        busy_loop_s: float = 1,\n    ):\n        pass\n"
+
+
+@pytest.fixture
+def node(tmp_path):
+    root = tmp_path / "node"
+    target = root / "usr/lib/vllm/shm_broadcast.py"
+    target.parent.mkdir(parents=True)
+    target.write_text(STOCK)
+    host = Host(HostSpec("head", "test", "local", {}, root))
+    return host, target, Patcher(host, SETTING, tmp_path / "state")
+
+
+def test_render_replaces_the_single_match():
+    assert "busy_loop_s: float = 0.002," in render(STOCK, SETTING["anchor"], SETTING["replacement"], "0.002")
+
+
+@pytest.mark.parametrize("text, count", [(STOCK.replace("busy_loop_s", "spin"), 0), (STOCK + STOCK, 2)])
+def test_render_refuses_unless_exactly_one_match(text, count):
+    with pytest.raises(PatchError, match=f"matches {count} times"):
+        render(text, SETTING["anchor"], SETTING["replacement"], "0.002")
+
+
+def test_apply_then_restore_is_byte_identical(node):
+    host, target, patcher = node
+    done = patcher.apply("0.002")
+    assert "busy_loop_s: float = 0.002," in target.read_text()
+    assert done["original_sha256"] == sha256(STOCK.encode()) and done["changed"]
+    assert patcher.is_patched
+    patcher.apply("0.1")  # the next arm is rendered from the original, not the patched file
+    assert target.read_text().count("busy_loop_s: float = 0.1,") == 1
+    assert patcher.apply("0.1")["changed"] is False
+    assert patcher.restore()["sha256"] == sha256(STOCK.encode())
+    assert target.read_text() == STOCK and not patcher.is_patched
+    assert patcher.restore() is None
+
+
+def test_missing_anchor_writes_nothing(node):
+    host, target, patcher = node
+    target.write_text(STOCK.replace("busy_loop_s", "spin_s"))
+    with pytest.raises(PatchError, match="host head.*matches 0 times"):
+        patcher.apply("0.002")
+    assert target.read_text() == STOCK.replace("busy_loop_s", "spin_s")
+    assert not patcher.is_patched
+
+
+def test_missing_file_names_the_host(node):
+    host, target, patcher = node
+    target.unlink()
+    with pytest.raises(Exception, match="host head"):
+        patcher.apply("0.002")

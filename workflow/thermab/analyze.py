@@ -1,0 +1,180 @@
+"""Analysis entry point: read a run directory, write ``tables/`` and ``summary.md``.
+
+    python -m thermab analyze RUN_DIR [--also OTHER_RUN_DIR ...] [--siblings] [--figures]
+
+The per-phase tables (thresholds, zones, cpu, performance) and summary.md describe RUN_DIR.
+``variance.csv`` and the verdicts pool the phases of RUN_DIR and of every run directory in
+``also`` (``--siblings``: every other directory next to RUN_DIR holding a run.json of the same
+cluster, e.g. results/sim/BA for results/sim/AB), so that AB and BA runs together separate the
+order (period) effect from the arm effect.  Pooled runs must have the same arms.
+
+This module does the I/O; the computations are the pure functions of ``metrics``, ``stats``
+and ``summary``.
+"""
+
+import argparse
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from . import metrics, stats, summary
+
+log = logging.getLogger(__name__)
+
+TELEMETRY_COLUMNS = ["t", "host", "kind", "sensor", "value"]
+PHASE_TABLES = ["thresholds", "zones", "cpu", "performance"]
+
+
+@dataclass(frozen=True)
+class Run:
+    path: Path
+    config: dict
+    events: pd.DataFrame
+    telemetry: pd.DataFrame
+    requests: pd.DataFrame | None  # None when the run has no request data (imported runs)
+
+
+def read_events(path: Path) -> pd.DataFrame:
+    """events.jsonl as a frame; blank lines are tolerated because an interrupted writer may
+    leave one."""
+    with open(path, encoding="utf-8") as handle:
+        records = [json.loads(line) for line in handle if line.strip()]
+    events = pd.DataFrame(records, columns=sorted({"t", "event", "order", "rep", "arm"}.union(*records)))
+    events["rep"] = pd.to_numeric(events["rep"])  # float: run-level events have no rep
+    return events.sort_values("t", kind="stable", ignore_index=True)
+
+
+def load_run(run_dir) -> Run:
+    path = Path(run_dir)
+    config = json.loads((path / "run.json").read_text(encoding="utf-8"))
+    telemetry = pd.read_parquet(path / "tidy" / "telemetry.parquet", columns=TELEMETRY_COLUMNS)
+    requests_path = path / "tidy" / "requests.parquet"
+    requests = pd.read_parquet(requests_path) if requests_path.exists() else None
+    if requests is not None and requests.empty:
+        requests = None
+    return Run(path, config, read_events(path / "events.jsonl"), telemetry, requests)
+
+
+def sibling_runs(run_dir) -> list[Path]:
+    """Other run directories next to ``run_dir`` with the same cluster in their run.json."""
+    path = Path(run_dir).resolve()
+    cluster = json.loads((path / "run.json").read_text(encoding="utf-8")).get("cluster")
+    return [other for other in sorted(path.parent.iterdir())
+            if other != path and (other / "run.json").exists()
+            and json.loads((other / "run.json").read_text(encoding="utf-8")).get("cluster") == cluster]
+
+
+def phase_tables(run: Run) -> dict[str, pd.DataFrame]:
+    """The load windows and the four per-phase tables of one run."""
+    windows = metrics.load_windows(run.events)
+    return {
+        "windows": windows,
+        "thresholds": metrics.time_to_threshold(run.telemetry, windows, run.config["thresholds_c"]),
+        "zones": metrics.zone_stats(run.telemetry, windows),
+        "cpu": metrics.cpu_stats(run.telemetry, windows),
+        "performance": metrics.performance(run.requests, windows),
+    }
+
+
+def run_metrics(run: Run, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    config = run.config
+    return metrics.phase_metrics(tables["zones"], tables["cpu"], tables["performance"],
+                                 ordered_hosts(config), config["timeline_zone"])
+
+
+def ordered_hosts(config: dict) -> list[str]:
+    """Hosts with the head first, so that its metrics lead every table."""
+    return [config["head"]] + [h for h in config.get("hosts", []) if h != config["head"]]
+
+
+def sample_interval_s(telemetry: pd.DataFrame, host: str) -> dict[str, float]:
+    """Median sampling interval per telemetry kind on ``host`` (for the summary's n and units)."""
+    own = telemetry[telemetry["host"] == host].sort_values("t")
+    steps = own.groupby(["kind", "sensor"])["t"].diff()
+    return steps.groupby(own["kind"]).median().dropna().to_dict()
+
+
+def _check_poolable(runs: list[Run]) -> None:
+    first = runs[0].config
+    for run in runs[1:]:
+        for key in ("cluster", "arms", "reference_arm"):
+            if run.config.get(key) != first.get(key):
+                raise ValueError(f"cannot pool {run.path} with {runs[0].path}: {key} differs")
+
+
+@dataclass(frozen=True)
+class Analysis:
+    run: Run  # the run the tables describe
+    sources: list[str]  # every run directory pooled for the comparison
+    tables: dict[str, pd.DataFrame]  # windows, the four phase tables, variance
+    pooled: pd.DataFrame  # per-phase metrics of all pooled runs (metrics.phase_metrics)
+    best: dict | None  # stats.best_setting for sweeps of more than two arms
+
+
+def compute(run_dir, also=(), detect_pct: float = 5.0) -> Analysis:
+    """Everything the tables, summary and figures show, without writing anything."""
+    runs = [load_run(run_dir)] + [load_run(other) for other in also]
+    _check_poolable(runs)
+    run = runs[0]
+    config = run.config
+    tables = phase_tables(run)
+    pooled = pd.concat([run_metrics(run, tables)]
+                       + [run_metrics(other, phase_tables(other)) for other in runs[1:]], ignore_index=True)
+    variance = stats.compare(pooled, config["arms"], config["reference_arm"], detect_pct=detect_pct)
+    variance["verdict"] = summary.verdicts(variance)
+    tables["variance"] = variance
+    best = None
+    if variance["arm"].nunique() > 2:
+        best = stats.best_setting(variance, config["arms"], config["reference_arm"],
+                                  f"{config['head']} {config['timeline_zone']} mean")
+    return Analysis(run, [str(r.path) for r in runs], tables, pooled, best)
+
+
+def analyze(run_dir, also=(), detect_pct: float = 5.0) -> dict[str, pd.DataFrame]:
+    """Write RUN_DIR/tables/{thresholds,zones,cpu,performance,variance}.{csv,md} and
+    RUN_DIR/summary.md; return the frames (plus ``windows``)."""
+    result = compute(run_dir, also, detect_pct)
+    run = result.run
+    _write_tables(run.path / "tables", result.tables)
+    text = summary.summary_markdown(
+        run.config, result.tables, result.tables["variance"],
+        sample_interval_s=sample_interval_s(run.telemetry, run.config["head"]),
+        sources=result.sources, best=result.best)
+    (run.path / "summary.md").write_text(text, encoding="utf-8")
+    return result.tables
+
+
+def _write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in PHASE_TABLES + ["variance"]:
+        frame = tables[name]
+        frame.to_csv(out / f"{name}.csv", index=False)
+        text = summary.markdown_table(frame)
+        if name == "performance" and frame["requests_completed"].isna().all():
+            text += "\nNo request data in this run (imported runs have none): performance is not measured.\n"
+        (out / f"{name}.md").write_text(text, encoding="utf-8")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="thermab analyze", description=__doc__.split("\n\n")[1])
+    parser.add_argument("run_dir", help="results/{cluster}/{order} or an imported run directory")
+    parser.add_argument("--also", nargs="*", default=[], metavar="RUN_DIR",
+                        help="further run directories of the same cluster to pool for variance.csv")
+    parser.add_argument("--siblings", action="store_true",
+                        help="pool every other run directory next to RUN_DIR with the same cluster")
+    parser.add_argument("--detect-pct", type=float, default=5.0,
+                        help="difference in %% of the reference for the repeats-needed estimate")
+    parser.add_argument("--figures", action="store_true", help="also render RUN_DIR/figures/")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    also = list(args.also) + (sibling_runs(args.run_dir) if args.siblings else [])
+    analyze(args.run_dir, also=also, detect_pct=args.detect_pct)
+    log.info("wrote %s and %s", Path(args.run_dir) / "tables", Path(args.run_dir) / "summary.md")
+    if args.figures:
+        from . import plots  # matplotlib and plotly only when figures are asked for
+        for path in plots.render_figures(args.run_dir, also=also):
+            log.info("wrote %s", path)
+    return 0

@@ -1,0 +1,181 @@
+"""Import published chart data, or any wide CSV of zone temperatures, as a run directory.
+
+    python -m thermab import-chart SOURCE OUT_DIR [--load-minutes 30] [--arm stock=1 ...]
+
+SOURCE is either the study's chart JSON (``head``: [{t, zone...}], ``workerTsoc``: [{t, TSOC}],
+``marks``: [{t, m}], t in minutes) or a wide CSV: a time column and one column per zone of
+the head, ``HOST:ZONE`` columns for other hosts, with the marks from ``--marks`` (a CSV with
+columns t, m).  The result is a run directory (run.json, events.jsonl,
+tidy/telemetry.parquet; no requests) that ``analyze`` and ``plots`` treat like a measured one.
+
+Time base: chart times have no wall-clock date, so the start of the recording is placed at
+``epoch_s`` (default 0 = 1970-01-01 00:00 UTC) and t [s] = epoch_s + 60 × t [min].  All
+intervals, which is all the analysis uses, are exact.
+
+Marks become events: ``<label>-load-start`` is the load_start of the next arm (letters A, B, …
+in mark order, repeats of a label counted as rep 2, 3, …) and its load_end follows after the
+load duration (the chart has no end mark); ``<label>-boot-start`` is that arm's
+restart_start; ``baseline-start``, ``baseline-end`` and ``cooldown-end`` become the event of
+that name (a cooldown_end belongs to the phase before it); any other mark is kept as a
+``note`` event with the mark in ``detail``.  run_start and run_end are the first and last
+samples.  The study's labels carry a prefix that is dropped: ``ustock`` → stock,
+``upatched`` → patched.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+STUDY_LABELS = {"ustock": "stock", "upatched": "patched"}
+NAMED_MARKS = {"baseline-start": "baseline_start", "baseline-end": "baseline_end",
+               "cooldown-end": "cooldown_end"}
+# run.json defaults: the study's GB10 nodes and its report's reference lines
+DEFAULTS = {"thresholds_c": [85, 90, 92, 95], "trip_point_c": 104.8, "reference_lines_c": [96, 87],
+            "stall_gap_s": 1.0, "timeline_zone": "TSOC"}
+
+
+def chart_frames(chart: dict, head: str = "head", worker: str = "worker") -> tuple[dict, list]:
+    """The chart JSON as {host: wide frame (t in minutes)} and [(t, mark)]."""
+    frames = {head: pd.DataFrame(chart["head"])}
+    if chart.get("workerTsoc"):
+        frames[worker] = pd.DataFrame(chart["workerTsoc"])
+    return frames, [(m["t"], m["m"]) for m in chart.get("marks", [])]
+
+
+def csv_frames(table: pd.DataFrame, time_col: str = "t", head: str = "head") -> dict:
+    """A wide CSV as {host: wide frame}: ``ZONE`` columns are the head's, ``HOST:ZONE`` another host's."""
+    frames = {}
+    for column in table.columns.drop(time_col):
+        host, _, zone = column.rpartition(":")
+        frames.setdefault(host or head, table[[time_col]].rename(columns={time_col: "t"}))[zone] = table[column]
+    return frames
+
+
+def telemetry_from_frames(frames: dict, epoch_s: float, minutes: bool = True) -> pd.DataFrame:
+    """Long tidy telemetry (t, host, kind=thermal, sensor, value) from wide frames."""
+    scale = 60.0 if minutes else 1.0
+    parts = [frame.melt(id_vars="t", var_name="sensor", value_name="value").assign(host=host)
+             for host, frame in frames.items()]
+    long = pd.concat(parts, ignore_index=True).dropna(subset=["value"])
+    long["t"] = epoch_s + long["t"].astype(float) * scale
+    long["kind"] = "thermal"
+    long = long.astype({"host": "string", "kind": "string", "sensor": "string", "value": "float64"})
+    return long[["t", "host", "kind", "sensor", "value"]].sort_values(["t", "host", "sensor"], ignore_index=True)
+
+
+def events_from_marks(marks: list, load_s: float, start_s: float, end_s: float,
+                      epoch_s: float, minutes: bool = True) -> tuple[list[dict], dict, str]:
+    """(events, {letter: label}, order) from chart marks; see the module docstring for the rules."""
+    scale = 60.0 if minutes else 1.0
+    marks = sorted((epoch_s + t * scale, name) for t, name in marks)
+    letters, reps, order = {}, {}, ""
+    for _, name in marks:
+        if name.endswith("-load-start"):
+            label = _label(name.removesuffix("-load-start"))
+            if label not in letters:
+                letters[label] = chr(ord("A") + len(letters))
+                order += letters[label]
+    events = [{"t": start_s, "event": "run_start"}]
+    current = None
+    for t, name in marks:
+        detail = {"detail": f"mark {name}"}
+        if name.endswith("-load-start"):
+            label = _label(name.removesuffix("-load-start"))
+            reps[label] = reps.get(label, 0) + 1
+            current = {"order": order, "rep": reps[label], "arm": letters[label]}
+            events.append({"t": t, "event": "load_start", **current, **detail})
+            events.append({"t": t + load_s, "event": "load_end", **current,
+                           "detail": f"load_start + {load_s / 60:g} min (no end mark)"})
+        elif name.endswith("-boot-start") and _label(name.removesuffix("-boot-start")) in letters:
+            label = _label(name.removesuffix("-boot-start"))
+            events.append({"t": t, "event": "restart_start", "order": order,
+                           "rep": reps.get(label, 0) + 1, "arm": letters[label], **detail})
+        elif name in NAMED_MARKS:
+            phase = current if NAMED_MARKS[name] == "cooldown_end" and current else {}
+            events.append({"t": t, "event": NAMED_MARKS[name], **phase, **detail})
+        else:
+            events.append({"t": t, "event": "note", "detail": name})
+    events.append({"t": end_s, "event": "run_end"})
+    events.sort(key=lambda e: e["t"])
+    return events, {letter: label for label, letter in letters.items()}, order
+
+
+def _label(mark_prefix: str) -> str:
+    return STUDY_LABELS.get(mark_prefix, mark_prefix)
+
+
+def write_run(out_dir, frames: dict, marks: list, load_minutes: float = 30.0, arms: dict | None = None,
+              *, minutes: bool = True, cluster: str = "imported", setting: str = "setting",
+              epoch_s: float = 0.0, source: str = "", **run_options) -> Path:
+    """Write the run directory from wide frames and marks.  ``arms`` maps a label to its
+    setting value (e.g. {"stock": "1", "patched": "0.002"}); ``run_options`` override the
+    run.json DEFAULTS.  Returns the run directory."""
+    out = Path(out_dir)
+    (out / "tidy").mkdir(parents=True, exist_ok=True)
+    telemetry = telemetry_from_frames(frames, epoch_s, minutes)
+    events, letters, order = events_from_marks(marks, load_minutes * 60, telemetry["t"].min(),
+                                               telemetry["t"].max(), epoch_s, minutes)
+    if not letters:
+        raise ValueError("no '<label>-load-start' mark: nothing to analyse")
+    hosts = list(frames)
+    run = {
+        "cluster": cluster, "order": order, "repeats": max(e.get("rep", 1) for e in events),
+        "arms": {letter: {"label": label, "value": str((arms or {}).get(label, ""))}
+                 for letter, label in sorted(letters.items())},
+        "reference_arm": "A", "setting": setting, "head": hosts[0], "hosts": hosts,
+        **DEFAULTS, **run_options,
+        "imported_from": source, "epoch_s": epoch_s,
+    }
+    (out / "run.json").write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
+    with open(out / "events.jsonl", "w", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(event) + "\n" for event in events)
+    telemetry.to_parquet(out / "tidy" / "telemetry.parquet", index=False)
+    return out
+
+
+def import_chart(json_path, out_dir, load_minutes: float = 30.0, arms: dict | None = None, **options) -> Path:
+    """The study's chart JSON → run directory (see ``write_run`` for ``arms`` and options)."""
+    chart = json.loads(Path(json_path).read_text(encoding="utf-8"))
+    frames, marks = chart_frames(chart)
+    return write_run(out_dir, frames, marks, load_minutes, arms, source=str(json_path), **options)
+
+
+def import_wide_csv(csv_path, out_dir, marks, load_minutes: float = 30.0, arms: dict | None = None,
+                    *, time_col: str = "t", time_unit: str = "min", **options) -> Path:
+    """A wide CSV → run directory.  ``marks``: [(t, name)] or the path of a CSV with columns
+    t, m, in the same time unit as the table (``min`` or ``s``)."""
+    if isinstance(marks, (str, Path)):
+        marks = list(pd.read_csv(marks)[["t", "m"]].itertuples(index=False, name=None))
+    frames = csv_frames(pd.read_csv(csv_path), time_col)
+    return write_run(out_dir, frames, marks, load_minutes, arms, minutes=time_unit == "min",
+                     source=str(csv_path), **options)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="thermab import-chart",
+                                     description="Import chart data (JSON) or a wide CSV as a run directory.")
+    parser.add_argument("source", help="chart JSON or wide CSV")
+    parser.add_argument("out_dir", help="run directory to write")
+    parser.add_argument("--load-minutes", type=float, default=30.0, help="load phase duration (default 30)")
+    parser.add_argument("--arm", action="append", default=[], metavar="LABEL=VALUE",
+                        help="setting value of an arm, e.g. --arm stock=1 --arm patched=0.002")
+    parser.add_argument("--setting", default="setting", help="name of the manipulated setting, e.g. busy_loop_s")
+    parser.add_argument("--cluster", default="imported")
+    parser.add_argument("--epoch-s", type=float, default=0.0, help="epoch seconds of chart time 0")
+    parser.add_argument("--marks", help="CSV with columns t, m (wide CSV sources)")
+    parser.add_argument("--time-col", default="t", help="time column of a wide CSV")
+    parser.add_argument("--time-unit", choices=["min", "s"], default="min", help="time unit of a wide CSV")
+    args = parser.parse_args(argv)
+    arms = dict(item.split("=", 1) for item in args.arm)
+    options = {"setting": args.setting, "cluster": args.cluster, "epoch_s": args.epoch_s}
+    if args.source.endswith(".json"):
+        out = import_chart(args.source, args.out_dir, args.load_minutes, arms, **options)
+    else:
+        if not args.marks:
+            parser.error("a wide CSV needs --marks")
+        out = import_wide_csv(args.source, args.out_dir, args.marks, args.load_minutes, arms,
+                              time_col=args.time_col, time_unit=args.time_unit, **options)
+    print(out)
+    return 0

@@ -1,0 +1,337 @@
+"""Figures of a run: ``render_figures(run_dir)`` → RUN_DIR/figures/.
+
+    python -m thermab.plots RUN_DIR [--also OTHER_RUN_DIR ...]
+
+Always written: timeline.png/.svg (matplotlib), timeline.html (plotly, plotly.js inline so it
+opens without network), cpu.png, throughput.png, time_to_threshold.png.  A figure whose data
+the run lacks (imported chart data has no CPU and no requests) is still written and says so,
+so that a workflow can declare every file as an output.  dose_response.png only for sweeps
+(more than two arms).
+"""
+
+import argparse
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: figures are files, never windows
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import plotly.graph_objects as go  # noqa: E402
+
+from . import analyze  # noqa: E402
+
+ARM_COLORS = ["#e66101", "#5e3c99", "#1b9e77", "#2c7bb6", "#a6611a", "#d01c8b", "#666666"]
+HEAD_ZONE_COLOR = "#b2182b"
+OTHER_HOST_COLORS = ["#2166ac", "#4dac26", "#7b3294"]
+# load windows are shaded and carry their own labels; run_start/run_end are the axis ends
+UNLABELLED_EVENTS = {"load_start", "load_end", "run_start", "run_end"}
+
+
+def render_figures(run_dir, also=()) -> list[Path]:
+    """Render every figure of the run (``also``: pooled runs, as in ``analyze``); returns the
+    paths written."""
+    result = analyze.compute(run_dir, also)
+    out = result.run.path / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    colors = {arm: ARM_COLORS[i % len(ARM_COLORS)] for i, arm in enumerate(result.run.config["arms"])}
+    written = timeline_png(result.run, result.tables["windows"], colors, out)
+    written.append(timeline_html(result.run, result.tables["windows"], colors, out / "timeline.html"))
+    written.append(cpu_png(result.tables["cpu"], result.run.config, colors, out / "cpu.png"))
+    written.append(throughput_png(result.tables["performance"], result.run.config, colors, out / "throughput.png"))
+    written.append(time_to_threshold_png(result.tables, result.run.config, colors, out / "time_to_threshold.png"))
+    if result.pooled["arm"].nunique() > 2:
+        written.append(dose_response_png(result.pooled, result.run.config, result.best, out / "dose_response.png"))
+    return written
+
+
+def _timeline_frames(run: analyze.Run):
+    """(t0, head zones, timeline zone of each host) with t in minutes from run_start."""
+    config = run.config
+    starts = run.events.loc[run.events["event"] == "run_start", "t"]
+    t0 = starts.min() if len(starts) else run.telemetry["t"].min()
+    thermal = run.telemetry[run.telemetry["kind"] == "thermal"].assign(
+        minutes=lambda f: (f["t"] - t0) / 60)
+    head = thermal[thermal["host"] == config["head"]]
+    zone = thermal[thermal["sensor"] == config["timeline_zone"]]
+    return t0, head, zone
+
+
+def _window_label(window, config) -> str:
+    label = config["arms"].get(window.arm, {}).get("label", window.arm)
+    return f"{label} ({window.arm}, rep {window.rep})"
+
+
+def _reference_lines(config) -> list[tuple[float, str, str]]:
+    lines = [(config["trip_point_c"], f"trip point {config['trip_point_c']:g} °C", "#67001f")] \
+        if config.get("trip_point_c") else []
+    return lines + [(c, f"{c:g} °C", "#555555") for c in config.get("reference_lines_c", [])]
+
+
+def _labelled_events(run: analyze.Run, t0: float, span_min: float) -> list[tuple[list[float], str]]:
+    """Events to mark on the timeline as (minutes of each event, one label): events closer than
+    1.5 % of the time span share a label, because their rotated texts would overlap."""
+    events = run.events[~run.events["event"].isin(UNLABELLED_EVENTS)]
+    groups = []
+    for event in events.itertuples(index=False):
+        arm = getattr(event, "arm", None)
+        text = event.event if not isinstance(arm, str) else f"{event.event} {arm}"
+        if event.event == "note" and isinstance(getattr(event, "detail", None), str):
+            text = f"note: {event.detail}"
+        minutes = (event.t - t0) / 60
+        if groups and minutes - groups[-1][0][0] < 0.015 * span_min:
+            groups[-1][0].append(minutes)
+            groups[-1][1].append(text)
+        else:
+            groups.append(([minutes], [text]))
+    return [(times, " / ".join(texts)) for times, texts in groups]
+
+
+def timeline_png(run: analyze.Run, windows: pd.DataFrame, colors: dict, out: Path) -> list[Path]:
+    """timeline.png and timeline.svg."""
+    config = run.config
+    t0, head, zone = _timeline_frames(run)
+    fig, ax = plt.subplots(figsize=(14, 6.5), layout="constrained")
+    others = sorted(set(head["sensor"]) - {config["timeline_zone"]})
+    for i, sensor in enumerate(others):
+        samples = head[head["sensor"] == sensor]
+        ax.plot(samples["minutes"], samples["value"], color="#9a9a9a", lw=0.7, alpha=0.8,
+                label=f"{config['head']} other zones ({', '.join(others)})" if i == 0 else None)
+    hosts = [config["head"]] + [h for h in zone["host"].unique() if h != config["head"]]
+    for i, host in enumerate(hosts):
+        samples = zone[zone["host"] == host]
+        is_head = host == config["head"]
+        ax.plot(samples["minutes"], samples["value"], lw=2.4 if is_head else 1.5,
+                color=HEAD_ZONE_COLOR if is_head else OTHER_HOST_COLORS[(i - 1) % len(OTHER_HOST_COLORS)],
+                label=f"{host} {config['timeline_zone']}", zorder=3)
+    low = min(head["value"].min(), zone["value"].min()) - 3
+    lines = _reference_lines(config)
+    high = max([zone["value"].max(), head["value"].max()] + [c for c, _, _ in lines]) + 4
+    ax.set_ylim(low, high)
+    for window in windows.itertuples(index=False):
+        start, end = (window.load_start - t0) / 60, (window.load_end - t0) / 60
+        ax.axvspan(start, end, color=colors.get(window.arm, "#999999"), alpha=0.13, lw=0)
+        ax.text((start + end) / 2, high - 0.6, "load: " + _window_label(window, config), ha="center",
+                va="top", fontsize=10, fontweight="bold", color=colors.get(window.arm, "#333333"))
+    for value, text, color in lines:
+        ax.axhline(value, ls=":", lw=1.2, color=color)
+        ax.annotate(text, (1, value), xycoords=("axes fraction", "data"), xytext=(-4, 2),
+                    textcoords="offset points", ha="right", va="bottom", fontsize=8, color=color)
+    span_min = (run.telemetry["t"].max() - t0) / 60
+    for times, text in _labelled_events(run, t0, span_min):
+        for minutes in times:
+            ax.axvline(minutes, color="#333333", lw=0.6, alpha=0.5, ls="--")
+        ax.text(times[-1], low + 0.5, " " + text, rotation=90, va="bottom", ha="left", fontsize=7.5,
+                color="#333333")
+    ax.set_xlim(0, span_min)
+    ax.set_xlabel("minutes from run_start")
+    ax.set_ylabel("temperature (°C)")
+    ax.set_title(_title(config, "thermal zones"))
+    ax.grid(alpha=0.25)
+    ax.legend(loc="upper left", bbox_to_anchor=(0, -0.1), ncol=4, fontsize=8.5, frameon=False)
+    paths = [out / "timeline.png", out / "timeline.svg"]
+    for path in paths:
+        fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return paths
+
+
+def _title(config: dict, what: str) -> str:
+    arms = ", ".join(f"{spec['label']} ({config.get('setting', 'setting')} {spec.get('value', '')})"
+                     for spec in config["arms"].values())
+    return f"{config.get('cluster', '')}: {what} — {arms}"
+
+
+def timeline_html(run: analyze.Run, windows: pd.DataFrame, colors: dict, path: Path) -> Path:
+    """The timeline as a self-contained interactive page (hover lists every zone at that time)."""
+    config = run.config
+    t0, head, zone = _timeline_frames(run)
+    fig = go.Figure()
+    for sensor, samples in head.groupby("sensor"):
+        is_zone = sensor == config["timeline_zone"]
+        fig.add_scatter(x=samples["minutes"], y=samples["value"], name=f"{config['head']} {sensor}",
+                        line={"width": 3 if is_zone else 1, "color": HEAD_ZONE_COLOR if is_zone else "#a0a0a0"},
+                        hovertemplate="%{y:.1f} °C")
+    for i, (host, samples) in enumerate(zone[zone["host"] != config["head"]].groupby("host")):
+        fig.add_scatter(x=samples["minutes"], y=samples["value"], name=f"{host} {config['timeline_zone']}",
+                        line={"width": 2, "color": OTHER_HOST_COLORS[i % len(OTHER_HOST_COLORS)]},
+                        hovertemplate="%{y:.1f} °C")
+    for window in windows.itertuples(index=False):
+        fig.add_vrect(x0=(window.load_start - t0) / 60, x1=(window.load_end - t0) / 60,
+                      fillcolor=colors.get(window.arm, "#999999"), opacity=0.13, line_width=0,
+                      annotation_text="load: " + _window_label(window, config), annotation_position="top")
+    for value, text, color in _reference_lines(config):
+        fig.add_hline(y=value, line_dash="dot", line_color=color, annotation_text=text,
+                      annotation_position="bottom right")
+    for times, text in _labelled_events(run, t0, (run.telemetry["t"].max() - t0) / 60):
+        for minutes in times[:-1]:
+            fig.add_vline(x=minutes, line_dash="dash", line_width=1, line_color="#777777")
+        fig.add_vline(x=times[-1], line_dash="dash", line_width=1, line_color="#777777",
+                      annotation_text=text, annotation_textangle=-90, annotation_position="bottom right",
+                      annotation_font_size=10)
+    fig.update_layout(title=_title(config, "thermal zones"), hovermode="x unified", template="plotly_white",
+                      xaxis_title="minutes from run_start", yaxis_title="temperature (°C)", height=650)
+    fig.write_html(path, include_plotlyjs=True, full_html=True)
+    return path
+
+
+def _placeholder(path: Path, title: str, message: str) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.axis("off")
+    ax.set_title(title)
+    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=11, wrap=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _arm_axis(ax, config: dict, arms: list[str]) -> None:
+    ax.set_xticks(range(len(arms)), [f"{config['arms'][a]['label']}\n({a})" for a in arms])
+    ax.set_xlim(-0.6, len(arms) - 0.4)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _per_phase_points(ax, frame: pd.DataFrame, column: str, config: dict, colors: dict,
+                      low: str | None = None, high: str | None = None) -> None:
+    """One point per phase at its arm, spread by repeat, with an optional low–high bar and
+    the arm mean as a line, so that restart variance is visible next to the arm difference."""
+    arms = [a for a in config["arms"] if a in set(frame["arm"])]
+    for x, arm in enumerate(arms):
+        rows = frame[frame["arm"] == arm].dropna(subset=[column])
+        offsets = np.linspace(-0.15, 0.15, len(rows)) if len(rows) > 1 else [0.0]
+        for offset, row in zip(offsets, rows.itertuples(index=False)):
+            value = getattr(row, column)
+            errors = None
+            if low is not None:
+                errors = [[value - getattr(row, low)], [getattr(row, high) - value]]
+            ax.errorbar(x + offset, value, yerr=errors, fmt="o", color=colors[arm], capsize=3, ms=6)
+            ax.annotate(f"{row.order} rep{row.rep}", (x + offset, value), xytext=(6, 0),
+                        textcoords="offset points", fontsize=7, va="center")
+        if len(rows):
+            ax.hlines(rows[column].mean(), x - 0.3, x + 0.3, color=colors[arm], lw=1.5, alpha=0.7)
+    _arm_axis(ax, config, arms)
+
+
+def cpu_png(cpu: pd.DataFrame, config: dict, colors: dict, path: Path) -> Path:
+    """vLLM CPU median per phase (bars: 5th–95th percentile of the samples), one panel per host."""
+    if cpu.empty:
+        return _placeholder(path, "vLLM CPU", "no CPU data in this run")
+    hosts = [h for h in analyze.ordered_hosts(config) if h in set(cpu["host"])]
+    fig, axes = plt.subplots(1, len(hosts), figsize=(5 * len(hosts), 4.5), squeeze=False, layout="constrained")
+    for ax, host in zip(axes[0], hosts):
+        _per_phase_points(ax, cpu[cpu["host"] == host], "median_pct", config, colors, "p5_pct", "p95_pct")
+        ax.set_title(f"{host}: vLLM CPU sum, median (p5–p95)")
+        ax.set_ylabel("% of one core")
+    fig.suptitle(_title(config, "CPU under load"), fontsize=10)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def throughput_png(perf: pd.DataFrame, config: dict, colors: dict, path: Path) -> Path:
+    """Output throughput and probe decode speed per phase."""
+    if perf["requests_completed"].isna().all():
+        return _placeholder(path, "throughput", "no request data in this run")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5), layout="constrained")
+    _per_phase_points(axes[0], perf, "output_tok_s", config, colors)
+    axes[0].set_title("output throughput (load requests ending in the window)")
+    axes[0].set_ylabel("tok/s")
+    _per_phase_points(axes[1], perf, "probe_tok_s_median", config, colors)
+    axes[1].set_title("single-stream probe decode speed (median)")
+    axes[1].set_ylabel("tok/s")
+    fig.suptitle(_title(config, "speed under load"), fontsize=10)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def time_to_threshold_png(tables: dict, config: dict, colors: dict, path: Path) -> Path:
+    """Minutes from load start to each threshold on the head's timeline zone; thresholds never
+    reached are drawn at the top as open triangles with the phase's peak."""
+    head, zone = config["head"], config["timeline_zone"]
+    th = tables["thresholds"]
+    th = th[(th["host"] == head) & (th["sensor"] == zone)]
+    if th.empty:
+        return _placeholder(path, "time to threshold", f"no {head} {zone} samples in a load window")
+    window_min = tables["windows"]["window_s"].max() / 60
+    fig, ax = plt.subplots(figsize=(8, 4.8), layout="constrained")
+    phases = th[["order", "rep", "arm"]].drop_duplicates()
+    spread = np.linspace(-0.6, 0.6, len(phases)) if len(phases) > 1 else [0.0]
+    peaks = tables["zones"].set_index(["order", "rep", "arm", "host", "sensor"])["max_c"]
+    for offset, phase in zip(spread, phases.itertuples(index=False)):
+        rows = th[(th["order"] == phase.order) & (th["rep"] == phase.rep) & (th["arm"] == phase.arm)]
+        color = colors.get(phase.arm, "#333333")
+        label = f"{config['arms'][phase.arm]['label']} ({phase.order} rep{phase.rep})"
+        reached = rows.dropna(subset=["reached_s"])
+        ax.plot(reached["threshold_c"] + offset, reached["reached_s"] / 60, "o-", color=color, label=label)
+        missing = rows[rows["reached_s"].isna()]
+        ax.plot(missing["threshold_c"] + offset, [window_min] * len(missing), "v", mfc="none", color=color, ms=9)
+        if len(missing):
+            peak = peaks.get((phase.order, phase.rep, phase.arm, head, zone), math.nan)
+            ax.annotate(f"not reached\n(peak {peak:.1f} °C)", (missing["threshold_c"].iloc[0] + offset, window_min),
+                        xytext=(0, -28), textcoords="offset points", ha="center", fontsize=8, color=color)
+    ax.set_xticks(config["thresholds_c"], [f"{c:g} °C" for c in config["thresholds_c"]])
+    ax.set_ylim(0, window_min * 1.05)
+    ax.set_xlabel(f"threshold ({head} {zone})")
+    ax.set_ylabel("minutes after load start (first sample at or above)")
+    ax.set_title(_title(config, "time to threshold"), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="center left")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def dose_response_png(pooled: pd.DataFrame, config: dict, best: dict | None, path: Path) -> Path:
+    """Setting value → head zone mean, head CPU, throughput and stall gaps (one point per
+    phase, line through the arm means), naming the best setting (``stats.best_setting``)."""
+    head, zone = config["head"], config["timeline_zone"]
+    values = {arm: spec.get("value", "") for arm, spec in config["arms"].items()}
+    numeric = pd.to_numeric(pd.Series(values), errors="coerce")
+    # a sweep over a numeric setting is read on its own scale; anything else in arm order
+    positions = numeric if numeric.notna().all() else pd.Series(range(len(values)), index=list(values), dtype=float)
+    panels = [(f"{head} {zone} mean", "°C"), (f"{head} vLLM CPU median", "% of one core"),
+              ("output throughput", "tok/s"), ("stall gaps", "gaps")]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), layout="constrained")
+    for ax, (metric, unit) in zip(axes.flat, panels):
+        data = pooled[pooled["metric"] == metric].assign(x=lambda f: f["arm"].map(positions))
+        ax.set_title(metric, fontsize=10)
+        ax.set_ylabel(unit)
+        if data.empty:
+            ax.text(0.5, 0.5, "not measured in this run", transform=ax.transAxes, ha="center")
+            continue
+        ax.plot(data["x"], data["value"], "o", color="#777777", alpha=0.6)
+        means = data.groupby("x")["value"].mean()
+        ax.plot(means.index, means.values, "-", color=HEAD_ZONE_COLOR, lw=1.5)
+        if best is not None:
+            ax.axvline(positions[best["arm"]], color="#1b9e77", ls="--", lw=1.2)
+        ax.grid(alpha=0.3)
+        if numeric.notna().all() and (numeric > 0).all() and numeric.max() / numeric.min() >= 10:
+            ax.set_xscale("log")
+        if not numeric.notna().all():
+            ax.set_xticks(positions.values, [config["arms"][a]["label"] for a in positions.index])
+        ax.set_xlabel(config.get("setting", "setting"))
+    named = ("no temperature data" if best is None else
+             f"lowest {head} {zone} without extra stalls or throughput loss beyond variance: "
+             f"{config.get('setting', 'setting')} = {best['value']} ({best['label']})")
+    fig.suptitle(f"{_title(config, 'dose response')}\n{named}", fontsize=10)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="thermab plots", description="Render RUN_DIR/figures/.")
+    parser.add_argument("run_dir")
+    parser.add_argument("--also", nargs="*", default=[], metavar="RUN_DIR",
+                        help="further run directories pooled as in `thermab analyze --also`")
+    args = parser.parse_args(argv)
+    for path in render_figures(args.run_dir, also=args.also):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

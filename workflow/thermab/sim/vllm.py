@@ -1,0 +1,591 @@
+"""An OpenAI-compatible server that behaves like vLLM where heat and CPU are concerned.
+
+::
+
+    python -m thermab.sim.vllm serve --node ROOT --port P --model NAME --role head|worker
+                                     [--peer-port Q] [--step-ms 15] [--host H] [--detach]
+    python -m thermab.sim.vllm stop --node ROOT
+
+ROOT is a node tree made by :func:`thermab.sim.node.create_node` (an absolute path).
+``--detach`` starts the server in a new session logging to ROOT/run/vllm.log, writes
+ROOT/run/vllm.pid and returns at once; poll ``/health`` for readiness.  ``stop`` sends
+SIGTERM to that session, waits, then SIGKILL; it exits 0 when nothing was running.
+
+A head node is three processes, all forked from the API server so all carry its command
+line (``vllm`` and ``--node ROOT``, which is how the agent and the thermal model find a
+node's processes):
+
+- API server: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``
+  (streaming SSE or not; ``max_tokens``, ``ignore_eos``, ``stream_options.include_usage``;
+  unknown keys such as ``reasoning_effort`` are accepted and ignored).
+- EngineCore: continuous batching.  Each step (``--step-ms`` plus 0.05 ms per uncached
+  prompt token of newly admitted requests) emits one token to every running request.  The
+  step is broadcast to the local worker through a :class:`~thermab.sim.shm.ShmQueue` and
+  the engine waits for the reply on a second one, spinning for ``busy_loop_s`` after each
+  read, the value read at start-up from the node's own ``shm_broadcast.py``.  With stock
+  vLLM's 1 s the engine burns a core for as long as the GPU is busy.
+- VllmWorker: "executes" a step by sleeping its duration (GPU time, not CPU) after a
+  small CPU share (NCCL proxy threads), and adds the step time to ROOT/run/gpu_busy_s.
+
+With ``--peer-port`` the engine also sends every step over TCP to a worker node on
+127.0.0.1 and waits for its reply (blocking, no spin), as tensor parallelism across two
+nodes does; start the worker node first (the head retries for 60 s and reports /health
+only once connected).  A worker node is one process that executes the head's steps the
+same way as the local worker.
+
+Tokens: :func:`count_tokens` counts one token per 4 characters (rounded up), about what
+BPE tokenizers average on English.  The chat is rendered in a ChatML-style template
+first, so the prompt's token count includes a few template tokens.  Prefix cache: a
+prompt reuses the 16-token blocks of the longest prompt prefix seen before (whole blocks,
+never the last token), reported as ``cached_tokens``; a unique tag at the very start of
+each prompt therefore gives 0.  Without ``ignore_eos`` a request stops at a length fixed
+by the prompt (crc32, at most 512 tokens and at most ``max_tokens``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import multiprocessing
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+import zlib
+from collections import OrderedDict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from thermab.sim import node
+from thermab.sim.shm import ShmQueue
+
+TOKEN_CHARS = 4
+BLOCK_TOKENS = 16
+MAX_MODEL_LEN = 8192
+NATURAL_MAX_TOKENS = 512
+PREFILL_S_PER_TOKEN = 0.05e-3
+NCCL_CPU_SHARE = 0.15  # of each step's time, on every worker of both arms
+PEER_HOST = "127.0.0.1"
+PEER_CONNECT_TIMEOUT_S = 60.0
+STATS_EVERY_S = 10.0
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
+WORDS = (" the", " heat", " of", " a", " core", " is", " spent", " waiting", " and",
+         " the", " GPU", " runs", " while", " we", " measure", " it", ".")
+
+
+def log(message: str) -> None:
+    print("INFO %s [pid %d] %s" % (time.strftime("%m-%d %H:%M:%S"), os.getpid(), message), flush=True)
+
+
+# ---- tokens, prompts, prefix cache -------------------------------------------------
+
+def count_tokens(text: str) -> int:
+    """Tokens of ``text``: one per 4 characters, rounded up (deterministic, no vocab)."""
+    return -(-len(text) // TOKEN_CHARS)
+
+
+def render_chat(messages: list) -> str:
+    """The prompt text the engine sees: the messages in a ChatML-style template."""
+    parts = []
+    for message in messages:
+        content = message.get("content") or ""
+        if isinstance(content, list):  # OpenAI content parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        parts.append("<|im_start|>%s\n%s<|im_end|>\n" % (message.get("role", "user"), content))
+    return "".join(parts) + "<|im_start|>assistant\n"
+
+
+def completion_length(prompt: str, max_tokens: int, ignore_eos: bool) -> int:
+    """Exactly max_tokens with ignore_eos; otherwise an end-of-sequence fixed by the
+    prompt, so the same request always gets the same answer length."""
+    if ignore_eos:
+        return max_tokens
+    return min(max_tokens, 1 + zlib.crc32(prompt.encode()) % NATURAL_MAX_TOKENS)
+
+
+def token_text(index: int) -> str:
+    return WORDS[index % len(WORDS)]
+
+
+class PrefixCache:
+    """vLLM's automatic prefix caching as far as ``usage`` shows it: chained hashes of
+    16-token blocks, least recently used evicted first."""
+
+    def __init__(self, capacity_blocks: int = 200_000):
+        self.blocks = OrderedDict()
+        self.capacity = capacity_blocks
+        self.lock = threading.Lock()
+
+    def cached_tokens(self, prompt: str) -> int:
+        """Tokens reused from earlier prompts; records this prompt's blocks."""
+        tokens = count_tokens(prompt)
+        block_chars = BLOCK_TOKENS * TOKEN_CHARS
+        hashes, chained = [], 0
+        for index in range(tokens // BLOCK_TOKENS):
+            chained = hash((chained, prompt[index * block_chars:(index + 1) * block_chars]))
+            hashes.append(chained)
+        with self.lock:
+            hits = 0
+            while hits < len(hashes) and hashes[hits] in self.blocks:
+                hits += 1
+            for block in hashes:
+                self.blocks[block] = None
+                self.blocks.move_to_end(block)
+            while len(self.blocks) > self.capacity:
+                self.blocks.popitem(last=False)
+        # The last prompt token is always computed: it is what samples the first output.
+        return min(hits, (tokens - 1) // BLOCK_TOKENS) * BLOCK_TOKENS
+
+
+# ---- GPU, worker, engine -----------------------------------------------------------
+
+def become_child(name: str) -> None:
+    """Set up a forked node process: a name for top/ps, and death with the API server,
+    so a SIGKILLed server never leaves an engine spinning a core."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the API server's to handle
+    libc = ctypes.CDLL(None)
+    libc.prctl(PR_SET_NAME, name.encode(), 0, 0, 0)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != multiprocessing.parent_process().pid:
+        os._exit(1)  # the parent died before the death signal was armed
+
+
+class Gpu:
+    """The emulated GPU: executing a step costs time, not CPU.  Busy seconds accumulate in
+    run/gpu_busy_s across restarts, a counter the thermal model differentiates."""
+
+    def __init__(self, root: Path):
+        self.path = node.run_dir(root) / "gpu_busy_s"
+        try:
+            self.busy_s = float(self.path.read_text())
+        except (OSError, ValueError):
+            self.busy_s = 0.0
+
+    def execute(self, duration_s: float) -> None:
+        start = time.perf_counter()
+        burn_until = start + NCCL_CPU_SHARE * duration_s
+        while time.perf_counter() < burn_until:
+            pass  # NCCL proxy threads poll the interconnect while the kernels run
+        time.sleep(max(0.0, start + duration_s - time.perf_counter()))
+        self.busy_s += duration_s
+        node.write_atomic(self.path, "%.6f\n" % self.busy_s)
+
+
+def run_local_worker(root: Path, broadcast: ShmQueue, replies: ShmQueue) -> None:
+    become_child("VllmWorker")
+    gpu = Gpu(root)
+    while True:
+        step = broadcast.get()
+        gpu.execute(step["duration_s"])
+        replies.put(step["step"])
+
+
+def connect_peer(port: int) -> socket.socket:
+    deadline = time.monotonic() + PEER_CONNECT_TIMEOUT_S
+    while True:
+        try:
+            peer = socket.create_connection((PEER_HOST, port), timeout=5)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    peer.settimeout(None)
+    peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return peer
+
+
+class Engine:
+    """Continuous batching over requests sent by the API server on ``conn``:
+    ("add", rid, uncached_prompt_tokens, completion_tokens) or ("abort", rid).
+    After each step it sends back [(rid, tokens_emitted, finished), ...]."""
+
+    def __init__(self, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer):
+        self.conn = conn
+        self.broadcast = broadcast
+        self.replies = replies
+        self.step_s = step_s
+        self.peer = peer
+        self.peer_lines = peer.makefile("rb") if peer else None
+        self.waiting = {}  # rid -> (uncached prompt tokens, completion tokens)
+        self.running = {}  # rid -> [completion tokens, emitted]
+        self.steps = 0
+        self.stats = {"since": time.monotonic(), "tokens": 0, "steps": 0}
+
+    def run(self) -> None:
+        try:
+            while True:
+                self.receive(block=not (self.running or self.waiting))
+                if self.running or self.waiting:
+                    self.step()
+        except EOFError:
+            return  # the API server closed its end: it is shutting down
+
+    def receive(self, block: bool) -> None:
+        if block:
+            self.conn.poll(None)
+        while self.conn.poll(0):
+            kind, rid, *rest = self.conn.recv()
+            if kind == "add":
+                self.waiting[rid] = tuple(rest)
+            else:
+                self.waiting.pop(rid, None)
+                self.running.pop(rid, None)
+
+    def step(self) -> None:
+        prefill = sum(uncached for uncached, _ in self.waiting.values())
+        for rid, (_, length) in self.waiting.items():
+            self.running[rid] = [length, 0]
+        self.waiting.clear()
+        self.steps += 1
+        step = {"step": self.steps, "duration_s": self.step_s + PREFILL_S_PER_TOKEN * prefill}
+        if self.peer:
+            self.peer.sendall(json.dumps(step).encode() + b"\n")
+        self.broadcast.put(step)
+        self.replies.get()  # the spin: stock vLLM burns a core here while the GPU works
+        if self.peer and not self.peer_lines.readline():
+            raise ConnectionError("the worker node closed the connection")
+        outputs = []
+        for rid, state in list(self.running.items()):
+            state[1] += 1
+            outputs.append((rid, state[1], state[1] >= state[0]))
+            if state[1] >= state[0]:
+                del self.running[rid]
+        self.conn.send(outputs)
+        self.report(len(outputs))
+
+    def report(self, tokens: int) -> None:
+        self.stats["tokens"] += tokens
+        self.stats["steps"] += 1
+        elapsed = time.monotonic() - self.stats["since"]
+        if elapsed >= STATS_EVERY_S:
+            log("engine: %d running, generation %.1f tok/s, %.1f steps/s"
+                % (len(self.running), self.stats["tokens"] / elapsed, self.stats["steps"] / elapsed))
+            self.stats = {"since": time.monotonic(), "tokens": 0, "steps": 0}
+
+
+def run_engine(conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer_port) -> None:
+    become_child("EngineCore")
+    peer = connect_peer(peer_port) if peer_port else None
+    conn.send("ready")
+    Engine(conn, broadcast, replies, step_s, peer).run()
+
+
+# ---- API server --------------------------------------------------------------------
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class EngineGone(Exception):
+    pass
+
+
+class EngineClient:
+    """The API server's end of the engine pipe: submits requests and routes each step's
+    tokens to the queue of the request they belong to."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.send_lock = threading.Lock()
+        self.streams = {}
+        self.streams_lock = threading.Lock()
+        self.prefix_cache = PrefixCache()
+
+    def submit(self, rid: str, uncached: int, length: int) -> queue.Queue:
+        stream = queue.Queue()
+        with self.streams_lock:
+            self.streams[rid] = stream
+        with self.send_lock:
+            self.conn.send(("add", rid, uncached, length))
+        return stream
+
+    def abort(self, rid: str) -> None:
+        with self.streams_lock:
+            self.streams.pop(rid, None)
+        with self.send_lock:
+            self.conn.send(("abort", rid))
+
+    def dispatch(self, on_engine_exit) -> None:
+        """Thread body: runs until the engine process ends."""
+        try:
+            while True:
+                for rid, emitted, finished in self.conn.recv():
+                    with self.streams_lock:
+                        stream = self.streams.pop(rid) if finished else self.streams.get(rid)
+                    if stream:
+                        stream.put((emitted, finished))
+        except (EOFError, OSError):
+            with self.streams_lock:
+                for stream in self.streams.values():
+                    stream.put(None)
+            on_engine_exit()
+
+    @staticmethod
+    def outputs(stream: queue.Queue):
+        """Yield (tokens emitted so far, finished) until finished."""
+        while True:
+            item = stream.get()
+            if item is None:
+                raise EngineGone("the engine process ended")
+            yield item
+            if item[1]:
+                return
+
+
+def parse_chat(body, model: str) -> dict:
+    """Validate a chat completion request the way vLLM answers it (400/404)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    if body.get("model", model) != model:
+        raise ApiError(404, "The model `%s` does not exist." % body.get("model"))
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise ApiError(400, "messages must be a non-empty list of objects")
+    prompt = render_chat(messages)
+    prompt_tokens = count_tokens(prompt)
+    room = MAX_MODEL_LEN - prompt_tokens
+    max_tokens = next((body[key] for key in ("max_completion_tokens", "max_tokens")
+                       if body.get(key) is not None), room)
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ApiError(400, "max_tokens must be a positive integer")
+    if max_tokens > room:
+        raise ApiError(400, "This model's maximum context length is %d tokens; the prompt has "
+                       "%d and max_tokens is %d." % (MAX_MODEL_LEN, prompt_tokens, max_tokens))
+    stream_options = body.get("stream_options") or {}
+    return {
+        "prompt": prompt,
+        "prompt_tokens": prompt_tokens,
+        "max_tokens": max_tokens,
+        "length": completion_length(prompt, max_tokens, bool(body.get("ignore_eos"))),
+        "stream": bool(body.get("stream")),
+        "include_usage": bool(stream_options.get("include_usage")),
+    }
+
+
+class ApiServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address, model: str, engine: EngineClient):
+        super().__init__(address, Handler)
+        self.model = model
+        self.engine = engine
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, and chunked streaming
+    server: ApiServer
+
+    def send_json(self, status: int, obj) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def send_error_json(self, status: int, message: str) -> None:
+        self.send_json(status, {"object": "error", "message": message, "type": "BadRequestError"
+                                if status == 400 else "NotFoundError", "param": None, "code": status})
+
+    def do_GET(self):
+        if self.path == "/health":
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path == "/v1/models":
+            model = self.server.model
+            self.send_json(200, {"object": "list", "data": [{
+                "id": model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+                "root": model, "parent": None, "max_model_len": MAX_MODEL_LEN}]})
+        else:
+            self.send_error_json(404, "Not Found")
+
+    def do_POST(self):
+        if self.path != "/v1/chat/completions":
+            self.send_error_json(404, "Not Found")
+            return
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            request = parse_chat(body, self.server.model)
+        except json.JSONDecodeError as error:
+            self.send_error_json(400, "invalid JSON: %s" % error)
+            return
+        except ApiError as error:
+            self.send_error_json(error.status, str(error))
+            return
+        engine = self.server.engine
+        rid = "chatcmpl-" + uuid.uuid4().hex
+        cached = engine.prefix_cache.cached_tokens(request["prompt"])
+        stream = engine.submit(rid, request["prompt_tokens"] - cached, request["length"])
+        usage = {"prompt_tokens": request["prompt_tokens"], "completion_tokens": request["length"],
+                 "total_tokens": request["prompt_tokens"] + request["length"],
+                 "prompt_tokens_details": {"cached_tokens": cached}}
+        finish_reason = "length" if request["length"] == request["max_tokens"] else "stop"
+        head = {"id": rid, "created": int(time.time()), "model": self.server.model}
+        try:
+            if request["stream"]:
+                self.stream(stream, head, usage, finish_reason, request["include_usage"])
+            else:
+                text = "".join(token_text(i) for i in range(request["length"]))
+                for _ in engine.outputs(stream):
+                    pass
+                self.send_json(200, dict(head, object="chat.completion", usage=usage, choices=[{
+                    "index": 0, "message": {"role": "assistant", "content": text},
+                    "logprobs": None, "finish_reason": finish_reason}]))
+        except (BrokenPipeError, ConnectionResetError):
+            engine.abort(rid)  # the client left: free its slot in the batch, as vLLM does
+            self.close_connection = True
+        except EngineGone:
+            self.close_connection = True
+
+    def stream(self, stream, head, usage, finish_reason, include_usage) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def event(data) -> None:
+            payload = b"data: " + (data if isinstance(data, bytes) else json.dumps(data).encode()) + b"\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+
+        def chunk(delta, finish=None):
+            return dict(head, object="chat.completion.chunk", choices=[
+                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}])
+
+        event(chunk({"role": "assistant", "content": ""}))
+        sent = 0
+        for emitted, finished in self.server.engine.outputs(stream):
+            text = "".join(token_text(i) for i in range(sent, emitted))
+            sent = emitted
+            event(chunk({"content": text}, finish_reason if finished else None))
+        if include_usage:
+            event(dict(head, object="chat.completion.chunk", choices=[], usage=usage))
+        event(b"[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+
+
+# ---- processes and CLI -------------------------------------------------------------
+
+def exit_on_sigterm() -> None:
+    def handler(signum, frame):
+        raise SystemExit(0)  # unwinds through the finally blocks that stop the children
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def serve_head(args, busy_loop_s: float) -> int:
+    fork = multiprocessing.get_context("fork")  # children keep this cmdline (--node ROOT)
+    broadcast, replies = ShmQueue(busy_loop_s), ShmQueue(busy_loop_s)
+    api_end, engine_end = fork.Pipe()
+    children = [
+        fork.Process(target=run_local_worker, args=(args.node, broadcast, replies), daemon=True),
+        fork.Process(target=run_engine, daemon=True,
+                     args=(engine_end, broadcast, replies, args.step_ms / 1000.0, args.peer_port)),
+    ]
+    for child in children:
+        child.start()
+    exit_on_sigterm()  # after forking: the children keep the default (die on SIGTERM)
+    engine_died = threading.Event()
+    try:
+        if not api_end.poll(PEER_CONNECT_TIMEOUT_S + 10):
+            raise TimeoutError("the engine did not become ready")
+        api_end.recv()
+        engine = EngineClient(api_end)
+        with ApiServer((args.host, args.port), args.model, engine) as server:
+            def on_engine_exit():
+                engine_died.set()
+                server.shutdown()
+
+            threading.Thread(target=engine.dispatch, args=(on_engine_exit,), daemon=True).start()
+            log("head ready: http://%s:%d, model %s, step %g ms, peer %s"
+                % (args.host, args.port, args.model, args.step_ms, args.peer_port))
+            server.serve_forever()
+    except EOFError:
+        engine_died.set()
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.join(5)
+            if child.is_alive():
+                child.kill()
+    if engine_died.is_set():
+        log("the engine process ended; shutting down")
+        return 1
+    return 0
+
+
+def serve_worker(args) -> int:
+    exit_on_sigterm()
+    gpu = Gpu(args.node)
+    with socket.create_server((args.host, args.port)) as listener:
+        log("worker ready: listening for the head's steps on %s:%d" % (args.host, args.port))
+        while True:
+            connection, address = listener.accept()
+            log("head connected from %s:%d" % address)
+            with connection, connection.makefile("rb") as lines:
+                connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                try:
+                    for line in lines:
+                        step = json.loads(line)
+                        gpu.execute(step["duration_s"])
+                        connection.sendall(b'{"step": %d}\n' % step["step"])
+                except OSError as error:
+                    log("head connection lost: %s" % error)
+
+
+def absolute_node(text: str) -> Path:
+    """--node must be absolute: it is matched verbatim in the processes' command lines."""
+    if not os.path.isabs(text):
+        raise argparse.ArgumentTypeError("must be an absolute path, got %r" % text)
+    return Path(text)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m thermab.sim.vllm", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run a simulated vLLM server on a node")
+    serve.add_argument("--node", type=absolute_node, required=True)
+    serve.add_argument("--port", type=int, required=True)
+    serve.add_argument("--model", required=True)
+    serve.add_argument("--role", choices=node.ROLES, required=True)
+    serve.add_argument("--peer-port", type=int, help="head only: the worker node's port")
+    serve.add_argument("--step-ms", type=float, default=15.0, help="decode step time (GPU)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--detach", action="store_true", help="run in a new session and return")
+    stop = commands.add_parser("stop", help="stop the server recorded in ROOT/run/vllm.pid")
+    stop.add_argument("--node", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    if args.command == "stop":
+        print("stopped" if node.stop(args.node, "vllm") else "not running")
+        return 0
+    settings = node.load_settings(args.node)
+    if settings["role"] != args.role:
+        parser.error("%s is a %s node, not a %s" % (args.node, settings["role"], args.role))
+    if args.detach:
+        argv.remove("--detach")
+        print(node.start_detached(args.node, "vllm", "thermab.sim.vllm", argv))
+        return 0
+
+    busy_loop_s = node.read_busy_loop_s(args.node)
+    log("busy_loop_s = %g (SpinCondition default in %s)" % (busy_loop_s, args.node / node.SHM_BROADCAST))
+    node.claim_pid_file(args.node, "vllm")
+    try:
+        return serve_head(args, busy_loop_s) if args.role == "head" else serve_worker(args)
+    finally:
+        node.release_pid_file(args.node, "vllm")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
