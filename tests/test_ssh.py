@@ -1,0 +1,89 @@
+"""The SSH transport against a real OpenSSH sshd on 127.0.0.1 (paramiko, pinned host key)."""
+
+import getpass
+
+import pytest
+
+from thermab.config import HostSpec
+from thermab.host import Host
+from thermab.patch import Patcher
+from thermab.ssh import RefusedError, SshTransport
+from thermab.transport import CommandError
+from sshd import start_sshd
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.stop()
+
+
+def transport(sshd, **overrides):
+    options = dict(port=sshd.port, user=getpass.getuser(), key_file=str(sshd.client_key),
+                   known_hosts=str(sshd.known_hosts), connect_timeout=5, retries=1)
+    options.update(overrides)
+    return SshTransport("node1", "127.0.0.1", **options)
+
+
+def test_run_put_get_over_a_pinned_key(sshd, tmp_path):
+    ssh = transport(sshd)
+    try:
+        assert ssh.run("echo hello; echo err >&2").stdout == "hello\n"
+        source = tmp_path / "a.txt"
+        source.write_text("payload")
+        ssh.put(source, str(tmp_path / "remote.txt"))
+        ssh.get(str(tmp_path / "remote.txt"), tmp_path / "back.txt")
+        assert (tmp_path / "back.txt").read_text() == "payload"
+        with pytest.raises(CommandError) as error:
+            ssh.run("echo boom >&2; exit 3")
+        assert "node1" in str(error.value) and "exit 3" in str(error.value) and "boom" in str(error.value)
+    finally:
+        ssh.close()
+
+
+def test_unknown_host_key_is_refused(sshd, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(RefusedError, match="node1.*not pinned"):
+        transport(sshd, known_hosts=str(empty)).run("true")
+
+
+def test_changed_host_key_is_refused_even_with_accept_new(sshd, tmp_path):
+    other = tmp_path / "known_hosts"
+    other.write_text(f"[127.0.0.1]:{sshd.port} ssh-ed25519 "
+                     "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n")
+    with pytest.raises(RefusedError, match="CHANGED"):
+        transport(sshd, known_hosts=str(other), host_key_policy="accept-new").run("true")
+
+
+def test_accept_new_pins_and_reports_the_key(sshd, tmp_path):
+    fresh = tmp_path / "known_hosts"
+    said = []
+    ssh = transport(sshd, known_hosts=str(fresh), host_key_policy="accept-new", report=said.append)
+    assert ssh.run("echo ok").stdout == "ok\n"
+    ssh.close()
+    assert "127.0.0.1" in fresh.read_text() and any("accepted and saved" in s for s in said)
+    assert transport(sshd, known_hosts=str(fresh)).run("echo again").stdout == "again\n"
+
+
+def test_unreachable_host_names_the_host():
+    ssh = SshTransport("ghost", "127.0.0.1", port=1, connect_timeout=2, retries=2, report=lambda _m: None)
+    with pytest.raises(Exception, match="ghost.*cannot reach"):
+        ssh.run("true")
+
+
+def test_patcher_over_ssh_with_a_hostile_path(sshd, tmp_path):
+    directory = tmp_path / "it's a $(touch pwned) dir"
+    directory.mkdir()
+    target = directory / "shm_broadcast.py"
+    target.write_text("x = 1\n        busy_loop_s: float = 1,\n")
+    spec = HostSpec("node1", "c", "ssh", {"address": "127.0.0.1"})
+    host = Host(spec, transport(sshd))
+    setting = {"file": str(target), "anchor": r"busy_loop_s: float = [0-9.]+", "replacement": "busy_loop_s: float = {value}"}
+    patcher = Patcher(host, setting, tmp_path / "state")
+    patcher.apply("0.002")
+    assert "busy_loop_s: float = 0.002," in target.read_text()
+    patcher.restore()
+    assert target.read_text() == "x = 1\n        busy_loop_s: float = 1,\n"
+    assert not (tmp_path / "pwned").exists() and not list(tmp_path.rglob("pwned"))
