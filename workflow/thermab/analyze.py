@@ -136,7 +136,10 @@ def compute(run_dir, also=(), detect_pct: float = 5.0) -> Analysis:
 def analyze(run_dir, also=(), detect_pct: float = 5.0) -> dict[str, pd.DataFrame]:
     """Write RUN_DIR/tables/{thresholds,zones,cpu,performance,variance}.{csv,md} and
     RUN_DIR/summary.md; return the frames (plus ``windows``)."""
-    result = compute(run_dir, also, detect_pct)
+    return write_outputs(compute(run_dir, also, detect_pct))
+
+
+def write_outputs(result: Analysis) -> dict[str, pd.DataFrame]:
     run = result.run
     _write_tables(run.path / "tables", result.tables)
     text = summary.summary_markdown(
@@ -159,7 +162,8 @@ def _write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="thermab analyze", description=__doc__.split("\n\n")[1])
+    parser = argparse.ArgumentParser(prog="thermab analyze", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="results/{cluster}/{order} or an imported run directory")
     parser.add_argument("--also", nargs="*", default=[], metavar="RUN_DIR",
                         help="further run directories of the same cluster to pool for variance.csv")
@@ -171,10 +175,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     also = list(args.also) + (sibling_runs(args.run_dir) if args.siblings else [])
-    analyze(args.run_dir, also=also, detect_pct=args.detect_pct)
+    result = compute(args.run_dir, also=also, detect_pct=args.detect_pct)
+    write_outputs(result)
     log.info("wrote %s and %s", Path(args.run_dir) / "tables", Path(args.run_dir) / "summary.md")
     if args.figures:
         from . import plots  # matplotlib and plotly only when figures are asked for
-        for path in plots.render_figures(args.run_dir, also=also):
+        for path in plots.render_figures(args.run_dir, analysis=result):
             log.info("wrote %s", path)
     return 0

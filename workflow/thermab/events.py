@@ -9,7 +9,7 @@ from pathlib import Path
 EVENTS = (
     "run_start", "baseline_start", "baseline_end", "patch_applied", "restart_start",
     "server_ready", "load_start", "probe_start", "probe_end", "load_end", "cooldown_end",
-    "abort", "run_end", "restored",
+    "abort", "run_end", "restored", "note",
 )
 
 

@@ -43,7 +43,7 @@ def load_windows(events: pd.DataFrame) -> pd.DataFrame:
         after = ends[(ends["order"] == order) & (ends["rep"] == rep) & (ends["arm"] == arm)
                      & (ends["t"] > start)]
         if after.empty:
-            log.warning("phase %s rep%s-%s: load_start at t=%.1f has no load_end after it; skipped",
+            log.warning("phase %s rep%d-%s: load_start at t=%.1f has no load_end after it; skipped",
                         order, rep, arm, start)
             continue
         end = after["t"].min()
@@ -60,8 +60,8 @@ def window_samples(telemetry: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFra
         inside = telemetry[(telemetry["t"] >= window.load_start) & (telemetry["t"] < window.load_end)]
         parts.append(inside.assign(phase=phase, order=window.order, rep=window.rep, arm=window.arm,
                                    t_rel=inside["t"] - window.load_start))
-    if not parts:
-        return pd.DataFrame(columns=list(telemetry.columns) + ["phase"] + PHASE_KEYS + ["t_rel"])
+    if not parts:  # keep the telemetry dtypes so that the aggregations still apply
+        return telemetry.iloc[:0].assign(phase=0, order="", rep=0, arm="", t_rel=0.0)
     return pd.concat(parts, ignore_index=True)
 
 
@@ -108,8 +108,8 @@ def probe_decode_speed(requests: pd.DataFrame) -> pd.Series:
     """Decode speed of each request in tok/s: the first token is excluded because its latency
     is prefill, not decode.  NaN where the timing cannot give a rate."""
     decode_s = requests["t_end"] - requests["t_first_token"]
-    speed = (requests["completion_tokens"] - 1) / decode_s
-    return speed.where((decode_s > 0) & (requests["completion_tokens"] > 1))
+    tokens = requests["completion_tokens"].astype("float64")  # nullable Int64: NA → NaN
+    return ((tokens - 1) / decode_s).where((decode_s > 0) & (tokens > 1))
 
 
 def performance(requests: pd.DataFrame | None, windows: pd.DataFrame) -> pd.DataFrame:

@@ -30,10 +30,10 @@ OTHER_HOST_COLORS = ["#2166ac", "#4dac26", "#7b3294"]
 UNLABELLED_EVENTS = {"load_start", "load_end", "run_start", "run_end"}
 
 
-def render_figures(run_dir, also=()) -> list[Path]:
-    """Render every figure of the run (``also``: pooled runs, as in ``analyze``); returns the
-    paths written."""
-    result = analyze.compute(run_dir, also)
+def render_figures(run_dir, also=(), analysis: analyze.Analysis | None = None) -> list[Path]:
+    """Render every figure of the run (``also``: pooled runs, as in ``analyze``; ``analysis``:
+    an ``analyze.compute`` result to reuse instead of recomputing); returns the paths written."""
+    result = analysis or analyze.compute(run_dir, also)
     out = result.run.path / "figures"
     out.mkdir(parents=True, exist_ok=True)
     colors = {arm: ARM_COLORS[i % len(ARM_COLORS)] for i, arm in enumerate(result.run.config["arms"])}
@@ -117,8 +117,9 @@ def timeline_png(run: analyze.Run, windows: pd.DataFrame, colors: dict, out: Pat
                 va="top", fontsize=10, fontweight="bold", color=colors.get(window.arm, "#333333"))
     for value, text, color in lines:
         ax.axhline(value, ls=":", lw=1.2, color=color)
-        ax.annotate(text, (1, value), xycoords=("axes fraction", "data"), xytext=(-4, 2),
-                    textcoords="offset points", ha="right", va="bottom", fontsize=8, color=color)
+        # below the line: the load-window labels sit at the top edge
+        ax.annotate(text, (1, value), xycoords=("axes fraction", "data"), xytext=(-4, -2),
+                    textcoords="offset points", ha="right", va="top", fontsize=8, color=color)
     span_min = (run.telemetry["t"].max() - t0) / 60
     for times, text in _labelled_events(run, t0, span_min):
         for minutes in times:
@@ -248,34 +249,34 @@ def throughput_png(perf: pd.DataFrame, config: dict, colors: dict, path: Path) -
 
 
 def time_to_threshold_png(tables: dict, config: dict, colors: dict, path: Path) -> Path:
-    """Minutes from load start to each threshold on the head's timeline zone; thresholds never
-    reached are drawn at the top as open triangles with the phase's peak."""
+    """Minutes from load start to each threshold on the head's timeline zone, one series per
+    phase; thresholds a phase never reached are open triangles at the window's end."""
     head, zone = config["head"], config["timeline_zone"]
     th = tables["thresholds"]
     th = th[(th["host"] == head) & (th["sensor"] == zone)]
     if th.empty:
         return _placeholder(path, "time to threshold", f"no {head} {zone} samples in a load window")
     window_min = tables["windows"]["window_s"].max() / 60
+    thresholds = list(config["thresholds_c"])
     fig, ax = plt.subplots(figsize=(8, 4.8), layout="constrained")
     phases = th[["order", "rep", "arm"]].drop_duplicates()
-    spread = np.linspace(-0.6, 0.6, len(phases)) if len(phases) > 1 else [0.0]
+    spread = np.linspace(-0.2, 0.2, len(phases)) if len(phases) > 1 else [0.0]
     peaks = tables["zones"].set_index(["order", "rep", "arm", "host", "sensor"])["max_c"]
     for offset, phase in zip(spread, phases.itertuples(index=False)):
         rows = th[(th["order"] == phase.order) & (th["rep"] == phase.rep) & (th["arm"] == phase.arm)]
+        x = rows["threshold_c"].map(thresholds.index) + offset
         color = colors.get(phase.arm, "#333333")
-        label = f"{config['arms'][phase.arm]['label']} ({phase.order} rep{phase.rep})"
-        reached = rows.dropna(subset=["reached_s"])
-        ax.plot(reached["threshold_c"] + offset, reached["reached_s"] / 60, "o-", color=color, label=label)
-        missing = rows[rows["reached_s"].isna()]
-        ax.plot(missing["threshold_c"] + offset, [window_min] * len(missing), "v", mfc="none", color=color, ms=9)
-        if len(missing):
-            peak = peaks.get((phase.order, phase.rep, phase.arm, head, zone), math.nan)
-            ax.annotate(f"not reached\n(peak {peak:.1f} °C)", (missing["threshold_c"].iloc[0] + offset, window_min),
-                        xytext=(0, -28), textcoords="offset points", ha="center", fontsize=8, color=color)
-    ax.set_xticks(config["thresholds_c"], [f"{c:g} °C" for c in config["thresholds_c"]])
-    ax.set_ylim(0, window_min * 1.05)
+        peak = peaks.get((phase.order, phase.rep, phase.arm, head, zone), math.nan)
+        reached = rows["reached_s"].notna()
+        ax.plot(x[reached], rows["reached_s"][reached] / 60, "o-", color=color,
+                label=f"{config['arms'][phase.arm]['label']} ({phase.order} rep{phase.rep}), peak {peak:.1f} °C")
+        ax.plot(x[~reached], [window_min] * int((~reached).sum()), "v", mfc="none", color=color, ms=10)
+    ax.plot([], [], "v", mfc="none", color="#333333", ms=10, label="not reached within the load window")
+    ax.set_xticks(range(len(thresholds)), [f"{c:g} °C" for c in thresholds])
+    ax.set_xlim(-0.5, len(thresholds) - 0.5)
+    ax.set_ylim(0, window_min * 1.08)
     ax.set_xlabel(f"threshold ({head} {zone})")
-    ax.set_ylabel("minutes after load start (first sample at or above)")
+    ax.set_ylabel("minutes after load start\n(first sample at or above)")
     ax.set_title(_title(config, "time to threshold"), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="center left")

@@ -177,25 +177,25 @@ def compare(long: pd.DataFrame, arms: dict, reference: str, detect_pct: float = 
     return pd.DataFrame(rows).reindex(columns=VARIANCE_COLUMNS)
 
 
-def _difference(ref: dict, ref_values, stats: dict, values, fit, arm, alpha, power, detect_pct) -> dict:
+def _difference(ref: dict, ref_values, arm_stats: dict, values, fit, arm, alpha, power, detect_pct) -> dict:
     if fit is not None:
         diff, low, high = fit["arms"][arm]
         period = fit["period"]
-        method = "OLS arm + position (orders pooled)"
+        method = "OLS arm + position, orders pooled"
     else:
         welch = welch_interval(ref_values, values, alpha)
         diff, low, high = welch["diff"], welch["ci_low"], welch["ci_high"]
         period = (math.nan,) * 3
         method = "Welch t" if not math.isnan(low) else "none (n = 1)"
     scale = 100 / ref["mean"] if ref["mean"] else math.nan
-    pooled_sd = _pooled_sd(ref, stats)
-    restart_cv = max(ref["cv_pct"], stats["cv_pct"])  # NaN propagates when either is unknown
+    pooled_sd = _pooled_sd(ref, arm_stats)
+    restart_cv = _restart_cv(ref, arm_stats)
     return {
         "diff": diff, "diff_pct": diff * scale, "ci_low": low, "ci_high": high,
         "ci_low_pct": low * scale, "ci_high_pct": high * scale, "method": method,
         "period_effect": period[0], "period_ci_low": period[1], "period_ci_high": period[2],
         "restart_cv_pct": restart_cv,
-        "finding": _finding(diff, low, high, ref, stats),
+        "finding": _finding(diff, low, high, ref, arm_stats, restart_cv),
         "repeats_needed_observed": repeats_needed(pooled_sd, diff, alpha, power),
         "detect_pct": detect_pct,
         "repeats_needed": repeats_needed(pooled_sd, ref["mean"] * detect_pct / 100, alpha, power),
@@ -208,17 +208,23 @@ def _pooled_sd(a: dict, b: dict) -> float:
     return math.sqrt(((a["n"] - 1) * a["sd"] ** 2 + (b["n"] - 1) * b["sd"] ** 2) / (a["n"] + b["n"] - 2))
 
 
-def _finding(diff: float, low: float, high: float, ref: dict, arm: dict) -> str:
+def _restart_cv(ref: dict, arm: dict) -> float:
+    """The larger CV between repeats of the two arms (a zero mean has none: the other's)."""
+    known = [cv for cv in (ref["cv_pct"], arm["cv_pct"]) if not math.isnan(cv)]
+    return max(known) if known else math.nan
+
+
+def _finding(diff: float, low: float, high: float, ref: dict, arm: dict, restart_cv: float) -> str:
     if math.isnan(low):
         return UNDEFINED
     if low <= 0 <= high:
         return CONTAINS_ZERO
     if math.isnan(ref["sd"]) or math.isnan(arm["sd"]):
         return VARIANCE_UNKNOWN
-    # restart variance as CV (|diff| in % of the reference vs the larger CV); a zero
-    # reference mean has no CV, so compare in the metric's own unit against the larger sd
-    if ref["mean"]:
-        inside = abs(diff / ref["mean"]) * 100 < max(ref["cv_pct"], arm["cv_pct"])
+    # restart variance as CV (|diff| in % of the reference vs the larger CV); without a CV
+    # (zero means) compare in the metric's own unit against the larger sd
+    if ref["mean"] and not math.isnan(restart_cv):
+        inside = abs(diff / ref["mean"]) * 100 < restart_cv
     else:
         inside = abs(diff) < max(ref["sd"], arm["sd"])
     return INSIDE_VARIANCE if inside else REAL

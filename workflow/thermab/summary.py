@@ -12,7 +12,7 @@ from . import stats
 
 # decimals per unit, chosen so that no printed digit is finer than the measurement
 DIGITS = {"°C": 1, "% of one core": 0, "tok/s": 1, "gaps": 0, "s": 1, "min": 1}
-SHORT_UNIT = {"% of one core": "%"}
+SHORT_UNIT = {"% of one core": "% CPU"}
 
 
 def fmt(value, unit: str = "", digits: int | None = None, sign: bool = False) -> str:
@@ -20,11 +20,10 @@ def fmt(value, unit: str = "", digits: int | None = None, sign: bool = False) ->
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     digits = DIGITS.get(unit, 2) if digits is None else digits
+    value = value if round(value, digits) else 0.0  # no "−0"
     text = f"{value:{'+' if sign else ''}.{digits}f}".replace("-", "−")
     unit = SHORT_UNIT.get(unit, unit)
-    if not unit:
-        return text
-    return f"{text}{unit}" if unit == "%" else f"{text} {unit}"
+    return f"{text} {unit}" if unit else text
 
 
 def fmt_duration(seconds: float) -> str:
@@ -48,6 +47,8 @@ def markdown_table(frame: pd.DataFrame) -> str:
 def verdicts(variance: pd.DataFrame) -> pd.Series:
     """One sentence per row of variance.csv: the reference rows say so, the others state the
     difference, its interval and the finding (see ``stats`` for the rules)."""
+    if variance.empty:
+        return pd.Series(dtype="string", name="verdict")
     labels = dict(zip(variance["arm"], variance["label"]))
     return variance.apply(lambda row: _verdict(row, labels), axis=1).rename("verdict")
 
@@ -56,8 +57,8 @@ def _verdict(row: pd.Series, labels: dict) -> str:
     if pd.isna(row["reference"]):
         return f"reference arm ({fmt(row['mean'], row['unit'])}, n = {row['n']} phases)"
     unit, ref_label = row["unit"], labels.get(row["reference"], row["reference"])
-    pct = "" if pd.isna(row["diff_pct"]) else f" ({fmt(row['diff_pct'], '%', 1, sign=True)})"
-    ref_n = f"n = {row['ref_n']:.0f} {ref_label} / {row['n']} {row['label']} phases"
+    pct = "" if pd.isna(row["diff_pct"]) else f" ({fmt(row['diff_pct'], '%', 1, sign=True)} of {ref_label})"
+    ref_n = f"n = {row['ref_n']:.0f} ({ref_label}) / {row['n']} ({row['label']}) phases"
     text = f"{row['metric']}: {row['label']} vs {ref_label} {fmt(row['diff'], unit, sign=True)}{pct}, {ref_n}"
     interval = (f"95 % CI {fmt(row['ci_low'], unit, sign=True)} to {fmt(row['ci_high'], unit, sign=True)}"
                 f" ({row['method']})")
@@ -68,7 +69,8 @@ def _verdict(row: pd.Series, labels: dict) -> str:
     elif finding == stats.CONTAINS_ZERO:
         text += f"; {interval} contains zero: no difference shown"
     elif finding == stats.VARIANCE_UNKNOWN:
-        text += f"; {interval} excludes zero, but one arm has a single phase, so restart variance is unknown: not claimed"
+        text += (f"; {interval} excludes zero, but one arm has a single phase, so restart variance is"
+                 " unknown: not claimed")
     elif finding == stats.INSIDE_VARIANCE:
         text += (f"; {interval} excludes zero, but the difference is inside restart variance"
                  f" (CV {fmt(row['restart_cv_pct'], '%', 1)} between repeats of an arm): not claimed")
@@ -77,8 +79,9 @@ def _verdict(row: pd.Series, labels: dict) -> str:
         text += (f"; {interval}, beyond restart variance (CV {fmt(row['restart_cv_pct'], '%', 1)}):"
                  f" {row['label']} is {direction} than {ref_label}")
     if not pd.isna(row["period_effect"]):
+        low, high = (fmt(row[c], unit, sign=True) for c in ("period_ci_low", "period_ci_high"))
         text += (f". Order (period) effect, per position in the order: {fmt(row['period_effect'], unit, sign=True)}"
-                 f" (95 % CI {fmt(row['period_ci_low'], unit, sign=True)} to {fmt(row['period_ci_high'], unit, sign=True)})")
+                 f" (95 % CI {low} to {high})")
     if not pd.isna(row["repeats_needed"]):
         text += (f". At this variance, detecting a {fmt(row['detect_pct'], '%', 0)} difference needs"
                  f" {row['repeats_needed']:.0f} phases per arm")
@@ -95,6 +98,10 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
     arms, reference = run["arms"], run["reference_arm"]
     head, zone = run["head"], run["timeline_zone"]
     windows = tables["windows"]
+    if windows.empty:
+        return (f"# thermab: {run.get('cluster', '')}\n\nNo complete load phase in this run: a phase is"
+                " measured from its last load_start to the first load_end after it, and no phase has"
+                " both. Nothing to compare.\n")
     phases = windows.groupby("arm").size()
     present = [a for a in arms if a in phases.index]
     labels = {a: arms[a]["label"] for a in present}
@@ -176,7 +183,8 @@ def _mean_cell(values: pd.Series, unit: str) -> str:
 def _zone_table(zones: pd.DataFrame, run: dict, present: list[str], labels: dict) -> pd.DataFrame:
     head, zone, reference = run["head"], run["timeline_zone"], run["reference_arm"]
     reference_means = zones[zones["arm"] == reference].groupby(["host", "sensor"])["mean_c"].mean()
-    head_zones = reference_means.loc[head].sort_values(ascending=False).index.tolist() if head in reference_means else []
+    head_zones = (reference_means.loc[head].sort_values(ascending=False).index.tolist()
+                  if head in reference_means else [])
     # the study's table: every head zone, timeline zone first, then the timeline zone of the other hosts
     order = [(head, zone)] + [(head, z) for z in head_zones if z != zone] + [
         (host, zone) for host in run.get("hosts", []) if host != head]
@@ -204,13 +212,13 @@ def _cpu_performance_table(tables: dict, run: dict, present: list[str], labels: 
     cpu, perf = tables["cpu"], tables["performance"]
     rows = []
     for host in run.get("hosts", []):
-        row = {"measure": f"{host} vLLM CPU sum, median (p5–p95 over samples)"}
+        row = {"measure": f"{host} vLLM CPU sum, median (p5–p95 of the samples)"}
         for arm, arm_rows in _by_arm(cpu[cpu["host"] == host], present):
             if arm_rows.empty:
                 row[labels[arm]] = "no CPU data"
                 continue
             row[labels[arm]] = (f"{_mean_cell(arm_rows['median_pct'], '% of one core')}"
-                                f" ({fmt(arm_rows['p5_pct'].min(), '% of one core')}–"
+                                f" ({fmt(arm_rows['p5_pct'].min(), '', 0)}–"
                                 f"{fmt(arm_rows['p95_pct'].max(), '% of one core')}),"
                                 f" n = {int(arm_rows['n'].sum())} samples")
         rows.append(row)

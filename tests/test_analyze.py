@@ -1,0 +1,159 @@
+"""The analysis end to end: the study's published chart data, and small synthetic runs."""
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest_analysis import PHASE_S, write_synthetic_run
+from thermab import analyze, importer, plots
+
+CHART = Path(__file__).parent / "data" / "seed-repro-chart-data.json"
+STUDY_ARMS = {"stock": "1", "patched": "0.002"}
+# published: (stock mean, patched mean, stock max, patched max); maxima of the worker not published
+PUBLISHED = {
+    ("head", "TSOC"): (89.6, 80.5, 95, 85), ("head", "TS1P"): (89.6, 80.5, 95, 85),
+    ("head", "TUNC"): (73.7, 71.2, 77, 75), ("head", "TGPU"): (69.3, 68.8, 71, 72),
+    ("head", "TS0P"): (69.0, 67.2, 75, 71), ("worker", "TSOC"): (77.2, 77.6, None, None),
+}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    run_dir = importer.import_chart(CHART, tmp_path_factory.mktemp("study"), load_minutes=30, arms=STUDY_ARMS,
+                                    setting="busy_loop_s", cluster="gx10-study")
+    return run_dir, analyze.analyze(run_dir)
+
+
+@pytest.mark.parametrize("host, sensor", list(PUBLISHED))
+def test_study_zone_table_is_reproduced(study, host, sensor):
+    zones = study[1]["zones"].set_index(["arm", "host", "sensor"])
+    stock_mean, patched_mean, stock_max, patched_max = PUBLISHED[host, sensor]
+    assert zones.at[("A", host, sensor), "mean_c"] == pytest.approx(stock_mean, abs=0.3)
+    assert zones.at[("B", host, sensor), "mean_c"] == pytest.approx(patched_mean, abs=0.3)
+    if stock_max is not None:
+        assert zones.at[("A", host, sensor), "max_c"] == pytest.approx(stock_max, abs=0.5)
+        assert zones.at[("B", host, sensor), "max_c"] == pytest.approx(patched_max, abs=0.5)
+
+
+def test_study_window_boundaries(study):
+    """Windows [37.85, 67.85) and [107.42, 137.42) min hold 60 samples each (38.0–67.5 and
+    107.52–137.02): no sample falls on a boundary, and the still-hot sample at 68.0 min
+    (93.8 °C, after load_end) stays out."""
+    run_dir, tables = study
+    windows = tables["windows"]
+    assert windows["load_start"].tolist() == pytest.approx([37.85 * 60, 107.42 * 60])
+    assert windows["window_s"].tolist() == pytest.approx([1800, 1800])
+    assert set(tables["zones"]["n"]) == {60}
+    telemetry = pd.read_parquet(run_dir / "tidy" / "telemetry.parquet")
+    first_after_end = telemetry[(telemetry["host"] == "head") & (telemetry["sensor"] == "TSOC")
+                                & (telemetry["t"] >= windows["load_end"].iloc[0])].iloc[0]
+    assert first_after_end["t"] == pytest.approx(68.0 * 60) and first_after_end["value"] == 93.8
+
+
+def test_study_import_writes_the_contracts(study):
+    run_dir = study[0]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["order"] == "AB" and run["reference_arm"] == "A"
+    assert run["arms"] == {"A": {"label": "stock", "value": "1"}, "B": {"label": "patched", "value": "0.002"}}
+    events = analyze.read_events(run_dir / "events.jsonl")
+    loads = events[events["event"].isin(["load_start", "load_end"])]
+    assert loads[["event", "arm"]].values.tolist() == [
+        ["load_start", "A"], ["load_end", "A"], ["load_start", "B"], ["load_end", "B"]]
+    assert set(events["event"]) >= {"run_start", "baseline_start", "cooldown_end", "restart_start", "run_end"}
+    assert not (run_dir / "tidy" / "requests.parquet").exists()
+
+
+def test_study_thresholds(study):
+    th = study[1]["thresholds"]
+    head = th[(th["host"] == "head") & (th["sensor"] == "TSOC")].set_index(["arm", "threshold_c"])
+    # 30 s chart points: 85 and 90 °C first at the sample 2.65 min after load start
+    assert head.at[("A", 90.0), "reached_s"] == pytest.approx(2.65 * 60)
+    assert head.at[("A", 92.0), "reached_s"] == pytest.approx(3.15 * 60)
+    assert math.isnan(head.at[("A", 95.0), "reached_s"])
+    assert head.loc["B", "samples_at_or_above"].sum() == 0
+
+
+def test_study_without_requests_says_so(study):
+    run_dir, tables = study
+    assert tables["performance"]["requests_completed"].isna().all()
+    assert "No request data" in (run_dir / "tables" / "performance.md").read_text()
+    for name in ("thresholds", "zones", "cpu", "performance", "variance"):
+        assert (run_dir / "tables" / f"{name}.csv").exists() and (run_dir / "tables" / f"{name}.md").exists()
+
+
+def test_study_summary_and_verdict(study):
+    run_dir, tables = study
+    text = (run_dir / "summary.md").read_text()
+    assert "| threshold | stock | patched |" in text
+    assert "| TSOC | 89.5 °C | 94.7 °C | 80.4 °C | 84.6 °C | −9.1 °C | 60 / 60 |" in text
+    assert "no request data in this run" in text
+    variance = tables["variance"]
+    diff = variance[(variance["metric"] == "head TSOC mean") & (variance["arm"] == "B")].iloc[0]
+    assert diff["finding"] == "undefined" and "no claim" in diff["verdict"]
+
+
+def test_figures_render_for_the_study(study):
+    paths = plots.render_figures(study[0])
+    names = {p.name for p in paths}
+    assert names == {"timeline.png", "timeline.svg", "timeline.html", "cpu.png", "throughput.png",
+                     "time_to_threshold.png"}
+    assert all(p.stat().st_size > 1000 for p in paths)
+    html = (study[0] / "figures" / "timeline.html").read_text()
+    assert "<script src=" not in html and '"hovermode":"x unified"' in html
+
+
+def test_wide_csv_import_matches_the_chart(tmp_path):
+    chart = json.loads(CHART.read_text())
+    head = pd.DataFrame(chart["head"])
+    worker = pd.DataFrame(chart["workerTsoc"]).rename(columns={"t": "t_worker", "TSOC": "worker:TSOC"})
+    # the worker's 30 s points are 1 s later than the head's: one table on the head's clock
+    pd.concat([head, worker[["worker:TSOC"]]], axis=1).to_csv(tmp_path / "wide.csv", index=False)
+    pd.DataFrame(chart["marks"]).to_csv(tmp_path / "marks.csv", index=False)
+    run_dir = tmp_path / "run"
+    assert importer.main([str(tmp_path / "wide.csv"), str(run_dir), "--marks", str(tmp_path / "marks.csv"),
+                          "--arm", "stock=1", "--arm", "patched=0.002", "--setting", "busy_loop_s"]) == 0
+    zones = analyze.analyze(run_dir)["zones"].set_index(["arm", "host", "sensor"])
+    assert zones.at[("A", "head", "TSOC"), "mean_c"] == pytest.approx(89.53, abs=0.01)
+    assert zones.at[("B", "worker", "TSOC"), "mean_c"] == pytest.approx(77.6, abs=0.3)
+
+
+def test_synthetic_run_with_retry_requests_and_cpu(tmp_path):
+    run_dir = write_synthetic_run(tmp_path / "AB", aborted_first=True)
+    assert analyze.main([str(run_dir)]) == 0
+    tables = {name: pd.read_csv(run_dir / "tables" / f"{name}.csv") for name in analyze.PHASE_TABLES}
+    perf = tables["performance"].set_index("arm")
+    assert perf.at["A", "window_s"] == PHASE_S  # the retry's window, not the aborted attempt's
+    assert perf.at["A", "output_tok_s"] == pytest.approx(85.0, abs=1.5)
+    assert perf.at["B", "probe_tok_s_median"] == pytest.approx(17.0)
+    cpu = tables["cpu"].set_index(["arm", "host"])
+    assert cpu.at[("A", "head"), "median_pct"] == pytest.approx(398, abs=2)
+    assert cpu.at[("B", "worker"), "median_pct"] == 208
+    assert "stock" in (run_dir / "summary.md").read_text()
+
+
+def test_ab_and_ba_pooled_separate_the_order_effect(tmp_path):
+    ab = write_synthetic_run(tmp_path / "AB", order="AB", reps=2, seed=1)
+    ba = write_synthetic_run(tmp_path / "BA", order="BA", reps=2, seed=2)
+    assert analyze.sibling_runs(ab) == [ba.resolve()]
+    variance = analyze.analyze(ab, also=[ba])["variance"]
+    row = variance[(variance["metric"] == "head TSOC mean") & (variance["arm"] == "B")].iloc[0]
+    assert row["method"].startswith("OLS") and row["n"] == 4
+    assert row["ci_low"] < -10 < row["ci_high"]
+    assert row["finding"] == "real" and "Order (period) effect" in row["verdict"]
+
+
+def test_sweep_names_the_best_setting(tmp_path):
+    arms = {"A": {"label": "1 s", "value": "1"}, "B": {"label": "0.1 s", "value": "0.1"},
+            "C": {"label": "0.002 s", "value": "0.002"}}
+    run_dir = write_synthetic_run(tmp_path / "ABC", order="ABC", arms=arms, reps=2,
+                                  temperature={"A": 90.0, "B": 84.0, "C": 80.0}, cpu={"A": 398, "B": 300, "C": 212},
+                                  tok_s={"A": 85, "B": 86, "C": 86}, stalls={"C": 5})
+    analyze.analyze(run_dir)
+    text = (run_dir / "summary.md").read_text()
+    assert "busy_loop_s = 0.1 (0.1 s, arm B" in text
+    result = analyze.compute(run_dir)
+    path = plots.dose_response_png(result.pooled, result.run.config, result.best, tmp_path / "dose.png")
+    assert path.stat().st_size > 1000

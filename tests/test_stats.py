@@ -1,0 +1,121 @@
+"""Arm comparison on synthetic repeated phases with a known effect and known noise."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from thermab import stats, summary
+
+ARMS = {"A": {"label": "stock", "value": "1"}, "B": {"label": "patched", "value": "0.002"}}
+
+
+def phases(means: dict, sd: float, reps: int, seed: int, orders=("AB",), period_effect=0.0,
+           metric="head TSOC mean", unit="°C") -> pd.DataFrame:
+    """Per-phase values: arm mean + period_effect × position in the order + N(0, sd)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for order in orders:
+        for rep in range(1, reps + 1):
+            for position, arm in enumerate(order):
+                value = means[arm] + period_effect * position + rng.normal(0, sd)
+                rows.append((order, rep, arm, metric, unit, value))
+    return pd.DataFrame(rows, columns=["order", "rep", "arm", "metric", "unit", "value"])
+
+
+def difference_row(long, arms=ARMS) -> pd.Series:
+    variance = stats.compare(long, arms, "A")
+    return variance[variance["arm"] == "B"].iloc[0]
+
+
+@pytest.mark.parametrize("df, expected", [(1, 12.7062), (2, 4.3027), (5, 2.5706), (10, 2.2281),
+                                          (30, 2.0423), (2.5, 3.5747)])
+def test_t_quantile_matches_tables(df, expected):
+    assert stats.t_quantile(0.975, df) == pytest.approx(expected, abs=1e-4)
+    assert stats.t_quantile(0.025, df) == pytest.approx(-expected, abs=1e-4)
+
+
+def test_real_effect_is_found():
+    row = difference_row(phases({"A": 89.6, "B": 80.5}, sd=0.8, reps=4, seed=1))
+    assert row["finding"] == stats.REAL
+    assert row["ci_low"] < -9.1 < row["ci_high"] < 0
+    assert row["method"] == "Welch t" and row["n"] == 4 and row["ref_n"] == 4
+    assert row["diff_pct"] == pytest.approx(row["diff"] / 89.6 * 100, rel=0.02)
+
+
+def test_real_effect_has_power_and_null_effect_is_rarely_claimed():
+    # 3 sd effect with 4 repeats per arm: power ≈ 0.9; null: α = 0.05 at most
+    found = sum(difference_row(phases({"A": 100, "B": 97}, 1.0, 4, seed))["finding"] == stats.REAL
+                for seed in range(40))
+    claimed = sum(difference_row(phases({"A": 100, "B": 100}, 1.0, 4, seed))["finding"] == stats.REAL
+                  for seed in range(100, 160))
+    assert found >= 32
+    assert claimed <= 5
+
+
+def test_null_effect_seeded_is_not_claimed():
+    row = difference_row(phases({"A": 85.8, "B": 85.8}, sd=11.0, reps=3, seed=7, metric="output throughput",
+                                unit="tok/s"))
+    assert row["finding"] != stats.REAL
+    assert "no difference shown" in summary.verdicts(stats.compare(
+        phases({"A": 85.8, "B": 85.8}, 11.0, 3, 7), ARMS, "A")).iloc[-1]
+
+
+def test_one_phase_per_arm_never_claims():
+    row = difference_row(phases({"A": 89.6, "B": 80.5}, sd=0.0, reps=1, seed=0))
+    assert row["finding"] == stats.UNDEFINED
+    assert math.isnan(row["ci_low"]) and math.isnan(row["repeats_needed"])
+    assert row["diff"] == pytest.approx(-9.1)
+    variance = stats.compare(phases({"A": 89.6, "B": 80.5}, 0.0, 1, 0), ARMS, "A")
+    verdict = summary.verdicts(variance).iloc[-1]
+    assert "no claim" in verdict and "real" not in verdict and "lower than" not in verdict
+
+
+def test_difference_inside_restart_variance_is_not_claimed():
+    pattern = np.tile([-5.0, 5.0], 25)  # sd ≈ 5 (CV ≈ 5 %), n = 50: a 3 % difference is significant
+    long = pd.concat([pd.DataFrame({"order": "AB", "rep": range(50), "arm": arm, "metric": "output throughput",
+                                    "unit": "tok/s", "value": mean + pattern})
+                      for arm, mean in (("A", 100.0), ("B", 103.0))])
+    row = difference_row(long)
+    assert row["ci_low"] > 0
+    assert row["finding"] == stats.INSIDE_VARIANCE
+    assert "inside restart variance" in summary.verdicts(stats.compare(long, ARMS, "A")).iloc[-1]
+
+
+def test_both_orders_separate_period_from_arm_effect():
+    long = phases({"A": 90.0, "B": 80.0}, sd=0.3, reps=3, seed=3, orders=("AB", "BA"), period_effect=2.0)
+    row = difference_row(long)
+    assert row["method"].startswith("OLS")
+    assert row["ci_low"] < -10 < row["ci_high"]
+    assert row["period_ci_low"] < 2.0 < row["period_ci_high"] and row["period_ci_low"] > 0
+    assert row["finding"] == stats.REAL
+    # one order only: the period effect is confounded with the arm and not estimated
+    single = difference_row(phases({"A": 90.0, "B": 80.0}, 0.3, 3, 3, period_effect=2.0))
+    assert single["method"] == "Welch t" and math.isnan(single["period_effect"])
+
+
+def test_repeats_needed_normal_approximation():
+    # 2 (1.95996 + 0.84162)² = 15.70 → 16 phases per arm for a 1-sd difference
+    assert stats.repeats_needed(10.0, 10.0) == 16
+    assert stats.repeats_needed(10.0, 100.0) == 2
+    assert math.isnan(stats.repeats_needed(math.nan, 5.0))
+    long = phases({"A": 100, "B": 100}, 5.0, 3, 11)
+    reference = stats.describe(long.query("arm == 'A'")["value"])
+    row = difference_row(long)
+    pooled_sd = math.sqrt((row["sd"] ** 2 + reference["sd"] ** 2) / 2)  # equal n
+    assert row["repeats_needed"] == stats.repeats_needed(pooled_sd, reference["mean"] * 0.05)
+
+
+def test_sweep_compares_every_arm_and_names_the_best_setting():
+    arms = {"A": {"label": "1 s", "value": "1"}, "B": {"label": "0.1 s", "value": "0.1"},
+            "C": {"label": "0.01 s", "value": "0.01"}, "D": {"label": "0.002 s", "value": "0.002"}}
+    temperature = phases({"A": 90, "B": 86, "C": 82, "D": 80}, 0.3, 3, 5, orders=("ABCD",))
+    throughput = phases({"A": 86, "B": 86, "C": 86, "D": 86}, 1.0, 3, 6, orders=("ABCD",),
+                        metric="output throughput", unit="tok/s")
+    stalls = phases({"A": 0, "B": 0, "C": 0, "D": 6}, 0.0, 3, 7, orders=("ABCD",), metric="stall gaps", unit="gaps")
+    variance = stats.compare(pd.concat([temperature, throughput, stalls]), arms, "A")
+    assert set(variance.loc[variance["reference"] == "A", "arm"]) == {"B", "C", "D"}
+    best = stats.best_setting(variance, arms, "A", "head TSOC mean")
+    assert best["arm"] == "C" and best["value"] == "0.01"
+    assert "D" in best["excluded"] and "stall" in best["excluded"]["D"]
