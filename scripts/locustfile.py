@@ -8,7 +8,7 @@ Headless, as thermab's load stage runs it (``thermab/load.py``; never import thi
 Snakemake's process, gevent's monkey-patching hangs it):
 
     locust -f scripts/locustfile.py --headless -u 4 -r 4 --run-time 1800 --stop-timeout 120 \\
-        --host URL --tag-prefix AB-rep1-A --records-out requests.jsonl
+        --host URL --tag-prefix AB-rep1-A --records-out requests.jsonl --events-out load_events.jsonl
 
 Each user is one slot of a closed loop: it holds one streamed chat completion and sends the
 next the moment the last one ends, so ``-u`` requests are always in flight. The
@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
 
 import gevent
 import requests
@@ -83,39 +82,11 @@ def probe_delay_s(probe_at, run_time_s):
     return float(text.removesuffix("s"))
 
 
-@dataclass(frozen=True)
-class Settings:
-    model: str
-    max_tokens: int
-    prompt_tokens: int
-    extra_body: dict
-    tag_prefix: str
-    records_out: str
-    events_out: str
-    probe_delay_s: float | None
-    probe_n: int
-    probe_tokens: int
-    stall_gap_s: float
-
-    @classmethod
-    def from_options(cls, options):
-        extra_body = json.loads(options.extra_body or "{}")
-        if not isinstance(extra_body, dict):
-            raise ValueError(f"--extra-body must be a JSON object, not {options.extra_body!r}")
-        return cls(
-            model=options.model,
-            max_tokens=int(options.max_tokens),
-            prompt_tokens=int(options.prompt_tokens),
-            extra_body=extra_body,
-            # A fresh default per test keeps reruns against one server from sharing prefixes.
-            tag_prefix=options.tag_prefix or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}",
-            records_out=options.records_out,
-            events_out=options.events_out,
-            probe_delay_s=probe_delay_s(options.probe_at, options.run_time),
-            probe_n=int(options.probe_n),
-            probe_tokens=int(options.probe_tokens),
-            stall_gap_s=float(options.stall_gap_s),
-        )
+def parse_extra_body(text):
+    extra_body = json.loads(text or "{}")
+    if not isinstance(extra_body, dict):
+        raise ValueError(f"--extra-body must be a JSON object, not {text!r}")
+    return extra_body
 
 
 class StreamFailure(Exception):
@@ -214,16 +185,21 @@ def write_line(handle, obj):
 
 
 class Run:
-    """What one test shares from test_start to test_stop: settings, the output files, the
-    model name, the prompt-size calibration and the probe."""
+    """What one test shares from test_start to test_stop: its options, the output files,
+    the model name, the prompt-size calibration and the probe."""
 
     def __init__(self, environment):
+        options = environment.parsed_options  # read per test: the web UI form updates it
         self.environment = environment
-        self.settings = Settings.from_options(environment.parsed_options)
-        self.records = open_jsonl(self.settings.records_out)
-        self.events = open_jsonl(self.settings.events_out)
+        self.options = options
+        self.extra_body = parse_extra_body(options.extra_body)
+        # A fresh default per test keeps reruns against one server from sharing prefixes.
+        self.tag_prefix = options.tag_prefix or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        self.probe_delay_s = probe_delay_s(options.probe_at, options.run_time)
+        self.records = open_jsonl(options.records_out)
+        self.events = open_jsonl(options.events_out)
         self.base_url = (environment.host or "").rstrip("/").removesuffix("/v1")
-        self.model = self.settings.model
+        self.model = options.model
         self.tokens_per_char = DEFAULT_TOKENS_PER_CHAR
         self.calibrated = False
         self.user_ids = itertools.count(PROBE_USER + 1)
@@ -243,12 +219,12 @@ class Run:
 
     def exchange(self, session, kind, user, sequence, max_tokens):
         """One streamed request, recorded whatever happens; returns whether it succeeded."""
-        tag = f"[{self.settings.tag_prefix} {kind} u{user} #{sequence}]"
-        prompt = build_prompt(tag, self.settings.prompt_tokens, self.tokens_per_char)
-        reader = StreamReader(self.settings.stall_gap_s)
+        tag = f"[{self.tag_prefix} {kind} u{user} #{sequence}]"
+        prompt = build_prompt(tag, self.options.prompt_tokens, self.tokens_per_char)
+        reader = StreamReader(self.options.stall_gap_s)
         try:
             body = {
-                **self.settings.extra_body,
+                **self.extra_body,
                 "model": self.model_name(session),
                 "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": max_tokens,
@@ -256,6 +232,7 @@ class Run:
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
+            reader.t_start = time.time()  # the first request's model lookup is not its latency
             with session.post(f"{self.base_url}/v1/chat/completions", json=body, stream=True, timeout=TIMEOUT_S) as response:
                 if response.status_code != 200:
                     raise StreamFailure(f"HTTP {response.status_code}: {response.text[:300]}")
@@ -297,22 +274,21 @@ class Run:
             self.calibrated = True
 
     def start_probe(self):
-        delay = self.settings.probe_delay_s
-        if self.settings.probe_n <= 0:
+        if self.options.probe_n <= 0:
             return
-        if delay is None:
+        if self.probe_delay_s is None:
             logging.warning("thermab probe skipped: no --run-time to take a percentage of; give --probe-at in seconds")
             return
-        self.probe = gevent.spawn_later(delay, self._probe)
+        self.probe = gevent.spawn_later(self.probe_delay_s, self._probe)
 
     def _probe(self):
         session = requests.Session()
         self.mark("probe_start")
         try:
-            for sequence in range(self.settings.probe_n):
+            for sequence in range(self.options.probe_n):
                 if self.stopping:
                     return
-                self.exchange(session, "probe", PROBE_USER, sequence, self.settings.probe_tokens)
+                self.exchange(session, "probe", PROBE_USER, sequence, self.options.probe_tokens)
         finally:
             self.mark("probe_end")
 
@@ -372,4 +348,4 @@ class LoadUser(User):
         # moment must not start another after the end of the load.
         if RUN.stopping:
             raise StopUser()
-        self.last_failed = not RUN.exchange(self.session, "load", self.index, next(self.sequence), RUN.settings.max_tokens)
+        self.last_failed = not RUN.exchange(self.session, "load", self.index, next(self.sequence), RUN.options.max_tokens)

@@ -27,6 +27,7 @@ import hashlib
 import json
 import math
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,7 +62,7 @@ class PrefixCache:
         return hits * BLOCK_TOKENS
 
 
-class TestPeerServer:
+class MisbehavingServer:
     """One misbehaving OpenAI-compatible server; use as a context manager."""
 
     def __init__(self, behaviour="normal", *, token_interval_s=0.01, prefill_s=0.02,
@@ -96,13 +97,18 @@ class TestPeerServer:
                     peer._connections.add(request)
                 super().process_request(request, client_address)
 
+            def handle_error(self, request, client_address):
+                if not isinstance(sys.exc_info()[1], OSError):  # a client gone mid-stream is routine here
+                    super().handle_error(request, client_address)
+
             def shutdown_request(self, request):
                 with peer._lock:
                     peer._connections.discard(request)
                 super().shutdown_request(request)
 
         self._httpd = Server(("127.0.0.1", 0), self._handler_class())
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        # A short poll interval makes kill() prompt: shutdown() waits for the next poll.
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
         return self
 

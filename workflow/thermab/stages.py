@@ -8,8 +8,6 @@ import shlex
 import time
 from pathlib import Path
 
-import pandas as pd
-
 from thermab import guardian, lifecycle, monitor
 from thermab.load import run_load
 from thermab.patch import anchor_count, sha256
@@ -180,27 +178,24 @@ def phase(run: Run, rep: int, arm: str, out_json: Path, out_requests: Path, load
     duration = run.config["timings"]["load_s"]
     validity = run_load(
         run.cluster.endpoint, out_requests, order=run.order, rep=rep, arm=arm,
-        users=load["users"], duration_s=duration, max_tokens=load["max_tokens"],
+        users=load["users"], duration_s=round(duration), max_tokens=load["max_tokens"],
         prompt_tokens=load["prompt_tokens"], model=load["model"] or model,
         extra_body=load["extra_body"], probe=load["probe"], probe_at=load["probe_at"] * duration,
         probe_n=load["probe_n"], probe_tokens=load["probe_tokens"],
         stall_gap_s=run.config["analysis"]["stall_gap_s"], log_path=load_log,
         progress=run.say, status_hint=lambda: f"head {_hottest(run)}")
-    requests = pd.read_parquet(out_requests)
-    load_rows = requests[requests["kind"] == "load"]
-    if load_rows.empty:
-        raise RuntimeError(f"phase rep{rep}-{arm}: no load request was sent; see {load_log}")
-    load_start = float(load_rows["t_start"].min())
-    run.event("load_start", t=load_start, rep=rep, arm=arm)
-    probes = requests[requests["kind"] == "probe"]
-    if not probes.empty:
-        run.event("probe_start", t=float(probes["t_start"].min()), rep=rep, arm=arm)
-        run.event("probe_end", t=float(probes["t_end"].max()), rep=rep, arm=arm)
-    run.event("load_end", t=load_start + duration, rep=rep, arm=arm)
+    # the locustfile marks load_start/probe_*/load_end from inside the load itself
+    for mark in validity["events"]:
+        run.event(mark["event"], t=mark["t"], rep=rep, arm=arm)
+    if not validity["requests"]["load_ok"]:
+        raise RuntimeError(f"phase rep{rep}-{arm}: no load request succeeded "
+                           f"({validity['errors']['first']}); records kept in {out_requests.parent}, "
+                           f"Locust's log in {load_log}")
+    window = validity["window"]
     cooldown = _cooldown(run, rep, arm)
     result = {"phase": f"rep{rep}-{arm}", "order": run.order, "rep": rep, "arm": arm, "label": label,
-              "value": run.config["arms"][arm]["value"], "model": model, "load_start": load_start,
-              "load_end": load_start + duration, "validity": validity, "cooldown": cooldown}
+              "value": run.config["arms"][arm]["value"], "model": model, "load_start": window["start"],
+              "load_end": window["end"], "validity": validity, "cooldown": cooldown}
     out_json.write_text(json.dumps(result, indent=1, default=str))
     return result
 

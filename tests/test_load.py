@@ -1,0 +1,203 @@
+"""The closed-loop load: real Locust runs (a few seconds each) against misbehaving test
+peers on 127.0.0.1, and the pure helpers of thermab.load and thermab.prompts."""
+
+import json
+import sys
+import threading
+import time
+
+import pandas as pd
+import pytest
+
+from openai_test_servers import MisbehavingServer
+from thermab import load, prompts
+
+MAX_TOKENS = 20
+PROMPT_TOKENS = 200
+
+
+def run(server, tmp_path, **overrides):
+    """A short load with small requests; returns (report, frame, progress lines)."""
+    lines = []
+    options = dict(order="AB", rep=1, arm="A", users=3, duration_s=3, max_tokens=MAX_TOKENS,
+                   prompt_tokens=PROMPT_TOKENS, probe=False, stop_timeout_s=10, progress=lines.append)
+    options.update(overrides)
+    report = load.run_load(server.url, tmp_path / "requests.parquet", **options)
+    return report, pd.read_parquet(tmp_path / "requests.parquet"), lines
+
+
+def test_normal_load_records_every_request_with_probe_and_unique_tags(tmp_path):
+    with MisbehavingServer("normal", token_interval_s=0.01) as server:
+        report, frame, lines = run(server, tmp_path, users=4, duration_s=4, probe=True, probe_at=1,
+                                   probe_n=3, probe_tokens=10, progress_every_s=1,
+                                   status_hint=lambda: "head TSOC 80.0 C")
+        prompts_seen = list(server.prompts)
+
+    assert "locust" not in sys.modules  # Locust ran in its own process
+    assert dict(frame.dtypes.astype(str)) == load.COLUMNS
+    assert report == json.loads((tmp_path / "validity.json").read_text())
+    assert (tmp_path / "requests.jsonl").exists() and (tmp_path / "locust.log").exists()
+
+    # Every request the server saw is a record, and every record is complete and from usage.
+    assert len(frame) == len(prompts_seen)
+    assert frame["ok"].all() and (frame["error"] == "").all()
+    assert (frame["usage_source"] == "usage").all()
+    assert frame["prompt_tokens"].notna().all() and (frame["cached_tokens"] == 0).all()
+    assert (frame["t_start"] < frame["t_first_token"]).all() and (frame["t_first_token"] < frame["t_end"]).all()
+    assert (frame["stall_gaps"] == 0).all() and (frame["max_gap_s"] < 1.0).all()
+
+    loads, probes = frame[frame["kind"] == "load"], frame[frame["kind"] == "probe"]
+    assert (loads["completion_tokens"] == MAX_TOKENS).all()
+    assert sorted(loads["user"].unique()) == [1, 2, 3, 4]
+    assert list(loads["order"].unique()) == ["AB"] and list(loads["rep"].unique()) == [1]
+
+    # The probe: probe_n sequential requests of probe_tokens, beside the load.
+    assert len(probes) == 3 and (probes["completion_tokens"] == 10).all() and (probes["user"] == 0).all()
+    assert (probes["t_start"].to_numpy()[1:] >= probes["t_end"].to_numpy()[:-1]).all()
+    events = [e["event"] for e in report["events"]]
+    assert events == ["load_start", "probe_start", "probe_end", "load_end"]
+    assert 0.5 < probes["t_start"].min() - report["window"]["start"] < 1.8  # probe_at, not 60 % of 4 s
+
+    # Unique from the very start, so no prefix-cache block is ever shared.
+    assert len({p[:64] for p in prompts_seen}) == len(prompts_seen)
+    assert frame["tag"].is_unique
+    assert {p[: p.index("]") + 1] for p in prompts_seen} == set(frame["tag"])
+
+    # Requests in flight at the end finish and are recorded; none starts after it.
+    end = report["window"]["end"]
+    at_end = loads[(loads["t_start"] < end) & (loads["t_end"] >= end)]
+    assert sorted(at_end["user"]) == [1, 2, 3, 4]
+    assert (loads["t_start"] < end).all()
+    assert report["requests"]["started_after_end"] == 0 and report["requests"]["ended_after_end"] == 4
+
+    assert report["warnings"] == []
+    assert report["full_length"]["share_of_ok_load"] == 1
+    assert report["concurrency"]["inflight_mean"] > 3.6
+    assert report["prompt_tokens"]["median_over_target"] == pytest.approx(1, abs=0.05)
+    assert report["throughput"]["output_tok_s"] > 0 and report["probe"]["decode_tok_s_median"] > 0
+    assert any("output tok/s" in line and "head TSOC 80.0 C" in line for line in lines)
+    assert "0 warnings" in lines[-1]
+
+
+def test_no_usage_falls_back_to_counting_chunks_and_says_so(tmp_path):
+    with MisbehavingServer("no_usage") as server:
+        report, frame, _ = run(server, tmp_path)
+    assert frame["ok"].all()
+    assert (frame["usage_source"] == "chunks").all()
+    assert (frame["completion_tokens"] == MAX_TOKENS).all()  # one token a chunk here
+    assert frame["prompt_tokens"].isna().all() and frame["cached_tokens"].isna().all()
+    assert any("without usage" in w for w in report["warnings"])
+
+
+def test_packed_chunks_are_counted_from_usage(tmp_path):
+    with MisbehavingServer("packed", tokens_per_chunk=3) as server:
+        report, frame, _ = run(server, tmp_path)
+    assert frame["ok"].all() and (frame["usage_source"] == "usage").all()
+    assert (frame["completion_tokens"] == MAX_TOKENS).all()  # 7 chunks carried the 20 tokens
+    assert report["warnings"] == []
+
+
+@pytest.mark.parametrize("behaviour, category", [
+    ("drop", "connection dropped mid-stream"),
+    ("truncated", "stream truncated"),
+    ("http_error", "HTTP 500"),
+])
+def test_broken_streams_are_failed_records_with_a_clear_error(tmp_path, behaviour, category):
+    with MisbehavingServer(behaviour) as server:
+        report, frame, lines = run(server, tmp_path, users=2)
+    assert len(frame) >= 2 and not frame["ok"].any()
+    assert frame["error"].str.startswith(category).all()
+    assert report["errors"]["by_category"] == {category: len(frame)}
+    assert report["requests"]["load_ok"] == 0
+    assert any("no load request succeeded" in w for w in report["warnings"])
+    assert any(f"{category}: {len(frame)}" in w for w in report["warnings"])
+    assert any(category in line for line in lines)
+    if behaviour == "drop":  # the tokens that did arrive are counted, and flagged as such
+        assert (frame["completion_tokens"] == MAX_TOKENS // 2).all()
+        assert (frame["usage_source"] == "chunks").all()
+
+
+def test_server_dying_mid_load_gives_error_records_not_a_hang(tmp_path):
+    server = MisbehavingServer("normal", token_interval_s=0.01).start()
+    killed_at = []
+
+    def kill_once_loaded():  # relative to the load, not to Locust's start-up time
+        deadline = time.monotonic() + 10
+        while len(server.prompts) < 12 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.kill()
+        killed_at.append(time.time())
+
+    threading.Thread(target=kill_once_loaded, daemon=True).start()
+    began = time.monotonic()
+    try:
+        report, frame, _ = run(server, tmp_path, duration_s=4)
+    finally:
+        server.kill()
+    assert time.monotonic() - began < 4 + 10
+    categories = report["errors"]["by_category"]
+    assert frame["ok"].any() and categories.get("request failed before a response", 0) > 0
+    assert categories.get("connection dropped mid-stream", 0) > 0  # the streams open at the kill
+    last_ok_end = report["window"]["start"] + report["errors"]["last_ok_end_s"]
+    assert killed_at[0] - 0.5 < last_ok_end <= killed_at[0] + 0.01
+    assert any("last successful load request ended" in w for w in report["warnings"])
+
+
+def test_stream_open_when_stop_timeout_runs_out_is_recorded_as_stopped(tmp_path):
+    with MisbehavingServer("normal", token_interval_s=0.2) as server:  # 20 tokens take 4 s
+        report, frame, _ = run(server, tmp_path, users=2, duration_s=2, stop_timeout_s=1)
+    assert len(frame) == 2 and not frame["ok"].any()
+    assert frame["error"].str.startswith("stopped at --stop-timeout").all()
+    assert (frame["t_end"] - report["window"]["end"]).between(0.5, 2).all()
+
+
+def test_single_stream_mode(tmp_path):
+    with MisbehavingServer("normal") as server:
+        report, frame, _ = run(server, tmp_path, users=1, duration_s=2, probe=False)
+    assert set(frame["kind"]) == {"load"} and set(frame["user"]) == {1}
+    assert report["concurrency"]["inflight_mean"] > 0.9
+    assert report["warnings"] == []
+
+
+def test_prompts_are_deterministic_tagged_first_and_sized():
+    first = prompts.build_prompt("[AB-rep1-A load u1 #0]", 1400)
+    assert first == prompts.build_prompt("[AB-rep1-A load u1 #0]", 1400)
+    assert first.startswith("[AB-rep1-A load u1 #0] ")
+    assert abs(len(first) * prompts.DEFAULT_TOKENS_PER_CHAR - 1400) < 5
+    assert first == first.rstrip()
+    assert len(prompts.build_prompt("t", 40_000)) > 150_000  # longer than the corpus: it repeats
+    ratio = prompts.calibrated_tokens_per_char(first, 1200)
+    assert abs(len(prompts.build_prompt("t", 1200, ratio)) * ratio - 1200) < 5
+
+
+def test_inflight_is_time_weighted_over_the_window():
+    frame = pd.DataFrame({"t_start": [0.0, 0.0, 5.0, -3.0], "t_end": [10.0, 5.0, 12.0, 1.0]})
+    mean, share = load.inflight(frame, 0.0, 10.0, users=2)
+    assert mean == pytest.approx((10 + 5 + 5 + 1) / 10)
+    assert share == pytest.approx(1.0)  # two in flight all along, three during [0, 1)
+    assert load.inflight(frame, 0.0, 10.0, users=3)[1] == pytest.approx(0.1)
+
+
+def test_locust_command_bounds_the_run_and_passes_the_options():
+    command = load.locust_command(
+        "http://127.0.0.1:1", "r.jsonl", "e.jsonl", users=4, duration_s=1800, stop_timeout_s=120,
+        max_tokens=400, prompt_tokens=1400, model=None, extra_body={"reasoning_effort": "low"},
+        tag_prefix="AB-rep1-A", probe=False, probe_at=None, probe_n=3, probe_tokens=256, stall_gap_s=1.0,
+        locustfile=load.LOCUSTFILE)
+    joined = " ".join(command)
+    assert load.LOCUSTFILE.exists()
+    for part in ("--headless", "-u 4 -r 4", "--run-time 1800s", "--stop-timeout 120s", "--probe-n 0",
+                 '--extra-body {"reasoning_effort": "low"}', "--records-out r.jsonl"):
+        assert part in joined
+    assert "--model" not in command and "--probe-at" not in command
+
+
+def test_jsonl_tail_waits_for_the_newline(tmp_path):
+    path = tmp_path / "r.jsonl"
+    tail = load.JsonlTail(path)
+    assert tail.poll() == []
+    path.write_text('{"a": 1}\n{"a": ')
+    assert tail.poll() == [{"a": 1}]
+    with path.open("a") as handle:
+        handle.write('2}\n')
+    assert tail.poll() == [{"a": 1}, {"a": 2}]
