@@ -45,6 +45,9 @@ def _describe(error: jsonschema.ValidationError) -> str:
         unknown = sorted(set(error.instance) - set(allowed))
         keys = ", ".join(f"'{_key(path + [name])}'" for name in unknown)
         return f"config key {keys}: unknown key" + (f" (allowed here: {', '.join(allowed)})" if allowed else "")
+    if error.validator == "required":
+        missing = [name for name in error.validator_value if name not in error.instance]
+        return "; ".join(f"config key '{_key(path + [name])}': required but missing" for name in missing)
     return f"config key '{_key(path)}': {error.message}"
 
 

@@ -63,7 +63,7 @@ def _read(run_dir: Path) -> dict | None:
 def ensure(run_dir: Path, watch: int | None = None) -> int:
     """Make sure a guardian watches the controller (by default the Snakemake process
     running this job); returns the guardian's pid."""
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).resolve()
     watch = watch or controller_pid()
     current = _read(run_dir)
     if current and current["watch"] == watch and alive(current["pid"]) \

@@ -218,13 +218,10 @@ class Engine:
         self.stats = {"since": time.monotonic(), "tokens": 0, "steps": 0}
 
     def run(self) -> None:
-        try:
-            while True:
-                self.receive(block=not (self.running or self.waiting))
-                if self.running or self.waiting:
-                    self.step()
-        except EOFError:
-            return  # the API server closed its end: it is shutting down
+        while True:
+            self.receive(block=not (self.running or self.waiting))
+            if self.running or self.waiting:
+                self.step()
 
     def receive(self, block: bool) -> None:
         if block:
@@ -485,27 +482,29 @@ def exit_on_sigterm() -> None:
 def serve_head(args, busy_loop_s: float) -> int:
     fork = multiprocessing.get_context("fork")  # children keep this cmdline (--node ROOT)
     broadcast, replies = ShmQueue(busy_loop_s), ShmQueue(busy_loop_s)
+    worker = fork.Process(target=run_local_worker, args=(args.node, broadcast, replies), daemon=True)
+    worker.start()
+    # The pipe is made after the worker is forked and our copy of the engine's end is
+    # closed after the engine is, so the engine alone holds it: its death reads as EOF.
     api_end, engine_end = fork.Pipe()
-    children = [
-        fork.Process(target=run_local_worker, args=(args.node, broadcast, replies), daemon=True),
-        fork.Process(target=run_engine, daemon=True,
-                     args=(engine_end, broadcast, replies, args.step_ms / 1000.0, args.peer_port)),
-    ]
-    for child in children:
-        child.start()
+    engine = fork.Process(target=run_engine, daemon=True,
+                          args=(engine_end, broadcast, replies, args.step_ms / 1000.0, args.peer_port))
+    engine.start()
+    engine_end.close()
+    children = [worker, engine]
     exit_on_sigterm()  # after forking: the children keep the default (die on SIGTERM)
     engine_died = threading.Event()
     try:
         if not api_end.poll(PEER_CONNECT_TIMEOUT_S + 10):
             raise TimeoutError("the engine did not become ready")
         api_end.recv()
-        engine = EngineClient(api_end)
-        with ApiServer((args.host, args.port), args.model, engine) as server:
+        client = EngineClient(api_end)
+        with ApiServer((args.host, args.port), args.model, client) as server:
             def on_engine_exit():
                 engine_died.set()
                 server.shutdown()
 
-            threading.Thread(target=engine.dispatch, args=(on_engine_exit,), daemon=True).start()
+            threading.Thread(target=client.dispatch, args=(on_engine_exit,), daemon=True).start()
             log("head ready: http://%s:%d, model %s, step %g ms, peer %s"
                 % (args.host, args.port, args.model, args.step_ms, args.peer_port))
             server.serve_forever()
@@ -570,7 +569,10 @@ def main(argv=None) -> int:
     if args.command == "stop":
         print("stopped" if node.stop(args.node, "vllm") else "not running")
         return 0
-    settings = node.load_settings(args.node)
+    try:
+        settings = node.load_settings(args.node)
+    except FileNotFoundError as error:
+        parser.error(str(error))
     if settings["role"] != args.role:
         parser.error("%s is a %s node, not a %s" % (args.node, settings["role"], args.role))
     if args.detach:

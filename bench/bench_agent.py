@@ -1,0 +1,68 @@
+"""How much the telemetry agent costs the host it measures.
+
+Builds a GB10-like fixture tree (7 zones, 20 cpufreq policies), then times each source's
+``sample()`` (CPU time of this process, not wall time) over many rounds and prints the
+per-sample cost and the CPU share at the default intervals (thermal 15 s, cpu 6 s,
+freq 15 s, system 6 s). The per-process source scans the real /proc of this machine.
+
+    python bench/bench_agent.py [--rounds 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow"))
+
+from thermab.agent import CpuFrequency, ProcessCpu, SystemCpu, ThermalZones  # noqa: E402
+
+DEFAULT_INTERVALS = {"thermal": 15.0, "cpu": 6.0, "freq": 15.0, "system": 6.0}
+
+
+def gb10_tree(root: Path) -> None:
+    for index, name in enumerate(["TSOC", "TS0E", "TS0P", "TS1E", "TS1P", "TGPU", "TUNC"]):
+        zone = root / f"sys/class/thermal/thermal_zone{index}"
+        (zone / "device").mkdir(parents=True)
+        (zone / "device/path").write_text(f"\\_TZ_.{name}\n")
+        (zone / "type").write_text("acpitz\n")
+        (zone / "temp").write_text("75000\n")
+        (zone / "trip_point_0_temp").write_text("104800\n")
+    for cpu in range(20):
+        policy = root / f"sys/devices/system/cpu/cpufreq/policy{cpu}"
+        policy.mkdir(parents=True)
+        (policy / "scaling_cur_freq").write_text("3900000\n")
+        (policy / "cpuinfo_avg_freq").write_text("3978000\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=200)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        gb10_tree(root)
+        sources = [ThermalZones(str(root)), CpuFrequency(str(root)), ProcessCpu("vllm"), SystemCpu()]
+        total_share = 0.0
+        print(f"{'source':<8} {'cpu ms/sample':>14} {'interval s':>11} {'host CPU share':>15}")
+        for source in sources:
+            source.discover()
+            source.sample()
+            start = time.process_time()
+            for _ in range(args.rounds):
+                source.sample()
+            per_sample = (time.process_time() - start) / args.rounds
+            share = per_sample / DEFAULT_INTERVALS[source.name]
+            total_share += share
+            print(f"{source.name:<8} {per_sample * 1000:>14.3f} {DEFAULT_INTERVALS[source.name]:>11.0f} "
+                  f"{share * 100:>14.4f}%")
+        processes = sum(1 for p in Path("/proc").iterdir() if p.name.isdigit())
+        print(f"total agent CPU at default intervals: {total_share * 100:.4f} % of one core "
+              f"({processes} processes scanned per cpu sample, {args.rounds} rounds)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""The whole workflow on the embedded simulated cluster, as a user runs it (tier 2).
+
+One module-scoped AB run (short timings from tests/e2e-config.yaml) feeds most tests;
+the BA run with three repeats and the Ctrl-C run come after it. Several minutes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHM = "usr/local/lib/python3.12/dist-packages/vllm/distributed/device_communicators/shm_broadcast.py"
+COLUMNS = {
+    "thresholds": ["order", "rep", "arm", "host", "sensor", "threshold_c", "reached_s", "samples_at_or_above"],
+    "zones": ["order", "rep", "arm", "host", "sensor", "mean_c", "max_c", "n"],
+    "cpu": ["order", "rep", "arm", "host", "median_pct", "p5_pct", "p95_pct", "n"],
+    "performance": ["order", "rep", "arm", "requests_completed", "output_tokens", "window_s", "output_tok_s",
+                    "probe_tok_s_median", "probe_n"],
+}
+
+pytestmark = pytest.mark.e2e
+
+
+def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
+               str(workdir), "--configfile", str(REPO / "tests/e2e-config.yaml"), "--cores", "1", *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    (workdir / f"snakemake-{len(list(workdir.glob('snakemake-*.log')))}.log").write_text(result.stdout + result.stderr)
+    return result
+
+
+def leftover_processes(workdir: Path) -> list[str]:
+    """Every process whose command line or working directory lies in the test's workdir."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(entry / "cwd")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (str(workdir) in cmdline or cwd.startswith(str(workdir))):
+            found.append(f"{entry.name}: {cmdline.strip()}")
+    return found
+
+
+def assert_clean(workdir: Path, run_dir: Path) -> None:
+    deadline = time.monotonic() + 30
+    while leftover_processes(workdir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert leftover_processes(workdir) == []
+    preflight = json.loads((run_dir / "preflight.json").read_text())
+    for host, facts in preflight["hosts"].items():
+        current = (workdir / ".thermab/sim/sim" / host / SHM).read_bytes()
+        assert hashlib.sha256(current).hexdigest() == facts["sha256"], f"{host}'s file is not its original"
+    assert not list((workdir / "results/sim/patch-state").rglob("state.json"))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="module")
+def ab_run(workdir):
+    result = snakemake(workdir, "all")
+    assert result.returncode == 0, result.stderr[-4000:]
+    return workdir / "results/sim/AB"
+
+
+def test_tables_have_the_contract_columns(ab_run):
+    for name, columns in COLUMNS.items():
+        table = pd.read_csv(ab_run / f"tables/{name}.csv")
+        assert list(table.columns[: len(columns)]) == columns, name
+        assert (ab_run / f"tables/{name}.md").exists()
+    assert (ab_run / "tables/variance.csv").exists()
+
+
+def test_stock_arm_burns_more_cpu_and_runs_hotter(ab_run):
+    cpu = pd.read_csv(ab_run / "tables/cpu.csv").set_index(["host", "arm"])
+    stock, patched = cpu.loc[("head", "A"), "median_pct"], cpu.loc[("head", "B"), "median_pct"]
+    assert stock - patched >= 50, f"head vLLM CPU median: stock {stock} %, patched {patched} %"
+    zones = pd.read_csv(ab_run / "tables/zones.csv")
+    tsoc = zones[(zones["host"] == "head") & (zones["sensor"] == "TSOC")].set_index("arm")["mean_c"]
+    assert tsoc["A"] > tsoc["B"]
+
+
+def test_load_was_the_intended_load(ab_run):
+    requests = pd.read_parquet(ab_run / "tidy/requests.parquet")
+    load = requests[requests["kind"] == "load"]
+    assert load["ok"].all()
+    assert (load["completion_tokens"] == 120).all(), "ignore_eos gives exactly max_tokens, counted from usage"
+    assert (load["cached_tokens"].fillna(0) == 0).all(), "unique tags defeat the prefix cache"
+    assert set(requests["kind"]) == {"load", "probe"}
+    performance = pd.read_csv(ab_run / "tables/performance.csv")
+    assert (performance["output_tok_s"] > 0).all() and (performance["probe_n"] == 2).all()
+
+
+def test_events_and_tidy_telemetry(ab_run):
+    names = [json.loads(line)["event"] for line in (ab_run / "events.jsonl").read_text().splitlines()]
+    for name in ("run_start", "baseline_start", "baseline_end", "patch_applied", "restart_start", "server_ready",
+                 "load_start", "probe_start", "probe_end", "load_end", "cooldown_end", "run_end"):
+        assert name in names, name
+    assert "abort" not in names
+    assert names.count("load_start") == 2
+    telemetry = pd.read_parquet(ab_run / "tidy/telemetry.parquet")
+    assert list(telemetry.columns) == ["t", "host", "kind", "sensor", "value"]
+    assert {"thermal", "cpu", "freq"} <= set(telemetry["kind"])
+    assert set(telemetry["host"]) == {"head", "worker"}
+
+
+def test_report_figures_and_provenance(ab_run):
+    assert "stock" in (ab_run / "summary.md").read_text()
+    for name in ("figures/timeline.png", "figures/timeline.svg", "figures/timeline.html", "report.html",
+                 "provenance/dag.dot", "provenance/dag.mmd", "provenance/dag.svg", "provenance/config.yaml",
+                 "provenance/versions.json", "provenance/sha256.txt"):
+        assert (ab_run / name).stat().st_size > 0, name
+    assert "rule_phase" in (ab_run / "provenance/dag.dot").read_text() or \
+        "phase" in (ab_run / "provenance/dag.dot").read_text()
+
+
+def test_nothing_left_running_or_patched_after_success(ab_run, workdir):
+    assert_clean(workdir, ab_run)
+
+
+def test_ba_with_three_repeats_accumulates_beside_ab(ab_run, workdir):
+    result = snakemake(workdir, "all", "--config", "order=BA", "repeats=3")
+    assert result.returncode == 0, result.stderr[-4000:]
+    ba = workdir / "results/sim/BA"
+    phases = sorted(p.name for p in (ba / "phases").iterdir() if p.name != "baseline")
+    assert phases == ["rep1-A", "rep1-B", "rep2-A", "rep2-B", "rep3-A", "rep3-B"]
+    variance = pd.read_csv(ba / "tables/variance.csv")
+    assert (variance["n"] == 3).any()
+    dry = snakemake(workdir, "all", "-n")
+    assert "Nothing to be done" in dry.stdout + dry.stderr, "the AB run stays complete"
+    assert_clean(workdir, ba)
+
+
+def test_interrupt_restores_and_stops_everything(ab_run, workdir):
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
+               str(workdir), "--configfile", str(REPO / "tests/e2e-config.yaml"), "--cores", "1", "all",
+               "--config", "order=AB", "repeats=2"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    events = workdir / "results/sim/AB/events.jsonl"
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:
+            lines = events.read_text().splitlines() if events.exists() else []
+            if any('"load_start"' in line and '"rep": 2' in line for line in lines):
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the second repeat never started")
+        time.sleep(3)  # in the middle of a load, with the host patched or about to be
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert_clean(workdir, workdir / "results/sim/AB")
+    names = [json.loads(line)["event"] for line in events.read_text().splitlines()]
+    assert names[-1] in ("abort", "run_end")
