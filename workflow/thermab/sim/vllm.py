@@ -156,8 +156,9 @@ def become_child(name: str) -> None:
 
 
 class Gpu:
-    """The emulated GPU: executing a step costs time, not CPU.  Busy seconds accumulate in
-    run/gpu_busy_s across restarts, a counter the thermal model differentiates."""
+    """The emulated GPU: a step costs its duration in wall time and only a small share of
+    it in CPU.  Busy seconds accumulate in run/gpu_busy_s across restarts, a counter the
+    thermal model differentiates."""
 
     def __init__(self, root: Path):
         self.path = node.run_dir(root) / "gpu_busy_s"
@@ -575,6 +576,9 @@ def main(argv=None) -> int:
         parser.error(str(error))
     if settings["role"] != args.role:
         parser.error("%s is a %s node, not a %s" % (args.node, settings["role"], args.role))
+    running = node.running_pid(args.node, "vllm")
+    if running and running != os.getpid():  # a detached server finds its own pid there
+        parser.error("a server is already running on %s (pid %d): stop it first" % (args.node, running))
     if args.detach:
         argv.remove("--detach")
         print(node.start_detached(args.node, "vllm", "thermab.sim.vllm", argv))
