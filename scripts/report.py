@@ -10,4 +10,4 @@ with snake.logged(snakemake.log[0]):
     render_figures(run_dir)
     write_report(run_dir, Path(snakemake.output.html))
     provenance.write(run_dir, Path(snakemake.output.provenance), dict(snakemake.config),
-                     Path(snakemake.workflow.snakefile), Path.cwd(), snakemake.output.html)
+                     Path(snakemake.params.snakefile), Path.cwd(), snakemake.output.html)

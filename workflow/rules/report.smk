@@ -10,6 +10,9 @@ rule report:
         ),
         html="results/{cluster}/{order}/report.html",
         provenance=directory("results/{cluster}/{order}/provenance"),
+    params:
+        # the DAG archived in provenance/ is drawn by running this Snakefile with --dag
+        snakefile=workflow.main_snakefile,
     log:
         "results/{cluster}/{order}/logs/report.log",
     conda:

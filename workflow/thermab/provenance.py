@@ -40,9 +40,8 @@ def versions(workdir: Path) -> dict[str, str]:
 
 def snakemake_dag(snakefile: Path, workdir: Path, config_file: Path, target: str, fmt: str) -> str:
     """The DAG of every job the target needs, finished or not (``--forceall``)."""
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--directory", str(workdir),
-               "--configfile", str(config_file), "--nolock", "--forceall", "--dag", fmt, "--quiet",
-               target]
+    command = [sys.executable, "-m", "snakemake", target, "--snakefile", str(snakefile), "--directory",
+               str(workdir), "--configfile", str(config_file), "--nolock", "--forceall", "--dag", fmt]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
         raise RuntimeError(f"snakemake --dag failed: {result.stderr[-2000:]}")
