@@ -62,3 +62,20 @@ def test_missing_file_names_the_host(node):
     target.unlink()
     with pytest.raises(Exception, match="host head"):
         patcher.apply("0.002")
+
+
+def test_vllm_placeholder_is_resolved_by_the_hosts_python(tmp_path, monkeypatch):
+    package = tmp_path / "site/vllm"
+    (package / "distributed").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "distributed/shm_broadcast.py").write_text(STOCK)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    import sys
+    host = Host(HostSpec("box", "test", "local", {"python": sys.executable}))
+    setting = dict(SETTING, file="{vllm}/distributed/shm_broadcast.py")
+    patcher = Patcher(host, setting, tmp_path / "state")
+    assert patcher.file == str(package / "distributed/shm_broadcast.py")
+    patcher.apply("0.002")
+    monkeypatch.delenv("PYTHONPATH")  # restoring must not need the package to import
+    assert Patcher(host, setting, tmp_path / "state").restore()["file"] == patcher.file
+    assert (package / "distributed/shm_broadcast.py").read_text() == STOCK

@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 import time
+from functools import cached_property
 from pathlib import Path
 
 from thermab.host import Host
@@ -42,13 +44,37 @@ def render(original: str, anchor: str, replacement: str, value: str) -> str:
     return re.sub(anchor, lambda _match: new, original, count=1)
 
 
+VLLM_DIR = "{vllm}"
+FIND_VLLM = "import os, vllm; print(os.path.dirname(vllm.__file__))"
+
+
+def resolve_file(host: Host, template: str) -> str:
+    """``{vllm}/x.py`` -> the installed vllm package's x.py, asked of the host's Python
+    (inside the container if there is one); other paths are used as written."""
+    if not template.startswith(VLLM_DIR + "/"):
+        return template
+    python = shlex.quote(host.spec.settings.get("python", "python3"))
+    found = host.exec(f"{python} -c {shlex.quote(FIND_VLLM)}").stdout.strip().splitlines()
+    if not found:
+        raise PatchError(f"host {host.name}: {python} could not locate the vllm package")
+    return found[-1] + template[len(VLLM_DIR):]
+
+
 class Patcher:
     def __init__(self, host: Host, setting: dict, state_dir: Path):
         self.host = host
-        self.file = setting["file"]
+        self.template = setting["file"]
         self.anchor = setting["anchor"]
         self.replacement = setting["replacement"]
         self.state_dir = Path(state_dir)
+
+    @cached_property
+    def file(self) -> str:
+        """The file on the host: as recorded when patched (restoring must not depend on
+        the package still importing), else resolved now."""
+        if self.is_patched:
+            return json.loads((self.state_dir / "state.json").read_text())["file"]
+        return resolve_file(self.host, self.template)
 
     def where(self) -> str:
         return f"host {self.host.name}: {self.file}"
