@@ -155,7 +155,10 @@ def test_single_stream_mode(tmp_path):
     with MisbehavingServer("normal") as server:
         report, frame, _ = run(server, tmp_path, users=1, duration_s=2, probe=False)
     assert set(frame["kind"]) == {"load"} and set(frame["user"]) == {1}
-    assert report["concurrency"]["inflight_mean"] > 0.9
+    ordered = frame.sort_values("t_start")
+    assert (ordered["t_start"].iloc[1:].to_numpy() >= ordered["t_end"].iloc[:-1].to_numpy()).all(), \
+        "one stream: a request starts only after the previous one ended"
+    assert 0 < report["concurrency"]["inflight_mean"] <= 1.0
     assert report["warnings"] == []
 
 
