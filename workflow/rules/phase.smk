@@ -16,6 +16,7 @@ rule baseline:
 rule phase:
     input:
         get_previous_phase,
+    retries: config["phase_retries"]
     output:
         phase="results/{cluster}/{order}/phases/rep{rep}-{arm}/phase.json",
         requests="results/{cluster}/{order}/phases/rep{rep}-{arm}/requests.parquet",

@@ -8,3 +8,14 @@ rule preflight:
         "../../envs/control.yaml"
     script:
         "../../scripts/preflight.py"
+
+
+# `snakemake --cores 1 restore`: put every host back from the kept originals by hand
+# (after a crash of the controller itself); the same as `python -m thermab restore`.
+rule restore:
+    log:
+        "results/logs/restore.log",
+    conda:
+        "../../envs/control.yaml"
+    script:
+        "../../scripts/restore.py"

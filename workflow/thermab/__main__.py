@@ -4,6 +4,7 @@
     import-chart JSON OUT_DIR   a run directory from existing wide time-series data
     load ...                    one closed-loop load phase against an endpoint
     check-config FILE           validate a config file, naming any key at fault
+    restore [RESULTS_DIR]       restore every host by hand (after a controller crash)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ COMMANDS = {
     "import-chart": "thermab.importer",
     "load": "thermab.load",
     "check-config": "thermab.config",
+    "restore": "thermab.restore",
 }
 
 

@@ -89,9 +89,10 @@ def _check_semantics(config: dict) -> None:
             raise ConfigError(f"config key 'setting.anchor': not a regular expression: {error}") from None
         if "{value}" not in setting["replacement"]:
             raise ConfigError("config key 'setting.replacement': must contain {value}")
-    timings = config["timings"]
-    if timings["cooldown_max_s"] <= 0:
-        raise ConfigError("config key 'timings.cooldown_max_s': must be positive")
+    cap = config["safety"]["max_load_minutes"]
+    if cap is not None and config["timings"]["load_s"] > cap * 60:
+        raise ConfigError(f"config key 'timings.load_s': {config['timings']['load_s']} s is longer than "
+                          f"safety.max_load_minutes ({cap} min)")
     for name, cluster in config["clusters"].items():
         hosts = cluster["hosts"]
         if cluster["head"] not in hosts:
@@ -159,6 +160,25 @@ class ClusterSpec:
 
     def host(self, name: str) -> HostSpec:
         return next(h for h in self.hosts if h.name == name)
+
+
+TRIP_MARGIN_C = 8.0  # default interlock: this far below the lowest trip point
+TRIP_MARGIN_MIN_C = 2.0  # a configured interlock closer to the trip point is refused
+
+
+def abort_threshold(config: dict, trip_points_c: list[float]) -> float | None:
+    """The interlock temperature for hosts with these trip points, or None (no zones and
+    nothing configured); a setting too close to the trip point is refused."""
+    configured = config["safety"]["abort_at_c"]
+    if not trip_points_c:
+        return configured
+    lowest = min(trip_points_c)
+    if configured is None:
+        return lowest - TRIP_MARGIN_C
+    if configured > lowest - TRIP_MARGIN_MIN_C:
+        raise ConfigError(f"config key 'safety.abort_at_c': {configured} °C is above the lowest trip point "
+                          f"({lowest} °C) minus {TRIP_MARGIN_MIN_C} °C")
+    return configured
 
 
 def cluster_spec(config: dict, name: str, workdir: Path | None = None) -> ClusterSpec:

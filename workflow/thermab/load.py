@@ -267,13 +267,16 @@ def warnings(report, probe_n):
 def run_load(url, out_parquet, *, order, rep, arm, users=4, duration_s, max_tokens=400, prompt_tokens=1400,
              model=None, extra_body=None, probe=True, probe_at=None, probe_n=3, probe_tokens=256,
              stall_gap_s=1.0, stop_timeout_s=120, log_path=None, progress=None, status_hint=None,
-             progress_every_s=5.0, locustfile=None):
+             progress_every_s=5.0, locustfile=None, interlock=None, interlock_every_s=1.0):
     """Run one phase's load against ``url`` and return its validity report (see module doc).
 
     ``duration_s`` is whole seconds (Locust's run time). ``probe_at`` is seconds from the
     start (None: 60 % of the duration). Single-stream mode: ``users=1, probe=False``.
     ``progress(line)`` receives the progress lines (default: stderr); ``status_hint()`` may
     return a short string appended to each (the workflow shows the head's hottest zone).
+    ``interlock()`` is asked every ``interlock_every_s``: a non-empty answer (the reason)
+    stops Locust at once; the records so far are still written, then ``LoadAborted`` is
+    raised with the reason.
     """
     out_parquet = Path(out_parquet)
     out_parquet.parent.mkdir(parents=True, exist_ok=True)
@@ -291,10 +294,10 @@ def run_load(url, out_parquet, *, order, rep, arm, users=4, duration_s, max_toke
         probe_tokens=probe_tokens, stall_gap_s=stall_gap_s, locustfile=locustfile or LOCUSTFILE,
     )
     tail = JsonlTail(records_path)
-    exit_code = _supervise(command, log_path, duration_s + stop_timeout_s + LOCUST_GRACE_S,
-                           lambda elapsed: progress(progress_line(tail.poll(), elapsed, duration_s, time.time(),
-                                                                  _hint(status_hint))),
-                           progress_every_s)
+    exit_code, aborted = _supervise(
+        command, log_path, duration_s + stop_timeout_s + LOCUST_GRACE_S,
+        lambda elapsed: progress(progress_line(tail.poll(), elapsed, duration_s, time.time(), _hint(status_hint))),
+        progress_every_s, interlock, interlock_every_s)
     records, events = tail.poll(), JsonlTail(events_path).poll()
     if not records and exit_code != 0:
         raise RuntimeError(f"locust exited with code {exit_code} and recorded nothing; see {log_path}:\n"
@@ -308,12 +311,17 @@ def run_load(url, out_parquet, *, order, rep, arm, users=4, duration_s, max_toke
         **validity_report(frame, load_window(events, frame, duration_s), users=users, max_tokens=max_tokens,
                           prompt_tokens=prompt_tokens, probe_n=probe_n if probe else 0, stall_gap_s=stall_gap_s),
     }
-    if exit_code != 0:
+    if aborted:
+        report["aborted"] = aborted
+        report["warnings"].append(f"load aborted: {aborted}")
+    elif exit_code != 0:
         report["warnings"].append(f"locust exited with code {exit_code}; see {log_path}")
     (out_parquet.parent / "validity.json").write_text(json.dumps(report, indent=2) + "\n")
     progress(summary_line(report))
     for warning in report["warnings"]:
         progress(f"  warning: {warning}")
+    if aborted:
+        raise LoadAborted(aborted)
     return report
 
 
@@ -325,22 +333,36 @@ def summary_line(report):
             f"{len(report['warnings'])} warnings")
 
 
-def _supervise(command, log_path, limit_s, tick, every_s):
+class LoadAborted(RuntimeError):
+    """The interlock stopped the load; the message says why."""
+
+
+def _supervise(command, log_path, limit_s, tick, every_s, interlock=None, interlock_every_s=1.0):
     """Run ``command`` with its output in ``log_path``, calling ``tick(elapsed)`` every
-    ``every_s``; stop it (SIGTERM, then SIGKILL) past ``limit_s`` or on any exception."""
+    ``every_s`` and ``interlock()`` every ``interlock_every_s``; stop it (SIGTERM, then
+    SIGKILL) past ``limit_s``, when the interlock answers, or on any exception.
+    Returns (exit code, the interlock's reason or None)."""
     started = time.monotonic()
+    poll_s = min(every_s, interlock_every_s) if interlock else every_s
+    next_tick = started + every_s
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             while True:
                 try:
-                    return process.wait(timeout=every_s)
+                    return process.wait(timeout=poll_s), None
                 except subprocess.TimeoutExpired:
                     elapsed = time.monotonic() - started
                     if elapsed > limit_s:
                         raise RuntimeError(f"locust (pid {process.pid}) still running after {elapsed:.0f} s, "
                                            f"past its {limit_s:.0f} s bound; stopped it. See {log_path}")
-                    tick(elapsed)
+                    reason = interlock() if interlock else None
+                    if reason:
+                        process.terminate()
+                        return process.wait(timeout=15), reason
+                    if time.monotonic() >= next_tick:
+                        next_tick += every_s
+                        tick(elapsed)
         finally:
             if process.poll() is None:
                 process.terminate()

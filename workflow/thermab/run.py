@@ -110,7 +110,7 @@ class Run:
 
     # -- putting everything back ---------------------------------------------------------
 
-    def shutdown(self, reason: str) -> list[str]:
+    def shutdown(self, reason: str, **where) -> list[str]:
         """Best effort on every host; returns the problems met (empty when all went well)."""
         problems: list[str] = []
 
@@ -135,7 +135,7 @@ class Run:
                     lambda h=host: monitor.pull(h, self.session, self.run_dir / "monitor" / h.name))
         attempt("power off simulated nodes", self.power_off_simulated)
         if reason != "completed":
-            self.event("abort", detail={"reason": reason, "problems": problems})
+            self.event("abort", detail={"reason": reason, "problems": problems}, **where)
         return problems
 
 

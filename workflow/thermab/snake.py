@@ -6,6 +6,7 @@ long phase is visible while it runs and kept afterwards."""
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 import time
 import traceback
@@ -30,10 +31,17 @@ class _Tee:
             stream.flush()
 
 
+def _exit_on_signal(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
 def logged(log_path: str) -> Iterator[None]:
     """Send stdout and stderr to the log and the terminal; a failure's traceback too."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    # Snakemake stops jobs with SIGTERM: turn it into an exception so every `finally`
+    # runs (Locust is stopped, files are closed) instead of the process vanishing
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     with open(log_path, "a") as log:
         tee = _Tee(log, sys.__stderr__)
         with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(tee):

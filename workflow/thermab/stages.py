@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from thermab import guardian, lifecycle, monitor
-from thermab.load import run_load
+from thermab.config import ConfigError, abort_threshold
+from thermab.load import LoadAborted, run_load
 from thermab.patch import anchor_count, sha256
 from thermab.run import Run, clock_offsets
 from thermab.transport import TransportError
@@ -79,6 +80,15 @@ def preflight(run: Run, out_path: Path, run_json: Path) -> dict:
         report["clock_offset_s"] = clock_offsets(run.hosts)
     trips = [z["trip_point_c"] for z in report["hosts"].get(run.cluster.head, {}).get("zones", [])
              if z["trip_point_c"]]
+    all_trips = [z["trip_point_c"] for facts in report["hosts"].values() for z in facts.get("zones", [])
+                 if z["trip_point_c"]]
+    try:
+        abort_at = abort_threshold(run.config, all_trips)
+    except ConfigError as error:
+        problems.append(str(error))
+        abort_at = None
+    report["safety"] = {"abort_at_c": abort_at, "lowest_trip_point_c": min(all_trips, default=None)}
+    run.say(f"thermal interlock: {'load stops at %.1f °C on any zone of any host' % abort_at if abort_at else 'off (no trip point found and safety.abort_at_c not set)'}")
     out_path.write_text(json.dumps(report, indent=1))
     if problems:
         raise PreflightError("preflight failed, nothing was changed:\n  " + "\n  ".join(problems))
@@ -166,6 +176,37 @@ def _cooldown(run: Run, rep: int, arm: str) -> dict:
     return {"reason": reason, "seconds": round(time.monotonic() - start, 1)}
 
 
+AGENT_CHECK_S = 5.0
+
+
+def _watch(run: Run):
+    """What the load asks every second: the thermal interlock (any zone of any host at
+    the abort limit stops the load) and, every few seconds, that every agent still runs
+    (a dead one is restarted at once; its restart row marks the gap)."""
+    abort_at = json.loads((run.run_dir / "preflight.json").read_text())["safety"]["abort_at_c"]
+    next_agent_check = time.monotonic() + AGENT_CHECK_S
+
+    def check() -> str | None:
+        nonlocal next_agent_check
+        if time.monotonic() >= next_agent_check:
+            next_agent_check = time.monotonic() + AGENT_CHECK_S
+            for host in run.hosts:
+                if monitor.agent_pid(host, run.session) is None:
+                    pid = monitor.start_agent(host, run.session, run.agent_settings(host))
+                    run.say(f"agent on {host.name} had stopped: restarted (pid {pid})")
+                    run.event("note", host=host.name, detail={"agent_restarted": pid})
+        if abort_at is None:
+            return None
+        for host in run.hosts:
+            for zone, value in monitor.latest(host, run.session, "thermal").items():
+                if value >= abort_at:
+                    return (f"thermal interlock: host {host.name} zone {zone} at {value:.1f} °C "
+                            f">= safety.abort_at_c {abort_at:.1f} °C")
+        return None
+
+    return check
+
+
 def phase(run: Run, rep: int, arm: str, out_json: Path, out_requests: Path, load_log: Path) -> dict:
     """Patch, restart, ready, load with probe, cool down: one ``rep{rep}-{arm}``."""
     run.ensure_up()
@@ -174,23 +215,22 @@ def phase(run: Run, rep: int, arm: str, out_json: Path, out_requests: Path, load
             f"{run.config['arms'][arm]['value']})")
     model = _restart(run, rep, arm)
     run.event("server_ready", rep=rep, arm=arm, detail={"model": model})
-    load = run.config["load"]
-    duration = run.config["timings"]["load_s"]
-    validity = run_load(
-        run.cluster.endpoint, out_requests, order=run.order, rep=rep, arm=arm,
-        users=load["users"], duration_s=round(duration), max_tokens=load["max_tokens"],
-        prompt_tokens=load["prompt_tokens"], model=load["model"] or model,
-        extra_body=load["extra_body"], probe=load["probe"], probe_at=load["probe_at"] * duration,
-        probe_n=load["probe_n"], probe_tokens=load["probe_tokens"],
-        stall_gap_s=run.config["analysis"]["stall_gap_s"], log_path=load_log,
-        progress=run.say, status_hint=lambda: f"head {_hottest(run)}")
+    try:
+        validity = _load(run, rep, arm, out_requests, load_log, model)
+    except LoadAborted as error:
+        run.say(f"ABORT {error}: restoring and stopping every host now")
+        run.shutdown(str(error), rep=rep, arm=arm)
+        raise RuntimeError(f"phase rep{rep}-{arm} aborted: {error}") from None
     # the locustfile marks load_start/probe_*/load_end from inside the load itself
     for mark in validity["events"]:
         run.event(mark["event"], t=mark["t"], rep=rep, arm=arm)
-    if not validity["requests"]["load_ok"]:
-        raise RuntimeError(f"phase rep{rep}-{arm}: no load request succeeded "
-                           f"({validity['errors']['first']}); records kept in {out_requests.parent}, "
-                           f"Locust's log in {load_log}")
+    failed = validity["requests"]["load"] - validity["requests"]["load_ok"]
+    if failed > run.config["load"]["max_failed"] or not validity["requests"]["load_ok"]:
+        reason = (f"{failed} of {validity['requests']['load']} load requests failed (load.max_failed = "
+                  f"{run.config['load']['max_failed']}), first: {validity['errors']['first']}")
+        run.event("abort", rep=rep, arm=arm, detail={"reason": reason})
+        raise RuntimeError(f"phase rep{rep}-{arm} failed: {reason}; records kept in "
+                           f"{out_requests.with_suffix('.jsonl')}, Locust's log in {load_log}")
     window = validity["window"]
     cooldown = _cooldown(run, rep, arm)
     result = {"phase": f"rep{rep}-{arm}", "order": run.order, "rep": rep, "arm": arm, "label": label,
@@ -198,6 +238,19 @@ def phase(run: Run, rep: int, arm: str, out_json: Path, out_requests: Path, load
               "load_end": window["end"], "validity": validity, "cooldown": cooldown}
     out_json.write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+def _load(run: Run, rep: int, arm: str, out_requests: Path, load_log: Path, model: str) -> dict:
+    load = run.config["load"]
+    duration = run.config["timings"]["load_s"]
+    return run_load(
+        run.cluster.endpoint, out_requests, order=run.order, rep=rep, arm=arm,
+        users=load["users"], duration_s=round(duration), max_tokens=load["max_tokens"],
+        prompt_tokens=load["prompt_tokens"], model=load["model"] or model,
+        extra_body=load["extra_body"], probe=load["probe"], probe_at=load["probe_at"] * duration,
+        probe_n=load["probe_n"], probe_tokens=load["probe_tokens"],
+        stall_gap_s=run.config["analysis"]["stall_gap_s"], log_path=load_log,
+        progress=run.say, status_hint=lambda: f"head {_hottest(run)}", interlock=_watch(run))
 
 
 def monitor_stop(run: Run, out_path: Path) -> None:
