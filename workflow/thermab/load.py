@@ -358,8 +358,7 @@ def _supervise(command, log_path, limit_s, tick, every_s, interlock=None, interl
                                            f"past its {limit_s:.0f} s bound; stopped it. See {log_path}")
                     reason = interlock() if interlock else None
                     if reason:
-                        process.terminate()
-                        return process.wait(timeout=15), reason
+                        return _stop_now(process), reason
                     if time.monotonic() >= next_tick:
                         next_tick += every_s
                         tick(elapsed)
@@ -371,6 +370,16 @@ def _supervise(command, log_path, limit_s, tick, every_s, interlock=None, interl
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+
+
+def _stop_now(process, grace_s=3.0):
+    """Stop Locust without waiting for its --stop-timeout: SIGTERM, then SIGKILL."""
+    process.terminate()
+    try:
+        return process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
 
 
 def _hint(status_hint):

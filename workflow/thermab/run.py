@@ -113,6 +113,8 @@ class Run:
     def shutdown(self, reason: str, **where) -> list[str]:
         """Best effort on every host; returns the problems met (empty when all went well)."""
         problems: list[str] = []
+        if reason != "completed":
+            self.event("abort", detail={"reason": reason}, **where)
 
         def attempt(what: str, action: Callable[[], object]) -> object:
             try:
@@ -134,8 +136,6 @@ class Run:
             attempt(f"pull logs of {host.name}",
                     lambda h=host: monitor.pull(h, self.session, self.run_dir / "monitor" / h.name))
         attempt("power off simulated nodes", self.power_off_simulated)
-        if reason != "completed":
-            self.event("abort", detail={"reason": reason, "problems": problems}, **where)
         return problems
 
 

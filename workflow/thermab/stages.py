@@ -64,6 +64,7 @@ def _check_host(run: Run, host) -> tuple[dict, list[str]]:
 def preflight(run: Run, out_path: Path, run_json: Path) -> dict:
     """Check every host before anything changes; raise naming each host and cause."""
     run.write_session()
+    guardian.ensure(run.run_dir)  # from here on, whatever happens is cleaned up
     run.power_on_simulated()
     restored = run.restore_leftovers()
     if restored:
@@ -179,15 +180,36 @@ def _cooldown(run: Run, rep: int, arm: str) -> dict:
 AGENT_CHECK_S = 5.0
 
 
-def _watch(run: Run):
-    """What the load asks every second: the thermal interlock (any zone of any host at
-    the abort limit stops the load) and, every few seconds, that every agent still runs
-    (a dead one is restarted at once; its restart row marks the gap)."""
+class MarkForwarder:
+    """Copies the load's own marks (load_start, probe_*, load_end, written by the
+    locustfile as they happen) into events.jsonl while the load runs."""
+
+    def __init__(self, run: Run, marks_path: Path, rep: int, arm: str):
+        self.run, self.path, self.rep, self.arm = run, marks_path, rep, arm
+        self.forwarded = 0
+
+    def poll(self) -> None:
+        if not self.path.exists():
+            return
+        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+        complete = lines if self.path.read_text().endswith("\n") else lines[:-1]
+        for line in complete[self.forwarded:]:
+            mark = json.loads(line)
+            self.run.event(mark["event"], t=mark["t"], rep=self.rep, arm=self.arm)
+        self.forwarded = max(self.forwarded, len(complete))
+
+
+def _watch(run: Run, marks: MarkForwarder):
+    """What the load asks every second: forward its marks to events.jsonl; the thermal
+    interlock (any zone of any host at the abort limit stops the load); and, every few
+    seconds, that every agent still runs (a dead one is restarted at once; its restart
+    row marks the gap)."""
     abort_at = json.loads((run.run_dir / "preflight.json").read_text())["safety"]["abort_at_c"]
     next_agent_check = time.monotonic() + AGENT_CHECK_S
 
     def check() -> str | None:
         nonlocal next_agent_check
+        marks.poll()
         if time.monotonic() >= next_agent_check:
             next_agent_check = time.monotonic() + AGENT_CHECK_S
             for host in run.hosts:
@@ -215,15 +237,15 @@ def phase(run: Run, rep: int, arm: str, out_json: Path, out_requests: Path, load
             f"{run.config['arms'][arm]['value']})")
     model = _restart(run, rep, arm)
     run.event("server_ready", rep=rep, arm=arm, detail={"model": model})
+    marks = MarkForwarder(run, out_requests.parent / "load_events.jsonl", rep, arm)
     try:
-        validity = _load(run, rep, arm, out_requests, load_log, model)
+        validity = _load(run, rep, arm, out_requests, load_log, model, _watch(run, marks))
     except LoadAborted as error:
+        marks.poll()
         run.say(f"ABORT {error}: restoring and stopping every host now")
         run.shutdown(str(error), rep=rep, arm=arm)
         raise RuntimeError(f"phase rep{rep}-{arm} aborted: {error}") from None
-    # the locustfile marks load_start/probe_*/load_end from inside the load itself
-    for mark in validity["events"]:
-        run.event(mark["event"], t=mark["t"], rep=rep, arm=arm)
+    marks.poll()
     failed = validity["requests"]["load"] - validity["requests"]["load_ok"]
     if failed > run.config["load"]["max_failed"] or not validity["requests"]["load_ok"]:
         reason = (f"{failed} of {validity['requests']['load']} load requests failed (load.max_failed = "
@@ -240,7 +262,7 @@ def phase(run: Run, rep: int, arm: str, out_json: Path, out_requests: Path, load
     return result
 
 
-def _load(run: Run, rep: int, arm: str, out_requests: Path, load_log: Path, model: str) -> dict:
+def _load(run: Run, rep: int, arm: str, out_requests: Path, load_log: Path, model: str, watch) -> dict:
     load = run.config["load"]
     duration = run.config["timings"]["load_s"]
     return run_load(
@@ -250,7 +272,7 @@ def _load(run: Run, rep: int, arm: str, out_requests: Path, load_log: Path, mode
         extra_body=load["extra_body"], probe=load["probe"], probe_at=load["probe_at"] * duration,
         probe_n=load["probe_n"], probe_tokens=load["probe_tokens"],
         stall_gap_s=run.config["analysis"]["stall_gap_s"], log_path=load_log,
-        progress=run.say, status_hint=lambda: f"head {_hottest(run)}", interlock=_watch(run))
+        progress=run.say, status_hint=lambda: f"head {_hottest(run)}", interlock=watch)
 
 
 def monitor_stop(run: Run, out_path: Path) -> None:
