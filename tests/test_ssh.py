@@ -87,3 +87,37 @@ def test_patcher_over_ssh_with_a_hostile_path(sshd, tmp_path):
     patcher.restore()
     assert target.read_text() == "x = 1\n        busy_loop_s: float = 1,\n"
     assert not (tmp_path / "pwned").exists() and not list(tmp_path.rglob("pwned"))
+
+
+def test_cut_connection_reconnects_and_the_detached_agent_keeps_logging(sshd, tmp_path):
+    import csv
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from thermab import monitor
+
+    spec = HostSpec("node1", "c", "ssh", {"address": "127.0.0.1", "agent_dir": str(tmp_path / "agent")})
+    said = []
+    host = Host(spec, transport(sshd, report=said.append))
+    pid = monitor.start_agent(host, "c-AB", {"process_pattern": "no-such-xyz",
+                                            "intervals": {"system": 0.2, "cpu": 0.2, "thermal": 0.2}})
+    try:
+        time.sleep(1.0)
+        connection_before = host.transport._client
+        sessions = subprocess.run(["pgrep", "-P", str(sshd.process.pid)], capture_output=True, text=True)
+        children = [int(p) for p in sessions.stdout.split()]
+        assert children, "the controller's SSH session has its own sshd child"
+        for child in children:
+            os.kill(child, signal.SIGKILL)  # cut the session mid-phase
+        time.sleep(1.0)
+        assert monitor.agent_pid(host, "c-AB") == pid, "reconnected, and the agent survived the cut"
+        assert host.transport._client is not connection_before, "a new connection replaced the cut one"
+        time.sleep(0.5)
+    finally:
+        monitor.stop_agent(host, "c-AB")
+    with open(tmp_path / "agent/c-AB/system.csv") as handle:
+        times = [float(row["t"]) for row in csv.DictReader(handle) if row["sensor"] == "loadavg_1m"]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(times) >= 8 and max(gaps) < 1.0, "no samples lost across the cut"

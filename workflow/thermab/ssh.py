@@ -160,24 +160,45 @@ class SshTransport:
 
     # -- the Transport protocol ------------------------------------------------------------
 
-    def run(self, command: str, *, timeout: float = 60, check: bool = True) -> Result:
-        def execute(client: paramiko.SSHClient) -> Result:
-            _stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
-            channel = stdout.channel
-            deadline = time.monotonic() + timeout
-            while not channel.exit_status_ready():
-                if time.monotonic() > deadline:
-                    channel.close()
-                    raise TransportError(self.host, f"command timed out after {timeout:.0f} s: {command}")
-                time.sleep(0.02)
+    def _start(self, command: str) -> paramiko.Channel:
+        """Open a channel and send the command. A connection found dead here is
+        reconnected once: the command has not started, so sending it again is safe."""
+        for attempt in (1, 2):
             try:
-                out, err = stdout.read().decode(errors="replace"), stderr.read().decode(errors="replace")
-            except socket.timeout:
-                raise TransportError(self.host, f"command output timed out after {timeout:.0f} s: {command}") \
-                    from None
-            return Result(command, channel.recv_exit_status(), out, err)
+                channel = self.client().get_transport().open_session(timeout=self.connect_timeout)
+                channel.exec_command(command)
+                return channel
+            except CONNECTION_LOST as error:
+                self.close()
+                if attempt == 2:
+                    raise TransportError(self.host, f"cannot start {command!r}: {error}") from None
+                self.report(f"host {self.host}: connection lost ({error or type(error).__name__}); reconnecting")
+        raise AssertionError("unreachable")
 
-        result = self._use(f"command {command!r}", execute)
+    def run(self, command: str, *, timeout: float = 60, check: bool = True) -> Result:
+        channel = self._start(command)
+        out, err = bytearray(), bytearray()
+        deadline = time.monotonic() + timeout
+        try:
+            # drain both streams as they come, so a chatty command never blocks on a full window
+            while True:
+                if channel.recv_ready():
+                    out += channel.recv(65536)
+                elif channel.recv_stderr_ready():
+                    err += channel.recv_stderr(65536)
+                elif channel.exit_status_ready():
+                    break
+                elif time.monotonic() > deadline:
+                    raise TransportError(self.host, f"command timed out after {timeout:.0f} s: {command}")
+                else:
+                    time.sleep(0.01)
+            exited = channel.recv_exit_status()
+        except CONNECTION_LOST as error:
+            self.close()
+            raise TransportError(self.host, f"connection lost during {command!r}: {error}") from None
+        finally:
+            channel.close()
+        result = Result(command, exited, out.decode(errors="replace"), err.decode(errors="replace"))
         if check and not result.ok:
             raise CommandError(self.host, result)
         return result
