@@ -113,3 +113,27 @@ def test_agent_runs_detached_appends_on_restart_and_is_ingested(tmp_path):
     assert set(tidy[tidy["kind"] == "thermal"]["sensor"]) == set(GB10_ZONES)
     assert list(tidy.columns) == ["t", "host", "kind", "sensor", "value"]
     assert json.loads((directory / "agent.json").read_text())["pid"] == pid2
+
+
+def test_ingest_counts_malformed_rows_and_events_out_of_order(tmp_path):
+    host_dir = tmp_path / "monitor/head"
+    host_dir.mkdir(parents=True)
+    (host_dir / "thermal.csv").write_text(
+        "t,sensor,value,reason\n"
+        "100.0,TSOC,80.5,\n"
+        "101.0,TSOC,,unreadable: Permission denied\n"
+        "102.0,TSOC,not-a-number\n"   # a row cut short by a crash
+        "103.0,TSOC,81.0,,extra,fields\n"
+        "xx,TSOC,82.0,\n"
+        "104.0,TSOC,82.5,\n")
+    tidy, dropped = ingest.telemetry(tmp_path / "monitor", {"head": 10.0})
+    assert list(tidy["value"]) == [80.5, 82.5] and list(tidy["t"]) == [90.0, 94.0]
+    assert dropped["head/thermal: unreadable: Permission denied"] == 1
+    assert dropped["head/thermal: wrong number of fields"] == 1
+    assert dropped["head/thermal: malformed row"] == 2
+    from thermab.events import read_checked
+    (tmp_path / "events.jsonl").write_text(
+        '{"t": 5, "event": "load_start"}\n{"t": 3, "event": "run_start"}\n{"t": 9, "ev\n\n{"t": 7, "event": "load_end"}\n')
+    records, problems = read_checked(tmp_path / "events.jsonl")
+    assert [r["event"] for r in records] == ["load_start", "run_start", "load_end"]
+    assert problems == {"malformed_lines": 1, "out_of_order": 1}

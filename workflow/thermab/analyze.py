@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import events as events_file
 from . import metrics, stats, summary
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,8 @@ class Run:
 
 
 def read_events(path: Path) -> pd.DataFrame:
-    """events.jsonl as a frame; blank lines are tolerated because an interrupted writer may
-    leave one."""
-    with open(path, encoding="utf-8") as handle:
-        records = [json.loads(line) for line in handle if line.strip()]
+    """events.jsonl as a frame in time order (malformed lines dropped: see events.read_checked)."""
+    records, _problems = events_file.read_checked(path)
     events = pd.DataFrame(records, columns=sorted({"t", "event", "order", "rep", "arm"}.union(*records)))
     events["rep"] = pd.to_numeric(events["rep"])  # float: run-level events have no rep
     return events.sort_values("t", kind="stable", ignore_index=True)

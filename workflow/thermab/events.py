@@ -24,8 +24,30 @@ def append(run_dir: Path, event: str, t: float | None = None, **fields) -> dict:
     return record
 
 
+def read_checked(path: Path) -> tuple[list[dict], dict[str, int]]:
+    """The events of an events.jsonl file and what was wrong with it: lines that are not
+    an event (a writer killed mid-line leaves one) are dropped and counted; events out of
+    time order (several writers, host clocks) are kept and counted, readers sort by ``t``."""
+    records, problems = [], {"malformed_lines": 0, "out_of_order": 0}
+    if not Path(path).exists():
+        return records, problems
+    latest = float("-inf")
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            t = float(record["t"])
+            record["event"]
+        except (ValueError, KeyError, TypeError):
+            problems["malformed_lines"] += 1
+            continue
+        if t < latest:
+            problems["out_of_order"] += 1
+        latest = max(latest, t)
+        records.append(record)
+    return records, problems
+
+
 def read(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "events.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_checked(Path(run_dir) / "events.jsonl")[0]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from thermab import events
+
 SOURCES = {"thermal": "thermal", "cpu": "cpu", "freq": "freq", "gpu": "gpu", "system": "system"}
 TELEMETRY_COLUMNS = ["t", "host", "kind", "sensor", "value"]
 
@@ -23,12 +25,17 @@ def host_offsets(preflight: dict, stopped: dict) -> dict[str, float]:
 
 
 def read_agent_csv(path: Path, host: str, kind: str, offset: float) -> tuple[pd.DataFrame, dict]:
-    """One source file of one host -> tidy rows, and the dropped rows counted by reason."""
-    raw = pd.read_csv(path, dtype={"sensor": str, "reason": str}, keep_default_na=False)
+    """One source file of one host -> tidy rows, and the dropped rows counted by reason
+    (a row with the wrong number of fields, as a crash mid-write leaves, is one of them)."""
+    bad_lines: list[list[str]] = []
+    raw = pd.read_csv(path, dtype=str, keep_default_na=False, engine="python",
+                      on_bad_lines=lambda line: bad_lines.append(line))
     t = pd.to_numeric(raw["t"], errors="coerce")
     value = pd.to_numeric(raw["value"], errors="coerce")
     keep = t.notna() & value.notna()
-    reasons = raw.loc[~keep, "reason"].replace("", "malformed row").value_counts().to_dict()
+    reasons = raw.loc[~keep, "reason"].fillna("").replace("", "malformed row").value_counts().to_dict()
+    if bad_lines:
+        reasons["wrong number of fields"] = reasons.get("wrong number of fields", 0) + len(bad_lines)
     tidy = pd.DataFrame({"t": (t[keep] - offset).astype("float64"), "host": host, "kind": kind,
                          "sensor": raw.loc[keep, "sensor"].astype(str), "value": value[keep].astype("float64")})
     return tidy, {f"{host}/{kind}: {reason}": int(n) for reason, n in reasons.items()}
@@ -68,6 +75,8 @@ def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, 
     out_telemetry.parent.mkdir(parents=True, exist_ok=True)
     tidy.to_parquet(out_telemetry, index=False)
     requests(phase_request_files).to_parquet(out_requests, index=False)
-    report = {"telemetry_rows": len(tidy), "dropped": dropped, "clock_offsets_s": offsets}
+    _records, event_problems = events.read_checked(run_dir / "events.jsonl")
+    report = {"telemetry_rows": len(tidy), "dropped": dropped, "events": event_problems,
+              "clock_offsets_s": offsets}
     (out_telemetry.parent / "ingest.json").write_text(json.dumps(report, indent=1))
     return report
