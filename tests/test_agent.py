@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -137,3 +138,72 @@ def test_ingest_counts_malformed_rows_and_events_out_of_order(tmp_path):
     records, problems = read_checked(tmp_path / "events.jsonl")
     assert [r["event"] for r in records] == ["load_start", "run_start", "load_end"]
     assert problems == {"malformed_lines": 1, "out_of_order": 1}
+
+
+def make_x86(root: Path) -> None:
+    """An x86 server: coretemp and nvme through hwmon, no ACPI thermal zones."""
+    coretemp = root / "sys/class/hwmon/hwmon1"
+    coretemp.mkdir(parents=True)
+    (coretemp / "name").write_text("coretemp\n")
+    for index, (label, milli) in enumerate([("Package id 0", 61000), ("Core 0", 58000)], start=1):
+        (coretemp / f"temp{index}_input").write_text(f"{milli}\n")
+        (coretemp / f"temp{index}_label").write_text(f"{label}\n")
+    nvme = root / "sys/class/hwmon/hwmon2"
+    nvme.mkdir(parents=True)
+    (nvme / "name").write_text("nvme\n")
+    (nvme / "temp1_input").write_text("39850\n")
+    (root / "sys/class/thermal").mkdir(parents=True)
+
+
+def test_x86_host_reads_hwmon_and_has_no_zones(tmp_path):
+    from thermab.agent import Hwmon
+    make_x86(tmp_path)
+    assert ThermalZones(str(tmp_path)).discover()["zones"] == []
+    hwmon = Hwmon(str(tmp_path))
+    assert hwmon.available()
+    assert hwmon.discover()["sensors"] == ["coretemp/Core 0", "coretemp/Package id 0", "nvme/temp1"]
+    assert dict((s, v) for s, v, _ in hwmon.sample()) == {
+        "coretemp/Core 0": 58.0, "coretemp/Package id 0": 61.0, "nvme/temp1": 39.85}
+
+
+def test_a_zone_appearing_mid_run_is_picked_up(tmp_path):
+    make_gb10(tmp_path)
+    zones = ThermalZones(str(tmp_path))
+    zones.discover()
+    extra = tmp_path / "sys/class/thermal/thermal_zone7"
+    extra.mkdir()
+    (extra / "type").write_text("nvme\n")
+    (extra / "temp").write_text("41000\n")
+    assert dict((s, v) for s, v, _ in zones.sample())["nvme"] == 41.0
+    import shutil
+    shutil.rmtree(extra)
+    assert "nvme" not in dict((s, v) for s, v, _ in zones.sample())
+
+
+def test_nvidia_smi_output_is_parsed_with_missing_fields():
+    from thermab.agent import parse_nvidia_smi
+    rows = parse_nvidia_smi("0, 45, 1980, 72.31, 88\n1, 51, [N/A], [N/A], 0\n")
+    values = {s: (v, r) for s, v, r in rows}
+    assert values["gpu0_temp_c"] == (45.0, "") and values["gpu0_power_w"] == (72.31, "")
+    assert values["gpu1_sm_clock_mhz"][0] is None and "N/A" in values["gpu1_sm_clock_mhz"][1]
+
+
+def test_busiest_threads_are_attributed_to_a_core(tmp_path):
+    marker = f"thermab-thread-burner-{os.getpid()}"
+    code = "import threading\ndef spin():\n    while True: pass\nthreading.Thread(target=spin, daemon=True).start()\nimport time\ntime.sleep(60)"
+    burner = subprocess.Popen([sys.executable, "-c", code, marker])
+    try:
+        source = ProcessCpu(marker)
+        deadline = time.monotonic() + 10
+        while not source.matching_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # until the spinning thread exists
+        source.sample()
+        time.sleep(1.5)
+        rows = [(s, v) for s, v, _ in source.sample() if s.startswith("thread ")]
+    finally:
+        burner.kill()
+        burner.wait()
+    assert rows, "the spinning thread is listed"
+    name, value = rows[0]
+    assert value > 50 and re.match(r"thread \S+ \d+ cpu\d+$", name)

@@ -22,6 +22,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -100,10 +101,7 @@ class ThermalZones(Source):
 
     def discover(self):
         zones, trips = {}, {}
-        entries = sorted(
-            (e for e in os.listdir(self.base()) if e.startswith("thermal_zone")),
-            key=lambda e: int(re.sub(r"\D", "", e) or 0),
-        )
+        entries = sorted(self.entries(), key=lambda e: int(re.sub(r"\D", "", e) or 0))
         for entry in entries:
             zone_dir = os.path.join(self.base(), entry)
             index = int(re.sub(r"\D", "", entry) or 0)
@@ -124,7 +122,12 @@ class ThermalZones(Source):
         except OSError:
             return ""
 
+    def entries(self):
+        return sorted(e for e in os.listdir(self.base()) if e.startswith("thermal_zone"))
+
     def sample(self):
+        if self.entries() != sorted(os.path.basename(d) for d in self.zones.values()):
+            self.discover()  # a zone appeared or vanished (driver reload, hotplug)
         rows = []
         for name, zone_dir in sorted(self.zones.items()):
             try:
@@ -175,10 +178,20 @@ def parse_stat(text):
     return int(fields[11]) + int(fields[12]), int(fields[19])
 
 
+def parse_thread_stat(text):
+    """(comm, utime+stime ticks, CPU it last ran on) from /proc/PID/task/TID/stat."""
+    comm = text[text.index("(") + 1:text.rindex(")")]
+    fields = text[text.rindex(")") + 2:].split()
+    return comm, int(fields[11]) + int(fields[12]), int(fields[36])
+
+
 class ProcessCpu(Source):
-    """Σ Δ(utime+stime) / CLK_TCK / Δt × 100 over every process whose cmdline matches."""
+    """Σ Δ(utime+stime) / CLK_TCK / Δt × 100 over every process whose cmdline matches,
+    plus the busiest threads (``thread <comm> <tid> cpu<N>``, N = the core it last ran
+    on), so a spinning thread can be attributed to a core and cluster."""
 
     name = "cpu"
+    top_threads = 5
 
     def __init__(self, pattern="vllm", *args, **kwargs):
         Source.__init__(self, *args, **kwargs)
@@ -186,6 +199,7 @@ class ProcessCpu(Source):
         self.clk_tck = os.sysconf("SC_CLK_TCK")
         self.previous = None
         self.previous_t = None
+        self.previous_threads = {}
         self.own_pids = {os.getpid()}
 
     def matching_pids(self):
@@ -235,8 +249,106 @@ class ProcessCpu(Source):
                     delta += ticks  # born inside this interval: all its ticks are new
             rows.append(("vllm_cpu_pct", 100.0 * delta / self.clk_tck / elapsed, ""))
             rows.append(("vllm_processes", float(len(current)), ""))
-        self.previous, self.previous_t = current, now
+        threads = self.thread_ticks(current)
+        if self.previous is not None:
+            busy = sorted(((ticks - self.previous_threads[key][1], key, comm, cpu)
+                           for key, (comm, ticks, cpu) in threads.items() if key in self.previous_threads),
+                          reverse=True)[:self.top_threads]
+            for ticks, (pid, tid), comm, cpu in busy:
+                if ticks > 0:
+                    rows.append(("thread %s %s cpu%d" % (comm, tid, cpu), 100.0 * ticks / self.clk_tck / elapsed, ""))
+        self.previous, self.previous_t, self.previous_threads = current, now, threads
         return rows
+
+    def thread_ticks(self, pids):
+        threads = {}
+        for pid in pids:
+            try:
+                tids = os.listdir(self.proc_path(pid, "task"))
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    threads[(pid, tid)] = parse_thread_stat(read_text(self.proc_path(pid, "task", tid, "stat")))
+                except (OSError, ValueError, IndexError):
+                    continue
+        return threads
+
+
+class Hwmon(Source):
+    """``hwmon*/temp*_input`` with their labels (coretemp, k10temp, nvme, ...): the
+    temperatures of hosts without ACPI thermal zones.  Sensor ``<chip>/<label>``."""
+
+    name = "hwmon"
+
+    def base(self):
+        return self.sys_path("class", "hwmon")
+
+    def available(self):
+        return os.path.isdir(self.base()) and bool(os.listdir(self.base()))
+
+    def discover(self):
+        self.inputs = {}
+        for entry in sorted(os.listdir(self.base())):
+            chip_dir = os.path.join(self.base(), entry)
+            chip = ThermalZones._optional(os.path.join(chip_dir, "name")) or entry
+            for name in sorted(os.listdir(chip_dir)):
+                match = re.match(r"(temp\d+)_input$", name)
+                if match:
+                    label = ThermalZones._optional(os.path.join(chip_dir, match.group(1) + "_label"))
+                    sensor = "%s/%s" % (chip, label or match.group(1))
+                    if sensor in self.inputs:
+                        sensor = "%s/%s" % (entry, label or match.group(1))
+                    self.inputs[sensor] = os.path.join(chip_dir, name)
+        return {"sensors": sorted(self.inputs)}
+
+    def sample(self):
+        rows = []
+        for sensor, path in sorted(self.inputs.items()):
+            try:
+                value, reason = parse_millidegrees(read_text(path))
+            except OSError as error:
+                value, reason = None, "unreadable: %s" % error.strerror
+            rows.append((sensor, value, reason))
+        return rows
+
+
+GPU_QUERY = ("index", "temperature.gpu", "clocks.sm", "power.draw", "utilization.gpu")
+GPU_SENSORS = ("temp_c", "sm_clock_mhz", "power_w", "util_pct")
+
+
+def parse_nvidia_smi(text):
+    """``nvidia-smi --query-gpu=index,temperature.gpu,clocks.sm,power.draw,utilization.gpu
+    --format=csv,noheader,nounits`` -> rows; ``[N/A]`` and the like become missing."""
+    rows = []
+    for line in text.strip().splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != len(GPU_QUERY):
+            rows.append(("gpu_parse_error", None, "unexpected line: %r" % line[:80]))
+            continue
+        for sensor, raw in zip(GPU_SENSORS, fields[1:]):
+            try:
+                rows.append(("gpu%s_%s" % (fields[0], sensor), float(raw), ""))
+            except ValueError:
+                rows.append(("gpu%s_%s" % (fields[0], sensor), None, "not reported: %s" % raw))
+    return rows
+
+
+class NvidiaGpu(Source):
+    name = "gpu"
+
+    def available(self):
+        return shutil.which("nvidia-smi") is not None
+
+    def sample(self):
+        import subprocess
+
+        completed = subprocess.run(
+            ["nvidia-smi", "--query-gpu=" + ",".join(GPU_QUERY), "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10)
+        if completed.returncode != 0:
+            return [("gpu_error", None, completed.stderr.strip()[:200] or "exit %d" % completed.returncode)]
+        return parse_nvidia_smi(completed.stdout)
 
 
 class SystemCpu(Source):
@@ -277,11 +389,13 @@ class Agent:
         intervals = settings.get("intervals", {})
         candidates = [
             ThermalZones(sys_root, proc_root),
+            Hwmon(sys_root, proc_root),
             CpuFrequency(sys_root, proc_root),
             ProcessCpu(settings.get("process_pattern", "vllm"), sys_root, proc_root),
             SystemCpu(sys_root, proc_root),
+            NvidiaGpu(sys_root, proc_root),
         ]
-        default_interval = {"thermal": 15.0, "cpu": 6.0, "freq": 15.0, "system": 6.0}
+        default_interval = {"thermal": 15.0, "hwmon": 15.0, "cpu": 6.0, "freq": 15.0, "system": 6.0, "gpu": 15.0}
         self.sources = []
         for source in candidates:
             interval = float(intervals.get(source.name, default_interval[source.name]))

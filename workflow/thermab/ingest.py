@@ -13,7 +13,8 @@ import pandas as pd
 
 from thermab import events
 
-SOURCES = {"thermal": "thermal", "cpu": "cpu", "freq": "freq", "gpu": "gpu", "system": "system"}
+SOURCES = {"thermal": "thermal", "hwmon": "thermal", "cpu": "cpu", "freq": "freq", "gpu": "gpu",
+           "system": "system"}
 TELEMETRY_COLUMNS = ["t", "host", "kind", "sensor", "value"]
 
 
