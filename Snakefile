@@ -5,8 +5,12 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-# the default config sits beside this file, so `--directory` elsewhere still finds it
-configfile: f"{workflow.basedir}/config/config.yaml"
+# The default config (the simulated study) sits beside this file, so `--directory`
+# elsewhere still finds it. A config given with --configfile replaces it rather than
+# merging into it: a GB10 preset must not also run the simulated cluster.
+if not workflow.overwrite_configfiles:
+
+    configfile: f"{workflow.basedir}/config/config.yaml"
 
 
 report: "workflow/report/workflow.rst"

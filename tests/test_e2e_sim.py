@@ -18,6 +18,8 @@ import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# the default config with the test's short timings over it (a --configfile replaces the default)
+CONFIGS = [str(REPO / "config/config.yaml"), str(REPO / "tests/e2e-config.yaml")]
 SHM = "usr/local/lib/python3.12/dist-packages/vllm/distributed/device_communicators/shm_broadcast.py"
 COLUMNS = {
     "thresholds": ["order", "rep", "arm", "host", "sensor", "threshold_c", "reached_s", "samples_at_or_above"],
@@ -32,7 +34,7 @@ pytestmark = pytest.mark.e2e
 
 def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(workdir), "--configfile", str(REPO / "tests/e2e-config.yaml"), "--cores", "1", *args]
+               str(workdir), "--configfile", *CONFIGS, "--cores", "1", *args]
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     (workdir / f"snakemake-{len(list(workdir.glob('snakemake-*.log')))}.log").write_text(result.stdout + result.stderr)
     return result
@@ -152,7 +154,7 @@ def test_ba_with_three_repeats_accumulates_beside_ab(ab_run, workdir):
 
 def test_interrupt_restores_and_stops_everything(ab_run, workdir):
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(workdir), "--configfile", str(REPO / "tests/e2e-config.yaml"), "--cores", "1", "all",
+               str(workdir), "--configfile", *CONFIGS, "--cores", "1", "all",
                "--config", "order=AB", "repeats=2"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     events = workdir / "results/sim/AB/events.jsonl"
@@ -173,4 +175,14 @@ def test_interrupt_restores_and_stops_everything(ab_run, workdir):
             process.kill()
     assert_clean(workdir, workdir / "results/sim/AB")
     names = [json.loads(line)["event"] for line in events.read_text().splitlines()]
-    assert names[-1] in ("abort", "run_end")
+    assert "abort" in names[-8:], "the interruption is marked"
+    # re-running the same command resumes: the interrupted phase is redone, earlier ones kept
+    finished = workdir / "results/sim/AB/phases/rep1-B/phase.json"
+    finished_mtime = finished.stat().st_mtime
+    result = snakemake(workdir, "all", "--config", "order=AB", "repeats=2")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert finished.stat().st_mtime == finished_mtime
+    starts = [e for e in map(json.loads, events.read_text().splitlines())
+              if e["event"] == "load_start" and e.get("rep") == 2 and e.get("arm") == "A"]
+    assert len(starts) == 2, "rep2-A was redone after the interruption"
+    assert_clean(workdir, workdir / "results/sim/AB")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_e2e_sim import REPO, assert_clean
+from test_e2e_sim import CONFIGS, REPO, assert_clean
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +25,7 @@ def run_workflow(workdir: Path, overrides: dict, *extra: str, background: bool =
     override_file = workdir / "override.yaml"
     override_file.write_text(yaml.safe_dump(overrides))
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(workdir), "--configfile", str(REPO / "tests/e2e-config.yaml"), str(override_file),
+               str(workdir), "--configfile", *CONFIGS, str(override_file),
                "--cores", "1", "all", *extra]
     log = open(workdir / f"snakemake-{time.time():.0f}.log", "w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

