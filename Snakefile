@@ -22,6 +22,7 @@ include: "workflow/rules/monitor.smk"
 include: "workflow/rules/phase.smk"
 include: "workflow/rules/analyze.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/fleet.smk"
 
 
 rule all:

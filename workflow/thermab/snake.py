@@ -52,12 +52,15 @@ def logged(log_path: str) -> Iterator[None]:
                 raise
 
 
-def say(message: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+def say(message: str, where: str = "") -> None:
+    print(f"{time.strftime('%H:%M:%S')} {where}{message}", flush=True)
 
 
 def run_for(snakemake) -> Run:
-    """The Run of this job's ``{cluster}`` and ``{order}`` wildcards."""
+    """The Run of this job's ``{cluster}`` and ``{order}`` wildcards; its progress lines
+    name the run, since several clusters may print at once."""
     wildcards = snakemake.wildcards
     run_dir = Path("results") / wildcards.cluster / wildcards.order
-    return Run(snakemake.config, wildcards.cluster, wildcards.order, run_dir, Path.cwd(), say)
+    where = f"[{wildcards.cluster}/{wildcards.order}] "
+    return Run(snakemake.config, wildcards.cluster, wildcards.order, run_dir, Path.cwd(),
+               lambda message: say(message, where))
