@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from processes import stop_process
+
 IMAGE = "thermab-test:local"
 
 
@@ -27,13 +29,7 @@ class Dockerd:
                               capture_output=True, check=check, input=input, timeout=120)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, grace_s=30)
 
 
 def _rootfs_tar(directory: Path) -> bytes:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from processes import stop_process
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
@@ -33,13 +35,7 @@ class Sshd:
     directory: Path
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, grace_s=10)
 
 
 def start_sshd(directory: Path) -> Sshd:
