@@ -6,7 +6,8 @@ import pytest
 
 from thermab.config import cluster_spec, load
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "config").rglob("*.yaml"))
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
+CONFIGS = sorted([*CONFIG_DIR.glob("*.yaml"), *CONFIG_DIR.glob("examples/*.yaml")])  # not profiles/
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

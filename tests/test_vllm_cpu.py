@@ -118,10 +118,10 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run_dir(workdir):
-    # --replace-workflow-config: the example is a whole config, not merged over config/config.yaml
+    # the example is the whole config (a --configfile replaces config/config.yaml), with the
+    # test's agent_dir merged over it
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(workdir), "--configfile", str(CONFIG), str(workdir / "override.yaml"),
-               "--replace-workflow-config", "--cores", "1", "all"]
+               str(workdir), "--configfile", str(CONFIG), str(workdir / "override.yaml"), "--cores", "1", "all"]
     started = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, timeout=SNAKEMAKE_TIMEOUT_S)
     elapsed = time.monotonic() - started

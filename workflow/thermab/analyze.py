@@ -157,6 +157,9 @@ def _write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> None:
         text = summary.markdown_table(frame)
         if name == "performance" and frame["requests_completed"].isna().all():
             text += "\nNo request data in this run (imported runs have none): performance is not measured.\n"
+        if name in ("zones", "thresholds") and frame.empty:
+            text += ("\nNo thermal zone was sampled on any host in the load windows: there are no temperatures"
+                     " in this run (empty, not zero).\n")
         (out / f"{name}.md").write_text(text, encoding="utf-8")
 
 

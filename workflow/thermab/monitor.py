@@ -48,7 +48,9 @@ def start_agent(host: Host, session: str, settings: dict) -> int:
         return running
     directory = session_dir(host, session)
     host.run(f"mkdir -p {shlex.quote(directory)}")
-    settings = dict(settings, out_dir=directory, stop_file=f"{directory}/stop")
+    # paths relative to the agent's working directory (the session directory), so an
+    # agent_dir given relative (to the home over SSH, or to the controller's directory) works
+    settings = dict(settings, out_dir=".", stop_file="stop")
     if host.spec.simulated:
         settings["sys_root"] = str(host.spec.root)
     with tempfile.TemporaryDirectory() as tmp:

@@ -106,9 +106,15 @@ def timeline_png(run: analyze.Run, windows: pd.DataFrame, colors: dict, out: Pat
         ax.plot(samples["minutes"], samples["value"], lw=2.4 if is_head else 1.5,
                 color=HEAD_ZONE_COLOR if is_head else OTHER_HOST_COLORS[(i - 1) % len(OTHER_HOST_COLORS)],
                 label=f"{host} {config['timeline_zone']}", zorder=3)
-    low = min(head["value"].min(), zone["value"].min()) - 3
+    temperatures = pd.concat([head["value"], zone["value"]])
     lines = _reference_lines(config)
-    high = max([zone["value"].max(), head["value"].max()] + [c for c, _, _ in lines]) + 4
+    if temperatures.empty:  # no thermal zone on any host: say so on an empty scale
+        lines, low, high = [], 0.0, 100.0
+        ax.text(0.5, 0.5, "no thermal zones on any host: no temperatures in this run", transform=ax.transAxes,
+                ha="center", va="center", fontsize=13, color="#555555")
+    else:
+        low = temperatures.min() - 3
+        high = max([temperatures.max()] + [c for c, _, _ in lines]) + 4
     ax.set_ylim(low, high)
     for window in windows.itertuples(index=False):
         start, end = (window.load_start - t0) / 60, (window.load_end - t0) / 60
@@ -120,7 +126,7 @@ def timeline_png(run: analyze.Run, windows: pd.DataFrame, colors: dict, out: Pat
         # below the line: the load-window labels sit at the top edge
         ax.annotate(text, (1, value), xycoords=("axes fraction", "data"), xytext=(-4, -2),
                     textcoords="offset points", ha="right", va="top", fontsize=8, color=color)
-    span_min = (run.telemetry["t"].max() - t0) / 60
+    span_min = (pd.concat([run.telemetry["t"], run.events["t"]]).max() - t0) / 60  # events: a run without telemetry
     for times, text in _labelled_events(run, t0, span_min):
         for minutes in times:
             ax.axvline(minutes, color="#333333", lw=0.6, alpha=0.5, ls="--")
@@ -166,7 +172,7 @@ def timeline_html(run: analyze.Run, windows: pd.DataFrame, colors: dict, path: P
     for value, text, color in _reference_lines(config):
         fig.add_hline(y=value, line_dash="dot", line_color=color, annotation_text=text,
                       annotation_position="bottom right")
-    for times, text in _labelled_events(run, t0, (run.telemetry["t"].max() - t0) / 60):
+    for times, text in _labelled_events(run, t0, (pd.concat([run.telemetry["t"], run.events["t"]]).max() - t0) / 60):
         for minutes in times[:-1]:
             fig.add_vline(x=minutes, line_dash="dash", line_width=1, line_color="#777777")
         fig.add_vline(x=times[-1], line_dash="dash", line_width=1, line_color="#777777",

@@ -169,7 +169,8 @@ def _cooldown(run: Run, rep: int, arm: str) -> dict:
             reason = f"every head zone below {below} °C"
             break
         if waited >= cap:
-            reason = f"time cap {cap:.0f} s reached (hottest {hottest:.1f} °C)"
+            reason = f"time cap {cap:.0f} s reached " + (f"(hottest {hottest:.1f} °C)" if zones else
+                                                         "(no thermal zone on the head to wait for)")
             break
         if int(waited) % 10 < interval:
             run.say(f"cooldown: {waited:.0f}/{cap:.0f} s, head {_hottest(run)}")

@@ -115,20 +115,34 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
             f"{', reference' if a == reference else ''}), {phases[a]} phase(s)" for a in present)
         + f". Orders in this run: {', '.join(pd.unique(windows['order']))}.",
         "",
-        f"## Time to reach a temperature after load start ({head} {zone})",
-        "",
-        markdown_table(_threshold_table(tables, run, present, labels)),
-        f"First sample at or above the threshold inside the load window; with several phases"
-        f" per arm the phases are listed in time order. Temperatures {_sampling(sample_interval_s, 'thermal')},"
-        f" so times are that coarse.",
-        "",
-        "## Zones during load",
-        "",
-        markdown_table(_zone_table(tables["zones"], run, present, labels)),
-        "Mean and maximum over all samples of a zone inside the load windows; with several"
-        " phases the mean is the mean of the phase means ± their sd, and the maximum the"
-        " highest sample. Gap = arm − reference mean.",
-        "",
+    ]
+    if tables["zones"].empty:
+        parts += [
+            "## Temperatures",
+            "",
+            "No thermal zone was sampled on any host in the load windows (a host without"
+            " /sys/class/thermal zones, such as a VM, has none): there are no temperatures in this run,"
+            " and the time-to-threshold and zone tables are empty, not zero.",
+            "",
+        ]
+    else:
+        parts += [
+            f"## Time to reach a temperature after load start ({head} {zone})",
+            "",
+            markdown_table(_threshold_table(tables, run, present, labels)),
+            f"First sample at or above the threshold inside the load window; with several phases"
+            f" per arm the phases are listed in time order. Temperatures {_sampling(sample_interval_s, 'thermal')},"
+            f" so times are that coarse.",
+            "",
+            "## Zones during load",
+            "",
+            markdown_table(_zone_table(tables["zones"], run, present, labels)),
+            "Mean and maximum over all samples of a zone inside the load windows; with several"
+            " phases the mean is the mean of the phase means ± their sd, and the maximum the"
+            " highest sample. Gap = arm − reference mean.",
+            "",
+        ]
+    parts += [
         "## CPU and performance under load",
         "",
         markdown_table(_cpu_performance_table(tables, run, present, labels)),
