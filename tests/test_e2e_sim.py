@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from processes import processes_in
 
 REPO = Path(__file__).resolve().parents[1]
 # the default config with the test's short timings over it (a --configfile replaces the default)
@@ -40,28 +41,11 @@ def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.Com
     return result
 
 
-def leftover_processes(workdir: Path) -> list[str]:
-    """Every process whose command line or working directory lies in the test's workdir."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(entry / "cwd")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and (str(workdir) in cmdline or cwd.startswith(str(workdir))):
-            found.append(f"{entry.name}: {cmdline.strip()}")
-    return found
-
-
 def assert_clean(workdir: Path, run_dir: Path) -> None:
     deadline = time.monotonic() + 30
-    while leftover_processes(workdir) and time.monotonic() < deadline:
+    while processes_in(workdir) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert leftover_processes(workdir) == []
+    assert processes_in(workdir) == []
     for host in ("head", "worker"):
         current = (workdir / ".thermab/sim/sim" / host / SHM).read_bytes()
         if (run_dir / "preflight.json").exists():

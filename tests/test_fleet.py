@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from test_e2e_sim import REPO, leftover_processes
+from processes import processes_in
+from test_e2e_sim import REPO
 
 pytestmark = pytest.mark.e2e
 
@@ -46,6 +47,6 @@ def test_two_simulated_clusters_run_concurrently(tmp_path):
 
 def assert_clean_all(workdir: Path) -> None:
     deadline = time.monotonic() + 30
-    while leftover_processes(workdir) and time.monotonic() < deadline:
+    while processes_in(workdir) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert leftover_processes(workdir) == []
+    assert processes_in(workdir) == []

