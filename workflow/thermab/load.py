@@ -372,7 +372,7 @@ def _supervise(command, log_path, limit_s, tick, every_s, interlock=None, interl
                     process.wait()
 
 
-def _stop_now(process, grace_s=3.0):
+def _stop_now(process, grace_s=1.0):
     """Stop Locust without waiting for its --stop-timeout: SIGTERM, then SIGKILL."""
     process.terminate()
     try:

@@ -110,11 +110,11 @@ class Run:
 
     # -- putting everything back ---------------------------------------------------------
 
-    def shutdown(self, reason: str, **where) -> list[str]:
+    def shutdown(self, reason: str, t: float | None = None, **where) -> list[str]:
         """Best effort on every host; returns the problems met (empty when all went well)."""
         problems: list[str] = []
         if reason != "completed":
-            self.event("abort", detail={"reason": reason}, **where)
+            self.event("abort", t=t, detail={"reason": reason}, **where)
 
         def attempt(what: str, action: Callable[[], object]) -> object:
             try:

@@ -223,10 +223,12 @@ def _watch(run: Run, marks: MarkForwarder):
         for host in run.hosts:
             for zone, value in monitor.latest(host, run.session, "thermal").items():
                 if value >= abort_at:
+                    check.fired_at = time.time()
                     return (f"thermal interlock: host {host.name} zone {zone} at {value:.1f} °C "
                             f">= safety.abort_at_c {abort_at:.1f} °C")
         return None
 
+    check.fired_at = None
     return check
 
 
@@ -239,12 +241,14 @@ def phase(run: Run, rep: int, arm: str, out_json: Path, out_requests: Path, load
     model = _restart(run, rep, arm)
     run.event("server_ready", rep=rep, arm=arm, detail={"model": model})
     marks = MarkForwarder(run, out_requests.parent / "load_events.jsonl", rep, arm)
+    watch = _watch(run, marks)
     try:
-        validity = _load(run, rep, arm, out_requests, load_log, model, _watch(run, marks))
+        validity = _load(run, rep, arm, out_requests, load_log, model, watch)
     except LoadAborted as error:
         marks.poll()
         run.say(f"ABORT {error}: restoring and stopping every host now")
-        run.shutdown(str(error), rep=rep, arm=arm)
+        run.shutdown(str(error), t=watch.fired_at, rep=rep, arm=arm)
+        guardian.release(run.run_dir)  # everything is already put back
         raise RuntimeError(f"phase rep{rep}-{arm} aborted: {error}") from None
     marks.poll()
     failed = validity["requests"]["load"] - validity["requests"]["load_ok"]
