@@ -38,7 +38,8 @@ class Sshd:
         stop_process(self.process, grace_s=10)
 
 
-def start_sshd(directory: Path) -> Sshd:
+def start_sshd(directory: Path, extra_config: str = "") -> Sshd:
+    """``extra_config``: more sshd_config lines (e.g. ``SetEnv`` for the sessions)."""
     if not os.path.exists(SSHD):
         pytest.skip(f"no sshd at {SSHD}: install openssh-server to run the real-SSH tier")
     directory.mkdir(parents=True, exist_ok=True)
@@ -62,6 +63,7 @@ StrictModes no
 UsePAM no
 Subsystem sftp internal-sftp
 LogLevel ERROR
+{extra_config}
 """)
     Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation directory
     log = open(directory / "sshd.log", "w")

@@ -90,3 +90,41 @@ def test_hostile_file_path_stays_one_argument(engine, container, tmp_path):
         Patcher(container, setting, tmp_path / "state").apply("0.002")
     assert engine.docker("exec", "vllm-head", "test", "-e", marker, check=False).returncode == 1, \
         "the path was not split by the container's shell"
+
+
+def test_full_path_ssh_docker_exec_patch_restart_restore(engine, tmp_path):
+    """ssh -> docker exec -> patch -> docker restart -> the process in the container
+    starts with the new value -> restore -> byte-identical original."""
+    import getpass
+
+    from sshd import start_sshd
+    from thermab.ssh import SshTransport
+
+    sshd = start_sshd(tmp_path / "sshd", extra_config=f"SetEnv DOCKER_HOST={engine.host}")
+    engine.docker("rm", "-f", "vllm-ssh", check=False)
+    # the "server": reads the setting at start-up, as vLLM does at import, then idles
+    start = f"grep -o 'busy_loop_s: float = [0-9.]*' {FILE} > /tmp/started-with 2>/dev/null; exec sleep 100000"
+    engine.docker("run", "-d", "--init", "--name", "vllm-ssh", "--network", "none", IMAGE, "sh", "-c", start)
+    engine.docker("exec", "-i", "vllm-ssh", "sh", "-c", f"mkdir -p {FILE.rsplit('/', 1)[0]} && cat > {FILE}",
+                  input=STOCK.encode())
+    try:
+        transport = SshTransport("spark1", "127.0.0.1", port=sshd.port, user=getpass.getuser(),
+                                 key_file=str(sshd.client_key), known_hosts=str(sshd.known_hosts), retries=1)
+        spec = HostSpec("spark1", "c", "ssh", {"address": "127.0.0.1", "container_engine": "docker",
+                                               "container": "vllm-ssh",
+                                               "server": {"stop": "docker stop -t 1 vllm-ssh",
+                                                          "start": "docker start vllm-ssh"}})
+        host = Host(spec, transport)
+        patcher = Patcher(host, SETTING, tmp_path / "state")
+        patcher.apply("0.002")
+        lifecycle.stop_servers([host])
+        lifecycle.start_servers([host])
+        seen = host.exec("cat /tmp/started-with").stdout.strip()
+        assert seen == "busy_loop_s: float = 0.002", "the restarted server read the patched value"
+        patcher.restore()
+        original = engine.docker("exec", "vllm-ssh", "cat", FILE).stdout
+        assert hashlib.sha256(original).hexdigest() == hashlib.sha256(STOCK.encode()).hexdigest()
+        transport.close()
+    finally:
+        engine.docker("rm", "-f", "vllm-ssh", check=False)
+        sshd.stop()

@@ -134,6 +134,12 @@ def test_ba_with_three_repeats_accumulates_beside_ab(ab_run, workdir):
     dry = snakemake(workdir, "all", "-n")
     assert "Nothing to be done" in dry.stdout + dry.stderr, "the AB run stays complete"
     assert_clean(workdir, ba)
+    # every run of the cluster pooled: AB (1 repeat) and BA (3), the order effect separated
+    assert snakemake(workdir, "compare").returncode == 0
+    pooled = pd.read_csv(workdir / "results/sim/compare/variance.csv")
+    assert set(pooled["n"].dropna().astype(int)) == {4}
+    assert pooled["period_effect"].notna().any()
+    assert "results/sim/AB" in (workdir / "results/sim/compare/summary.md").read_text()
 
 
 def test_interrupt_restores_and_stops_everything(ab_run, workdir):

@@ -32,3 +32,24 @@ rule analyze:
         "../../envs/analysis.yaml"
     script:
         "../../scripts/analyze.py"
+
+
+# `snakemake --cores 1 compare`: every run of each cluster on disk (AB and BA, all
+# repeats) pooled into one variance table and verdict, in results/{cluster}/compare/.
+rule compare:
+    input:
+        expand("results/{cluster}/compare/summary.md", cluster=config["clusters"]),
+
+
+rule compare_cluster:
+    input:
+        get_cluster_runs,
+    output:
+        variance="results/{cluster}/compare/variance.csv",
+        summary="results/{cluster}/compare/summary.md",
+    log:
+        "results/{cluster}/compare/compare.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../../scripts/compare.py"

@@ -149,9 +149,27 @@ def write_outputs(result: Analysis) -> dict[str, pd.DataFrame]:
     return result.tables
 
 
+def compare_runs(run_dirs: list[Path], out_dir: Path) -> pd.DataFrame:
+    """Pool every run of a cluster (AB and BA, all repeats) into one variance table and
+    its verdicts: ``out_dir/variance.{csv,md}`` and ``out_dir/summary.md``. With both
+    orders present the period effect is separated from the arm effect (stats.compare)."""
+    result = compute(run_dirs[0], also=run_dirs[1:])
+    variance = result.tables["variance"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_tables(out_dir, {"variance": variance})
+    orders = sorted(pd.unique(result.pooled["order"]))
+    lines = [f"# {result.run.config['cluster']}: every run pooled", "",
+             f"Runs: {', '.join(str(p) for p in run_dirs)} (orders {', '.join(orders)}); "
+             f"n = phases per arm across them.", "", "## Verdicts", ""]
+    lines += [f"- {v}" for v in variance["verdict"].dropna() if not v.startswith("reference")]
+    lines += ["", "## Variance per arm", "", summary.markdown_table(variance), ""]
+    (out_dir / "summary.md").write_text("\n".join(lines), encoding="utf-8")
+    return variance
+
+
 def _write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for name in PHASE_TABLES + ["variance"]:
+    for name in [n for n in PHASE_TABLES + ["variance"] if n in tables]:
         frame = tables[name]
         frame.to_csv(out / f"{name}.csv", index=False)
         text = summary.markdown_table(frame)

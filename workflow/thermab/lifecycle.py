@@ -35,6 +35,11 @@ def _get_json(url: str, timeout: float = 5) -> dict:
         return json.loads(response.read() or b"{}")
 
 
+def models(endpoint: str) -> list[str]:
+    """The model ids the OpenAI endpoint serves (``/v1/models``)."""
+    return [model["id"] for model in _get_json(endpoint + "/v1/models")["data"]]
+
+
 def wait_ready(endpoint: str, timeout_s: float, *, poll_s: float = 1.0,
                progress: Callable[[str], None] = print) -> str:
     """Poll ``/health`` then ``/v1/models``; return the first model id.
@@ -46,9 +51,9 @@ def wait_ready(endpoint: str, timeout_s: float, *, poll_s: float = 1.0,
     while time.monotonic() < deadline:
         try:
             urllib.request.urlopen(endpoint + "/health", timeout=5).close()
-            models = _get_json(endpoint + "/v1/models")["data"]
-            if models:
-                return models[0]["id"]
+            served = models(endpoint)
+            if served:
+                return served[0]
             last_error = "/v1/models lists no model"
         except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
             last_error = str(getattr(error, "reason", error))

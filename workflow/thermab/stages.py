@@ -11,7 +11,7 @@ from pathlib import Path
 from thermab import guardian, lifecycle, monitor
 from thermab.config import ConfigError, abort_threshold
 from thermab.load import LoadAborted, run_load
-from thermab.patch import anchor_count, sha256
+from thermab.patch import PatchError, anchor_count, sha256
 from thermab.run import Run, clock_offsets
 from thermab.transport import TransportError
 
@@ -36,29 +36,50 @@ def _zones(host) -> list[dict]:
     return zones
 
 
-def _check_host(run: Run, host) -> tuple[dict, list[str]]:
+VLLM_VERSION = "import vllm; print(vllm.__version__)"
+
+
+def _check_host(run: Run, host) -> tuple[dict, list[str], list[str]]:
+    """Facts about one host, the problems that stop the run, and advice that does not."""
     facts: dict = {"transport": host.spec.transport, "container": host.spec.container}
     problems: list[str] = []
+    advice: list[str] = []
     try:
         facts["uname"] = host.run("uname -srm", timeout=30).stdout.strip()
         facts["reachable"] = True
     except TransportError as error:
-        return {**facts, "reachable": False, "error": str(error)}, [str(error)]
+        return {**facts, "reachable": False, "error": str(error)}, [str(error)], advice
     setting = run.config["setting"]
     if setting["method"] == "file":
         patcher = run.patcher(host)
         try:
             text = patcher.original().decode()
-        except TransportError as error:
+        except (TransportError, PatchError) as error:
             problems.append(f"host {host.name}: cannot read {setting['file']}: {error}")
         else:
             count = anchor_count(text, setting["anchor"])
-            facts.update(file=setting["file"], sha256=sha256(text.encode()), anchor_count=count)
+            facts.update(file=patcher.file, sha256=sha256(text.encode()), anchor_count=count)
             if count != 1:
                 problems.append(f"host {host.name}: anchor {setting['anchor']!r} matches {count} times "
-                                f"in {setting['file']} (must be exactly 1)")
+                                f"in {patcher.file} (must be exactly 1): nothing will be patched")
+    if not host.spec.simulated:
+        python = shlex.quote(host.spec.settings.get("python", "python3"))
+        version = host.exec(f"{python} -c {shlex.quote(VLLM_VERSION)}", check=False)
+        facts["vllm_version"] = version.stdout.strip() if version.ok else None
+        if not version.ok:
+            advice.append(f"host {host.name}: vllm does not import with {python} (version not recorded)")
     facts["zones"] = _zones(host)
-    return facts, problems
+    if not facts["zones"]:
+        advice.append(f"host {host.name}: no thermal zones found: its temperatures will be missing "
+                      "(hwmon sensors are sampled where present)")
+    return facts, problems, advice
+
+
+def _endpoint_model(endpoint: str) -> str | None:
+    try:
+        return lifecycle.models(endpoint)[0]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
 
 
 def preflight(run: Run, out_path: Path, run_json: Path) -> dict:
@@ -73,10 +94,18 @@ def preflight(run: Run, out_path: Path, run_json: Path) -> dict:
                     "restored_leftovers": restored, "hosts": {}}
     problems: list[str] = []
     for host in run.hosts:
-        facts, host_problems = _check_host(run, host)
+        facts, host_problems, advice = _check_host(run, host)
         report["hosts"][host.name] = facts
+        report.setdefault("advice", []).extend(advice)
         problems += host_problems
-        run.say(f"preflight {host.name}: {'ok' if not host_problems else '; '.join(host_problems)}")
+        zones = ", ".join(z["device_path"].split(".")[-1] or z["type"] for z in facts.get("zones", []))
+        run.say(f"preflight {host.name}: {'ok' if not host_problems else 'PROBLEM'}; file sha256 "
+                f"{str(facts.get('sha256'))[:12]}, anchor x{facts.get('anchor_count')}, zones: {zones or 'none'}")
+        for line in host_problems + advice:
+            run.say(f"  {line}")
+    report["endpoint"] = {"url": run.cluster.endpoint, "model": _endpoint_model(run.cluster.endpoint)}
+    if report["endpoint"]["model"] is None:
+        run.say(f"  {run.cluster.endpoint} does not answer yet: the first phase starts the server")
     if not problems:
         report["clock_offset_s"] = clock_offsets(run.hosts)
     trips = [z["trip_point_c"] for z in report["hosts"].get(run.cluster.head, {}).get("zones", [])
