@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -81,8 +82,21 @@ def test_stock_arm_burns_more_cpu_and_runs_hotter(ab_run):
     stock, patched = cpu.loc[("head", "A"), "median_pct"], cpu.loc[("head", "B"), "median_pct"]
     assert stock - patched >= 50, f"head vLLM CPU median: stock {stock} %, patched {patched} %"
     zones = pd.read_csv(ab_run / "tables/zones.csv")
-    tsoc = zones[(zones["host"] == "head") & (zones["sensor"] == "TSOC")].set_index("arm")["mean_c"]
-    assert tsoc["A"] > tsoc["B"]
+    tsoc = zones[(zones["host"] == "head") & (zones["sensor"] == "TSOC")].set_index("arm")
+    assert tsoc.loc["A", "max_c"] > tsoc.loc["B", "max_c"]
+    # The first phase starts from idle, the second from the cooldown limit: over this test's
+    # short windows the whole-window mean mostly measures that start, so compare the
+    # second half of each window, where the zones have settled.
+    telemetry = pd.read_parquet(ab_run / "tidy/telemetry.parquet")
+    head_tsoc = telemetry[(telemetry["host"] == "head") & (telemetry["sensor"] == "TSOC")]
+    events = [json.loads(line) for line in (ab_run / "events.jsonl").read_text().splitlines()]
+    settled = {}
+    for arm in "AB":
+        start = next(e["t"] for e in events if e["event"] == "load_start" and e.get("arm") == arm)
+        end = next(e["t"] for e in events if e["event"] == "load_end" and e.get("arm") == arm)
+        half = head_tsoc[(head_tsoc["t"] >= (start + end) / 2) & (head_tsoc["t"] < end)]
+        settled[arm] = half["value"].mean()
+    assert settled["A"] > settled["B"] + 3, f"settled head TSOC: {settled}"
 
 
 def test_load_was_the_intended_load(ab_run):
@@ -146,7 +160,8 @@ def test_interrupt_restores_and_stops_everything(ab_run, workdir):
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
                str(workdir), "--configfile", *CONFIGS, "--cores", "1", "all",
                "--config", "order=AB", "repeats=2"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # its own process group, so the SIGINT reaches Snakemake and its jobs as a Ctrl-C does
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     events = workdir / "results/sim/AB/events.jsonl"
     deadline = time.monotonic() + 300
     try:
@@ -158,7 +173,7 @@ def test_interrupt_restores_and_stops_everything(ab_run, workdir):
         else:
             pytest.fail("the second repeat never started")
         time.sleep(3)  # in the middle of a load, with the host patched or about to be
-        process.send_signal(signal.SIGINT)
+        os.killpg(process.pid, signal.SIGINT)
         process.wait(timeout=120)
     finally:
         if process.poll() is None:
@@ -166,10 +181,11 @@ def test_interrupt_restores_and_stops_everything(ab_run, workdir):
     assert_clean(workdir, workdir / "results/sim/AB")
     names = [json.loads(line)["event"] for line in events.read_text().splitlines()]
     assert "abort" in names[-8:], "the interruption is marked"
-    # re-running the same command resumes: the interrupted phase is redone, earlier ones kept
+    # re-running the same command resumes (with the flag Snakemake asks for after an
+    # interruption): the interrupted phase is redone, earlier ones kept
     finished = workdir / "results/sim/AB/phases/rep1-B/phase.json"
     finished_mtime = finished.stat().st_mtime
-    result = snakemake(workdir, "all", "--config", "order=AB", "repeats=2")
+    result = snakemake(workdir, "all", "--config", "order=AB", "repeats=2", "--rerun-incomplete")
     assert result.returncode == 0, result.stderr[-4000:]
     assert finished.stat().st_mtime == finished_mtime
     starts = [e for e in map(json.loads, events.read_text().splitlines())
