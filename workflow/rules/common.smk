@@ -40,14 +40,6 @@ def get_fleet_inputs(wildcards):
     ]
 
 
-def get_cluster_runs(wildcards):
-    """Every run of the cluster that has been analysed (at least the configured order)."""
-    orders = {config["order"]} | {
-        path.parents[1].name for path in Path(f"results/{wildcards.cluster}").glob("*/tables/variance.csv")
-    }
-    return [f"results/{wildcards.cluster}/{order}/tables/variance.csv" for order in sorted(orders)]
-
-
 def get_previous_phase(wildcards):
     previous = plan.previous(wildcards.order, int(wildcards.rep), wildcards.arm)
     return f"results/{wildcards.cluster}/{wildcards.order}/phases/{previous}/phase.json"
