@@ -221,8 +221,9 @@ class MarkForwarder:
     def poll(self) -> None:
         if not self.path.exists():
             return
-        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
-        complete = lines if self.path.read_text().endswith("\n") else lines[:-1]
+        # one read: judging completeness from a second read could pass on a half-written line
+        text = self.path.read_text()
+        complete = [line for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
         for line in complete[self.forwarded:]:
             mark = json.loads(line)
             self.run.event(mark["event"], t=mark["t"], rep=self.rep, arm=self.arm)
