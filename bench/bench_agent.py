@@ -25,8 +25,8 @@ import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
 
-from thermab import agent as agent_module  # noqa: E402
-from thermab.agent import CpuFrequency, ProcessCpu, SystemCpu, ThermalZones  # noqa: E402
+from thermab.telemetry import agent as agent_module  # noqa: E402
+from thermab.telemetry.agent import CpuFrequency, ProcessCpu, SystemCpu, ThermalZones  # noqa: E402
 
 DEFAULT_INTERVALS = {"thermal": 15.0, "cpu": 6.0, "freq": 15.0, "system": 6.0}
 

@@ -1,7 +1,7 @@
 """Is our closed loop as good a load as the field's reference client?
 
 Runs, against one fast local OpenAI-compatible server (tests/openai_test_servers.py, in a
-process of its own), first thermab's Locust closed loop (``thermab.load.run_load``), then a
+process of its own), first thermab's Locust closed loop (``thermab.load.runner.run_load``), then a
 minimal asyncio + aiohttp closed loop of the same shape (N workers, zero wait, streaming with
 ``include_usage``, like vLLM's benchmark client), and prints for each: delivered output
 tok/s (the DESIGN.md definition), time-weighted in-flight mean, and client CPU seconds
@@ -28,8 +28,8 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from thermab.load import inflight, run_load  # noqa: E402
-from thermab.prompts import build_prompt  # noqa: E402
+from thermab.load.runner import inflight, run_load  # noqa: E402
+from thermab.load.prompts import build_prompt  # noqa: E402
 
 SERVER = """
 import sys, time

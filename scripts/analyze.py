@@ -1,8 +1,8 @@
 """Rule analyze: the tables and summary.md (the same as `python -m thermab analyze RUN_DIR`)."""
 from pathlib import Path
 
-from thermab import snake
-from thermab.analyze import analyze
+from thermab import jobs
+from thermab.analysis.analyze import analyze
 
-with snake.logged(snakemake.log[0]):
+with jobs.logged(snakemake.log[0]):
     analyze(Path(snakemake.input.run).parent)

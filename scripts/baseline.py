@@ -1,7 +1,8 @@
 """Rule baseline: the idle recording before the first phase."""
 from pathlib import Path
 
-from thermab import snake, stages
+from thermab import jobs
+from thermab.experiment import phase
 
-with snake.logged(snakemake.log[0]):
-    stages.baseline(snake.run_for(snakemake), Path(snakemake.output[0]))
+with jobs.logged(snakemake.log[0]):
+    phase.baseline(jobs.run_for(snakemake), Path(snakemake.output[0]))

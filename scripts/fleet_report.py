@@ -1,10 +1,10 @@
 """Rule fleet_report: one table and figure comparing every cluster's run of the same order."""
 from pathlib import Path
 
-from thermab import snake
-from thermab.fleet import write_fleet
+from thermab import jobs
+from thermab.analysis.fleet import write_fleet
 
-with snake.logged(snakemake.log[0]):
+with jobs.logged(snakemake.log[0]):
     run_dirs = {Path(p).parents[2].name: Path(p).parents[1] for p in snakemake.input}  # results/C/O/tables
     write_fleet(run_dirs, snakemake.wildcards.order, Path(snakemake.output.csv),
                 Path(snakemake.output.markdown), Path(snakemake.output.figure))

@@ -1,9 +1,10 @@
 """Rule ingest: agent CSVs and phase requests -> tidy/*.parquet."""
 from pathlib import Path
 
-from thermab import ingest, snake
+from thermab.telemetry import ingest
+from thermab import jobs
 
-with snake.logged(snakemake.log[0]):
+with jobs.logged(snakemake.log[0]):
     report = ingest.ingest(Path(snakemake.output.telemetry).parents[1], [Path(p) for p in snakemake.input.requests],
                            Path(snakemake.output.telemetry), Path(snakemake.output.requests))
-    snake.say(f"ingest: {report['telemetry_rows']} telemetry rows, dropped {report['dropped'] or 'none'}")
+    jobs.progress(f"ingest: {report['telemetry_rows']} telemetry rows, dropped {report['dropped'] or 'none'}")

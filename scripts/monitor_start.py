@@ -1,7 +1,8 @@
 """Rule monitor_start: the guardian, the simulated hardware and one agent per host."""
 from pathlib import Path
 
-from thermab import snake, stages
+from thermab import jobs
+from thermab.experiment import phase
 
-with snake.logged(snakemake.log[0]):
-    stages.monitor_start(snake.run_for(snakemake), Path(snakemake.output[0]))
+with jobs.logged(snakemake.log[0]):
+    phase.monitor_start(jobs.run_for(snakemake), Path(snakemake.output[0]))

@@ -1,7 +1,8 @@
 """Rule monitor_stop: restore every host, stop servers and agents, pull the logs."""
 from pathlib import Path
 
-from thermab import snake, stages
+from thermab import jobs
+from thermab.experiment import phase
 
-with snake.logged(snakemake.log[0]):
-    stages.monitor_stop(snake.run_for(snakemake), Path(snakemake.output[0]))
+with jobs.logged(snakemake.log[0]):
+    phase.monitor_stop(jobs.run_for(snakemake), Path(snakemake.output[0]))

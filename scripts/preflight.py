@@ -1,7 +1,8 @@
 """Rule preflight: check every host before anything changes."""
 from pathlib import Path
 
-from thermab import snake, stages
+from thermab import jobs
+from thermab.experiment import preflight
 
-with snake.logged(snakemake.log[0]):
-    stages.preflight(snake.run_for(snakemake), Path(snakemake.output.preflight), Path(snakemake.output.run))
+with jobs.logged(snakemake.log[0]):
+    preflight.preflight(jobs.run_for(snakemake), Path(snakemake.output.preflight), Path(snakemake.output.run))

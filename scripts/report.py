@@ -1,13 +1,15 @@
 """Rule report: figures, report.html and the provenance archive (config, versions, DAG)."""
 from pathlib import Path
 
-from thermab import provenance, snake
-from thermab.plots import render_figures
-from thermab.report import write_report
+from thermab.analysis import provenance
+from thermab import jobs
+from thermab.analysis.analyze import compute
+from thermab.analysis.plots import render_figures
+from thermab.analysis.html_report import write_report
 
-with snake.logged(snakemake.log[0]):
+with jobs.logged(snakemake.log[0]):
     run_dir = Path(snakemake.output.html).parent
-    render_figures(run_dir)
+    render_figures(compute(run_dir))
     write_report(run_dir, Path(snakemake.output.html))
     provenance.write(run_dir, Path(snakemake.output.provenance), dict(snakemake.config),
                      Path(snakemake.params.snakefile), Path.cwd(), snakemake.output.html)

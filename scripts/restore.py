@@ -1,8 +1,8 @@
 """Rule restore: every host back to its original files, servers and agents stopped."""
-from thermab import snake
-from thermab.restore import restore_all
+from thermab import jobs
+from thermab.experiment.restore import restore_all
 
-with snake.logged(snakemake.log[0]):
-    problems = restore_all("results", snake.say)
+with jobs.logged(snakemake.log[0]):
+    problems = restore_all("results", jobs.progress)
     if problems:
         raise SystemExit(f"restore finished with {len(problems)} problem(s), see above")

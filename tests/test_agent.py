@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from thermab.agent import CpuFrequency, ProcessCpu, ThermalZones, parse_millidegrees, zone_name
+from thermab.telemetry.agent import CpuFrequency, ProcessCpu, ThermalZones, parse_millidegrees, zone_name
 from thermab.config import HostSpec
-from thermab.host import Host
-from thermab import ingest, monitor
+from thermab.hosts.host import Host
+from thermab.telemetry import ingest
+from thermab.telemetry import deploy
 
 GB10_ZONES = ["TSOC", "TS0E", "TS0P", "TS1E", "TS1P", "TGPU", "TUNC"]
 
@@ -88,26 +89,26 @@ def test_agent_runs_detached_appends_on_restart_and_is_ingested(tmp_path):
     spec = HostSpec("head", "t", "local", {}, root, simulated="head")
     host = Host(spec)
     settings = {"process_pattern": "no-such-process-xyz", "intervals": {"thermal": 0.2, "cpu": 0.2, "freq": 0.5}}
-    pid = monitor.start_agent(host, "t-AB", settings)
+    pid = deploy.start_agent(host, "t-AB", settings)
     try:
-        assert monitor.start_agent(host, "t-AB", settings) == pid, "a running agent is reused"
+        assert deploy.start_agent(host, "t-AB", settings) == pid, "a running agent is reused"
         time.sleep(1.0)
-        assert monitor.latest(host, "t-AB", "thermal")["TSOC"] == 50.0
+        assert deploy.latest(host, "t-AB", "thermal")["TSOC"] == 50.0
     finally:
-        monitor.stop_agent(host, "t-AB")
-    assert monitor.agent_pid(host, "t-AB") is None
-    directory = Path(monitor.session_dir(host, "t-AB"))
+        deploy.stop_agent(host, "t-AB")
+    assert deploy.agent_pid(host, "t-AB") is None
+    directory = Path(deploy.session_dir(host, "t-AB"))
     rows_first = len((directory / "thermal.csv").read_text().splitlines())
-    pid2 = monitor.start_agent(host, "t-AB", settings)
+    pid2 = deploy.start_agent(host, "t-AB", settings)
     time.sleep(0.6)
-    monitor.stop_agent(host, "t-AB")
+    deploy.stop_agent(host, "t-AB")
     assert pid2 != pid
     text = (directory / "thermal.csv").read_text().splitlines()
     assert text[0] == "t,sensor,value,reason" and text.count(text[0]) == 1, "restart appends, one header"
     assert len(text) > rows_first
     starts = [line for line in (directory / "agent_events.csv").read_text().splitlines() if ",agent_start," in line]
     assert len(starts) == 2, "the restart (and so the gap) is marked"
-    pulled = monitor.pull(host, "t-AB", tmp_path / "run/monitor/head")
+    pulled = deploy.pull(host, "t-AB", tmp_path / "run/monitor/head")
     assert {p.name for p in pulled} >= {"thermal.csv", "freq.csv", "agent.json"}
     tidy, dropped = ingest.telemetry(tmp_path / "run/monitor", {"head": 0.0})
     assert set(tidy["kind"]) >= {"thermal", "freq"}
@@ -132,7 +133,7 @@ def test_ingest_counts_malformed_rows_and_events_out_of_order(tmp_path):
     assert dropped["head/thermal: unreadable: Permission denied"] == 1
     assert dropped["head/thermal: wrong number of fields"] == 1
     assert dropped["head/thermal: malformed row"] == 2
-    from thermab.events import read_checked
+    from thermab.experiment.events import read_checked
     (tmp_path / "events.jsonl").write_text(
         '{"t": 5, "event": "load_start"}\n{"t": 3, "event": "run_start"}\n{"t": 9, "ev\n\n{"t": 7, "event": "load_end"}\n')
     records, problems = read_checked(tmp_path / "events.jsonl")
@@ -156,7 +157,7 @@ def make_x86(root: Path) -> None:
 
 
 def test_x86_host_reads_hwmon_and_has_no_zones(tmp_path):
-    from thermab.agent import Hwmon
+    from thermab.telemetry.agent import Hwmon
     make_x86(tmp_path)
     assert ThermalZones(str(tmp_path)).discover()["zones"] == []
     hwmon = Hwmon(str(tmp_path))
@@ -181,7 +182,7 @@ def test_a_zone_appearing_mid_run_is_picked_up(tmp_path):
 
 
 def test_nvidia_smi_output_is_parsed_with_missing_fields():
-    from thermab.agent import parse_nvidia_smi
+    from thermab.telemetry.agent import parse_nvidia_smi
     rows = parse_nvidia_smi("0, 45, 1980, 72.31, 88\n1, 51, [N/A], [N/A], 0\n")
     values = {s: (v, r) for s, v, r in rows}
     assert values["gpu0_temp_c"] == (45.0, "") and values["gpu0_power_w"] == (72.31, "")

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from conftest_analysis import PHASE_S, write_synthetic_run
-from thermab import analyze, importer, plots
+from thermab.analysis import analyze, chart_import, model, plots
 
 CHART = Path(__file__).parent / "data" / "seed-repro-chart-data.json"
 STUDY_ARMS = {"stock": "1", "patched": "0.002"}
@@ -22,7 +22,7 @@ PUBLISHED = {
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    run_dir = importer.import_chart(CHART, tmp_path_factory.mktemp("study"), load_minutes=30, arms=STUDY_ARMS,
+    run_dir = chart_import.import_chart(CHART, tmp_path_factory.mktemp("study"), load_minutes=30, arms=STUDY_ARMS,
                                     setting="busy_loop_s", cluster="gx10-study")
     return run_dir, analyze.analyze(run_dir)
 
@@ -58,7 +58,7 @@ def test_study_import_writes_the_contracts(study):
     run = json.loads((run_dir / "run.json").read_text())
     assert run["order"] == "AB" and run["reference_arm"] == "A"
     assert run["arms"] == {"A": {"label": "stock", "value": "1"}, "B": {"label": "patched", "value": "0.002"}}
-    events = analyze.read_events(run_dir / "events.jsonl")
+    events = model.read_events(run_dir / "events.jsonl")
     loads = events[events["event"].isin(["load_start", "load_end"])]
     assert loads[["event", "arm"]].values.tolist() == [
         ["load_start", "A"], ["load_end", "A"], ["load_start", "B"], ["load_end", "B"]]
@@ -96,7 +96,7 @@ def test_study_summary_and_verdict(study):
 
 
 def test_figures_render_for_the_study(study):
-    paths = plots.render_figures(study[0])
+    paths = plots.render_figures(analyze.compute(study[0]))
     names = {p.name for p in paths}
     assert names == {"timeline.png", "timeline.svg", "timeline.html", "cpu.png", "throughput.png",
                      "time_to_threshold.png"}
@@ -113,7 +113,7 @@ def test_wide_csv_import_matches_the_chart(tmp_path):
     pd.concat([head, worker[["worker:TSOC"]]], axis=1).to_csv(tmp_path / "wide.csv", index=False)
     pd.DataFrame(chart["marks"]).to_csv(tmp_path / "marks.csv", index=False)
     run_dir = tmp_path / "run"
-    assert importer.main([str(tmp_path / "wide.csv"), str(run_dir), "--marks", str(tmp_path / "marks.csv"),
+    assert chart_import.main([str(tmp_path / "wide.csv"), str(run_dir), "--marks", str(tmp_path / "marks.csv"),
                           "--arm", "stock=1", "--arm", "patched=0.002", "--setting", "busy_loop_s"]) == 0
     zones = analyze.analyze(run_dir)["zones"].set_index(["arm", "host", "sensor"])
     assert zones.at[("A", "head", "TSOC"), "mean_c"] == pytest.approx(89.53, abs=0.01)
@@ -137,7 +137,7 @@ def test_synthetic_run_with_retry_requests_and_cpu(tmp_path):
 def test_ab_and_ba_pooled_separate_the_order_effect(tmp_path):
     ab = write_synthetic_run(tmp_path / "AB", order="AB", reps=2, seed=1)
     ba = write_synthetic_run(tmp_path / "BA", order="BA", reps=2, seed=2)
-    assert analyze.sibling_runs(ab) == [ba.resolve()]
+    assert model.sibling_runs(ab) == [ba.resolve()]
     variance = analyze.analyze(ab, also=[ba])["variance"]
     row = variance[(variance["metric"] == "head TSOC mean") & (variance["arm"] == "B")].iloc[0]
     assert row["method"].startswith("OLS") and row["n"] == 4

@@ -4,11 +4,11 @@ import hashlib
 
 import pytest
 
-from thermab import lifecycle
+from thermab.experiment import server
 from thermab.config import HostSpec
-from thermab.host import Host
-from thermab.patch import PatchError, Patcher
-from thermab.transport import CommandError
+from thermab.hosts.host import Host
+from thermab.experiment.patch import PatchError, Patcher
+from thermab.hosts.transport import CommandError
 from dockerd import IMAGE, start_dockerd
 
 FILE = "/usr/local/lib/python3.12/dist-packages/vllm/distributed/device_communicators/shm_broadcast.py"
@@ -45,8 +45,8 @@ def test_patch_survives_restart_and_restores_byte_identical(engine, container, t
     patcher = Patcher(container, SETTING, tmp_path / "state")
     patcher.apply("0.002")
     assert b"busy_loop_s: float = 0.002," in inside(engine)
-    lifecycle.stop_servers([container])
-    lifecycle.start_servers([container])
+    server.stop_servers([container])
+    server.start_servers([container])
     assert b"busy_loop_s: float = 0.002," in inside(engine), "docker restart keeps the container's files"
     patcher.restore()
     assert hashlib.sha256(inside(engine)).hexdigest() == hashlib.sha256(STOCK.encode()).hexdigest()
@@ -98,7 +98,7 @@ def test_full_path_ssh_docker_exec_patch_restart_restore(engine, tmp_path):
     import getpass
 
     from sshd import start_sshd
-    from thermab.ssh import SshTransport
+    from thermab.hosts.ssh import SshTransport
 
     sshd = start_sshd(tmp_path / "sshd", extra_config=f"SetEnv DOCKER_HOST={engine.host}")
     engine.docker("rm", "-f", "vllm-ssh", check=False)
@@ -117,8 +117,8 @@ def test_full_path_ssh_docker_exec_patch_restart_restore(engine, tmp_path):
         host = Host(spec, transport)
         patcher = Patcher(host, SETTING, tmp_path / "state")
         patcher.apply("0.002")
-        lifecycle.stop_servers([host])
-        lifecycle.start_servers([host])
+        server.stop_servers([host])
+        server.start_servers([host])
         seen = host.exec("cat /tmp/started-with").stdout.strip()
         assert seen == "busy_loop_s: float = 0.002", "the restarted server read the patched value"
         patcher.restore()

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import yaml
 
-from thermab import events, guardian, monitor
+from thermab.experiment import events
+from thermab.experiment import guardian
+from thermab.telemetry import deploy
 from thermab.config import validate
-from thermab.run import Run
+from thermab.experiment.cluster import ClusterRun
 
 ROOT = Path(__file__).resolve().parents[1]
 STOCK = "class SpinCondition:\n    def __init__(self,\n        busy_loop_s: float = 1,\n    ): pass\n"
@@ -37,14 +39,14 @@ def test_guardian_restores_and_stops_when_the_controller_dies(tmp_path):
     target = tmp_path / "head" / FILE.lstrip("/")
     target.parent.mkdir(parents=True)
     target.write_text(STOCK)
-    run = Run(local_cluster_config(tmp_path), "t", "AB", tmp_path / "results/t/AB", tmp_path)
+    run = ClusterRun(local_cluster_config(tmp_path), "t", "AB", tmp_path / "results/t/AB", tmp_path)
     run.write_session()
     controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         guardian_pid = guardian.ensure(run.run_dir, watch=controller.pid)
         assert guardian.ensure(run.run_dir, watch=controller.pid) == guardian_pid, "one guardian per controller"
         host = run.hosts[0]
-        agent = monitor.start_agent(host, run.session, run.agent_settings(host))
+        agent = deploy.start_agent(host, run.session, run.agent_settings(host))
         run.patcher(host).apply("0.002")
         assert "busy_loop_s: float = 0.002," in target.read_text()
     finally:
@@ -62,7 +64,7 @@ def test_guardian_restores_and_stops_when_the_controller_dies(tmp_path):
 
 
 def test_released_guardian_does_nothing(tmp_path):
-    run = Run(local_cluster_config(tmp_path), "t", "AB", tmp_path / "results/t/AB", tmp_path)
+    run = ClusterRun(local_cluster_config(tmp_path), "t", "AB", tmp_path / "results/t/AB", tmp_path)
     run.write_session()
     controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

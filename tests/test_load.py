@@ -1,6 +1,7 @@
 """The closed-loop load: real Locust runs (a few seconds each) against misbehaving test
-peers on 127.0.0.1, and the pure helpers of thermab.load and thermab.prompts."""
+peers on 127.0.0.1, and the pure helpers of thermab.load.runner and thermab.load.prompts."""
 
+import dataclasses
 import json
 import sys
 import threading
@@ -10,7 +11,10 @@ import pandas as pd
 import pytest
 
 from openai_test_servers import MisbehavingServer
-from thermab import load, prompts
+from thermab.jsonl import JsonlTail
+from thermab.load import prompts, runner, validity
+
+SPEC_FIELDS = {field.name for field in dataclasses.fields(runner.LoadSpec)}
 
 MAX_TOKENS = 20
 PROMPT_TOKENS = 200
@@ -22,7 +26,10 @@ def run(server, tmp_path, **overrides):
     options = dict(order="AB", rep=1, arm="A", users=3, duration_s=3, max_tokens=MAX_TOKENS,
                    prompt_tokens=PROMPT_TOKENS, probe=False, stop_timeout_s=10, progress=lines.append)
     options.update(overrides)
-    report = load.run_load(server.url, tmp_path / "requests.parquet", **options)
+    if "probe_at" in options:
+        options["probe_at_s"] = options.pop("probe_at")
+    spec = runner.LoadSpec(**{name: options.pop(name) for name in list(options) if name in SPEC_FIELDS})
+    report = runner.run_load(server.url, tmp_path / "requests.parquet", spec, **options)
     return report, pd.read_parquet(tmp_path / "requests.parquet"), lines
 
 
@@ -34,7 +41,7 @@ def test_normal_load_records_every_request_with_probe_and_unique_tags(tmp_path):
         prompts_seen = list(server.prompts)
 
     assert "locust" not in sys.modules  # Locust ran in its own process
-    assert dict(frame.dtypes.astype(str)) == load.COLUMNS
+    assert dict(frame.dtypes.astype(str)) == validity.COLUMNS
     assert report == json.loads((tmp_path / "validity.json").read_text())
     assert (tmp_path / "requests.jsonl").exists() and (tmp_path / "locust.log").exists()
 
@@ -175,20 +182,19 @@ def test_prompts_are_deterministic_tagged_first_and_sized():
 
 def test_inflight_is_time_weighted_over_the_window():
     frame = pd.DataFrame({"t_start": [0.0, 0.0, 5.0, -3.0], "t_end": [10.0, 5.0, 12.0, 1.0]})
-    mean, share = load.inflight(frame, 0.0, 10.0, users=2)
+    mean, share = validity.inflight(frame, 0.0, 10.0, users=2)
     assert mean == pytest.approx((10 + 5 + 5 + 1) / 10)
     assert share == pytest.approx(1.0)  # two in flight all along, three during [0, 1)
-    assert load.inflight(frame, 0.0, 10.0, users=3)[1] == pytest.approx(0.1)
+    assert validity.inflight(frame, 0.0, 10.0, users=3)[1] == pytest.approx(0.1)
 
 
 def test_locust_command_bounds_the_run_and_passes_the_options():
-    command = load.locust_command(
-        "http://127.0.0.1:1", "r.jsonl", "e.jsonl", users=4, duration_s=1800, stop_timeout_s=120,
-        max_tokens=400, prompt_tokens=1400, model=None, extra_body={"reasoning_effort": "low"},
-        tag_prefix="AB-rep1-A", probe=False, probe_at=None, probe_n=3, probe_tokens=256, stall_gap_s=1.0,
-        locustfile=load.LOCUSTFILE)
+    spec = runner.LoadSpec(users=4, duration_s=1800, stop_timeout_s=120, max_tokens=400, prompt_tokens=1400,
+                           model=None, extra_body={"reasoning_effort": "low"}, probe=False, probe_at_s=None,
+                           probe_n=3, probe_tokens=256, stall_gap_s=1.0)
+    command = runner.locust_command("http://127.0.0.1:1", "r.jsonl", "e.jsonl", spec, "AB-rep1-A")
     joined = " ".join(command)
-    assert load.LOCUSTFILE.exists()
+    assert runner.LOCUSTFILE.is_file()
     for part in ("--headless", "-u 4 -r 4", "--run-time 1800s", "--stop-timeout 120s", "--probe-n 0",
                  '--extra-body {"reasoning_effort": "low"}', "--records-out r.jsonl"):
         assert part in joined
@@ -197,7 +203,7 @@ def test_locust_command_bounds_the_run_and_passes_the_options():
 
 def test_jsonl_tail_waits_for_the_newline(tmp_path):
     path = tmp_path / "r.jsonl"
-    tail = load.JsonlTail(path)
+    tail = JsonlTail(path)
     assert tail.poll() == []
     path.write_text('{"a": 1}\n{"a": ')
     assert tail.poll() == [{"a": 1}]

@@ -1,6 +1,6 @@
 """The load's marks reach events.jsonl as they happen, never half-written."""
 
-from thermab.stages import MarkForwarder
+from thermab.experiment.phase import MarkForwarder
 
 
 class Recorder:

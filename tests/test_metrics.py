@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from thermab import metrics
+from thermab.analysis import metrics
 
 
 def events(*rows):
@@ -35,7 +35,7 @@ def test_window_is_last_load_start_and_first_load_end_after_it():
 def test_phase_without_load_end_is_skipped_with_a_warning(caplog):
     ev = events((100, "load_start", "AB", 1, "A"), (400, "load_end", "AB", 1, "A"),
                 (500, "load_start", "AB", 1, "B"), (450, "load_end", "AB", 1, "B"))
-    with caplog.at_level(logging.WARNING, logger="thermab.metrics"):
+    with caplog.at_level(logging.WARNING, logger="thermab.analysis.metrics"):
         windows = metrics.load_windows(ev)
     assert windows["arm"].tolist() == ["A"]
     assert "rep1-B" in caplog.text and "no load_end" in caplog.text

@@ -3,8 +3,8 @@
 import pytest
 
 from thermab.config import HostSpec
-from thermab.host import Host
-from thermab.patch import PatchError, Patcher, render, sha256
+from thermab.hosts.host import Host
+from thermab.experiment.patch import PatchError, Patcher, render, sha256
 
 SETTING = {
     "file": "/usr/lib/vllm/shm_broadcast.py",

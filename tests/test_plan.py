@@ -1,4 +1,4 @@
-from thermab.plan import BASELINE, phases, previous
+from thermab.experiment.plan import BASELINE, phases, previous
 
 
 def test_phases_repeat_every_arm_in_order():

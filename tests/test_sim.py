@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from thermab.agent import CpuFrequency, ProcessCpu, ThermalZones, parse_stat, read_text
+from thermab.telemetry.agent import CpuFrequency, ProcessCpu, ThermalZones, parse_stat, read_text
 from thermab.sim import node, thermal, vllm
 from thermab.sim.shm import ShmQueue
 

@@ -5,10 +5,10 @@ import getpass
 import pytest
 
 from thermab.config import HostSpec
-from thermab.host import Host
-from thermab.patch import Patcher
-from thermab.ssh import RefusedError, SshTransport
-from thermab.transport import CommandError
+from thermab.hosts.host import Host
+from thermab.experiment.patch import Patcher
+from thermab.hosts.ssh import RefusedError, SshTransport
+from thermab.hosts.transport import CommandError
 from sshd import start_sshd
 
 
@@ -60,7 +60,7 @@ def test_changed_host_key_is_refused_even_with_accept_new(sshd, tmp_path):
 def test_accept_new_pins_and_reports_the_key(sshd, tmp_path):
     fresh = tmp_path / "known_hosts"
     said = []
-    ssh = transport(sshd, known_hosts=str(fresh), host_key_policy="accept-new", report=said.append)
+    ssh = transport(sshd, known_hosts=str(fresh), host_key_policy="accept-new", progress=said.append)
     assert ssh.run("echo ok").stdout == "ok\n"
     ssh.close()
     assert "127.0.0.1" in fresh.read_text() and any("accepted and saved" in s for s in said)
@@ -68,7 +68,7 @@ def test_accept_new_pins_and_reports_the_key(sshd, tmp_path):
 
 
 def test_unreachable_host_names_the_host():
-    ssh = SshTransport("ghost", "127.0.0.1", port=1, connect_timeout=2, retries=2, report=lambda _m: None)
+    ssh = SshTransport("ghost", "127.0.0.1", port=1, connect_timeout=2, retries=2, progress=lambda _m: None)
     with pytest.raises(Exception, match="ghost.*cannot reach"):
         ssh.run("true")
 
@@ -96,12 +96,12 @@ def test_cut_connection_reconnects_and_the_detached_agent_keeps_logging(sshd, tm
     import subprocess
     import time
 
-    from thermab import monitor
+    from thermab.telemetry import deploy
 
     spec = HostSpec("node1", "c", "ssh", {"address": "127.0.0.1", "agent_dir": str(tmp_path / "agent")})
     said = []
-    host = Host(spec, transport(sshd, report=said.append))
-    pid = monitor.start_agent(host, "c-AB", {"process_pattern": "no-such-xyz",
+    host = Host(spec, transport(sshd, progress=said.append))
+    pid = deploy.start_agent(host, "c-AB", {"process_pattern": "no-such-xyz",
                                             "intervals": {"system": 0.2, "cpu": 0.2, "thermal": 0.2}})
     try:
         time.sleep(1.0)
@@ -112,11 +112,11 @@ def test_cut_connection_reconnects_and_the_detached_agent_keeps_logging(sshd, tm
         for child in children:
             os.kill(child, signal.SIGKILL)  # cut the session mid-phase
         time.sleep(1.0)
-        assert monitor.agent_pid(host, "c-AB") == pid, "reconnected, and the agent survived the cut"
+        assert deploy.agent_pid(host, "c-AB") == pid, "reconnected, and the agent survived the cut"
         assert host.transport._client is not connection_before, "a new connection replaced the cut one"
         time.sleep(0.5)
     finally:
-        monitor.stop_agent(host, "c-AB")
+        deploy.stop_agent(host, "c-AB")
     with open(tmp_path / "agent/c-AB/system.csv") as handle:
         times = [float(row["t"]) for row in csv.DictReader(handle) if row["sensor"] == "loadavg_1m"]
     gaps = [b - a for a, b in zip(times, times[1:])]

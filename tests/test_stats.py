@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from thermab import stats, summary
+from thermab.analysis import stats
+from thermab.analysis import summary
 
 ARMS = {"A": {"label": "stock", "value": "1"}, "B": {"label": "patched", "value": "0.002"}}
 

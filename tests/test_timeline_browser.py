@@ -5,8 +5,9 @@ import subprocess
 
 import pytest
 
-from thermab import importer, plots
-from thermab.analyze import analyze
+from thermab.analysis import chart_import
+from thermab.analysis import plots
+from thermab.analysis.analyze import analyze, compute
 from test_analyze import CHART, STUDY_ARMS
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -14,10 +15,10 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium: apt-get install chromium to render the HTML timeline")
 def test_timeline_html_renders_with_every_zone(tmp_path):
-    run_dir = importer.import_chart(CHART, tmp_path / "study", load_minutes=30, arms=STUDY_ARMS,
+    run_dir = chart_import.import_chart(CHART, tmp_path / "study", load_minutes=30, arms=STUDY_ARMS,
                                     cluster="gx10", setting="busy_loop_s")
     analyze(run_dir)
-    plots.render_figures(run_dir)
+    plots.render_figures(compute(run_dir))
     page = run_dir / "figures" / "timeline.html"
     command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync",

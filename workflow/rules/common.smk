@@ -1,18 +1,21 @@
+import os
 import sys
 from pathlib import Path
 
 # The Snakefile imports the package from the checkout; jobs import the installed one
-# (`pip install -e .`, or the `-e ..` line of each conda env).
+# (`pip install -e .`, or the `-e ..` line of each conda env) and stop if it is another.
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from thermab import config as thermab_config
-from thermab import plan
+from thermab import jobs
+from thermab.analysis import TABLES
+from thermab.experiment import plan
+
+os.environ[jobs.CHECKOUT_ENV] = str(Path(workflow.basedir) / "workflow" / "thermab")
 
 # JSON-schema validation (workflow/schemas/config.schema.yaml) with defaults filled in;
 # an error names the config key at fault and stops the run before any job.
 config.update(thermab_config.validate(config))
-
-TABLES = ["thresholds", "zones", "cpu", "performance", "variance"]
 
 
 wildcard_constraints:

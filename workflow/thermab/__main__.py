@@ -13,11 +13,11 @@ import importlib
 import sys
 
 COMMANDS = {
-    "analyze": "thermab.analyze",
-    "import-chart": "thermab.importer",
-    "load": "thermab.load",
+    "analyze": "thermab.analysis.analyze",
+    "import-chart": "thermab.analysis.chart_import",
+    "load": "thermab.load.runner",
     "check-config": "thermab.config",
-    "restore": "thermab.restore",
+    "restore": "thermab.experiment.restore",
 }
 
 

@@ -8,12 +8,14 @@ import re
 import shlex
 import sys
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import jsonschema
 import yaml
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "config.schema.yaml"
+# package data, so a non-editable install validates the same way (workflow/schemas/ links here)
+SCHEMA = resources.files("thermab") / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
@@ -52,7 +54,7 @@ def _describe(error: jsonschema.ValidationError) -> str:
 
 
 def load_schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    return yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
 
 
 def validate(raw: dict) -> dict:

@@ -6,6 +6,7 @@ long phase is visible while it runs and kept afterwards."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -13,7 +14,8 @@ import traceback
 from pathlib import Path
 from typing import Iterator, TextIO
 
-from thermab.run import Run
+import thermab
+from thermab.experiment.cluster import ClusterRun
 
 
 class _Tee:
@@ -38,6 +40,7 @@ def _exit_on_signal(signum, frame):
 @contextlib.contextmanager
 def logged(log_path: str) -> Iterator[None]:
     """Send stdout and stderr to the log and the terminal; a failure's traceback too."""
+    check_checkout()
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     # Snakemake stops jobs with SIGTERM: turn it into an exception so every `finally`
     # runs (Locust is stopped, files are closed) instead of the process vanishing
@@ -52,15 +55,28 @@ def logged(log_path: str) -> Iterator[None]:
                 raise
 
 
-def say(message: str, where: str = "") -> None:
+def progress(message: str, where: str = "") -> None:
     print(f"{time.strftime('%H:%M:%S')} {where}{message}", flush=True)
 
 
-def run_for(snakemake) -> Run:
-    """The Run of this job's ``{cluster}`` and ``{order}`` wildcards; its progress lines
-    name the run, since several clusters may print at once."""
+CHECKOUT_ENV = "THERMAB_CHECKOUT"  # set by workflow/rules/common.smk to the checkout's package
+
+
+def check_checkout() -> None:
+    """Stop a job whose imported ``thermab`` is not the checkout's own (a stale or
+    non-editable install would run other code than the Snakefile was written for)."""
+    expected = os.environ.get(CHECKOUT_ENV)
+    imported = Path(thermab.__file__).resolve().parent
+    if expected and Path(expected).resolve() != imported:
+        raise SystemExit(f"this job imports thermab from {imported}, not from the checkout "
+                         f"({expected}): run `pip install -e .` in the checkout, or use its environment")
+
+
+def run_for(snakemake) -> ClusterRun:
+    """The cluster run of this job's ``{cluster}`` and ``{order}`` wildcards; its progress
+    lines name the run, since several clusters may print at once."""
     wildcards = snakemake.wildcards
     run_dir = Path("results") / wildcards.cluster / wildcards.order
     where = f"[{wildcards.cluster}/{wildcards.order}] "
-    return Run(snakemake.config, wildcards.cluster, wildcards.order, run_dir, Path.cwd(),
-               lambda message: say(message, where))
+    return ClusterRun(snakemake.config, wildcards.cluster, wildcards.order, run_dir, Path.cwd(),
+                      lambda message: progress(message, where))

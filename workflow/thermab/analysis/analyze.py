@@ -15,58 +15,18 @@ and ``summary``.
 import argparse
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from . import events as events_file
-from . import metrics, stats, summary
+from thermab.analysis import PHASE_TABLES, TABLES, metrics, stats, summary
+from thermab.analysis.model import Analysis, RunData, load_run, ordered_hosts, sibling_runs
 
 log = logging.getLogger(__name__)
 
-TELEMETRY_COLUMNS = ["t", "host", "kind", "sensor", "value"]
-PHASE_TABLES = ["thresholds", "zones", "cpu", "performance"]
 
 
-@dataclass(frozen=True)
-class Run:
-    path: Path
-    config: dict
-    events: pd.DataFrame
-    telemetry: pd.DataFrame
-    requests: pd.DataFrame | None  # None when the run has no request data (imported runs)
-
-
-def read_events(path: Path) -> pd.DataFrame:
-    """events.jsonl as a frame in time order (malformed lines dropped: see events.read_checked)."""
-    records, _problems = events_file.read_checked(path)
-    events = pd.DataFrame(records, columns=sorted({"t", "event", "order", "rep", "arm"}.union(*records)))
-    events["rep"] = pd.to_numeric(events["rep"])  # float: run-level events have no rep
-    return events.sort_values("t", kind="stable", ignore_index=True)
-
-
-def load_run(run_dir) -> Run:
-    path = Path(run_dir)
-    config = json.loads((path / "run.json").read_text(encoding="utf-8"))
-    telemetry = pd.read_parquet(path / "tidy" / "telemetry.parquet", columns=TELEMETRY_COLUMNS)
-    requests_path = path / "tidy" / "requests.parquet"
-    requests = pd.read_parquet(requests_path) if requests_path.exists() else None
-    if requests is not None and requests.empty:
-        requests = None
-    return Run(path, config, read_events(path / "events.jsonl"), telemetry, requests)
-
-
-def sibling_runs(run_dir) -> list[Path]:
-    """Other run directories next to ``run_dir`` with the same cluster in their run.json."""
-    path = Path(run_dir).resolve()
-    cluster = json.loads((path / "run.json").read_text(encoding="utf-8")).get("cluster")
-    return [other for other in sorted(path.parent.iterdir())
-            if other != path and (other / "run.json").exists()
-            and json.loads((other / "run.json").read_text(encoding="utf-8")).get("cluster") == cluster]
-
-
-def phase_tables(run: Run) -> dict[str, pd.DataFrame]:
+def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
     """The load windows and the four per-phase tables of one run."""
     windows = metrics.load_windows(run.events)
     return {
@@ -78,15 +38,10 @@ def phase_tables(run: Run) -> dict[str, pd.DataFrame]:
     }
 
 
-def run_metrics(run: Run, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     config = run.config
     return metrics.phase_metrics(tables["zones"], tables["cpu"], tables["performance"],
                                  ordered_hosts(config), config["timeline_zone"])
-
-
-def ordered_hosts(config: dict) -> list[str]:
-    """Hosts with the head first, so that its metrics lead every table."""
-    return [config["head"]] + [h for h in config.get("hosts", []) if h != config["head"]]
 
 
 def sample_interval_s(telemetry: pd.DataFrame, host: str) -> dict[str, float]:
@@ -96,21 +51,12 @@ def sample_interval_s(telemetry: pd.DataFrame, host: str) -> dict[str, float]:
     return steps.groupby(own["kind"]).median().dropna().to_dict()
 
 
-def _check_poolable(runs: list[Run]) -> None:
+def _check_poolable(runs: list[RunData]) -> None:
     first = runs[0].config
     for run in runs[1:]:
         for key in ("cluster", "arms", "reference_arm"):
             if run.config.get(key) != first.get(key):
                 raise ValueError(f"cannot pool {run.path} with {runs[0].path}: {key} differs")
-
-
-@dataclass(frozen=True)
-class Analysis:
-    run: Run  # the run the tables describe
-    sources: list[str]  # every run directory pooled for the comparison
-    tables: dict[str, pd.DataFrame]  # windows, the four phase tables, variance
-    pooled: pd.DataFrame  # per-phase metrics of all pooled runs (metrics.phase_metrics)
-    best: dict | None  # stats.best_setting for sweeps of more than two arms
 
 
 def compute(run_dir, also=(), detect_pct: float = 5.0) -> Analysis:
@@ -169,7 +115,7 @@ def compare_runs(run_dirs: list[Path], out_dir: Path) -> pd.DataFrame:
 
 def _write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for name in [n for n in PHASE_TABLES + ["variance"] if n in tables]:
+    for name in [n for n in TABLES if n in tables]:
         frame = tables[name]
         frame.to_csv(out / f"{name}.csv", index=False)
         text = summary.markdown_table(frame)
@@ -199,7 +145,7 @@ def main(argv=None) -> int:
     write_outputs(result)
     log.info("wrote %s and %s", Path(args.run_dir) / "tables", Path(args.run_dir) / "summary.md")
     if args.figures:
-        from . import plots  # matplotlib and plotly only when figures are asked for
-        for path in plots.render_figures(args.run_dir, analysis=result):
+        from thermab.analysis import plots  # matplotlib and plotly only when figures are asked for
+        for path in plots.render_figures(result):
             log.info("wrote %s", path)
     return 0

@@ -28,12 +28,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from thermab.experiment import plan
+
 STUDY_LABELS = {"ustock": "stock", "upatched": "patched"}
 NAMED_MARKS = {"baseline-start": "baseline_start", "baseline-end": "baseline_end",
                "cooldown-end": "cooldown_end"}
 # run.json defaults: the study's GB10 nodes and its report's reference lines
-DEFAULTS = {"thresholds_c": [85, 90, 92, 95], "trip_point_c": 104.8, "reference_lines_c": [96, 87],
-            "stall_gap_s": 1.0, "timeline_zone": "TSOC"}
+DEFAULTS = {"trip_point_c": 104.8, "reference_lines_c": [96, 87]}
 
 
 def chart_frames(chart: dict, head: str = "head", worker: str = "worker") -> tuple[dict, list]:
@@ -120,15 +121,14 @@ def write_run(out_dir, frames: dict, marks: list, load_minutes: float = 30.0, ar
     if not letters:
         raise ValueError("no '<label>-load-start' mark: nothing to analyse")
     hosts = list(frames)
-    run = {
-        "cluster": cluster, "order": order, "repeats": max(e.get("rep", 1) for e in events),
-        "arms": {letter: {"label": label, "value": str((arms or {}).get(label, ""))}
-                 for letter, label in sorted(letters.items())},
-        "reference_arm": "A", "setting": setting, "head": hosts[0], "hosts": hosts,
-        **DEFAULTS, **run_options,
-        "imported_from": source, "epoch_s": epoch_s,
-    }
-    (out / "run.json").write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
+    options = {**DEFAULTS, **run_options}
+    analysis = {key: options.pop(key) for key in plan.DEFAULT_ANALYSIS if key in options}
+    plan.write_run_json(out, plan.run_plan(
+        cluster=cluster, order=order, repeats=max(e.get("rep", 1) for e in events),
+        arms={letter: {"label": label, "value": str((arms or {}).get(label, ""))}
+              for letter, label in sorted(letters.items())},
+        setting=setting, head=hosts[0], hosts=hosts, analysis=analysis, **options,
+        imported_from=source, epoch_s=epoch_s))
     with open(out / "events.jsonl", "w", encoding="utf-8") as handle:
         handle.writelines(json.dumps(event) + "\n" for event in events)
     telemetry.to_parquet(out / "tidy" / "telemetry.parquet", index=False)

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from thermab.summary import markdown_table  # noqa: E402
+from thermab.analysis.summary import markdown_table  # noqa: E402
 
 COLUMNS = ["cluster", "arm", "label", "n", "metric", "unit", "mean", "diff_pct", "finding", "verdict"]
 

@@ -1,6 +1,5 @@
-"""Figures of a run: ``render_figures(run_dir)`` → RUN_DIR/figures/.
-
-    python -m thermab.plots RUN_DIR [--also OTHER_RUN_DIR ...]
+"""Figures of a run: ``render_figures(analysis)`` → RUN_DIR/figures/ (from the command
+line: ``python -m thermab analyze RUN_DIR --figures``).
 
 Always written: timeline.png/.svg (matplotlib), timeline.html (plotly, plotly.js inline so it
 opens without network), cpu.png, throughput.png, time_to_threshold.png.  A figure whose data
@@ -9,7 +8,6 @@ so that a workflow can declare every file as an output.  dose_response.png only 
 (more than two arms).
 """
 
-import argparse
 import math
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import plotly.graph_objects as go  # noqa: E402
 
-from . import analyze  # noqa: E402
+from thermab.analysis.model import Analysis, RunData, ordered_hosts  # noqa: E402
 
 ARM_COLORS = ["#e66101", "#5e3c99", "#1b9e77", "#2c7bb6", "#a6611a", "#d01c8b", "#666666"]
 HEAD_ZONE_COLOR = "#b2182b"
@@ -30,10 +28,8 @@ OTHER_HOST_COLORS = ["#2166ac", "#4dac26", "#7b3294"]
 UNLABELLED_EVENTS = {"load_start", "load_end", "run_start", "run_end"}
 
 
-def render_figures(run_dir, also=(), analysis: analyze.Analysis | None = None) -> list[Path]:
-    """Render every figure of the run (``also``: pooled runs, as in ``analyze``; ``analysis``:
-    an ``analyze.compute`` result to reuse instead of recomputing); returns the paths written."""
-    result = analysis or analyze.compute(run_dir, also)
+def render_figures(result: Analysis) -> list[Path]:
+    """Render every figure of an analysed run (``analyze.compute``); returns the paths written."""
     out = result.run.path / "figures"
     out.mkdir(parents=True, exist_ok=True)
     colors = {arm: ARM_COLORS[i % len(ARM_COLORS)] for i, arm in enumerate(result.run.config["arms"])}
@@ -47,7 +43,7 @@ def render_figures(run_dir, also=(), analysis: analyze.Analysis | None = None) -
     return written
 
 
-def _timeline_frames(run: analyze.Run):
+def _timeline_frames(run: RunData):
     """(t0, head zones, timeline zone of each host) with t in minutes from run_start."""
     config = run.config
     starts = run.events.loc[run.events["event"] == "run_start", "t"]
@@ -70,7 +66,7 @@ def _reference_lines(config) -> list[tuple[float, str, str]]:
     return lines + [(c, f"{c:g} °C", "#555555") for c in config.get("reference_lines_c", [])]
 
 
-def _labelled_events(run: analyze.Run, t0: float, span_min: float) -> list[tuple[list[float], str]]:
+def _labelled_events(run: RunData, t0: float, span_min: float) -> list[tuple[list[float], str]]:
     """Events to mark on the timeline as (minutes of each event, one label): events closer than
     1.5 % of the time span share a label, because their rotated texts would overlap."""
     events = run.events[~run.events["event"].isin(UNLABELLED_EVENTS)]
@@ -89,7 +85,7 @@ def _labelled_events(run: analyze.Run, t0: float, span_min: float) -> list[tuple
     return [(times, " / ".join(texts)) for times, texts in groups]
 
 
-def timeline_png(run: analyze.Run, windows: pd.DataFrame, colors: dict, out: Path) -> list[Path]:
+def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -> list[Path]:
     """timeline.png and timeline.svg."""
     config = run.config
     t0, head, zone = _timeline_frames(run)
@@ -151,7 +147,7 @@ def _title(config: dict, what: str) -> str:
     return f"{config.get('cluster', '')}: {what} — {arms}"
 
 
-def timeline_html(run: analyze.Run, windows: pd.DataFrame, colors: dict, path: Path) -> Path:
+def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict, path: Path) -> Path:
     """The timeline as a self-contained interactive page (hover lists every zone at that time)."""
     config = run.config
     t0, head, zone = _timeline_frames(run)
@@ -225,7 +221,7 @@ def cpu_png(cpu: pd.DataFrame, config: dict, colors: dict, path: Path) -> Path:
     """vLLM CPU median per phase (bars: 5th–95th percentile of the samples), one panel per host."""
     if cpu.empty:
         return _placeholder(path, "vLLM CPU", "no CPU data in this run")
-    hosts = [h for h in analyze.ordered_hosts(config) if h in set(cpu["host"])]
+    hosts = [h for h in ordered_hosts(config) if h in set(cpu["host"])]
     fig, axes = plt.subplots(1, len(hosts), figsize=(5 * len(hosts), 4.5), squeeze=False, layout="constrained")
     for ax, host in zip(axes[0], hosts):
         _per_phase_points(ax, cpu[cpu["host"] == host], "median_pct", config, colors, "p5_pct", "p95_pct")
@@ -327,18 +323,3 @@ def dose_response_png(pooled: pd.DataFrame, config: dict, best: dict | None, pat
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="thermab plots", description="Render RUN_DIR/figures/.")
-    parser.add_argument("run_dir")
-    parser.add_argument("--also", nargs="*", default=[], metavar="RUN_DIR",
-                        help="further run directories pooled as in `thermab analyze --also`")
-    args = parser.parse_args(argv)
-    for path in render_figures(args.run_dir, also=args.also):
-        print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

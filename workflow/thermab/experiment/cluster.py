@@ -16,32 +16,34 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
-from thermab import events, guardian, lifecycle, monitor
+from thermab.experiment import events
+from thermab.experiment import server
+from thermab.telemetry import deploy
 from thermab.config import ClusterSpec, cluster_spec
-from thermab.host import Host
-from thermab.patch import Patcher
-from thermab.transport import TransportError
+from thermab.hosts.host import Host
+from thermab.experiment.patch import Patcher
+from thermab.hosts.transport import TransportError
 
 SESSION_FILE = "session.json"
 
 
-class Run:
+class ClusterRun:
     def __init__(self, config: dict, cluster: str, order: str, run_dir: Path,
-                 workdir: Path | None = None, say: Callable[[str], None] = print):
+                 workdir: Path | None = None, progress: Callable[[str], None] = print):
         self.config = config
         self.cluster: ClusterSpec = cluster_spec(config, cluster, workdir)
         self.order = order
         self.run_dir = Path(run_dir)
         self.results_dir = self.run_dir.parent  # results/{cluster}
         self.workdir = Path(workdir or Path.cwd())
-        self.say = say
+        self.progress = progress
 
     @classmethod
-    def from_session(cls, run_dir: Path, say: Callable[[str], None] = print) -> "Run":
+    def from_session(cls, run_dir: Path, progress: Callable[[str], None] = print) -> "ClusterRun":
         """Rebuild a run from the session file its jobs write (used by the guardian)."""
         session = json.loads((Path(run_dir) / SESSION_FILE).read_text())
         return cls(session["config"], session["cluster"], session["order"], Path(run_dir),
-                   Path(session["workdir"]), say)
+                   Path(session["workdir"]), progress)
 
     @property
     def session(self) -> str:
@@ -90,13 +92,13 @@ class Run:
                 "intervals": monitor_config["intervals"]}
 
     def ensure_up(self) -> None:
-        """Guardian watching this Snakemake, simulated hardware on, agents running."""
+        """Simulated hardware on, agents running (the caller has made sure a guardian
+        watches the run first)."""
         self.write_session()
-        guardian.ensure(self.run_dir)
         self.power_on_simulated()
         for host in self.hosts:
-            pid = monitor.start_agent(host, self.session, self.agent_settings(host))
-            self.say(f"agent on {host.name}: pid {pid}")
+            pid = deploy.start_agent(host, self.session, self.agent_settings(host))
+            self.progress(f"agent on {host.name}: pid {pid}")
 
     def restore_leftovers(self) -> list[str]:
         """Restore hosts an earlier run left patched (it died without cleaning up)."""
@@ -121,20 +123,20 @@ class Run:
                 return action()
             except (TransportError, OSError, RuntimeError) as error:
                 problems.append(f"{what}: {error}")
-                self.say(f"WARNING {what}: {error}")
+                self.progress(f"WARNING {what}: {error}")
                 return None
 
-        attempt("stop servers", lambda: lifecycle.stop_servers(self.hosts))
+        attempt("stop servers", lambda: server.stop_servers(self.hosts))
         for host in self.hosts:
             done = attempt(f"restore {host.name}", self.patcher(host).restore)
             if done:
                 self.event("restored", host=host.name, detail=done)
         if self.cluster.end_state == "restarted":
-            attempt("restart servers", lambda: lifecycle.start_servers(self.hosts))
+            attempt("restart servers", lambda: server.start_servers(self.hosts))
         for host in self.hosts:
-            attempt(f"stop agent on {host.name}", lambda h=host: monitor.stop_agent(h, self.session))
+            attempt(f"stop agent on {host.name}", lambda h=host: deploy.stop_agent(h, self.session))
             attempt(f"pull logs of {host.name}",
-                    lambda h=host: monitor.pull(h, self.session, self.run_dir / "monitor" / h.name))
+                    lambda h=host: deploy.pull(h, self.session, self.run_dir / "monitor" / h.name))
         attempt("power off simulated nodes", self.power_off_simulated)
         return problems
 

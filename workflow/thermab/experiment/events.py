@@ -1,10 +1,12 @@
-"""``events.jsonl``: one JSON object a line, appended by every stage (DESIGN.md)."""
+"""``events.jsonl``: one JSON object a line, appended by every stage (docs/design.md)."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+
+from thermab import jsonl
 
 EVENTS = (
     "run_start", "baseline_start", "baseline_end", "patch_applied", "restart_start",
@@ -25,28 +27,9 @@ def append(run_dir: Path, event: str, t: float | None = None, **fields) -> dict:
 
 
 def read_checked(path: Path) -> tuple[list[dict], dict[str, int]]:
-    """The events of an events.jsonl file and what was wrong with it: lines that are not
-    an event (a writer killed mid-line leaves one) are dropped and counted; events out of
-    time order (several writers, host clocks) are kept and counted, readers sort by ``t``."""
-    records, problems = [], {"malformed_lines": 0, "out_of_order": 0}
-    if not Path(path).exists():
-        return records, problems
-    latest = float("-inf")
-    for line in Path(path).read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            t = float(record["t"])
-            record["event"]
-        except (ValueError, KeyError, TypeError):
-            problems["malformed_lines"] += 1
-            continue
-        if t < latest:
-            problems["out_of_order"] += 1
-        latest = max(latest, t)
-        records.append(record)
-    return records, problems
+    """The events of an events.jsonl file and what was wrong with it (see
+    :func:`thermab.jsonl.read_checked`)."""
+    return jsonl.read_checked(path, "t", ("event",))
 
 
 def read(run_dir: Path) -> list[dict]:

@@ -67,14 +67,14 @@ def ensure(run_dir: Path, watch: int | None = None) -> int:
     watch = watch or controller_pid()
     current = _read(run_dir)
     if current and current["watch"] == watch and alive(current["pid"]) \
-            and "thermab.guardian" in _cmdline(current["pid"]):
+            and "thermab.experiment.guardian" in _cmdline(current["pid"]):
         return current["pid"]
-    if current and alive(current["pid"]) and "thermab.guardian" in _cmdline(current["pid"]):
+    if current and alive(current["pid"]) and "thermab.experiment.guardian" in _cmdline(current["pid"]):
         os.kill(current["pid"], signal.SIGTERM)  # it watches a controller that has gone
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     with open(run_dir / "logs" / "guardian.log", "a") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "thermab.guardian", "--run-dir", str(run_dir), "--watch", str(watch)],
+            [sys.executable, "-m", "thermab.experiment.guardian", "--run-dir", str(run_dir), "--watch", str(watch)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     (run_dir / PID_FILE).write_text(json.dumps({"pid": process.pid, "watch": watch}))
     return process.pid
@@ -83,7 +83,7 @@ def ensure(run_dir: Path, watch: int | None = None) -> int:
 def release(run_dir: Path) -> None:
     """The run shut down cleanly: the guardian is no longer needed."""
     current = _read(Path(run_dir))
-    if current and alive(current["pid"]) and "thermab.guardian" in _cmdline(current["pid"]):
+    if current and alive(current["pid"]) and "thermab.experiment.guardian" in _cmdline(current["pid"]):
         os.kill(current["pid"], signal.SIGTERM)
     (Path(run_dir) / PID_FILE).unlink(missing_ok=True)
 
@@ -105,14 +105,14 @@ def main(argv=None) -> int:
         time.sleep(0.5)
     if released:
         return 0
-    from thermab.run import Run  # imported late: the guardian idles with few modules loaded
+    from thermab.experiment.cluster import ClusterRun  # imported late: the guardian idles with few modules loaded
 
-    def say(message: str) -> None:
+    def progress(message: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} guardian: {message}", flush=True)
 
-    say(f"controller {args.watch} exited before the run shut down: restoring and stopping")
-    problems = Run.from_session(args.run_dir, say).shutdown(f"controller {args.watch} exited")
-    say("shutdown complete" if not problems else f"shutdown finished with {len(problems)} problem(s)")
+    progress(f"controller {args.watch} exited before the run shut down: restoring and stopping")
+    problems = ClusterRun.from_session(args.run_dir, progress).shutdown(f"controller {args.watch} exited")
+    progress("shutdown complete" if not problems else f"shutdown finished with {len(problems)} problem(s)")
     (args.run_dir / PID_FILE).unlink(missing_ok=True)
     return 1 if problems else 0
 

@@ -18,7 +18,7 @@ import time
 from functools import cached_property
 from pathlib import Path
 
-from thermab.host import Host
+from thermab.hosts.host import Host
 
 
 class PatchError(RuntimeError):

@@ -1,8 +1,10 @@
 """The phase sequence of a run, as pure functions: baseline once, then for each repeat
-every arm in ``order``.  Phase ids are ``rep{rep}-{arm}`` (DESIGN.md)."""
+every arm in ``order``.  Phase ids are ``rep{rep}-{arm}`` (docs/design.md)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import NamedTuple
 
 BASELINE = "baseline"
@@ -29,3 +31,28 @@ def previous(order: str, rep: int, arm: str) -> str:
     sequence = phases(order, rep)
     index = sequence.index(Phase(rep, arm))
     return BASELINE if index == 0 else sequence[index - 1].id
+
+
+RUN_FILE = "run.json"
+# the analysis settings a plan falls back on when nothing says otherwise (the config
+# schema's defaults say the same; a test keeps them in step)
+DEFAULT_ANALYSIS = {"thresholds_c": [85, 90, 92, 95], "reference_lines_c": [], "stall_gap_s": 1.0,
+                    "timeline_zone": "TSOC"}
+
+
+def run_plan(*, cluster: str, order: str, repeats: int, arms: dict, setting: str, head: str,
+             hosts: list[str], analysis: dict | None = None, **facts) -> dict:
+    """The experiment plan of a run directory (``run.json``): what the analysis needs to
+    read the run without its config.  ``facts`` add what the writer knows (trip point,
+    max_tokens, load_s, where an import came from)."""
+    analysis = {**DEFAULT_ANALYSIS, **(analysis or {})}
+    return {"cluster": cluster, "order": order, "repeats": repeats, "arms": arms,
+            "reference_arm": next(iter(arms)), "setting": setting, "head": head, "hosts": hosts,
+            **{key: analysis[key] for key in DEFAULT_ANALYSIS}, **facts}
+
+
+def write_run_json(run_dir: Path, plan: dict) -> Path:
+    """The one writer of ``run.json`` (preflight and the chart importer both call it)."""
+    path = Path(run_dir) / RUN_FILE
+    path.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+    return path

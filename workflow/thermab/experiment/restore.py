@@ -11,11 +11,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from thermab import guardian
-from thermab.run import SESSION_FILE, Run
+from thermab.experiment import guardian
+from thermab.experiment.cluster import SESSION_FILE, ClusterRun
 
 
-def restore_all(results: Path, say=print) -> list[str]:
+def restore_all(results: Path, progress=print) -> list[str]:
     problems: list[str] = []
     done_clusters: set[Path] = set()
     for session in sorted(Path(results).glob(f"*/*/{SESSION_FILE}")):
@@ -25,10 +25,10 @@ def restore_all(results: Path, say=print) -> list[str]:
             continue
         done_clusters.add(run_dir.parent)
         patched = sorted(p.parent.name for p in (run_dir.parent / "patch-state").glob("*/state.json"))
-        say(f"{run_dir}: hosts patched: {', '.join(patched) or 'none'}")
-        problems += Run.from_session(run_dir, say).shutdown("manual restore")
+        progress(f"{run_dir}: hosts patched: {', '.join(patched) or 'none'}")
+        problems += ClusterRun.from_session(run_dir, progress).shutdown("manual restore")
     if not done_clusters:
-        say(f"no run with a session under {results}: nothing to restore")
+        progress(f"no run with a session under {results}: nothing to restore")
     return problems
 
 

@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from typing import Callable
 
-from thermab.host import Host
+from thermab.hosts.host import Host
 
 
 class NotReady(RuntimeError):

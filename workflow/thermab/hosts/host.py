@@ -11,7 +11,17 @@ import shlex
 from functools import cached_property
 
 from thermab.config import HostSpec
-from thermab.transport import Result, Transport, connect
+from thermab.hosts.transport import LocalTransport, Result, Transport
+
+
+def connect(spec: HostSpec) -> Transport:
+    """The transport for a host: this module sits above both kinds, so neither imports
+    the other."""
+    if spec.transport == "local":
+        return LocalTransport(spec.name)
+    from thermab.hosts.ssh import SshTransport  # paramiko is only needed for real clusters
+
+    return SshTransport.from_spec(spec)
 
 
 class Host:

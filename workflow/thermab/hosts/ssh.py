@@ -18,7 +18,7 @@ from pathlib import Path
 
 import paramiko
 
-from thermab.transport import CommandError, Result, TransportError
+from thermab.hosts.transport import CommandError, Result, TransportError
 
 CONNECTION_LOST = (paramiko.SSHException, EOFError, OSError, socket.timeout)
 
@@ -30,15 +30,15 @@ class RefusedError(TransportError):
 class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
     """Like OpenSSH's ``StrictHostKeyChecking=accept-new``: pin a first-seen key."""
 
-    def __init__(self, known_hosts: Path, report):
+    def __init__(self, known_hosts: Path, progress):
         self.known_hosts = known_hosts
-        self.report = report
+        self.progress = progress
 
     def missing_host_key(self, client, hostname, key):
         client.get_host_keys().add(hostname, key.get_name(), key)
         self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
         client.get_host_keys().save(str(self.known_hosts))
-        self.report(f"host {hostname}: new {key.get_name()} key {key.get_fingerprint().hex()} "
+        self.progress(f"host {hostname}: new {key.get_name()} key {key.get_fingerprint().hex()} "
                     f"accepted and saved to {self.known_hosts}")
 
 
@@ -53,7 +53,7 @@ class SshTransport:
                  key_file: str | None = None, known_hosts: str | None = None,
                  host_key_policy: str = "strict", jump: str | None = None,
                  connect_timeout: float = 15, keepalive_s: int = 15, retries: int = 3,
-                 report=print):
+                 progress=print):
         self.host = host
         self.address, self.port = address, port
         self.user = user or getpass.getuser()
@@ -64,7 +64,7 @@ class SshTransport:
         self.connect_timeout = connect_timeout
         self.keepalive_s = keepalive_s
         self.retries = retries
-        self.report = report
+        self.progress = progress
         self._client: paramiko.SSHClient | None = None
         self._jump_client: paramiko.SSHClient | None = None
 
@@ -83,7 +83,7 @@ class SshTransport:
         if self.known_hosts.exists():
             client.load_host_keys(str(self.known_hosts))
         if self.host_key_policy == "accept-new":
-            client.set_missing_host_key_policy(_AcceptNewPolicy(self.known_hosts, self.report))
+            client.set_missing_host_key_policy(_AcceptNewPolicy(self.known_hosts, self.progress))
         else:
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
         return client
@@ -143,7 +143,7 @@ class SshTransport:
             except TransportError as error:
                 if attempt == self.retries:
                     raise
-                self.report(f"{error}; retrying in {delay:.0f} s ({attempt}/{self.retries})")
+                self.progress(f"{error}; retrying in {delay:.0f} s ({attempt}/{self.retries})")
                 self.close()
                 time.sleep(delay)
                 delay *= 2
@@ -172,7 +172,7 @@ class SshTransport:
                 self.close()
                 if attempt == 2:
                     raise TransportError(self.host, f"cannot start {command!r}: {error}") from None
-                self.report(f"host {self.host}: connection lost ({error or type(error).__name__}); reconnecting")
+                self.progress(f"host {self.host}: connection lost ({error or type(error).__name__}); reconnecting")
         raise AssertionError("unreachable")
 
     def run(self, command: str, *, timeout: float = 60, check: bool = True) -> Result:

@@ -83,11 +83,3 @@ class LocalTransport:
     def close(self) -> None:
         pass
 
-
-def connect(spec) -> Transport:
-    """The transport for a ``config.HostSpec``."""
-    if spec.transport == "local":
-        return LocalTransport(spec.name)
-    from thermab.ssh import SshTransport  # paramiko is only needed for real clusters
-
-    return SshTransport.from_spec(spec)

@@ -45,7 +45,7 @@ from gevent import GreenletExit
 from locust import User, events, task
 from locust.exception import StopUser
 
-from thermab.prompts import DEFAULT_TOKENS_PER_CHAR, build_prompt, calibrated_tokens_per_char
+from thermab.load.prompts import DEFAULT_TOKENS_PER_CHAR, build_prompt, calibrated_tokens_per_char
 
 READ_BYTES = 65536  # an upper bound only: read1 returns whatever has arrived
 TIMEOUT_S = (10, 120)  # (connect, between bytes): a hung server fails the request instead of the run

@@ -11,7 +11,7 @@ ROOT/run/thermal.log); ``stop`` ends it (exit 0 when it was not running).
 Every ``tick_s`` the daemon measures two inputs:
 
 - ``cpu``: cores used by the node's server processes, with
-  :class:`thermab.agent.ProcessCpu` over ``process_pattern`` from sim.json (the pattern
+  :class:`thermab.telemetry.agent.ProcessCpu` over ``process_pattern`` from sim.json (the pattern
   travels in a file, not on the command line, so the daemon never measures itself);
 - ``gpu``: the share of the tick the emulated GPU was busy (the rate of ROOT/run/gpu_busy_s).
 
@@ -53,7 +53,7 @@ import sys
 import time
 from pathlib import Path
 
-from thermab.agent import ProcessCpu
+from thermab.telemetry.agent import ProcessCpu
 from thermab.sim import node
 
 STATUS_EVERY_S = 10.0

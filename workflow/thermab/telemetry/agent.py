@@ -37,13 +37,22 @@ def read_text(path):
 
 
 class Source:
-    """One kind of telemetry: ``available()``, ``discover()`` then ``sample()`` repeatedly."""
+    """One kind of telemetry: ``available()``, ``discover()`` then ``sample()`` repeatedly.
+    Each source declares its file stem (``name``), the ``kind`` its rows have in
+    ``tidy/telemetry.parquet`` and its default sampling interval; :data:`SOURCES` lists
+    them, and the deployer, ingest and the config schema's defaults all read that list."""
 
     name = "source"
+    kind = ""
+    default_interval_s = 15.0
 
     def __init__(self, sys_root="/", proc_root="/proc"):
         self.sys_root = sys_root
         self.proc_root = proc_root
+
+    @classmethod
+    def from_settings(cls, settings, sys_root, proc_root):
+        return cls(sys_root, proc_root)
 
     def sys_path(self, *parts):
         return os.path.join(self.sys_root, "sys", *parts)
@@ -88,6 +97,8 @@ def parse_millidegrees(text):
 
 class ThermalZones(Source):
     name = "thermal"
+    kind = "thermal"  # the kind of its rows in tidy/telemetry.parquet
+    default_interval_s = 15.0
 
     def __init__(self, *args, **kwargs):
         Source.__init__(self, *args, **kwargs)
@@ -100,7 +111,7 @@ class ThermalZones(Source):
         return os.path.isdir(self.base())
 
     def discover(self):
-        zones, trips = {}, {}
+        zones, trips, details = {}, {}, []
         entries = sorted(self.entries(), key=lambda e: int(re.sub(r"\D", "", e) or 0))
         for entry in entries:
             zone_dir = os.path.join(self.base(), entry)
@@ -110,10 +121,13 @@ class ThermalZones(Source):
             name = zone_name(raw_path, zone_type, index, zones)
             zones[name] = zone_dir
             trip = self._optional(os.path.join(zone_dir, "trip_point_0_temp"))
-            if trip:
-                trips[name] = parse_millidegrees(trip)[0]
+            trip_c = parse_millidegrees(trip)[0] if trip else None
+            if trip_c is not None:
+                trips[name] = trip_c
+            details.append({"zone": entry, "name": name, "device_path": raw_path, "type": zone_type,
+                            "trip_point_c": trip_c})
         self.zones = zones
-        return {"zones": sorted(zones), "trip_points_c": trips}
+        return {"zones": sorted(zones), "trip_points_c": trips, "details": details}
 
     @staticmethod
     def _optional(path):
@@ -143,6 +157,8 @@ class CpuFrequency(Source):
     ``scaling_cur_freq`` can over-read), else ``scaling_cur_freq``."""
 
     name = "freq"
+    kind = "freq"  # the kind of its rows in tidy/telemetry.parquet
+    default_interval_s = 15.0
 
     def base(self):
         return self.sys_path("devices", "system", "cpu", "cpufreq")
@@ -191,6 +207,8 @@ class ProcessCpu(Source):
     on), so a spinning thread can be attributed to a core and cluster."""
 
     name = "cpu"
+    kind = "cpu"  # the kind of its rows in tidy/telemetry.parquet
+    default_interval_s = 6.0
     top_threads = 5
 
     def __init__(self, pattern="vllm", *args, **kwargs):
@@ -201,6 +219,10 @@ class ProcessCpu(Source):
         self.previous_t = None
         self.previous_threads = {}
         self.own_pids = {os.getpid()}
+
+    @classmethod
+    def from_settings(cls, settings, sys_root, proc_root):
+        return cls(settings.get("process_pattern", "vllm"), sys_root, proc_root)
 
     def matching_pids(self):
         pids = []
@@ -280,6 +302,8 @@ class Hwmon(Source):
     temperatures of hosts without ACPI thermal zones.  Sensor ``<chip>/<label>``."""
 
     name = "hwmon"
+    kind = "thermal"  # the kind of its rows in tidy/telemetry.parquet
+    default_interval_s = 15.0
 
     def base(self):
         return self.sys_path("class", "hwmon")
@@ -336,6 +360,8 @@ def parse_nvidia_smi(text):
 
 class NvidiaGpu(Source):
     name = "gpu"
+    kind = "gpu"  # the kind of its rows in tidy/telemetry.parquet
+    default_interval_s = 15.0
 
     def available(self):
         return shutil.which("nvidia-smi") is not None
@@ -355,6 +381,8 @@ class SystemCpu(Source):
     """Busy share of all CPUs from /proc/stat, and the 1-minute load average."""
 
     name = "system"
+    kind = "system"  # the kind of its rows in tidy/telemetry.parquet
+    default_interval_s = 6.0
 
     def __init__(self, *args, **kwargs):
         Source.__init__(self, *args, **kwargs)
@@ -380,6 +408,25 @@ def format_value(value):
     return "%.3f" % value if isinstance(value, float) else str(value)
 
 
+# The registry of sources, in sampling order: everything that needs the list reads it here.
+SOURCES = (ThermalZones, Hwmon, CpuFrequency, ProcessCpu, SystemCpu, NvidiaGpu)
+
+
+def discover_all(sys_root="/", proc_root="/proc"):
+    """What each available source finds at start, without sampling: preflight runs this
+    on every host (``agent.py --discover``), so it sees the zones the agent will log."""
+    found = {}
+    for source_class in SOURCES:
+        if source_class is ProcessCpu:
+            continue  # which processes match is a run-time fact, not a host fact
+        source = source_class(sys_root, proc_root)
+        try:
+            found[source.name] = source.discover() if source.available() else None
+        except OSError as error:
+            found[source.name] = {"error": str(error)}
+    return found
+
+
 class Agent:
     def __init__(self, settings):
         self.settings = settings
@@ -387,18 +434,10 @@ class Agent:
         sys_root = settings.get("sys_root", "/")
         proc_root = settings.get("proc_root", "/proc")
         intervals = settings.get("intervals", {})
-        candidates = [
-            ThermalZones(sys_root, proc_root),
-            Hwmon(sys_root, proc_root),
-            CpuFrequency(sys_root, proc_root),
-            ProcessCpu(settings.get("process_pattern", "vllm"), sys_root, proc_root),
-            SystemCpu(sys_root, proc_root),
-            NvidiaGpu(sys_root, proc_root),
-        ]
-        default_interval = {"thermal": 15.0, "hwmon": 15.0, "cpu": 6.0, "freq": 15.0, "system": 6.0, "gpu": 15.0}
+        candidates = [source.from_settings(settings, sys_root, proc_root) for source in SOURCES]
         self.sources = []
         for source in candidates:
-            interval = float(intervals.get(source.name, default_interval[source.name]))
+            interval = float(intervals.get(source.name, source.default_interval_s))
             if interval > 0 and source.available():
                 self.sources.append((source, interval))
         self.stopping = False
@@ -453,8 +492,16 @@ class Agent:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="agent.json with out_dir, roots, pattern, intervals")
+    parser.add_argument("--config", help="agent.json with out_dir, roots, pattern, intervals")
+    parser.add_argument("--discover", action="store_true",
+                        help="print what the sources find (JSON) and exit, sampling nothing")
+    parser.add_argument("--sys-root", default="/", help="with --discover: the root of /sys")
     args = parser.parse_args(argv)
+    if args.discover:
+        json.dump(discover_all(args.sys_root), sys.stdout, indent=1, sort_keys=True)
+        return 0
+    if not args.config:
+        parser.error("--config is required")
     with open(args.config) as handle:
         settings = json.load(handle)
     agent = Agent(settings)

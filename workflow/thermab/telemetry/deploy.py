@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from thermab import agent as agent_module
-from thermab.host import Host
+from thermab.telemetry import agent as agent_module
+from thermab.hosts.host import Host
 
 AGENT_SOURCE = Path(agent_module.__file__)
 
@@ -41,23 +41,38 @@ def agent_pid(host: Host, session: str) -> int | None:
     return int(result.stdout) if result.ok and result.stdout.strip().isdigit() else None
 
 
+def _install(host: Host, directory: str, settings: dict | None = None) -> None:
+    host.run(f"mkdir -p {shlex.quote(directory)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        if settings is not None:
+            config_path = Path(tmp) / "agent-config.json"
+            config_path.write_text(json.dumps(settings, indent=1))
+            host.transport.put(config_path, f"{directory}/agent-config.json")
+        host.transport.put(AGENT_SOURCE, f"{directory}/agent.py")
+
+
+def discover(host: Host, session: str) -> dict:
+    """What the agent's own sources find on the host (zones with names and trip points,
+    hwmon, cpufreq, GPUs), so preflight sees exactly what the agent will log."""
+    directory = session_dir(host, session)
+    _install(host, directory)
+    root = shlex.quote(str(host.spec.root)) if host.spec.simulated else "/"
+    result = host.run(f"cd {shlex.quote(directory)} && {_python(host)} agent.py --discover --sys-root {root}")
+    return json.loads(result.stdout)
+
+
 def start_agent(host: Host, session: str, settings: dict) -> int:
     """Start the agent unless it already runs; returns its pid."""
     running = agent_pid(host, session)
     if running:
         return running
     directory = session_dir(host, session)
-    host.run(f"mkdir -p {shlex.quote(directory)}")
     # paths relative to the agent's working directory (the session directory), so an
     # agent_dir given relative (to the home over SSH, or to the controller's directory) works
     settings = dict(settings, out_dir=".", stop_file="stop")
     if host.spec.simulated:
         settings["sys_root"] = str(host.spec.root)
-    with tempfile.TemporaryDirectory() as tmp:
-        config_path = Path(tmp) / "agent-config.json"
-        config_path.write_text(json.dumps(settings, indent=1))
-        host.transport.put(config_path, f"{directory}/agent-config.json")
-        host.transport.put(AGENT_SOURCE, f"{directory}/agent.py")
+    _install(host, directory, settings)
     quoted = shlex.quote(directory)
     # only the agent goes to the background, with every stream redirected, so the
     # transport's command returns at once instead of waiting on the agent's pipes

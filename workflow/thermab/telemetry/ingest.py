@@ -1,4 +1,4 @@
-"""Agent CSVs and per-phase request files -> the tidy contract files (DESIGN.md).
+"""Agent CSVs and per-phase request files -> the tidy contract files (docs/design.md).
 
 Host timestamps are moved onto the controller's clock with the mean of the offsets
 measured at preflight and at the end.  Rows without a value (the agent records missing
@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from thermab import events
+from thermab import jsonl
+from thermab.telemetry.agent import SOURCES
 
-SOURCES = {"thermal": "thermal", "hwmon": "thermal", "cpu": "cpu", "freq": "freq", "gpu": "gpu",
-           "system": "system"}
+# each agent file (its stem is the source's name) and the kind its rows take: from the
+# agent's own registry, so a source the agent collects is never dropped here
+KIND_OF_FILE = {source.name: source.kind for source in SOURCES}
 TELEMETRY_COLUMNS = ["t", "host", "kind", "sensor", "value"]
 
 
@@ -45,7 +47,7 @@ def read_agent_csv(path: Path, host: str, kind: str, offset: float) -> tuple[pd.
 def telemetry(monitor_dir: Path, offsets: dict[str, float]) -> tuple[pd.DataFrame, dict]:
     frames, dropped = [], {}
     for host_dir in sorted(p for p in Path(monitor_dir).iterdir() if p.is_dir()):
-        for stem, kind in SOURCES.items():
+        for stem, kind in KIND_OF_FILE.items():
             path = host_dir / f"{stem}.csv"
             if path.exists():
                 frame, counts = read_agent_csv(path, host_dir.name, kind, offsets.get(host_dir.name, 0.0))
@@ -76,7 +78,7 @@ def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, 
     out_telemetry.parent.mkdir(parents=True, exist_ok=True)
     tidy.to_parquet(out_telemetry, index=False)
     requests(phase_request_files).to_parquet(out_requests, index=False)
-    _records, event_problems = events.read_checked(run_dir / "events.jsonl")
+    _records, event_problems = jsonl.read_checked(run_dir / "events.jsonl", "t", ("event",))
     report = {"telemetry_rows": len(tidy), "dropped": dropped, "events": event_problems,
               "clock_offsets_s": offsets}
     (out_telemetry.parent / "ingest.json").write_text(json.dumps(report, indent=1))

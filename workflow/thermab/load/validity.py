@@ -1,0 +1,195 @@
+"""Was the load the load intended? Pure functions over a phase's request records.
+
+``to_frame`` puts the locustfile's records into the columns of ``tidy/requests.parquet``
+(docs/design.md, plus the stream diagnostics); ``validity_report`` states the facts of the
+load window with their n, and ``warnings`` says in words what makes a phase suspect.
+"""
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = {  # DESIGN.md's tidy/requests.parquet, then the stream diagnostics
+    "order": "string",
+    "rep": "int64",
+    "arm": "string",
+    "kind": "string",
+    "user": "int64",
+    "tag": "string",
+    "t_start": "float64",
+    "t_first_token": "float64",
+    "t_end": "float64",
+    "prompt_tokens": "Int64",
+    "completion_tokens": "Int64",
+    "cached_tokens": "Int64",
+    "ok": "bool",
+    "error": "string",
+    "max_gap_s": "float64",
+    "stall_gaps": "int64",
+    "usage_source": "string",
+}
+SATURATED_SHARE = 0.95  # mean in-flight below this share of the users means an unsaturated loop
+PROMPT_TOLERANCE = 0.10  # measured prompt size this far from the target is reported
+
+
+def to_frame(records, *, order, rep, arm):
+    frame = pd.DataFrame.from_records(records, columns=[c for c in COLUMNS if c not in ("order", "rep", "arm")])
+    frame.insert(0, "order", order)
+    frame.insert(1, "rep", rep)
+    frame.insert(2, "arm", arm)
+    return frame.astype(COLUMNS).sort_values("t_start", kind="stable").reset_index(drop=True)
+
+
+def load_window(events, frame, duration_s):
+    """``[load_start, load_end)`` from the locustfile's marks; from the first request and
+    the duration when a mark is missing (a Locust that died early)."""
+    marks = {e["event"]: e["t"] for e in events}
+    start = marks.get("load_start", frame["t_start"].min() if len(frame) else np.nan)
+    return start, marks.get("load_end", start + duration_s)
+
+
+def inflight(frame, start, end, users):
+    """Time-weighted mean number of requests in flight over [start, end), and the share of
+    that time at least ``users`` were."""
+    starts = frame["t_start"].clip(start, end).to_numpy()
+    ends = frame["t_end"].clip(start, end).to_numpy()
+    length = end - start
+    if not length > 0:  # also NaN: no window to weigh over
+        return np.nan, np.nan
+    times = np.concatenate([starts, ends])
+    steps = np.concatenate([np.ones(len(starts)), -np.ones(len(ends))])
+    order = np.argsort(times, kind="stable")
+    level = np.cumsum(steps[order])
+    held = np.diff(np.append(times[order], end))
+    return float((ends - starts).sum() / length), float(held[level >= users].sum() / length)
+
+
+def _number(value, digits=3):
+    """A JSON-friendly number: None for NaN/NA, plain int or rounded float otherwise."""
+    if value is None or pd.isna(value):
+        return None
+    if float(value).is_integer():
+        return int(value)
+    return round(float(value), digits)
+
+
+def _counts(series):
+    return {str(key): int(n) for key, n in series.value_counts().items()}
+
+
+def error_category(error):
+    """Failure texts start with a fixed category before the first ': '."""
+    return error.split(": ", 1)[0]
+
+
+def validity_report(frame, window, *, users, max_tokens, prompt_tokens, probe_n, stall_gap_s):
+    """Was this the load intended? Facts with their n, then ``warnings`` in words."""
+    start, end = window
+    length = end - start
+    load = frame[frame["kind"] == "load"]
+    ok_load = load[load["ok"]]
+    probe = frame[frame["kind"] == "probe"]
+    ok_probe = probe[probe["ok"]]
+    failed = frame[~frame["ok"]]
+    in_window = ok_load[(ok_load["t_end"] >= start) & (ok_load["t_end"] < end)]
+    measured_prompt = load["prompt_tokens"].dropna()
+    mean_inflight, share_at_users = inflight(load, start, end, users)
+    decode = (ok_probe["completion_tokens"] - 1) / (ok_probe["t_end"] - ok_probe["t_first_token"])
+    report = {
+        "window": {"start": _number(start, 3), "end": _number(end, 3), "s": _number(length)},
+        "requests": {
+            "load": len(load), "load_ok": len(ok_load), "probe": len(probe), "probe_ok": len(ok_probe),
+            "started_after_end": int((frame["t_start"] >= end).sum()),
+            "ended_after_end": int((frame["t_end"] >= end).sum()),
+        },
+        "errors": {
+            "n": len(failed),
+            "by_category": _counts(failed["error"].map(error_category)),
+            "first": failed["error"].iloc[0] if len(failed) else None,
+            "last_ok_end_s": _number(ok_load["t_end"].max() - start) if len(ok_load) else None,
+        },
+        "full_length": {
+            "max_tokens": max_tokens,
+            "share_of_ok_load": _number((ok_load["completion_tokens"] == max_tokens).mean()) if len(ok_load) else None,
+        },
+        "cached": {
+            "load_with_cached_tokens": int((load["cached_tokens"].fillna(0) > 0).sum()),
+            "load_reporting_cached_tokens": int(load["cached_tokens"].notna().sum()),
+        },
+        "concurrency": {
+            "users": users,
+            "inflight_mean": _number(mean_inflight),
+            "share_of_window_at_users": _number(share_at_users),
+        },
+        "gaps": {
+            "stall_gap_s": stall_gap_s,
+            "max_gap_s": _number(frame["max_gap_s"].max()),
+            "stall_gaps": int(frame["stall_gaps"].sum()),
+            "requests_with_stalls": int((frame["stall_gaps"] > 0).sum()),
+        },
+        "prompt_tokens": {
+            "target": prompt_tokens,
+            "n": len(measured_prompt),
+            "median": _number(measured_prompt.median()),
+            "min": _number(measured_prompt.min()),
+            "max": _number(measured_prompt.max()),
+            "median_over_target": _number(measured_prompt.median() / prompt_tokens),
+        },
+        "usage_source": _counts(frame["usage_source"]),
+        "throughput": {
+            "requests_completed": len(in_window),
+            "output_tokens": int(in_window["completion_tokens"].sum()),
+            "output_tok_s": _number(in_window["completion_tokens"].sum() / length if length > 0 else np.nan),
+        },
+        "probe": {"n": len(probe), "ok": len(ok_probe), "decode_tok_s_median": _number(decode.median())},
+    }
+    report["warnings"] = warnings(report, probe_n)
+    return report
+
+
+def warnings(report, probe_n):
+    """What in ``report`` makes the phase suspect, in words a reader can act on."""
+    out = []
+    req, errors, conc = report["requests"], report["errors"], report["concurrency"]
+    if req["load_ok"] == 0:
+        out.append("no load request succeeded: is the server up and serving the model?")
+    if errors["n"]:
+        categories = ", ".join(f"{k}: {v}" for k, v in errors["by_category"].items())
+        last_ok = errors["last_ok_end_s"]
+        when = f"; the last successful load request ended {last_ok} s into the window" if last_ok is not None else ""
+        out.append(f"{errors['n']} of {req['load'] + req['probe']} requests failed ({categories}){when}; "
+                   f"first: {errors['first']}")
+    share = report["full_length"]["share_of_ok_load"]
+    if share is not None and share < 1:
+        out.append(f"only {share:.1%} of successful load requests returned max_tokens="
+                   f"{report['full_length']['max_tokens']} tokens: the server ignored ignore_eos or max_tokens")
+    if report["cached"]["load_with_cached_tokens"]:
+        out.append(f"{report['cached']['load_with_cached_tokens']} load requests hit the prefix cache: "
+                   "the prompts are not unique from their first tokens")
+    if conc["inflight_mean"] is not None and conc["inflight_mean"] < SATURATED_SHARE * conc["users"]:
+        out.append(f"mean in-flight requests {conc['inflight_mean']} for {conc['users']} users: "
+                   "the closed loop was not saturated (failures and their back-off, or a slow client)")
+    chunks = report["usage_source"].get("chunks", 0)
+    if chunks:
+        out.append(f"{chunks} requests came without usage: their token counts are stream chunks, "
+                   "which undercount under speculative decoding")
+    ratio = report["prompt_tokens"]["median_over_target"]
+    if ratio is not None and abs(ratio - 1) > PROMPT_TOLERANCE:
+        out.append(f"measured prompt size {report['prompt_tokens']['median']} tokens (median) against the "
+                   f"target {report['prompt_tokens']['target']}")
+    gaps = report["gaps"]
+    if gaps["stall_gaps"]:
+        out.append(f"{gaps['stall_gaps']} inter-token gaps of at least {gaps['stall_gap_s']} s in "
+                   f"{gaps['requests_with_stalls']} requests (largest {gaps['max_gap_s']} s)")
+    if report["probe"]["ok"] < probe_n:
+        out.append(f"probe: {report['probe']['ok']} of {probe_n} requests succeeded")
+    if req["started_after_end"]:
+        out.append(f"{req['started_after_end']} requests started after the load window ended")
+    return out
+
+
+def summary_line(report):
+    req, thr = report["requests"], report["throughput"]
+    return (f"load {report['order']} rep{report['rep']}-{report['arm']} done: {req['load_ok']}/{req['load']} load "
+            f"requests ok, {thr['output_tok_s']} output tok/s over {report['window']['s']} s, "
+            f"in flight {report['concurrency']['inflight_mean']}, probe {report['probe']['decode_tok_s_median']} tok/s, "
+            f"{len(report['warnings'])} warnings")
