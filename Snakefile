@@ -1,5 +1,5 @@
 # thermab: controlled A/B experiments of heat, CPU and speed on LLM inference servers.
-# Stages and file contracts: ../shared/DESIGN.md (mirrored in docs/design.md); keys: config/README.md.
+# Stages and file contracts: docs/design.md; every config key: config/README.md.
 from snakemake.utils import min_version
 
 min_version("9.0")

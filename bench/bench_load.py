@@ -4,7 +4,7 @@ Runs, against one fast local OpenAI-compatible server (tests/openai_test_servers
 process of its own), first thermab's Locust closed loop (``thermab.load.runner.run_load``), then a
 minimal asyncio + aiohttp closed loop of the same shape (N workers, zero wait, streaming with
 ``include_usage``, like vLLM's benchmark client), and prints for each: delivered output
-tok/s (the DESIGN.md definition), time-weighted in-flight mean, and client CPU seconds
+tok/s (the docs/design.md definition), time-weighted in-flight mean, and client CPU seconds
 per 1M output tokens. Targets: in-flight >= 3.99 of 4, tok/s >= 0.99x the reference,
 CPU per token <= 1.0x the reference.
 

@@ -1,4 +1,4 @@
-"""Writes small synthetic run directories (the contracts of DESIGN.md) for the analysis tests."""
+"""Writes small synthetic run directories (the contracts of docs/design.md) for the analysis tests."""
 
 import json
 from pathlib import Path

@@ -33,8 +33,8 @@ from thermab.experiment import plan
 STUDY_LABELS = {"ustock": "stock", "upatched": "patched"}
 NAMED_MARKS = {"baseline-start": "baseline_start", "baseline-end": "baseline_end",
                "cooldown-end": "cooldown_end"}
-# run.json defaults: the study's GB10 nodes and its report's reference lines
-DEFAULTS = {"trip_point_c": 104.8, "reference_lines_c": [96, 87]}
+# run.json default: the study's GB10 nodes
+DEFAULTS = {"trip_point_c": 104.8}
 
 
 def chart_frames(chart: dict, head: str = "head", worker: str = "worker") -> tuple[dict, list]:

@@ -1,4 +1,4 @@
-"""Per-phase metrics: pure functions from the tidy frames to the tables of DESIGN.md.
+"""Per-phase metrics: pure functions from the tidy frames to the tables of docs/design.md.
 
 Every function takes DataFrames (events, telemetry, requests, load windows) and returns a
 DataFrame with fixed columns, empty but well-formed when there is nothing to measure, so
@@ -17,7 +17,7 @@ WINDOW_COLUMNS = PHASE_KEYS + ["load_start", "load_end", "window_s"]
 THRESHOLD_COLUMNS = PHASE_KEYS + ["host", "sensor", "threshold_c", "reached_s", "samples_at_or_above"]
 ZONE_COLUMNS = PHASE_KEYS + ["host", "sensor", "mean_c", "max_c", "n"]
 CPU_COLUMNS = PHASE_KEYS + ["host", "median_pct", "p5_pct", "p95_pct", "n"]
-# DESIGN.md columns first; stall_gaps, max_gap_s and errors are additions (see performance()).
+# docs/design.md's columns first; stall_gaps, max_gap_s and errors are additions (see performance()).
 PERFORMANCE_COLUMNS = PHASE_KEYS + [
     "requests_completed", "output_tokens", "window_s", "output_tok_s", "probe_tok_s_median",
     "probe_n", "stall_gaps", "max_gap_s", "errors",

@@ -1,4 +1,4 @@
-"""The anchor-checked patcher (DESIGN.md): a patch can never silently miss or silently stay.
+"""The anchor-checked patcher (docs/design.md): a patch can never silently miss or silently stay.
 
 - The anchor (a regex) must match exactly once, or nothing is written.
 - Before the first change the original bytes and their sha256 go to a state directory on

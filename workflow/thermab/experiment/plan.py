@@ -36,7 +36,7 @@ def previous(order: str, rep: int, arm: str) -> str:
 RUN_FILE = "run.json"
 # the analysis settings a plan falls back on when nothing says otherwise (the config
 # schema's defaults say the same; a test keeps them in step)
-DEFAULT_ANALYSIS = {"thresholds_c": [85, 90, 92, 95], "reference_lines_c": [], "stall_gap_s": 1.0,
+DEFAULT_ANALYSIS = {"thresholds_c": [85, 90, 92, 95], "reference_lines_c": [96, 87], "stall_gap_s": 1.0,
                     "timeline_zone": "TSOC"}
 
 

@@ -8,7 +8,7 @@ load window with their n, and ``warnings`` says in words what makes a phase susp
 import numpy as np
 import pandas as pd
 
-COLUMNS = {  # DESIGN.md's tidy/requests.parquet, then the stream diagnostics
+COLUMNS = {  # docs/design.md's tidy/requests.parquet, then the stream diagnostics
     "order": "string",
     "rep": "int64",
     "arm": "string",
