@@ -120,3 +120,46 @@ def test_sweep_compares_every_arm_and_names_the_best_setting():
     best = stats.best_setting(variance, arms, "A", "head TSOC mean")
     assert best["arm"] == "C" and best["value"] == "0.01"
     assert "D" in best["excluded"] and "stall" in best["excluded"]["D"]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_welch_interval_agrees_with_the_textbook_formula(seed):
+    rng = np.random.default_rng(seed)
+    reference = pd.Series(rng.normal(100, rng.uniform(0.5, 3), rng.integers(2, 9)))
+    arm = pd.Series(rng.normal(97, rng.uniform(0.5, 3), rng.integers(2, 9)))
+    v1, v2 = reference.var() / len(reference), arm.var() / len(arm)
+    df = (v1 + v2) ** 2 / (v1 ** 2 / (len(reference) - 1) + v2 ** 2 / (len(arm) - 1))
+    half = stats.t_quantile(0.975, df) * math.sqrt(v1 + v2)
+    diff = arm.mean() - reference.mean()
+    welch = stats.welch_interval(reference, arm)
+    assert welch["diff"] == pytest.approx(diff, abs=1e-9)
+    assert (welch["ci_low"], welch["ci_high"]) == pytest.approx((diff - half, diff + half), abs=1e-9)
+    constant = stats.welch_interval(pd.Series([1.0, 1.0]), pd.Series([3.0, 3.0]))
+    assert constant == {"diff": 2.0, "ci_low": 2.0, "ci_high": 2.0}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_arm_period_fit_agrees_with_least_squares(seed):
+    long = phases({"A": 90.0, "B": 84.0, "C": 80.0}, sd=1.0, reps=2, seed=seed, orders=("ABC", "CBA"),
+                  period_effect=1.5)
+    position = np.array([order.index(arm) for order, arm in zip(long["order"], long["arm"])], float)
+    design = np.column_stack([np.ones(len(long)), long["arm"] == "B", long["arm"] == "C", position]).astype(float)
+    coef, *_ = np.linalg.lstsq(design, long["value"].to_numpy(), rcond=None)
+    residual = long["value"].to_numpy() - design @ coef
+    dof = len(long) - design.shape[1]
+    se = np.sqrt(np.diag(residual @ residual / dof * np.linalg.inv(design.T @ design)))
+    half = stats.t_quantile(0.975, dof) * se
+    fit = stats.arm_period_fit(long, "A")
+    for i, estimate in enumerate([fit["arms"]["B"], fit["arms"]["C"], fit["period"]], start=1):
+        assert estimate == pytest.approx((coef[i], coef[i] - half[i], coef[i] + half[i]), abs=1e-9)
+    assert stats.arm_period_fit(long[long["order"] == "ABC"], "A") is None  # one order: confounded
+
+
+def test_repeats_needed_is_the_closed_form_normal_approximation():
+    from statistics import NormalDist
+    z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)
+    for sd in (0.3, 1.0, 2.7, 10.0):
+        for difference in (-4.0, 0.25, 1.0, 3.3, 12.0):
+            expected = max(2, math.ceil(2 * (z * sd / difference) ** 2))
+            assert stats.repeats_needed(sd, difference) == expected
+    assert stats.repeats_needed(0.0, 1.0) == 2 and math.isnan(stats.repeats_needed(1.0, 0.0))

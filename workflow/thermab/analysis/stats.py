@@ -21,10 +21,11 @@ restart variance, the larger coefficient of variation between repeats of either 
 """
 
 import math
-from statistics import NormalDist
 
-import numpy as np
 import pandas as pd
+
+# SciPy and statsmodels are imported where they are used: together they take about a second
+# to import, which every importer of the finding names (summary, the report) would pay
 
 VARIANCE_COLUMNS = [
     "metric", "unit", "arm", "label", "n", "mean", "sd", "cv_pct",
@@ -41,56 +42,10 @@ REAL = "real"
 
 
 def t_quantile(p: float, df: float) -> float:
-    """Quantile of Student's t distribution (bisection on the CDF; no SciPy needed)."""
-    if p < 0.5:
-        return -t_quantile(1 - p, df)
-    low, high = 0.0, 1.0
-    while _t_cdf(high, df) < p:
-        low, high = high, high * 2
-    for _ in range(200):
-        middle = (low + high) / 2
-        low, high = (middle, high) if _t_cdf(middle, df) < p else (low, middle)
-        if high - low < 1e-12 * max(1.0, high):
-            break
-    return (low + high) / 2
+    """Quantile of Student's t distribution."""
+    from scipy import stats as scipy_stats
 
-
-def _t_cdf(x: float, df: float) -> float:
-    tail = 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + x * x))
-    return 1 - tail if x >= 0 else tail
-
-
-def _incomplete_beta(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta I_x(a, b), continued fraction (Numerical Recipes §6.4)."""
-    if x <= 0:
-        return 0.0
-    if x >= 1:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                     + a * math.log(x) + b * math.log1p(-x))
-    # the fraction converges fast only below (a+1)/(a+b+2); use the symmetry above it
-    if x < (a + 1) / (a + b + 2):
-        return front * _beta_fraction(a, b, x) / a
-    return 1 - front * _beta_fraction(b, a, 1 - x) / b
-
-
-def _beta_fraction(a: float, b: float, x: float) -> float:
-    tiny = 1e-300
-
-    def guard(value):
-        return tiny if abs(value) < tiny else value
-
-    c, d = 1.0, 1 / guard(1 - (a + b) * x / (a + 1))
-    result = d
-    for m in range(1, 500):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1 / guard(1 + numerator * d)
-            c = guard(1 + numerator / c)
-            result *= d * c
-        if abs(d * c - 1) < 1e-15:
-            break
-    return result
+    return float(scipy_stats.t.ppf(p, df))
 
 
 def describe(values: pd.Series) -> dict:
@@ -109,48 +64,66 @@ def welch_interval(reference: pd.Series, arm: pd.Series, alpha: float = 0.05) ->
     """Difference of means (arm − reference) with its Welch t interval; NaN interval with fewer
     than two values in either group."""
     diff = float(arm.mean() - reference.mean())
-    n1, n2 = reference.count(), arm.count()
-    if min(n1, n2) < 2:
+    ref_values, arm_values = reference.dropna().to_numpy(float), arm.dropna().to_numpy(float)
+    if min(len(ref_values), len(arm_values)) < 2:
         return {"diff": diff, "ci_low": math.nan, "ci_high": math.nan}
-    v1, v2 = reference.var(ddof=1) / n1, arm.var(ddof=1) / n2
-    if v1 + v2 == 0:
+    if reference.var(ddof=1) + arm.var(ddof=1) == 0:
+        # no spread in either arm: the difference is exact, and Welch's degrees of freedom
+        # are 0/0, which is left to no library's convention
         return {"diff": diff, "ci_low": diff, "ci_high": diff}
-    df = (v1 + v2) ** 2 / (v1 ** 2 / (n1 - 1) + v2 ** 2 / (n2 - 1))
-    half = t_quantile(1 - alpha / 2, df) * math.sqrt(v1 + v2)
-    return {"diff": diff, "ci_low": diff - half, "ci_high": diff + half}
+    from scipy import stats as scipy_stats
+
+    low, high = scipy_stats.ttest_ind(arm_values, ref_values, equal_var=False).confidence_interval(1 - alpha)
+    return {"diff": diff, "ci_low": float(low), "ci_high": float(high)}
 
 
 def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> dict | None:
-    """OLS ``value ~ arm + position`` over all arms of one metric.
+    """OLS ``value ~ arm + position`` over all arms of one metric (arm as treatment contrasts
+    against ``reference``, position as a number: a linear drift per step).
 
     Returns {"arms": {arm: (estimate, low, high)}, "period": (estimate, low, high)} with the
     period effect per position step, or None when arm and position are confounded (a single
-    order) or no residual degree of freedom is left.
+    order, or no phase of the reference arm) or no residual degree of freedom is left.
     """
-    others = [a for a in pd.unique(data["arm"]) if a != reference]
-    position = np.array([order.index(arm) for order, arm in zip(data["order"], data["arm"])], float)
-    design = np.column_stack([np.ones(len(data))]
-                             + [(data["arm"] == a).to_numpy(float) for a in others] + [position])
-    dof = len(data) - design.shape[1]
-    if dof < 1 or np.linalg.matrix_rank(design) < design.shape[1]:
+    if data["order"].nunique() < 2 or not (data["arm"] == reference).any():
+        # one order: the position is a function of the arm; no reference: the arm columns
+        # add up to the intercept.  Either way the design is rank-deficient, so skip the
+        # fit (and the slow import of the formula API)
         return None
-    values = data["value"].to_numpy(float)
-    coef, *_ = np.linalg.lstsq(design, values, rcond=None)
-    residual = values - design @ coef
-    covariance = residual @ residual / dof * np.linalg.inv(design.T @ design)
-    half = t_quantile(1 - alpha / 2, dof) * np.sqrt(np.diag(covariance))
-    estimates = [(coef[i], coef[i] - half[i], coef[i] + half[i]) for i in range(len(coef))]
-    return {"arms": dict(zip(others, estimates[1:-1])), "period": estimates[-1]}
+    from statsmodels.formula.api import ols  # slower still: only where orders are pooled
+
+    position = [order.index(arm) for order, arm in zip(data["order"], data["arm"])]
+    arm_term = f"C(arm, Treatment(reference={reference!r}))"
+    model = ols(f"value ~ {arm_term} + position", data.assign(position=position))
+    if model.df_resid < 1 or model.rank < model.exog.shape[1]:
+        return None
+    fit = model.fit()
+    interval = fit.conf_int(alpha)
+
+    def estimate(name):
+        return (fit.params[name], *interval.loc[name])
+
+    others = [a for a in pd.unique(data["arm"]) if a != reference]
+    return {"arms": {a: estimate(f"{arm_term}[T.{a}]") for a in others}, "period": estimate("position")}
 
 
 def repeats_needed(sd: float, difference: float, alpha: float = 0.05, power: float = 0.8) -> float:
     """Phases per arm to detect ``difference`` with a two-sided test at ``alpha`` and ``power``
     (normal approximation, equal n): 2 (z₁₋α/₂ + z_power)² sd² / difference², at least 2 so
-    that the variance can be estimated.  NaN when sd is unknown or the difference is zero."""
+    that the variance can be estimated.  NaN when sd is unknown or the difference is zero.
+
+    The normal approximation is kept on purpose, in its closed form (the far tail of the
+    two-sided test is ignored, as the one-tail formula at α/2 does).  The exact t-based
+    answer (``TTestIndPower().solve_power``) asks about one phase more at these sizes, e.g. 17
+    rather than 16 for a 1-sd difference; ``NormalIndPower().solve_power`` solves numerically,
+    differs in the fifth digit and fails (NaN) where fewer than one phase would do."""
     if math.isnan(sd) or math.isnan(difference) or difference == 0:
         return math.nan
-    z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
-    return float(max(2, math.ceil(2 * (z * sd / difference) ** 2)))
+    from statsmodels.stats.power import normal_sample_size_one_tail
+
+    # the difference of two means of n phases each has sd √2·sd/√n
+    n = normal_sample_size_one_tail(abs(difference), power, alpha / 2, std_null=math.sqrt(2) * sd)
+    return float(max(2, math.ceil(n)))
 
 
 def compare(long: pd.DataFrame, arms: dict, reference: str, detect_pct: float = 5.0,
