@@ -245,7 +245,8 @@ def test_through_a_jump_host(sshd, tmp_path):
         ssh.close()
         closed = transport(target, port=free_port(), known_hosts=str(known),
                            jump=f"127.0.0.1:{sshd.port}")
-        with pytest.raises(Exception, match=r"node1: jump host 127.0.0.1:\d+ cannot reach 127.0.0.1:\d+"):
+        with pytest.raises(Exception, match=r"node1: jump host 127.0.0.1:\d+ cannot reach 127.0.0.1:\d+: "
+                                            "Connect failed$"):
             closed.run("true")
     finally:
         target.stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from thermab.config import ConfigError, abort_threshold
@@ -122,8 +123,10 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
     failed_record = run.run_dir / FAILED_RECORD
     report: dict = {"cluster": run.cluster.name, "order": run.order, "t": time.time(), "hosts": {}}
     problems: list[str] = []
-    for host in run.hosts:
-        facts, host_problems, advice = _check_host(run, host)
+    # hosts checked side by side, so unreachable ones wait out their timeouts together
+    with ThreadPoolExecutor(len(run.hosts)) as pool:
+        checks = list(pool.map(lambda host: _check_host(run, host), run.hosts))
+    for host, (facts, host_problems, advice) in zip(run.hosts, checks):
         report["hosts"][host.name] = facts
         report.setdefault("advice", []).extend(advice)
         problems += host_problems

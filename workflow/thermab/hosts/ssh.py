@@ -152,8 +152,9 @@ class SshTransport:
                 sock = self._jump_client.get_transport().open_channel(
                     "direct-tcpip", (self.address, self.port), ("127.0.0.1", 0), timeout=self.connect_timeout)
             except paramiko.SSHException as error:
+                reason = error.text if isinstance(error, paramiko.ChannelException) else str(error)
                 raise TransportError(self.host, f"jump host {jump_address}:{jump_port} cannot reach "
-                                                f"{self.address}:{self.port}: {error}") from None
+                                                f"{self.address}:{self.port}: {reason}") from None
         else:
             sock = self._socket(self.address, self.port)
         client = self._open(self.address, self.port, self.user, sock)
