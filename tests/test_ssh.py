@@ -306,3 +306,18 @@ def test_a_preflight_over_ssh_to_a_closed_port_fails_fast_and_cleanly(tmp_path):
     assert len(failed["problems"]) == 2 and not failed["hosts"]["head"]["reachable"]
     assert not (run_dir / "guardian.json").exists() and not (run_dir / "logs/guardian.log").exists()
     assert not (run_dir / "events.jsonl").exists(), "no abort event: nothing happened"
+
+
+def test_a_host_without_the_agents_python_is_named_with_the_setting_to_change(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    raw = simulated_over_ssh(tmp_path, {})
+    for host in raw["clusters"]["sim"]["hosts"].values():
+        host.update(transport="local", agent_python="no-such-python")
+        del host["address"]
+    run_dir = tmp_path / "results/sim/AB"
+    run = ClusterRun(validate(raw), "sim", "AB", run_dir, tmp_path, progress=lambda _m: None)
+    with pytest.raises(preflight.PreflightError, match=r"host worker: the agent's Python \(no-such-python\) "
+                                                       r"does not run: .*set agent_python"):
+        preflight.preflight(run, run_dir / "preflight.json", run_dir / "run.json")
+    failed = json.loads((run_dir / "logs/preflight-failed.json").read_text())
+    assert failed["hosts"]["head"]["sha256"], "the other checks still ran"

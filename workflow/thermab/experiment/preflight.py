@@ -59,15 +59,15 @@ def _check_reachable(run: ClusterRun, host, facts: dict) -> tuple[dict, list[str
     patcher = run.patcher(host)
     if patcher.is_patched:  # an earlier run died without cleaning up
         facts["restored_leftover"] = patcher.restore()
-    python = host.agent_python
-    found = host.run(f"{shlex.quote(python)} -c {shlex.quote(AGENT_PYTHON)}", check=False)
-    executable, recent, version = (found.stdout.splitlines() + ["", "", ""])[:3]
-    if not found.ok or recent != "True":
-        problems.append(f"host {host.name}: the agent's Python ({python}) "
+    found = host.run(f"{shlex.quote(host.agent_python)} -c {shlex.quote(AGENT_PYTHON)}", check=False)
+    executable, recent, agent_version = (found.stdout.splitlines() + ["", "", ""])[:3]
+    agent_runs = found.ok and recent == "True"
+    if agent_runs:
+        facts["agent_python"] = f"{executable} {agent_version}"
+    else:
+        problems.append(f"host {host.name}: the agent's Python ({host.agent_python}) "
                         f"{'is older than 3.8' if found.ok else 'does not run: ' + found.stderr.strip()[-200:]}; "
                         "set agent_python for this host")
-        return facts, problems, advice
-    facts["agent_python"] = f"{executable} {version}"
     setting = run.config["setting"]
     if setting["method"] == "file":
         try:
@@ -86,6 +86,8 @@ def _check_reachable(run: ClusterRun, host, facts: dict) -> tuple[dict, list[str
         facts["vllm_version"] = version.stdout.strip() if version.ok else None
         if not version.ok:
             advice.append(f"host {host.name}: vllm does not import with {python} (version not recorded)")
+    if not agent_runs:  # the zones are found by the agent itself
+        return facts, problems, advice
     facts["zones"] = _zones(run, host)
     if not facts["zones"]:
         advice.append(f"host {host.name}: no thermal zones found: its temperatures will be missing "
