@@ -38,14 +38,20 @@ class Sshd:
         stop_process(self.process, grace_s=10)
 
 
-def start_sshd(directory: Path, extra_config: str = "") -> Sshd:
-    """``extra_config``: more sshd_config lines (e.g. ``SetEnv`` for the sessions)."""
+def start_sshd(directory: Path, extra_config: str = "", host_ca: Path | None = None) -> Sshd:
+    """``extra_config``: more sshd_config lines (e.g. ``SetEnv`` for the sessions);
+    ``host_ca``: a CA private key that signs the host key, which sshd then presents as a
+    host certificate for 127.0.0.1."""
     if not os.path.exists(SSHD):
         pytest.skip(f"no sshd at {SSHD}: install openssh-server to run the real-SSH tier")
     directory.mkdir(parents=True, exist_ok=True)
     host_key, client_key = directory / "host_ed25519", directory / "client_ed25519"
     for key in (host_key, client_key):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    if host_ca is not None:
+        subprocess.run(["ssh-keygen", "-q", "-s", str(host_ca), "-I", "thermab-test", "-h", "-n", "127.0.0.1",
+                        "-V", "-5m:+1h", str(host_key.with_suffix(".pub"))], check=True)
+        extra_config += f"\nHostCertificate {host_key}-cert.pub\n"
     authorized = directory / "authorized_keys"
     authorized.write_text(client_key.with_suffix(".pub").read_text())
     authorized.chmod(0o600)

@@ -16,6 +16,7 @@ from typing import Iterator, TextIO
 
 import thermab
 from thermab.experiment.cluster import ClusterRun
+from thermab.experiment.preflight import PreflightError
 
 
 class _Tee:
@@ -39,7 +40,9 @@ def _exit_on_signal(signum, frame):
 
 @contextlib.contextmanager
 def logged(log_path: str) -> Iterator[None]:
-    """Send stdout and stderr to the log and the terminal; a failure's traceback too."""
+    """Send stdout and stderr to the log and the terminal; a failure's traceback too,
+    once.  A failure whose message says it all (a preflight naming each host's problem)
+    is printed without a traceback."""
     check_checkout()
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     # Snakemake stops jobs with SIGTERM: turn it into an exception so every `finally`
@@ -50,9 +53,15 @@ def logged(log_path: str) -> Iterator[None]:
         with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(tee):
             try:
                 yield
+            except PreflightError as error:
+                print(error)
+                raise SystemExit(1) from None
+            except SystemExit:
+                raise
             except BaseException:
                 traceback.print_exc()
-                raise
+                # printed above, to the log too: exit rather than have Python print it again
+                raise SystemExit(1) from None
 
 
 def progress(message: str, where: str = "") -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-import time
 from functools import cached_property
 from pathlib import Path
 from typing import Callable
@@ -20,6 +19,7 @@ from thermab.experiment import events
 from thermab.experiment import server
 from thermab.telemetry import deploy
 from thermab.config import ClusterSpec, cluster_spec
+from thermab.hosts import clock
 from thermab.hosts.host import Host
 from thermab.experiment.patch import Patcher
 from thermab.hosts.transport import TransportError
@@ -71,14 +71,18 @@ class ClusterRun:
                    "workdir": str(self.workdir)}
         (self.run_dir / SESSION_FILE).write_text(json.dumps(session, indent=1))
 
+    def build_simulated(self, host: Host) -> None:
+        """A simulated node's tree, if missing: files only, no process started."""
+        host.run(f"{shlex.quote(sys.executable)} -m thermab.sim.node create "
+                 f"{shlex.quote(str(host.spec.root))} --role {host.spec.simulated}")
+
     def power_on_simulated(self) -> None:
         """Simulated nodes: build the tree if missing and start the thermal model."""
         for host in self.hosts:
             if host.spec.simulated:
-                root = shlex.quote(str(host.spec.root))
-                python = shlex.quote(sys.executable)
-                host.run(f"{python} -m thermab.sim.node create {root} --role {host.spec.simulated}")
-                host.run(f"{python} -m thermab.sim.thermal --node {root} --detach")
+                self.build_simulated(host)
+                host.run(f"{shlex.quote(sys.executable)} -m thermab.sim.thermal "
+                         f"--node {shlex.quote(str(host.spec.root))} --detach")
 
     def power_off_simulated(self) -> None:
         for host in self.hosts:
@@ -99,16 +103,6 @@ class ClusterRun:
         for host in self.hosts:
             pid = deploy.start_agent(host, self.session, self.agent_settings(host))
             self.progress(f"agent on {host.name}: pid {pid}")
-
-    def restore_leftovers(self) -> list[str]:
-        """Restore hosts an earlier run left patched (it died without cleaning up)."""
-        restored = []
-        for host in self.hosts:
-            patcher = self.patcher(host)
-            if patcher.is_patched:
-                patcher.restore()
-                restored.append(host.name)
-        return restored
 
     # -- putting everything back ---------------------------------------------------------
 
@@ -141,12 +135,20 @@ class ClusterRun:
         return problems
 
 
-def clock_offsets(hosts: list[Host]) -> dict[str, float]:
-    """Host clock minus controller clock, from the round-trip midpoint of ``date``."""
-    offsets = {}
+def clock_offsets(hosts: list[Host]) -> tuple[dict[str, clock.Offset], dict[str, str]]:
+    """Each host's clock minus the controller's (``hosts/clock.py``), and why a host's
+    could not be measured."""
+    offsets, problems = {}, {}
     for host in hosts:
-        before = time.time()
-        remote = float(host.run("date +%s.%N").stdout.strip())
-        after = time.time()
-        offsets[host.name] = remote - (before + after) / 2
-    return offsets
+        try:
+            offsets[host.name] = clock.measure(host.transport, python=host.agent_python)
+        except TransportError as error:
+            problems[host.name] = str(error)
+    return offsets, problems
+
+
+def offsets_record(offsets: dict[str, clock.Offset], prefix: str) -> dict:
+    """Offsets as preflight.json and stopped.json keep them: ``{prefix}_s`` (the form
+    ingest reads) and ``{prefix}_uncertainty_s`` (± half the best round trip)."""
+    return {f"{prefix}_s": {name: o.offset_s for name, o in offsets.items()},
+            f"{prefix}_uncertainty_s": {name: o.uncertainty_s for name, o in offsets.items()}}

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from thermab.experiment import guardian, server
-from thermab.experiment.cluster import ClusterRun, clock_offsets
+from thermab.experiment.cluster import ClusterRun, clock_offsets, offsets_record
+from thermab.hosts import clock
 from thermab.jsonl import JsonlTail
 from thermab.load.runner import LoadAborted, LoadSpec, run_load
 from thermab.telemetry import deploy
@@ -190,13 +191,33 @@ def _load(run: ClusterRun, rep: int, arm: str, out_requests: Path, load_log: Pat
                     status_hint=lambda: f"head {_hottest(run)}", interlock=interlock)
 
 
+def clock_drift(run: ClusterRun, offsets_end: dict[str, clock.Offset]) -> dict[str, float]:
+    """Hosts whose clock moved against the controller's during the run by more than the
+    two measurements' uncertainties explain (ingest corrects with the mean of the two)."""
+    start = json.loads((run.run_dir / "preflight.json").read_text())
+    uncertainty = start.get("clock_offset_uncertainty_s", {})
+    drifts = {}
+    for name, end in offsets_end.items():
+        if name in uncertainty:
+            moved = clock.drift(clock.Offset(start["clock_offset_s"][name], uncertainty[name], 0), end)
+            if moved is not None:
+                drifts[name] = moved
+                run.progress(f"WARNING clock of {name} moved {moved * 1000:+.1f} ms against the controller "
+                             f"during the run (more than the ± {(uncertainty[name] + end.uncertainty_s) * 1000:.1f} ms "
+                             "the two measurements allow); its samples are placed with the mean offset")
+    return drifts
+
+
 def monitor_stop(run: ClusterRun, out_path: Path) -> None:
     """End of the run: restore, stop, pull every host's logs, release the guardian."""
-    offsets_end = clock_offsets(run.hosts)
+    offsets_end, clock_problems = clock_offsets(run.hosts)
     problems = run.shutdown("completed")
     run.event("run_end", detail={"problems": problems})
     guardian.release(run.run_dir)
-    out_path.write_text(json.dumps({"t": time.time(), "clock_offset_end_s": offsets_end,
+    for problem in clock_problems.values():
+        run.progress(f"WARNING clock offset at the end not measured: {problem}")
+    out_path.write_text(json.dumps({"t": time.time(), **offsets_record(offsets_end, "clock_offset_end"),
+                                    "clock_drift_s": clock_drift(run, offsets_end),
                                     "problems": problems}, indent=1))
     if problems:
         raise RuntimeError("the run ended with problems (see above); logs pulled where possible")

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from thermab.config import ConfigError, abort_threshold
-from thermab.experiment import guardian, plan, server
-from thermab.experiment.cluster import ClusterRun, clock_offsets
+from thermab.experiment import plan, server
+from thermab.experiment.cluster import ClusterRun, clock_offsets, offsets_record
 from thermab.experiment.patch import PatchError, anchor_count, sha256
 from thermab.hosts.transport import TransportError
 from thermab.telemetry import deploy
@@ -31,21 +32,44 @@ def _zones(run: ClusterRun, host) -> list[dict]:
 
 
 VLLM_VERSION = "import vllm; print(vllm.__version__)"
+AGENT_PYTHON = "import sys; print(sys.executable); print(sys.version_info >= (3, 8)); print(sys.version.split()[0])"
 
 
 def _check_host(run: ClusterRun, host) -> tuple[dict, list[str], list[str]]:
-    """Facts about one host, the problems that stop the run, and advice that does not."""
+    """Facts about one host, the problems that stop the run, and advice that does not.
+
+    Simulated nodes take the same path: reached first, then built (files only)."""
     facts: dict = {"transport": host.spec.transport, "container": host.spec.container}
-    problems: list[str] = []
-    advice: list[str] = []
     try:
         facts["uname"] = host.run("uname -srm", timeout=30).stdout.strip()
-        facts["reachable"] = True
     except TransportError as error:
-        return {**facts, "reachable": False, "error": str(error)}, [str(error)], advice
+        return {**facts, "reachable": False, "error": str(error)}, [str(error)], []
+    facts["reachable"] = True
+    try:
+        return _check_reachable(run, host, facts)
+    except (TransportError, PatchError) as error:  # lost mid-check, or a leftover that would not restore
+        return {**facts, "error": str(error)}, [str(error)], []
+
+
+def _check_reachable(run: ClusterRun, host, facts: dict) -> tuple[dict, list[str], list[str]]:
+    problems: list[str] = []
+    advice: list[str] = []
+    if host.spec.simulated:
+        run.build_simulated(host)
+    patcher = run.patcher(host)
+    if patcher.is_patched:  # an earlier run died without cleaning up
+        facts["restored_leftover"] = patcher.restore()
+    found = host.run(f"{shlex.quote(host.agent_python)} -c {shlex.quote(AGENT_PYTHON)}", check=False)
+    executable, recent, agent_version = (found.stdout.splitlines() + ["", "", ""])[:3]
+    agent_runs = found.ok and recent == "True"
+    if agent_runs:
+        facts["agent_python"] = f"{executable} {agent_version}"
+    else:
+        problems.append(f"host {host.name}: the agent's Python ({host.agent_python}) "
+                        f"{'is older than 3.8' if found.ok else 'does not run: ' + found.stderr.strip()[-200:]}; "
+                        "set agent_python for this host")
     setting = run.config["setting"]
     if setting["method"] == "file":
-        patcher = run.patcher(host)
         try:
             text = patcher.original().decode()
         except (TransportError, PatchError) as error:
@@ -62,6 +86,8 @@ def _check_host(run: ClusterRun, host) -> tuple[dict, list[str], list[str]]:
         facts["vllm_version"] = version.stdout.strip() if version.ok else None
         if not version.ok:
             advice.append(f"host {host.name}: vllm does not import with {python} (version not recorded)")
+    if not agent_runs:  # the zones are found by the agent itself
+        return facts, problems, advice
     facts["zones"] = _zones(run, host)
     if not facts["zones"]:
         advice.append(f"host {host.name}: no thermal zones found: its temperatures will be missing "
@@ -76,32 +102,58 @@ def _endpoint_model(endpoint: str) -> str | None:
         return None
 
 
+FAILED_RECORD = "logs/preflight-failed.json"
+
+
+def _interlock_line(abort_at: float | None, unread: list[str]) -> str:
+    if abort_at is not None:
+        return f"thermal interlock: load stops at {abort_at:.1f} °C on any zone of any host"
+    if unread:
+        return (f"thermal interlock: off for now: the zones of {', '.join(unread)} could not be read "
+                "(see the problems below)")
+    return "thermal interlock: off (no trip point found on any host and safety.abort_at_c not set)"
+
+
 def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
-    """Check every host before anything changes; raise naming each host and cause."""
+    """Check every host before anything changes; raise naming each host and cause.
+
+    Preflight patches nothing and starts nothing (it only builds a simulated node's
+    files and puts back what a dead run left patched), so no guardian watches it: a
+    failed preflight leaves nothing to undo and no host is touched again.  The guardian
+    starts with the first job that does change something (``phase.bring_up``)."""
     run.write_session()
-    guardian.ensure(run.run_dir)  # from here on, whatever happens is cleaned up
-    run.power_on_simulated()
-    restored = run.restore_leftovers()
-    if restored:
-        run.progress(f"restored hosts an earlier run left patched: {', '.join(restored)}")
-    report: dict = {"cluster": run.cluster.name, "order": run.order, "t": time.time(),
-                    "restored_leftovers": restored, "hosts": {}}
+    failed_record = run.run_dir / FAILED_RECORD
+    report: dict = {"cluster": run.cluster.name, "order": run.order, "t": time.time(), "hosts": {}}
     problems: list[str] = []
-    for host in run.hosts:
-        facts, host_problems, advice = _check_host(run, host)
+    # hosts checked side by side, so unreachable ones wait out their timeouts together
+    with ThreadPoolExecutor(len(run.hosts)) as pool:
+        checks = list(pool.map(lambda host: _check_host(run, host), run.hosts))
+    for host, (facts, host_problems, advice) in zip(run.hosts, checks):
         report["hosts"][host.name] = facts
         report.setdefault("advice", []).extend(advice)
         problems += host_problems
-        zones = ", ".join(z["name"] for z in facts.get("zones", []))
-        run.progress(f"preflight {host.name}: {'ok' if not host_problems else 'PROBLEM'}; file sha256 "
-                f"{str(facts.get('sha256'))[:12]}, anchor x{facts.get('anchor_count')}, zones: {zones or 'none'}")
-        for line in host_problems + advice:
+        if not facts["reachable"]:
+            run.progress(f"preflight {host.name}: UNREACHABLE")
+        else:
+            zones = ", ".join(z["name"] for z in facts.get("zones", []))
+            run.progress(f"preflight {host.name}: {'ok' if not host_problems else 'PROBLEM'}; file sha256 "
+                         f"{str(facts.get('sha256'))[:12]}, anchor x{facts.get('anchor_count')}, "
+                         f"zones: {zones or 'none'}, agent Python {facts.get('agent_python')}")
+        if "restored_leftover" in facts:
+            run.progress(f"  restored {host.name}, which an earlier run left patched")
+        for line in advice:
             run.progress(f"  {line}")
+    report["restored_leftovers"] = [name for name, f in report["hosts"].items() if "restored_leftover" in f]
     report["endpoint"] = {"url": run.cluster.endpoint, "model": _endpoint_model(run.cluster.endpoint)}
     if report["endpoint"]["model"] is None:
         run.progress(f"  {run.cluster.endpoint} does not answer yet: the first phase starts the server")
     if not problems:
-        report["clock_offset_s"] = clock_offsets(run.hosts)
+        offsets, clock_problems = clock_offsets(run.hosts)
+        problems += clock_problems.values()
+        report.update(offsets_record(offsets, "clock_offset"))
+        for name, offset in offsets.items():
+            run.progress(f"clock of {name}: {offset.offset_s * 1000:+.1f} ± {offset.uncertainty_s * 1000:.1f} ms "
+                         f"against the controller (best of {offset.samples} round trips)")
     trips = [z["trip_point_c"] for z in report["hosts"].get(run.cluster.head, {}).get("zones", [])
              if z["trip_point_c"]]
     all_trips = [z["trip_point_c"] for facts in report["hosts"].values() for z in facts.get("zones", [])
@@ -112,10 +164,15 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
         problems.append(str(error))
         abort_at = None
     report["safety"] = {"abort_at_c": abort_at, "lowest_trip_point_c": min(all_trips, default=None)}
-    run.progress(f"thermal interlock: {'load stops at %.1f °C on any zone of any host' % abort_at if abort_at else 'off (no trip point found and safety.abort_at_c not set)'}")
-    out_path.write_text(json.dumps(report, indent=1))
+    run.progress(_interlock_line(abort_at, [name for name, f in report["hosts"].items() if "zones" not in f]))
     if problems:
-        raise PreflightError("preflight failed, nothing was changed:\n  " + "\n  ".join(problems))
+        # Snakemake deletes a failed job's outputs: the diagnosis is kept beside its log
+        failed_record.parent.mkdir(parents=True, exist_ok=True)
+        failed_record.write_text(json.dumps({**report, "problems": problems}, indent=1))
+        raise PreflightError(f"preflight failed, nothing was changed ({failed_record} has the details):\n  "
+                             + "\n  ".join(problems))
+    failed_record.unlink(missing_ok=True)
+    out_path.write_text(json.dumps(report, indent=1))
     config = run.config
     plan.write_run_json(run_json.parent, plan.run_plan(
         cluster=run.cluster.name, order=run.order, repeats=config["repeats"], arms=config["arms"],

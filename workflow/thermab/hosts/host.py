@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import shlex
+import sys
 from functools import cached_property
 
 from thermab.config import HostSpec
@@ -33,6 +34,15 @@ class Host:
     @cached_property
     def transport(self) -> Transport:
         return self._transport or connect(self.spec)
+
+    @property
+    def agent_python(self) -> str:
+        """The Python that runs the telemetry agent on the host (on the host itself, not
+        in its container): the ``agent_python`` setting; else, on a local host, the
+        controller's own; over SSH, ``python3`` as the PATH of a non-login shell finds it."""
+        if "agent_python" in self.spec.settings:
+            return self.spec.settings["agent_python"]
+        return sys.executable if self.spec.transport == "local" else "python3"
 
     def path(self, path: str) -> str:
         """Where ``path`` of the host's filesystem lies as the transport sees it."""

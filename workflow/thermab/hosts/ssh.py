@@ -1,15 +1,20 @@
 """The SSH transport (paramiko), done the way careful operators expect:
 
-- host keys pinned from a known_hosts file: an unknown or changed key is refused with a
-  message saying how to pin it; ``host_key_policy: accept-new`` (only when the config
-  asks) records a first-seen key in that file and reports it, and still refuses a changed one;
+- host keys checked as OpenSSH checks them (``known_hosts.py``): every line of the user's
+  known_hosts honoured and none rewritten; ``@revoked`` keys refused; host certificates
+  trusted through ``@cert-authority`` lines; an unknown or changed key refused with a
+  message saying how to pin it.  ``host_key_policy: accept-new`` (only when the config
+  asks) appends a first-seen key as one line to thermab's own file (or to the
+  ``known_hosts`` file the config names), and still refuses a changed one;
 - key-file or ssh-agent authentication, never passwords;
-- explicit connect and command timeouts, keepalive, reconnect with backoff;
+- explicit connect and command timeouts, keepalive, reconnect with backoff; a failure
+  says what happened: refused, timed out, no route, authentication failed;
 - SFTP for files; an optional jump host (``jump: user@host:port``).
 """
 
 from __future__ import annotations
 
+import errno
 import getpass
 import os
 import socket
@@ -18,28 +23,30 @@ from pathlib import Path
 
 import paramiko
 
+from thermab.hosts import known_hosts
 from thermab.hosts.transport import CommandError, Result, TransportError
 
 CONNECTION_LOST = (paramiko.SSHException, EOFError, OSError, socket.timeout)
+USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+# thermab's own pins (accept-new), beside the simulated nodes under the workflow directory
+OWN_KNOWN_HOSTS = ".thermab/known_hosts"
 
 
 class RefusedError(TransportError):
-    """The host answered but must not be used: unknown or changed key, failed login."""
+    """The host answered but must not be used: unknown, changed or revoked key, failed login."""
 
 
-class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
-    """Like OpenSSH's ``StrictHostKeyChecking=accept-new``: pin a first-seen key."""
-
-    def __init__(self, known_hosts: Path, progress):
-        self.known_hosts = known_hosts
-        self.progress = progress
-
-    def missing_host_key(self, client, hostname, key):
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        client.get_host_keys().save(str(self.known_hosts))
-        self.progress(f"host {hostname}: new {key.get_name()} key {key.get_fingerprint().hex()} "
-                    f"accepted and saved to {self.known_hosts}")
+def describe_socket_error(error: OSError, timeout: float) -> str:
+    """What a failed TCP connect means, in the words a user can act on."""
+    if isinstance(error, socket.timeout):
+        return f"timed out after {timeout:g} s (the host is down, or a firewall drops the packets)"
+    if isinstance(error, socket.gaierror):
+        return f"cannot resolve the address ({error.strerror})"
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused (nothing listens on that port, or a firewall rejects it)"
+    if error.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return "no route to host (wrong address, or the host or its network is down)"
+    return error.strerror or str(error) or type(error).__name__
 
 
 def _parse_target(text: str) -> tuple[str | None, str, int]:
@@ -48,17 +55,68 @@ def _parse_target(text: str) -> tuple[str | None, str, int]:
     return user or None, address, int(port or 22)
 
 
+class _HostKeyCheck(paramiko.MissingHostKeyPolicy):
+    """Called by paramiko for every key (thermab hands it no host keys of its own, so
+    nothing is checked twice): judges it against the known_hosts files."""
+
+    def __init__(self, ssh: "SshTransport", known: known_hosts.KnownHosts, address: str, port: int):
+        self.ssh, self.known, self.address, self.port = ssh, known, address, port
+
+    def missing_host_key(self, client, hostname, key):
+        ssh = self.ssh
+        blob = key.public_blob.key_blob if key.public_blob else key.asbytes()
+        key_type = key.public_blob.key_type if key.public_blob else key.get_name()
+        try:
+            verdict = known_hosts.verify(self.known, self.address, self.port, key_type, blob)
+        except (known_hosts.HostKeyError, ValueError) as error:
+            raise RefusedError(ssh.host, f"{error}; refusing to connect") from None
+        for note in verdict.notes:
+            ssh.progress(f"host {ssh.host}: {note}")
+        if verdict.trusted:
+            return
+        name = known_hosts.host_name(self.address, self.port)
+        shown = f"{verdict.key_type} key {known_hosts.fingerprint(verdict.key_blob)}"
+        if ssh.host_key_policy != "accept-new":
+            files = " or ".join(str(f) for f in ssh.read_files)
+            port = f"-p {self.port} " if self.port != 22 else ""
+            raise RefusedError(ssh.host, f"the host key of {name} ({shown}) is not pinned in {files}; "
+                                         f"check that fingerprint with the host's owner, then pin it "
+                                         f"(ssh-keyscan {port}{self.address} >> {ssh.pin_file}) or set "
+                                         "host_key_policy: accept-new for this host") from None
+        known_hosts.append(ssh.pin_file, name, verdict.key_type, verdict.key_blob)
+        ssh.progress(f"host {ssh.host}: new {shown} of {name} accepted and appended to {ssh.pin_file}")
+
+
+class _OrderedTransport(paramiko.Transport):
+    """Asks for the host key types known for the host first, as OpenSSH does, so a
+    server with several keys presents the pinned one (or its certificate)."""
+
+    def __init__(self, sock, order, **kwargs):
+        self._order = order
+        super().__init__(sock, **kwargs)
+
+    @property
+    def preferred_keys(self):
+        return tuple(self._order(list(super().preferred_keys)))
+
+
 class SshTransport:
     def __init__(self, host: str, address: str, *, port: int = 22, user: str | None = None,
                  key_file: str | None = None, known_hosts: str | None = None,
                  host_key_policy: str = "strict", jump: str | None = None,
                  connect_timeout: float = 15, keepalive_s: int = 15, retries: int = 3,
-                 progress=print):
+                 own_known_hosts: str | Path = OWN_KNOWN_HOSTS, progress=print):
         self.host = host
         self.address, self.port = address, port
         self.user = user or getpass.getuser()
         self.key_file = os.path.expanduser(key_file) if key_file else None
-        self.known_hosts = Path(os.path.expanduser(known_hosts or "~/.ssh/known_hosts"))
+        own = Path(own_known_hosts).resolve()
+        named = Path(os.path.expanduser(known_hosts)).resolve() if known_hosts else None
+        user_file = named or Path(os.path.expanduser(USER_KNOWN_HOSTS))
+        # read: the user's file (or the one named) and thermab's own; written (accept-new
+        # only, append only): the named file, else thermab's own, never ~/.ssh/known_hosts
+        self.read_files = list(dict.fromkeys([user_file, own]))
+        self.pin_file = named or own
         self.host_key_policy = host_key_policy
         self.jump = jump
         self.connect_timeout = connect_timeout
@@ -78,51 +136,78 @@ class SshTransport:
 
     # -- connection ----------------------------------------------------------------------
 
-    def _new_client(self) -> paramiko.SSHClient:
-        client = paramiko.SSHClient()
-        if self.known_hosts.exists():
-            client.load_host_keys(str(self.known_hosts))
-        if self.host_key_policy == "accept-new":
-            client.set_missing_host_key_policy(_AcceptNewPolicy(self.known_hosts, self.progress))
-        else:
-            client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        return client
+    def _socket(self, address: str, port: int) -> socket.socket:
+        try:
+            return socket.create_connection((address, port), timeout=self.connect_timeout)
+        except OSError as error:
+            raise TransportError(self.host, f"cannot reach {address}:{port}: "
+                                            f"{describe_socket_error(error, self.connect_timeout)}") from None
 
     def _connect_once(self) -> paramiko.SSHClient:
-        sock = None
         if self.jump:
             jump_user, jump_address, jump_port = _parse_target(self.jump)
-            self._jump_client = self._new_client()
-            self._open(self._jump_client, jump_address, jump_port, jump_user or self.user, None)
-            sock = self._jump_client.get_transport().open_channel(
-                "direct-tcpip", (self.address, self.port), ("127.0.0.1", 0), timeout=self.connect_timeout)
-        client = self._new_client()
-        self._open(client, self.address, self.port, self.user, sock)
+            self._jump_client = self._open(jump_address, jump_port, jump_user or self.user,
+                                           self._socket(jump_address, jump_port))
+            try:
+                sock = self._jump_client.get_transport().open_channel(
+                    "direct-tcpip", (self.address, self.port), ("127.0.0.1", 0), timeout=self.connect_timeout)
+            except paramiko.SSHException as error:
+                reason = error.text if isinstance(error, paramiko.ChannelException) else str(error)
+                raise TransportError(self.host, f"jump host {jump_address}:{jump_port} cannot reach "
+                                                f"{self.address}:{self.port}: {reason}") from None
+        else:
+            sock = self._socket(self.address, self.port)
+        client = self._open(self.address, self.port, self.user, sock)
         client.get_transport().set_keepalive(self.keepalive_s)
         return client
 
-    def _open(self, client, address, port, user, sock) -> None:
+    def _open(self, address: str, port: int, user: str, sock) -> paramiko.SSHClient:
         where = f"{user}@{address}:{port}"
+        if self.key_file and not os.path.exists(self.key_file):
+            raise RefusedError(self.host, f"key_file {self.key_file} does not exist")
+        # read afresh for every connection: another job may have pinned a key since
+        known = known_hosts.KnownHosts(self.read_files)
+        name = known_hosts.host_name(address, port)
+        client = paramiko.SSHClient()
+        client.set_missing_host_key_policy(_HostKeyCheck(self, known, address, port))
         try:
             client.connect(address, port=port, username=user, key_filename=self.key_file, sock=sock,
                            timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
-                           auth_timeout=self.connect_timeout, allow_agent=True, look_for_keys=self.key_file is None)
-        except paramiko.BadHostKeyException as error:
-            raise RefusedError(self.host, f"host key of {where} CHANGED ({error.key.get_name()} "
-                                 f"{error.key.get_fingerprint().hex()}, pinned "
-                                 f"{error.expected_key.get_fingerprint().hex()} in {self.known_hosts}); "
-                                 "refusing to connect") from None
-        except paramiko.AuthenticationException as error:
-            raise RefusedError(self.host, f"authentication to {where} failed ({error}); "
-                                 "check 'key_file' or the ssh-agent") from None
+                           auth_timeout=self.connect_timeout, allow_agent=True,
+                           look_for_keys=self.key_file is None,
+                           transport_factory=lambda s, **kw: _OrderedTransport(
+                               s, lambda offered: known_hosts.preferred_key_types(known, name, offered), **kw))
+        except TransportError:
+            client.close()
+            raise
+        except paramiko.PasswordRequiredException:
+            client.close()
+            raise RefusedError(self.host, f"authentication to {where} failed: key_file {self.key_file} needs a "
+                                          "passphrase, which thermab never asks for; load it into the ssh-agent "
+                                          f"(ssh-add {self.key_file})") from None
+        except paramiko.AuthenticationException:
+            client.close()
+            raise RefusedError(self.host, f"authentication to {where} failed: the server accepted none of the "
+                                          f"keys offered ({self._keys_offered()})") from None
         except paramiko.SSHException as error:
-            if "not found in known_hosts" in str(error):
-                raise RefusedError(self.host, f"host key of {where} is not pinned in {self.known_hosts}; "
-                                     f"add it (ssh-keyscan -p {port} {address} >> {self.known_hosts}) or set "
-                                     "host_key_policy: accept-new for this host") from None
-            raise TransportError(self.host, f"cannot connect to {where}: {error}") from None
-        except (OSError, socket.timeout) as error:
-            raise TransportError(self.host, f"cannot reach {where}: {error}") from None
+            client.close()
+            if "No authentication methods available" in str(error):
+                raise RefusedError(self.host, f"authentication to {where} failed: no key to offer "
+                                              f"({self._keys_offered()} found none)") from None
+            if "banner" in str(error):
+                raise TransportError(self.host, f"no SSH server answered on {address}:{port} within "
+                                                f"{self.connect_timeout:g} s ({error})") from None
+            raise TransportError(self.host, f"SSH handshake with {where} failed: {error}") from None
+        except OSError as error:
+            client.close()
+            raise TransportError(self.host, f"connection to {where} broke: "
+                                            f"{describe_socket_error(error, self.connect_timeout)}") from None
+        return client
+
+    def _keys_offered(self) -> str:
+        if self.key_file:
+            return f"key_file {self.key_file}, then the ssh-agent's keys"
+        return "the ssh-agent's keys, then ~/.ssh/id_rsa, id_ecdsa, id_ed25519"
 
     def client(self) -> paramiko.SSHClient:
         """The live connection, reconnecting with backoff if it dropped.
@@ -139,12 +224,13 @@ class SshTransport:
                 self._client = self._connect_once()
                 return self._client
             except RefusedError:
+                self.close()
                 raise
             except TransportError as error:
+                self.close()
                 if attempt == self.retries:
                     raise
                 self.progress(f"{error}; retrying in {delay:.0f} s ({attempt}/{self.retries})")
-                self.close()
                 time.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
@@ -203,6 +289,9 @@ class SshTransport:
             raise CommandError(self.host, result)
         return result
 
+    def open_lines(self, command: str) -> "_SshLines":
+        return _SshLines(self.host, command, self._start(command))
+
     def put(self, local: Path, remote: str) -> None:
         def upload(client):
             with client.open_sftp() as sftp:
@@ -225,3 +314,32 @@ class SshTransport:
             if client is not None:
                 client.close()
         self._client = self._jump_client = None
+
+
+class _SshLines:
+    def __init__(self, host: str, command: str, channel: paramiko.Channel):
+        self.host, self.command, self.channel = host, command, channel
+        self.buffer = b""
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.channel.sendall(data)
+        except CONNECTION_LOST as error:
+            raise TransportError(self.host, f"connection lost during {self.command!r}: {error}") from None
+
+    def readline(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            self.channel.settimeout(max(deadline - time.monotonic(), 0.001))
+            try:
+                chunk = self.channel.recv(4096)
+            except socket.timeout:
+                raise TransportError(self.host, f"no answer within {timeout:.0f} s from: {self.command}") from None
+            if not chunk:
+                raise TransportError(self.host, f"ended without an answer: {self.command}")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+    def close(self) -> None:
+        self.channel.close()

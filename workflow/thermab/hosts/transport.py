@@ -7,8 +7,11 @@ transport it holds."""
 
 from __future__ import annotations
 
+import os
+import select
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -41,10 +44,22 @@ class CommandError(TransportError):
         self.result = result
 
 
+class Lines(Protocol):
+    """A command that answers each line sent to it with a line (``Transport.open_lines``)."""
+
+    def send(self, data: bytes) -> None: ...
+
+    def readline(self, timeout: float) -> str: ...
+
+    def close(self) -> None: ...
+
+
 class Transport(Protocol):
     host: str
 
     def run(self, command: str, *, timeout: float = 60, check: bool = True) -> Result: ...
+
+    def open_lines(self, command: str) -> Lines: ...
 
     def put(self, local: Path, remote: str) -> None: ...
 
@@ -70,6 +85,9 @@ class LocalTransport:
             raise CommandError(self.host, result)
         return result
 
+    def open_lines(self, command: str) -> "_LocalLines":
+        return _LocalLines(self.host, command)
+
     def put(self, local: Path, remote: str) -> None:
         Path(remote).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(local, remote)
@@ -83,3 +101,39 @@ class LocalTransport:
     def close(self) -> None:
         pass
 
+
+
+class _LocalLines:
+    def __init__(self, host: str, command: str):
+        self.host, self.command = host, command
+        self.process = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+        self.buffer = b""
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.process.stdin.write(data)
+        except OSError:  # the command has ended (the readline after this says so)
+            pass
+
+    def readline(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.process.stdout], [], [], left)[0]:
+                raise TransportError(self.host, f"no answer within {timeout:.0f} s from: {self.command}")
+            chunk = os.read(self.process.stdout.fileno(), 4096)
+            if not chunk:
+                raise TransportError(self.host, f"ended without an answer: {self.command}")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+    def close(self) -> None:
+        self.process.stdin.close()  # the loop ends at end of input
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()

@@ -11,7 +11,6 @@ import csv
 import io
 import json
 import shlex
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ def session_dir(host: Host, session: str) -> str:
 
 
 def _python(host: Host) -> str:
-    return shlex.quote(sys.executable) if host.spec.transport == "local" else "python3"
+    return shlex.quote(host.agent_python)
 
 
 def agent_pid(host: Host, session: str) -> int | None:
