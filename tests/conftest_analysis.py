@@ -6,17 +6,27 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from thermab.load import validity
+
 ARMS = {"A": {"label": "stock", "value": "1"}, "B": {"label": "patched", "value": "0.002"}}
 PHASE_S = 300.0
 GAP_S = 120.0
+USERS = 4
+MAX_TOKENS = 400
+PROBE_TOKENS = 256
 
 
 def write_synthetic_run(path, order="AB", arms=ARMS, reps=1, temperature=None, cpu=None, tok_s=None,
-                        stalls=None, aborted_first=False, requests=True, seed=0, t0=1.7e9) -> Path:
+                        stalls=None, loop_share=None, probe_arrivals=None, aborted_first=False, requests=True,
+                        seed=0, t0=1.7e9) -> Path:
     """A run of ``reps`` × ``order`` phases of PHASE_S seconds: the head TSOC sits at
     ``temperature[arm]`` during load (N(0, 0.3) noise), 50 °C otherwise; CPU at ``cpu[arm]``;
-    load requests of 400 tokens at ``tok_s[arm]``.  ``aborted_first``: the first phase has an
-    aborted attempt (load_start, abort) before its retry."""
+    a closed loop of USERS users with requests of MAX_TOKENS tokens at ``tok_s[arm]``, each user
+    busy ``loop_share[arm]`` of the time (default 1: the loop is closed); three probes whose
+    tokens arrive in ``probe_arrivals[arm]`` bursts (default one per token, 17 tok/s). With
+    ``requests``, tidy/requests.parquet and each phase's validity.json as the load stage writes
+    them.  ``aborted_first``: the first phase has an aborted attempt (load_start, abort) before
+    its retry."""
     temperature = temperature or {"A": 90.0, "B": 80.0}
     cpu = cpu or {"A": 398.0, "B": 212.0}
     tok_s = tok_s or {"A": 85.0, "B": 92.0}
@@ -58,7 +68,17 @@ def write_synthetic_run(path, order="AB", arms=ARMS, reps=1, temperature=None, c
     ]
     pd.concat(parts, ignore_index=True).sort_values("t").to_parquet(path / "tidy" / "telemetry.parquet", index=False)
     if requests:
-        _requests(windows, tok_s, stalls).to_parquet(path / "tidy" / "requests.parquet", index=False)
+        phases = [_phase_requests(keys, start, end, tok_s[keys["arm"]], stalls.get(keys["arm"], 0),
+                                  (loop_share or {}).get(keys["arm"], 1.0),
+                                  (probe_arrivals or {}).get(keys["arm"], PROBE_TOKENS))
+                  for keys, start, end in windows]
+        pd.concat(phases, ignore_index=True).to_parquet(path / "tidy" / "requests.parquet", index=False)
+        for (keys, start, end), frame in zip(windows, phases):
+            report = validity.validity_report(frame, (start, end), users=USERS, max_tokens=MAX_TOKENS,
+                                              prompt_tokens=1400, probe_n=3, stall_gap_s=1.0)
+            phase_dir = path / "phases" / f"rep{keys['rep']}-{keys['arm']}"
+            phase_dir.mkdir(parents=True, exist_ok=True)
+            (phase_dir / "validity.json").write_text(json.dumps({**keys, "users": USERS, **report}), encoding="utf-8")
     run = {"cluster": "synthetic", "order": order, "repeats": reps, "arms": arms,
            "reference_arm": next(iter(arms)), "setting": "busy_loop_s", "head": "head",
            "hosts": ["head", "worker"], "thresholds_c": [85, 90, 92, 95], "trip_point_c": 104.8,
@@ -72,18 +92,31 @@ def _series(times, host, kind, sensor, values) -> pd.DataFrame:
     return pd.DataFrame({"t": times, "host": host, "kind": kind, "sensor": sensor, "value": values})
 
 
-def _requests(windows, tok_s, stalls) -> pd.DataFrame:
-    rows = []
-    for keys, start, end in windows:
-        count = round(tok_s[keys["arm"]] * (end - start) / 400)
-        for i, t_end in enumerate(start + (np.arange(count) + 0.5) * (end - start) / count):
-            rows.append({**keys, "kind": "load", "user": i % 4, "tag": f"r{i}", "t_start": t_end - 18,
-                         "t_first_token": t_end - 17, "t_end": t_end, "prompt_tokens": 1400,
-                         "completion_tokens": 400, "cached_tokens": 0, "ok": True, "error": "",
-                         "max_gap_s": 0.3, "stall_gaps": stalls.get(keys["arm"], 0) if i == 0 else 0})
-        for i in range(3):  # probes decoding 255 tokens after the first in 15 s: 17 tok/s
-            rows.append({**keys, "kind": "probe", "user": 99, "tag": f"p{i}", "t_start": start + 100 + 20 * i,
-                         "t_first_token": start + 101 + 20 * i, "t_end": start + 116 + 20 * i,
-                         "prompt_tokens": 20, "completion_tokens": 256, "cached_tokens": None, "ok": True,
-                         "error": "", "max_gap_s": 0.1, "stall_gaps": 0})
-    return pd.DataFrame(rows)
+def _phase_requests(keys, start, end, tok_s, stalls, loop_share, probe_arrivals) -> pd.DataFrame:
+    """One phase's records in the load stage's columns (``validity.to_frame``): each user ends a
+    request every USERS × MAX_TOKENS / tok_s seconds, busy ``loop_share`` of that period, from
+    load_start until a request ends after load_end; the first request of user 1 has ``stalls``
+    stall gaps. Probes decode 255 tokens after the first in 15 s, one arrival per token; with
+    fewer arrivals (bursts) all of them within 3 ms."""
+    period = USERS * MAX_TOKENS / tok_s
+    records = []
+    for user in range(1, USERS + 1):
+        t_end = start + (user - 0.5) / USERS * period
+        while (t_start := max(start, t_end - loop_share * period)) < end:
+            first_token = t_start + min(1.0, (t_end - t_start) / 2)
+            records.append({"kind": "load", "user": user, "tag": f"u{user} {t_end:.0f}", "t_start": t_start,
+                            "t_first_token": first_token, "t_end": t_end, "prompt_tokens": 1400,
+                            "completion_tokens": MAX_TOKENS, "cached_tokens": 0, "ok": True, "error": "",
+                            "max_gap_s": 0.3, "stall_gaps": stalls if user == 1 and t_start == start else 0,
+                            "usage_source": "usage", "token_arrivals": MAX_TOKENS,
+                            "token_span_s": t_end - first_token})
+            t_end += period
+    decode_s = 15.0 if probe_arrivals >= PROBE_TOKENS else 0.003
+    for i in range(3):
+        first_token = start + 101 + 20 * i
+        records.append({"kind": "probe", "user": 0, "tag": f"p{i}", "t_start": first_token - 1,
+                        "t_first_token": first_token, "t_end": first_token + decode_s, "prompt_tokens": 20,
+                        "completion_tokens": PROBE_TOKENS, "cached_tokens": None, "ok": True, "error": "",
+                        "max_gap_s": 0.1, "stall_gaps": 0, "usage_source": "usage",
+                        "token_arrivals": probe_arrivals, "token_span_s": decode_s * 0.9})
+    return validity.to_frame(records, **keys)

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from conftest_analysis import PHASE_S, write_synthetic_run
-from thermab.analysis import analyze, chart_import, model, plots
+from thermab.analysis import analyze, chart_import, html_report, model, plots
 
 CHART = Path(__file__).parent / "data" / "seed-repro-chart-data.json"
 STUDY_ARMS = {"stock": "1", "patched": "0.002"}
@@ -90,6 +90,7 @@ def test_study_summary_and_verdict(study):
     assert "| threshold | stock | patched |" in text
     assert "| TSOC | 89.5 °C | 94.7 °C | 80.4 °C | 84.6 °C | −9.1 °C | 60 / 60 |" in text
     assert "no request data in this run" in text
+    assert "No load records in this run" in text and tables["validity"]["load_valid"].isna().all()
     variance = tables["variance"]
     diff = variance[(variance["metric"] == "head TSOC mean") & (variance["arm"] == "B")].iloc[0]
     assert diff["finding"] == "undefined" and "no claim" in diff["verdict"]
@@ -157,3 +158,45 @@ def test_sweep_names_the_best_setting(tmp_path):
     result = analyze.compute(run_dir)
     path = plots.dose_response_png(result.pooled, result.run.config, result.best, tmp_path / "dose.png")
     assert path.stat().st_size > 1000
+
+
+def test_bursty_probe_and_half_open_loop_are_stated_not_measured(tmp_path):
+    """The patched arm's loop holds 3.2 of 4 requests in flight and its probes' tokens came in
+    two bursts each (255 tokens in 3 ms: 85,000 tok/s if divided): the summary and the report
+    say both, show no decode speed for it, and no verdict compares one."""
+    run_dir = write_synthetic_run(tmp_path / "AB", loop_share={"B": 0.8}, probe_arrivals={"B": 2})
+    result = analyze.compute(run_dir)
+    analyze.write_outputs(result)
+    text = (run_dir / "summary.md").read_text()
+
+    validity = text.split("## Load validity", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in validity.splitlines() if line.startswith("| AB")}
+    assert "as configured" in rows["AB rep1-A (stock)"] and "4.00 of 4" in rows["AB rep1-A (stock)"]
+    assert "**short**: 3.20 of 4 requests in flight" in rows["AB rep1-B (patched)"]
+    assert "tokens arrived in 2 bursts" in rows["AB rep1-B (patched)"]
+
+    probe_line = next(line for line in text.splitlines() if line.startswith("| single-stream probe"))
+    assert "17.0 tok/s, n = 3 probes measurable" in probe_line
+    assert "not measurable: tokens arrived in 2 bursts, n = 3 probes" in probe_line
+    assert "85000" not in text and "| patched † |" in text
+
+    verdicts = text.split("## Verdicts", 1)[1].split("\n## ", 1)[0]
+    assert "probe decode speed" not in verdicts
+    throughput = next(v for v in verdicts.splitlines() if v.startswith("- output throughput:"))
+    assert throughput.endswith("Built on phases whose load fell short of the configuration: AB rep1-B "
+                               "(see Load validity).")
+
+    perf = pd.read_csv(run_dir / "tables" / "performance.csv").set_index("arm")
+    assert math.isnan(perf.at["B", "probe_tok_s_median"]) and perf.at["B", "probe_n"] == 0
+    assert perf["load_valid"].tolist() == [True, False]
+    for name in ("thresholds", "zones", "cpu"):
+        table = pd.read_csv(run_dir / "tables" / f"{name}.csv")
+        assert (table["load_valid"] == (table["arm"] == "A")).all(), name
+    variance = result.tables["variance"]
+    assert "probe decode speed" not in set(variance.loc[variance["arm"] == "B", "metric"])
+    assert set(variance.loc[variance["arm"] == "B", "load_short"]) == {"AB rep1-B"}
+
+    plots.render_figures(result)
+    html_report.write_report(run_dir, run_dir / "report.html")
+    page = (run_dir / "report.html").read_text()
+    assert "<h2>Load validity</h2>" in page and "<strong>short</strong>: 3.20 of 4 requests in flight" in page

@@ -82,10 +82,11 @@ def requests_frame(n_load=386, start=1000.0, window_s=1800.0):
                          "t_end": t_end, "completion_tokens": 400, "ok": True, "error": "",
                          "stall_gaps": 0, "max_gap_s": 0.2})
     # probes decode 256 tokens: 255 tokens after the first in 255/18, 255/17, 255/20 s
+    decode_s = np.array([255 / 18, 255 / 17, 255 / 20])
     probes = pd.DataFrame({"kind": "probe", "t_start": [2000.0] * 3, "t_first_token": [2001.0] * 3,
-                           "t_end": [2001 + 255 / 18, 2001 + 255 / 17, 2001 + 255 / 20],
-                           "completion_tokens": 256, "ok": True, "error": "",
-                           "stall_gaps": [0, 2, 0], "max_gap_s": [0.1, 1.4, 0.1]})
+                           "t_end": 2001 + decode_s, "completion_tokens": 256, "ok": True, "error": "",
+                           "stall_gaps": [0, 2, 0], "max_gap_s": [0.1, 1.4, 0.1],
+                           "token_arrivals": 256, "token_span_s": decode_s})
     frame = pd.concat([load, probes], ignore_index=True)
     frame = frame.assign(order="AB", rep=1, arm="A", user=0, tag="t", prompt_tokens=1400, cached_tokens=0)
     # the nullable dtypes the load generator writes
@@ -99,7 +100,8 @@ def test_throughput_as_in_the_study():
     row = perf.iloc[0]
     assert row["requests_completed"] == 386 and row["output_tokens"] == 386 * 400
     assert row["output_tok_s"] == pytest.approx(85.8, abs=0.05)
-    assert row["probe_tok_s_median"] == pytest.approx(18.0) and row["probe_n"] == 3
+    assert row["probe_tok_s_median"] == pytest.approx(18.0) and row["probe_n"] == 3 and row["probe_ok"] == 3
+    assert row["probe_arrivals_min"] == row["probe_arrivals_max"] == 256
     assert row["stall_gaps"] == 2 and row["max_gap_s"] == 1.4 and row["errors"] == 0
 
 
@@ -116,9 +118,34 @@ def test_requests_outside_the_window_other_phases_and_failures_are_not_counted()
 
 def test_probe_decode_speed_excludes_the_first_token():
     probes = pd.DataFrame({"t_first_token": [0.0, 0.0, 0.0, 0.0], "t_end": [10.0, 0.0, 5.0, 5.0],
-                           "completion_tokens": pd.array([201, 50, 1, None], dtype="Int64")})
+                           "completion_tokens": pd.array([201, 50, 1, None], dtype="Int64"),
+                           "token_arrivals": pd.array([201, 50, 1, 20], dtype="Int64"),
+                           "token_span_s": [10.0, 0.0, 0.0, 5.0]})
     speed = metrics.probe_decode_speed(probes)
     assert speed.iloc[0] == 20.0 and speed.iloc[1:].isna().all()
+
+
+def test_probe_decode_speed_only_where_the_arrivals_measured_it():
+    """Eight arrivals spanning 80 % of t_end − t_first_token is the least that gives a rate;
+    tokens in two bursts, a span that leaves most of the decode time unexplained, or no
+    arrival columns at all (an older run) give none."""
+    probes = pd.DataFrame({"t_first_token": 0.0, "t_end": [10.0, 10.0, 10.0, 0.002, 10.0],
+                           "completion_tokens": pd.array([201] * 5, dtype="Int64"),
+                           "token_arrivals": pd.array([8, 7, 100, 2, None], dtype="Int64"),
+                           "token_span_s": [8.0, 9.9, 7.9, 0.001, 10.0]})
+    speed = metrics.probe_decode_speed(probes)
+    assert speed.iloc[0] == 20.0 and speed.iloc[1:].isna().all()
+    assert metrics.probe_decode_speed(probes.drop(columns=["token_arrivals", "token_span_s"])).isna().all()
+
+
+def test_bursty_probes_have_no_speed_but_say_how_they_arrived():
+    frame = requests_frame().copy()
+    probes = frame["kind"] == "probe"
+    frame.loc[probes, "t_end"] = 2001.003
+    frame.loc[probes, "token_arrivals"] = [1, 2, 2]
+    row = metrics.performance(frame, window()).iloc[0]
+    assert math.isnan(row["probe_tok_s_median"]) and row["probe_n"] == 0 and row["probe_ok"] == 3
+    assert (row["probe_arrivals_min"], row["probe_arrivals_max"]) == (1, 2)
 
 
 @pytest.mark.parametrize("requests", [None, pd.DataFrame()])

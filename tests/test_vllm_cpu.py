@@ -166,6 +166,25 @@ def test_patched_arm_stalls_in_the_tables_and_verdict(run_dir):
     assert f"patched vs stock +{performance.loc['B', 'stall_gaps']:.0f} gaps" in line
 
 
+def test_summary_has_load_validity_and_decode_speed_only_where_measured(run_dir):
+    """The tiny model's tokens come in a few bursts and the spinning stock server competes
+    with the load generator for 2 cores: the summary says how each phase's load went, and
+    gives a probe decode speed, and a verdict on it, only where the arrivals measured one."""
+    summary = (run_dir / "summary.md").read_text()
+    validity = summary.split("## Load validity", 1)[1].split("\n## ", 1)[0]
+    assert "| phase | in flight |" in validity
+    for arm, spec in SETTINGS["arms"].items():
+        assert f"| AB rep1-{arm} ({spec['label']}) |" in validity
+    assert pd.read_csv(run_dir / "tables/validity.csv")["load_valid"].notna().all()
+    performance = pd.read_csv(run_dir / "tables/performance.csv")
+    measured = performance["probe_n"] > 0
+    assert performance.loc[~measured, "probe_tok_s_median"].isna().all()
+    verdicts = summary.split("## Verdicts", 1)[1].split("\n## ", 1)[0]
+    assert ("- probe decode speed:" in verdicts) == measured.all()
+    if not measured.all():
+        assert "not measurable: tokens arrived in" in summary
+
+
 def test_no_thermal_values_are_invented(run_dir):
     preflight = json.loads((run_dir / "preflight.json").read_text())
     if preflight["hosts"][HOST]["zones"]:

@@ -13,6 +13,8 @@ rule ingest:
         "../../scripts/ingest.py"
 
 
+# analyze also reads phases/*/validity.json: each is written by the phase job whose
+# requests.parquet tidy/requests.parquet already waits for.
 rule analyze:
     input:
         run="results/{cluster}/{order}/run.json",

@@ -2,7 +2,7 @@
 
     python -m thermab analyze RUN_DIR [--also OTHER_RUN_DIR ...] [--siblings] [--figures]
 
-The per-phase tables (thresholds, zones, cpu, performance) and summary.md describe RUN_DIR.
+The per-phase tables (thresholds, zones, cpu, performance, validity) and summary.md describe RUN_DIR.
 ``variance.csv`` and the verdicts pool the phases of RUN_DIR and of every run directory in
 ``also`` (``--siblings``: every other directory next to RUN_DIR holding a run.json of the same
 cluster, e.g. results/sim/BA for results/sim/AB), so that AB and BA runs together separate the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from thermab.analysis import PHASE_TABLES, TABLES, metrics, stats, summary
+from thermab.analysis import PHASE_TABLES, TABLES, load_validity, metrics, stats, summary
 from thermab.analysis.model import Analysis, RunData, load_run, ordered_hosts, sibling_runs
 
 log = logging.getLogger(__name__)
@@ -27,21 +27,25 @@ log = logging.getLogger(__name__)
 
 
 def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
-    """The load windows and the four per-phase tables of one run."""
+    """The load windows and the per-phase tables of one run, every row marked with whether
+    its phase's load was the configured one (``load_valid``)."""
     windows = metrics.load_windows(run.events)
-    return {
+    validity = load_validity.validity_table(run.validity, windows)
+    tables = {
         "windows": windows,
         "thresholds": metrics.time_to_threshold(run.telemetry, windows, run.config["thresholds_c"]),
         "zones": metrics.zone_stats(run.telemetry, windows),
         "cpu": metrics.cpu_stats(run.telemetry, windows),
         "performance": metrics.performance(run.requests, windows),
     }
+    return {**{name: load_validity.mark(frame, validity) for name, frame in tables.items()}, "validity": validity}
 
 
 def run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     config = run.config
-    return metrics.phase_metrics(tables["zones"], tables["cpu"], tables["performance"],
-                                 ordered_hosts(config), config["timeline_zone"])
+    return load_validity.mark(metrics.phase_metrics(tables["zones"], tables["cpu"], tables["performance"],
+                                                    ordered_hosts(config), config["timeline_zone"]),
+                              tables["validity"])
 
 
 def sample_interval_s(telemetry: pd.DataFrame, host: str) -> dict[str, float]:
@@ -70,16 +74,18 @@ def compute(run_dir, also=(), detect_pct: float = 5.0) -> Analysis:
                        + [run_metrics(other, phase_tables(other)) for other in runs[1:]], ignore_index=True)
     variance = stats.compare(pooled, config["arms"], config["reference_arm"], detect_pct=detect_pct)
     variance["verdict"] = summary.verdicts(variance)
-    tables["variance"] = variance
+    tables["variance"] = variance = load_validity.note_verdicts(variance, pooled)
     best = None
     if variance["arm"].nunique() > 2:
         best = stats.best_setting(variance, config["arms"], config["reference_arm"],
                                   f"{config['head']} {config['timeline_zone']} mean")
+    if best is not None:  # the choice weighs every arm's phases
+        best["load_short"] = load_validity.short_phases(pooled)
     return Analysis(run, [str(r.path) for r in runs], tables, pooled, best)
 
 
 def analyze(run_dir, also=(), detect_pct: float = 5.0) -> dict[str, pd.DataFrame]:
-    """Write RUN_DIR/tables/{thresholds,zones,cpu,performance,variance}.{csv,md} and
+    """Write RUN_DIR/tables/{thresholds,zones,cpu,performance,validity,variance}.{csv,md} and
     RUN_DIR/summary.md; return the frames (plus ``windows``)."""
     return write_outputs(compute(run_dir, also, detect_pct))
 

@@ -10,6 +10,8 @@ import logging
 import numpy as np
 import pandas as pd
 
+from thermab.load import validity
+
 log = logging.getLogger(__name__)
 
 PHASE_KEYS = ["order", "rep", "arm"]
@@ -17,10 +19,10 @@ WINDOW_COLUMNS = PHASE_KEYS + ["load_start", "load_end", "window_s"]
 THRESHOLD_COLUMNS = PHASE_KEYS + ["host", "sensor", "threshold_c", "reached_s", "samples_at_or_above"]
 ZONE_COLUMNS = PHASE_KEYS + ["host", "sensor", "mean_c", "max_c", "n"]
 CPU_COLUMNS = PHASE_KEYS + ["host", "median_pct", "p5_pct", "p95_pct", "n"]
-# docs/design.md's columns first; stall_gaps, max_gap_s and errors are additions (see performance()).
+# docs/design.md's columns first; the rest are additions (see performance()).
 PERFORMANCE_COLUMNS = PHASE_KEYS + [
     "requests_completed", "output_tokens", "window_s", "output_tok_s", "probe_tok_s_median",
-    "probe_n", "stall_gaps", "max_gap_s", "errors",
+    "probe_n", "stall_gaps", "max_gap_s", "errors", "probe_ok", "probe_arrivals_min", "probe_arrivals_max",
 ]
 PHASE_METRIC_COLUMNS = PHASE_KEYS + ["metric", "unit", "value"]
 CPU_SENSOR = "vllm_cpu_pct"
@@ -105,11 +107,9 @@ def cpu_stats(telemetry: pd.DataFrame, windows: pd.DataFrame, sensor: str = CPU_
 
 
 def probe_decode_speed(requests: pd.DataFrame) -> pd.Series:
-    """Decode speed of each request in tok/s: the first token is excluded because its latency
-    is prefill, not decode.  NaN where the timing cannot give a rate."""
-    decode_s = requests["t_end"] - requests["t_first_token"]
-    tokens = requests["completion_tokens"].astype("float64")  # nullable Int64: NA → NaN
-    return ((tokens - 1) / decode_s).where((decode_s > 0) & (tokens > 1))
+    """Decode speed of each request in tok/s, NaN where it was not measurable: the load
+    stage's rule (``load.validity.decode_speed``), so validity.json and the tables agree."""
+    return validity.decode_speed(requests)
 
 
 def performance(requests: pd.DataFrame | None, windows: pd.DataFrame) -> pd.DataFrame:
@@ -120,7 +120,11 @@ def performance(requests: pd.DataFrame | None, windows: pd.DataFrame) -> pd.Data
     the same phase are not counted.  ``stall_gaps`` sums the per-request count of inter-token
     gaps of at least run.json ``stall_gap_s`` and ``max_gap_s`` is the largest gap, over the
     ok requests of the window (load and probe); both are NaN when the load generator did not
-    record them.  Without request data every measured column is NaN, never zero.
+    record them.  ``probe_tok_s_median`` is the median over the probes whose decode speed was
+    measurable, ``probe_n`` their number, ``probe_ok`` the ok probes of the window and
+    ``probe_arrivals_min``/``_max`` the range of their token arrivals (how many bursts the
+    tokens came in; NaN when not recorded).  Without request data every measured column is
+    NaN, never zero.
     """
     rows = []
     for window in windows.itertuples(index=False):
@@ -139,7 +143,10 @@ def _window_requests(requests: pd.DataFrame, window) -> dict:
     phase = phase[(t >= window.load_start) & (t < window.load_end)]
     ok = phase[phase["ok"].astype(bool)]
     load = ok[ok["kind"] == "load"]
-    probes = probe_decode_speed(ok[ok["kind"] == "probe"]).dropna()
+    ok_probes = ok[ok["kind"] == "probe"]
+    probes = probe_decode_speed(ok_probes).dropna()
+    arrivals = (ok_probes["token_arrivals"].astype("float64") if "token_arrivals" in ok_probes
+                else pd.Series(dtype="float64"))  # runs recorded before the column existed
     output_tokens = int(load["completion_tokens"].sum())
     return {
         "requests_completed": len(load),
@@ -150,6 +157,9 @@ def _window_requests(requests: pd.DataFrame, window) -> dict:
         "stall_gaps": ok["stall_gaps"].sum(min_count=1) if "stall_gaps" in ok else np.nan,
         "max_gap_s": ok["max_gap_s"].max() if "max_gap_s" in ok else np.nan,
         "errors": len(phase) - len(ok),
+        "probe_ok": len(ok_probes),
+        "probe_arrivals_min": arrivals.min(),
+        "probe_arrivals_max": arrivals.max(),
     }
 
 

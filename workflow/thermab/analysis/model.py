@@ -1,6 +1,7 @@
 """A run directory as the analysis reads it (docs/design.md's contracts): the plan
-(``run.json``), the events, the tidy telemetry and requests; and ``Analysis``, everything
-the tables, summary and figures of a run show."""
+(``run.json``), the events, the tidy telemetry and requests, each phase's load validity
+(``phases/*/validity.json``); and ``Analysis``, everything the tables, summary and figures
+of a run show."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class RunData:
     events: pd.DataFrame
     telemetry: pd.DataFrame
     requests: pd.DataFrame | None  # None when the run has no request data (imported runs)
+    validity: dict  # (order, rep, arm) → the phase's validity.json; empty for imported runs
 
 
 def read_events(path: Path) -> pd.DataFrame:
@@ -38,7 +40,15 @@ def load_run(run_dir) -> RunData:
     requests = pd.read_parquet(requests_path) if requests_path.exists() else None
     if requests is not None and requests.empty:
         requests = None
-    return RunData(path, config, read_events(path / "events.jsonl"), telemetry, requests)
+    return RunData(path, config, read_events(path / "events.jsonl"), telemetry, requests, read_validity(path))
+
+
+def read_validity(path: Path) -> dict:
+    """Each phase's validity.json by (order, rep, arm). The load stage writes it even for a
+    load that was aborted; tidy/requests.parquet waits for every phase, so when the
+    analysis runs they are all there."""
+    reports = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(path.glob("phases/*/validity.json"))]
+    return {(r["order"], int(r["rep"]), r["arm"]): r for r in reports}
 
 
 def sibling_runs(run_dir) -> list[Path]:

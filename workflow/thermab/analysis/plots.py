@@ -5,7 +5,8 @@ Always written: timeline.png/.svg (matplotlib), timeline.html (plotly, plotly.js
 opens without network), cpu.png, throughput.png, time_to_threshold.png.  A figure whose data
 the run lacks (imported chart data has no CPU and no requests) is still written and says so,
 so that a workflow can declare every file as an output.  dose_response.png only for sweeps
-(more than two arms).
+(more than two arms).  A phase whose load fell short of the configuration (``load_valid``
+False) is drawn hollow and labelled "load short"; its load window on the timeline is hatched.
 """
 
 import math
@@ -19,13 +20,16 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import plotly.graph_objects as go  # noqa: E402
 
+from thermab.analysis.load_validity import is_short  # noqa: E402
 from thermab.analysis.model import Analysis, RunData, ordered_hosts  # noqa: E402
+from thermab.load.validity import bursts  # noqa: E402
 
 ARM_COLORS = ["#e66101", "#5e3c99", "#1b9e77", "#2c7bb6", "#a6611a", "#d01c8b", "#666666"]
 HEAD_ZONE_COLOR = "#b2182b"
 OTHER_HOST_COLORS = ["#2166ac", "#4dac26", "#7b3294"]
 # load windows are shaded and carry their own labels; run_start/run_end are the axis ends
 UNLABELLED_EVENTS = {"load_start", "load_end", "run_start", "run_end"}
+SHORT_LABEL = "load short"
 
 
 def render_figures(result: Analysis) -> list[Path]:
@@ -57,7 +61,8 @@ def _timeline_frames(run: RunData):
 
 def _window_label(window, config) -> str:
     label = config["arms"].get(window.arm, {}).get("label", window.arm)
-    return f"{label} ({window.arm}, rep {window.rep})"
+    short = f", {SHORT_LABEL}" if window.short else ""
+    return f"{label} ({window.arm}, rep {window.rep}{short})"
 
 
 def _reference_lines(config) -> list[tuple[float, str, str]]:
@@ -112,9 +117,10 @@ def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -
         low = temperatures.min() - 3
         high = max([temperatures.max()] + [c for c, _, _ in lines]) + 4
     ax.set_ylim(low, high)
-    for window in windows.itertuples(index=False):
+    for window in windows.assign(short=is_short(windows)).itertuples(index=False):
         start, end = (window.load_start - t0) / 60, (window.load_end - t0) / 60
-        ax.axvspan(start, end, color=colors.get(window.arm, "#999999"), alpha=0.13, lw=0)
+        ax.axvspan(start, end, color=colors.get(window.arm, "#999999"), alpha=0.13, lw=0,
+                   hatch="//" if window.short else None)
         ax.text((start + end) / 2, high - 0.6, "load: " + _window_label(window, config), ha="center",
                 va="top", fontsize=10, fontweight="bold", color=colors.get(window.arm, "#333333"))
     for value, text, color in lines:
@@ -161,7 +167,7 @@ def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict, path: Path)
         fig.add_scatter(x=samples["minutes"], y=samples["value"], name=f"{host} {config['timeline_zone']}",
                         line={"width": 2, "color": OTHER_HOST_COLORS[i % len(OTHER_HOST_COLORS)]},
                         hovertemplate="%{y:.1f} °C")
-    for window in windows.itertuples(index=False):
+    for window in windows.assign(short=is_short(windows)).itertuples(index=False):
         fig.add_vrect(x0=(window.load_start - t0) / 60, x1=(window.load_end - t0) / 60,
                       fillcolor=colors.get(window.arm, "#999999"), opacity=0.13, line_width=0,
                       annotation_text="load: " + _window_label(window, config), annotation_position="top")
@@ -199,8 +205,10 @@ def _arm_axis(ax, config: dict, arms: list[str]) -> None:
 def _per_phase_points(ax, frame: pd.DataFrame, column: str, config: dict, colors: dict,
                       low: str | None = None, high: str | None = None) -> None:
     """One point per phase at its arm, spread by repeat, with an optional low–high bar and
-    the arm mean as a line, so that restart variance is visible next to the arm difference."""
+    the arm mean as a line, so that restart variance is visible next to the arm difference.
+    A phase whose load fell short is a hollow point labelled so."""
     arms = [a for a in config["arms"] if a in set(frame["arm"])]
+    frame = frame.assign(short=is_short(frame))
     for x, arm in enumerate(arms):
         rows = frame[frame["arm"] == arm].dropna(subset=[column])
         offsets = np.linspace(-0.15, 0.15, len(rows)) if len(rows) > 1 else [0.0]
@@ -209,9 +217,10 @@ def _per_phase_points(ax, frame: pd.DataFrame, column: str, config: dict, colors
             errors = None
             if low is not None:
                 errors = [[value - getattr(row, low)], [getattr(row, high) - value]]
-            ax.errorbar(x + offset, value, yerr=errors, fmt="o", color=colors[arm], capsize=3, ms=6)
-            ax.annotate(f"{row.order} rep{row.rep}", (x + offset, value), xytext=(6, 0),
-                        textcoords="offset points", fontsize=7, va="center")
+            ax.errorbar(x + offset, value, yerr=errors, fmt="o", color=colors[arm], capsize=3, ms=6,
+                        mfc="white" if row.short else colors[arm])
+            ax.annotate(f"{row.order} rep{row.rep}" + (f", {SHORT_LABEL}" if row.short else ""), (x + offset, value),
+                        xytext=(6, 0), textcoords="offset points", fontsize=7, va="center")
         if len(rows):
             ax.hlines(rows[column].mean(), x - 0.3, x + 0.3, color=colors[arm], lw=1.5, alpha=0.7)
     _arm_axis(ax, config, arms)
@@ -242,7 +251,14 @@ def throughput_png(perf: pd.DataFrame, config: dict, colors: dict, path: Path) -
     axes[0].set_title("output throughput (load requests ending in the window)")
     axes[0].set_ylabel("tok/s")
     _per_phase_points(axes[1], perf, "probe_tok_s_median", config, colors)
-    axes[1].set_title("single-stream probe decode speed (median)")
+    arms = [a for a in config["arms"] if a in set(perf["arm"])]  # the x positions _per_phase_points gave them
+    for x, arm in enumerate(arms):
+        rows = perf[perf["arm"] == arm]
+        if rows["probe_tok_s_median"].isna().all():
+            arrived = bursts(pd.concat([rows["probe_arrivals_min"], rows["probe_arrivals_max"]]))
+            axes[1].text(x, 0.5, f"not measurable:\ntokens arrived\nin {arrived}" if arrived else "not measured",
+                         transform=axes[1].get_xaxis_transform(), ha="center", va="center", color="#555555")
+    axes[1].set_title("single-stream probe decode speed (median)\nonly where measurable", fontsize=10)
     axes[1].set_ylabel("tok/s")
     fig.suptitle(_title(config, "speed under load"), fontsize=10)
     fig.savefig(path, dpi=120)
@@ -270,8 +286,11 @@ def time_to_threshold_png(tables: dict, config: dict, colors: dict, path: Path) 
         color = colors.get(phase.arm, "#333333")
         peak = peaks.get((phase.order, phase.rep, phase.arm, head, zone), math.nan)
         reached = rows["reached_s"].notna()
-        ax.plot(x[reached], rows["reached_s"][reached] / 60, "o-", color=color,
-                label=f"{config['arms'][phase.arm]['label']} ({phase.order} rep{phase.rep}), peak {peak:.1f} °C")
+        short = is_short(rows).any()
+        ax.plot(x[reached], rows["reached_s"][reached] / 60, "o--" if short else "o-", color=color,
+                mfc="white" if short else color,
+                label=f"{config['arms'][phase.arm]['label']} ({phase.order} rep{phase.rep}"
+                      f"{', ' + SHORT_LABEL if short else ''}), peak {peak:.1f} °C")
         ax.plot(x[~reached], [window_min] * int((~reached).sum()), "v", mfc="none", color=color, ms=10)
     ax.plot([], [], "v", mfc="none", color="#333333", ms=10, label="not reached within the load window")
     ax.set_xticks(range(len(thresholds)), [f"{c:g} °C" for c in thresholds])
@@ -305,12 +324,17 @@ def dose_response_png(pooled: pd.DataFrame, config: dict, best: dict | None, pat
         if data.empty:
             ax.text(0.5, 0.5, "not measured in this run", transform=ax.transAxes, ha="center")
             continue
-        ax.plot(data["x"], data["value"], "o", color="#777777", alpha=0.6)
+        short = is_short(data)
+        ax.plot(data["x"][~short], data["value"][~short], "o", color="#777777", alpha=0.6)
+        ax.plot(data["x"][short], data["value"][short], "o", color="#777777", mfc="white",
+                label=SHORT_LABEL if short.any() else None)
         means = data.groupby("x")["value"].mean()
         ax.plot(means.index, means.values, "-", color=HEAD_ZONE_COLOR, lw=1.5)
         if best is not None:
             ax.axvline(positions[best["arm"]], color="#1b9e77", ls="--", lw=1.2)
         ax.grid(alpha=0.3)
+        if short.any():
+            ax.legend(fontsize=8)
         if numeric.notna().all() and (numeric > 0).all() and numeric.max() / numeric.min() >= 10:
             ax.set_xscale("log")
         if not numeric.notna().all():

@@ -8,11 +8,15 @@ import math
 
 import pandas as pd
 
-from . import stats
+from thermab.load.validity import FULL_LENGTH_MIN, INFLIGHT_SLACK, MIN_ARRIVAL_SPAN_SHARE, MIN_TOKEN_ARRIVALS, bursts
+
+from . import load_validity, stats
 
 # decimals per unit, chosen so that no printed digit is finer than the measurement
 DIGITS = {"°C": 1, "% of one core": 0, "tok/s": 1, "gaps": 0, "s": 1, "min": 1}
 SHORT_UNIT = {"% of one core": "% CPU"}
+VALIDITY_COLUMNS = ["phase", "in flight", "full length", "cached tokens", "failed", "usage source", "load", "warnings"]
+SHORT_MARK = " †"  # after an arm's name in a table: the load of one of its phases fell short
 
 
 def fmt(value, unit: str = "", digits: int | None = None, sign: bool = False) -> str:
@@ -34,6 +38,8 @@ def fmt_duration(seconds: float) -> str:
 def markdown_table(frame: pd.DataFrame) -> str:
     """A GitHub Markdown table; floats rounded to 2 decimals, NaN empty."""
     def cell(value):
+        if value is pd.NA:
+            return ""
         if isinstance(value, float):
             return "" if math.isnan(value) else f"{value:.2f}".rstrip("0").rstrip(".")
         return str(value).replace("|", "\\|")
@@ -116,6 +122,9 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
         + f". Orders in this run: {', '.join(pd.unique(windows['order']))}.",
         "",
     ]
+    parts += load_validity_section(tables["validity"], run)
+    short_arms = set(tables["validity"].loc[load_validity.is_short(tables["validity"]), "arm"])
+    marked = {a: labels[a] + (SHORT_MARK if a in short_arms else "") for a in present}
     if tables["zones"].empty:
         parts += [
             "## Temperatures",
@@ -129,14 +138,14 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
         parts += [
             f"## Time to reach a temperature after load start ({head} {zone})",
             "",
-            markdown_table(_threshold_table(tables, run, present, labels)),
+            markdown_table(_threshold_table(tables, run, present, marked)),
             f"First sample at or above the threshold inside the load window; with several phases"
             f" per arm the phases are listed in time order. Temperatures {_sampling(sample_interval_s, 'thermal')},"
             f" so times are that coarse.",
             "",
             "## Zones during load",
             "",
-            markdown_table(_zone_table(tables["zones"], run, present, labels)),
+            markdown_table(_zone_table(tables["zones"], run, present, marked)),
             "Mean and maximum over all samples of a zone inside the load windows; with several"
             " phases the mean is the mean of the phase means ± their sd, and the maximum the"
             " highest sample. Gap = arm − reference mean.",
@@ -145,7 +154,7 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
     parts += [
         "## CPU and performance under load",
         "",
-        markdown_table(_cpu_performance_table(tables, run, present, labels)),
+        markdown_table(_cpu_performance_table(tables, run, present, marked)),
         "## Verdicts",
         "",
     ]
@@ -157,6 +166,46 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
         parts += ["", "## Dose response", "", _best_sentence(best, run)]
     parts += ["", "## What was measured how", "", _definitions(run, tables, sample_interval_s)]
     return "\n".join(parts) + "\n"
+
+
+def load_validity_section(validity: pd.DataFrame, run: dict) -> list[str]:
+    """The "Load validity" section: one row per phase from its validity.json (the table
+    ``tables/validity.csv``), whether its load was the configured one, and its warnings."""
+    if validity["load_valid"].isna().all():
+        return ["## Load validity", "", "No load records in this run (imported runs have none): whether the load"
+                " of a phase was the configured one is unknown.", ""]
+    labels = {a: spec["label"] for a, spec in run["arms"].items()}
+    rows = []
+    for phase in validity.itertuples(index=False):
+        row = {"phase": f"{phase.order} rep{phase.rep}-{phase.arm} ({labels.get(phase.arm, phase.arm)})"}
+        if pd.isna(phase.load_valid):
+            rows.append({**row, "load": load_validity.NO_RECORDS})
+            continue
+        cached = ("not reported by the server" if pd.isna(phase.cached_share)
+                  else f"{fmt(phase.cached_share * 100, '%', 0)} of {phase.reporting_cached}")
+        rows.append({**row,
+                     "in flight": (f"{fmt(phase.inflight_mean, '', 2)} of {phase.users}"
+                                   f" ({fmt(phase.share_at_users * 100, '%', 0)} of the window at {phase.users})"),
+                     "full length": f"{fmt(phase.full_length_share * 100, '%', 1)} of {phase.ok_load} ok",
+                     "cached tokens": cached,
+                     "failed": f"{phase.failed} of {phase.requests}",
+                     "usage source": phase.usage_source,
+                     "load": "as configured" if phase.load_valid else f"**short**: {phase.shortfalls}",
+                     "warnings": phase.warnings or "none"})
+    return [
+        "## Load validity",
+        "",
+        markdown_table(pd.DataFrame(rows, columns=VALIDITY_COLUMNS)),
+        "In flight: time-weighted mean number of load requests in flight over the window, of the"
+        " configured users, and the share of the window with all of them in flight. Full length: ok load"
+        " requests that returned max_tokens. Cached tokens: load requests whose prompt hit the prefix"
+        " cache, of those whose usage reports it. Failed: of all requests, probes included. A phase's load"
+        f" falls short of the configuration when fewer than users − {INFLIGHT_SLACK:g} requests were in"
+        f" flight on average, fewer than {FULL_LENGTH_MIN * 100:.0f} % returned max_tokens, any hit the prefix cache,"
+        f" or the load was aborted: its arm is marked{SHORT_MARK} in the tables below, its points are hollow in the"
+        " figures, and every verdict built on it says so.",
+        "",
+    ]
 
 
 def _by_arm(frame: pd.DataFrame, present: list[str]):
@@ -243,8 +292,7 @@ def _cpu_performance_table(tables: dict, run: dict, present: list[str], labels: 
         ("requests completed in the window", lambda r: " + ".join(
             f"{v:.0f} in {fmt(w / 60, 'min')}" for v, w in zip(r["requests_completed"], r["window_s"]))),
         ("output throughput", lambda r: _mean_cell(r["output_tok_s"], "tok/s")),
-        ("single-stream probe decode speed (median)", lambda r: (
-            f"{_mean_cell(r['probe_tok_s_median'], 'tok/s')}, n = {int(r['probe_n'].sum())} probes")),
+        ("single-stream probe decode speed (median)", _probe_cell),
         (f"stall gaps ≥ {fmt(run.get('stall_gap_s', math.nan), 's')} (largest gap)", lambda r: (
             f"{fmt(r['stall_gaps'].sum(), 'gaps')} ({fmt(r['max_gap_s'].max(), 's', 2)})")),
         ("failed requests", lambda r: f"{r['errors'].sum():.0f}"),
@@ -254,10 +302,27 @@ def _cpu_performance_table(tables: dict, run: dict, present: list[str], labels: 
     return pd.DataFrame(rows)
 
 
+def _probe_cell(rows: pd.DataFrame) -> str:
+    """The probe decode speed of an arm's phases, only from the probes where it was measured."""
+    measured, ok = int(rows["probe_n"].sum()), int(rows["probe_ok"].sum())
+    if measured:
+        of = "" if measured == ok else f" of {ok}"
+        return f"{_mean_cell(rows['probe_tok_s_median'], 'tok/s')}, n = {measured}{of} probes measurable"
+    if not ok:
+        return "no successful probe"
+    arrived = bursts(pd.concat([rows["probe_arrivals_min"], rows["probe_arrivals_max"]]))
+    if arrived is None:
+        return f"not measurable: token arrivals not recorded, n = {ok} probes"
+    return f"not measurable: tokens arrived in {arrived}, n = {ok} probes"
+
+
 def _best_sentence(best: dict, run: dict) -> str:
     excluded = "; ".join(f"{arm}: {why}" for arm, why in best["excluded"].items()) or "none"
     unchecked = {"stalls", "throughput"} - set(best["checked"])
     caveat = f" Not checked for lack of request data: {', '.join(sorted(unchecked))}." if unchecked else ""
+    if best["load_short"]:
+        caveat += (" Built on phases whose load fell short of the configuration: "
+                   f"{', '.join(best['load_short'])} (see Load validity).")
     return (f"Lowest {run['head']} {run['timeline_zone']} mean among the settings without extra stalls or"
             f" throughput loss beyond variance: {run.get('setting', 'setting')} = {best['value']}"
             f" ({best['label']}, arm {best['arm']}, {fmt(best['mean'], '°C')}). Excluded: {excluded}.{caveat}")
@@ -285,7 +350,10 @@ def _definitions(run: dict, tables: dict, sample_interval_s: dict) -> str:
         " median and 5th/95th percentiles over the window.",
         "- Output throughput: Σ completion_tokens (server usage) of the ok load requests ending inside"
         " the window / window length, in tok/s. Probe decode speed: (completion_tokens − 1) /"
-        " (t_end − t_first_token) per probe, median over the probes of the window.",
+        " (t_end − t_first_token) per probe, median over the probes of the window where it was"
+        f" measurable: at least {MIN_TOKEN_ARRIVALS} separate arrivals of tokens, from first to last"
+        f" spanning at least {MIN_ARRIVAL_SPAN_SHARE * 100:.0f} % of t_end − t_first_token. Tokens that arrive in a"
+        " few bursts divide by almost nothing; such a probe has no value and no verdict compares it.",
         f"- Stall gaps: inter-token gaps ≥ {fmt(run.get('stall_gap_s', math.nan), 's')} summed over the"
         " ok requests of the window.",
         "- Statistics: per arm mean, sd and CV over phases; arm − reference by Welch t (one order) or"

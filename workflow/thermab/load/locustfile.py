@@ -24,7 +24,10 @@ token. Token counts come from the server's ``usage`` (``stream_options.include_u
 only when a server sends none are text-bearing chunks counted instead, flagged
 ``usage_source = "chunks"`` (an undercount under speculative decoding, where one chunk
 carries several tokens). Inter-token gaps are measured between chunks; ``max_gap_s`` is the
-largest, ``stall_gaps`` counts those of at least ``--stall-gap-s``.
+largest, ``stall_gaps`` counts those of at least ``--stall-gap-s``. ``token_arrivals`` counts
+the reads that brought text (chunks read together arrived together) and ``token_span_s`` is
+the time from the first to the last of them: what the analysis needs to tell a measured
+decode speed from tokens that came in a few bursts.
 
 Locust's own response_time stops at the headers for a stream, so the request event fired
 here carries ``t_end - t_start`` and the stream's outcome, and Locust's statistics and UI
@@ -109,6 +112,7 @@ class StreamReader:
         self.usage = None
         self.max_gap_s = None
         self.stall_gaps = 0
+        self.token_arrivals = 0
         self.error = ""
         self._pending = b""
 
@@ -146,6 +150,8 @@ class StreamReader:
             self.max_gap_s = gap if self.max_gap_s is None else max(self.max_gap_s, gap)
             if gap >= self.stall_gap_s:
                 self.stall_gaps += 1
+        if now != self.t_last_token:  # chunks of one read share its time: one arrival
+            self.token_arrivals += 1
         self.t_last_token = now
         self.token_chunks += 1
 
@@ -169,6 +175,8 @@ class StreamReader:
             "max_gap_s": self.max_gap_s,
             "stall_gaps": self.stall_gaps,
             "usage_source": "usage" if self.usage else "chunks",
+            "token_arrivals": self.token_arrivals,
+            "token_span_s": None if self.t_first_token is None else self.t_last_token - self.t_first_token,
         }
 
 

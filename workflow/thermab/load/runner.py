@@ -10,7 +10,7 @@ beside ``out_parquet``:
 - ``locust.log``: Locust's own output (unless ``log_path`` says elsewhere);
 - ``out_parquet``: the records with ``order``, ``rep`` and ``arm`` added, in the columns and
   dtypes of docs/design.md's ``tidy/requests.parquet`` plus the stream diagnostics
-  ``max_gap_s``, ``stall_gaps`` and ``usage_source``;
+  ``max_gap_s``, ``stall_gaps``, ``usage_source``, ``token_arrivals`` and ``token_span_s``;
 - ``validity.json``: whether the load was the load intended (:mod:`thermab.load.validity`).
 
 The load window is ``[load_start, load_end)``: from the test start to the moment the run

@@ -2,7 +2,9 @@
 
 ``to_frame`` puts the locustfile's records into the columns of ``tidy/requests.parquet``
 (docs/design.md, plus the stream diagnostics); ``validity_report`` states the facts of the
-load window with their n, and ``warnings`` says in words what makes a phase suspect.
+load window with their n, ``warnings`` says in words what makes a phase suspect, and
+``shortfalls`` how its load fell short of the configuration. ``decode_speed`` is the one
+rule for a request's decode speed: a rate only where the tokens' arrivals measured one.
 """
 
 import numpy as np
@@ -26,9 +28,17 @@ COLUMNS = {  # docs/design.md's tidy/requests.parquet, then the stream diagnosti
     "max_gap_s": "float64",
     "stall_gaps": "int64",
     "usage_source": "string",
+    "token_arrivals": "Int64",
+    "token_span_s": "float64",
 }
-SATURATED_SHARE = 0.95  # mean in-flight below this share of the users means an unsaturated loop
 PROMPT_TOLERANCE = 0.10  # measured prompt size this far from the target is reported
+# The load fell short of the configuration (docs/design.md, "Load validity") when:
+INFLIGHT_SLACK = 0.05  # the mean in flight is more than this below the users,
+FULL_LENGTH_MIN = 0.99  # fewer ok load requests than this share returned max_tokens,
+# or any load request hit the prefix cache, or the load was aborted.
+# Decode speed is measured (docs/design.md, "Probe decode speed") only from at least
+MIN_TOKEN_ARRIVALS = 8  # separate arrivals of tokens
+MIN_ARRIVAL_SPAN_SHARE = 0.8  # whose first-to-last span covers this share of t_end - t_first_token
 
 
 def to_frame(records, *, order, rep, arm):
@@ -63,6 +73,39 @@ def inflight(frame, start, end, users):
     return float((ends - starts).sum() / length), float(held[level >= users].sum() / length)
 
 
+def decode_measurable(frame):
+    """Whether each request's tokens arrived spread out enough to time its decode: at least
+    MIN_TOKEN_ARRIVALS separate arrivals whose span is at least MIN_ARRIVAL_SPAN_SHARE of
+    t_end − t_first_token. Tokens that came in a few bursts (a tiny model, a coalescing
+    proxy) give (tokens − 1) / almost nothing. Records without the arrival columns (written
+    before they existed) cannot show it and are not measurable."""
+    if "token_arrivals" not in frame or "token_span_s" not in frame:
+        return pd.Series(False, index=frame.index)
+    decode_s = frame["t_end"] - frame["t_first_token"]
+    arrivals = frame["token_arrivals"].astype("float64")  # nullable Int64: NA → NaN, never measurable
+    return ((arrivals >= MIN_TOKEN_ARRIVALS) & (decode_s > 0)
+            & (frame["token_span_s"] >= MIN_ARRIVAL_SPAN_SHARE * decode_s))
+
+
+def decode_speed(frame):
+    """Decode speed of each request in tok/s, (completion_tokens − 1) / (t_end − t_first_token):
+    the first token is excluded because its latency is prefill, not decode. NaN where it was
+    not measurable (``decode_measurable``)."""
+    decode_s = frame["t_end"] - frame["t_first_token"]
+    tokens = frame["completion_tokens"].astype("float64")  # nullable Int64: NA → NaN
+    return ((tokens - 1) / decode_s).where(decode_measurable(frame) & (tokens > 1))
+
+
+def bursts(arrivals):
+    """``"1–2 bursts"`` from the token arrivals of some requests; None when none recorded."""
+    arrivals = pd.Series(arrivals, dtype="float64").dropna()
+    if arrivals.empty:
+        return None
+    low, high = int(arrivals.min()), int(arrivals.max())
+    count = f"{low}" if low == high else f"{low}–{high}"
+    return f"{count} burst{'' if high == 1 else 's'}"
+
+
 def _number(value, digits=3):
     """A JSON-friendly number: None for NaN/NA, plain int or rounded float otherwise."""
     if value is None or pd.isna(value):
@@ -93,7 +136,7 @@ def validity_report(frame, window, *, users, max_tokens, prompt_tokens, probe_n,
     in_window = ok_load[(ok_load["t_end"] >= start) & (ok_load["t_end"] < end)]
     measured_prompt = load["prompt_tokens"].dropna()
     mean_inflight, share_at_users = inflight(load, start, end, users)
-    decode = (ok_probe["completion_tokens"] - 1) / (ok_probe["t_end"] - ok_probe["t_first_token"])
+    decode = decode_speed(ok_probe)
     report = {
         "window": {"start": _number(start, 3), "end": _number(end, 3), "s": _number(length)},
         "requests": {
@@ -140,7 +183,9 @@ def validity_report(frame, window, *, users, max_tokens, prompt_tokens, probe_n,
             "output_tokens": int(in_window["completion_tokens"].sum()),
             "output_tok_s": _number(in_window["completion_tokens"].sum() / length if length > 0 else np.nan),
         },
-        "probe": {"n": len(probe), "ok": len(ok_probe), "decode_tok_s_median": _number(decode.median())},
+        "probe": {"n": len(probe), "ok": len(ok_probe), "measurable": int(decode.notna().sum()),
+                  "token_arrivals": [int(n) for n in ok_probe["token_arrivals"].dropna()],
+                  "decode_tok_s_median": _number(decode.median())},
     }
     report["warnings"] = warnings(report, probe_n)
     return report
@@ -165,7 +210,7 @@ def warnings(report, probe_n):
     if report["cached"]["load_with_cached_tokens"]:
         out.append(f"{report['cached']['load_with_cached_tokens']} load requests hit the prefix cache: "
                    "the prompts are not unique from their first tokens")
-    if conc["inflight_mean"] is not None and conc["inflight_mean"] < SATURATED_SHARE * conc["users"]:
+    if conc["inflight_mean"] is not None and conc["inflight_mean"] < conc["users"] - INFLIGHT_SLACK:
         out.append(f"mean in-flight requests {conc['inflight_mean']} for {conc['users']} users: "
                    "the closed loop was not saturated (failures and their back-off, or a slow client)")
     chunks = report["usage_source"].get("chunks", 0)
@@ -180,16 +225,46 @@ def warnings(report, probe_n):
     if gaps["stall_gaps"]:
         out.append(f"{gaps['stall_gaps']} inter-token gaps of at least {gaps['stall_gap_s']} s in "
                    f"{gaps['requests_with_stalls']} requests (largest {gaps['max_gap_s']} s)")
-    if report["probe"]["ok"] < probe_n:
-        out.append(f"probe: {report['probe']['ok']} of {probe_n} requests succeeded")
+    probe = report["probe"]
+    if probe["ok"] < probe_n:
+        out.append(f"probe: {probe['ok']} of {probe_n} requests succeeded")
+    if probe["ok"] and not probe["measurable"]:
+        out.append(f"probe decode speed not measurable: tokens arrived in {bursts(probe['token_arrivals'])} "
+                   f"(it needs {MIN_TOKEN_ARRIVALS} arrivals spanning {MIN_ARRIVAL_SPAN_SHARE * 100:.0f} % "
+                   "of the decode time)")
     if req["started_after_end"]:
         out.append(f"{req['started_after_end']} requests started after the load window ended")
     return out
 
 
+def shortfalls(report):
+    """How the load of a phase fell short of its configuration, in words (empty when it did
+    not), from a validity report (``validity.json``): the closed loop not closed, requests
+    shorter than max_tokens, prefix-cache hits or an aborted load. Any of them changes what
+    the server was asked to do, so the phase's numbers are not those of the configured load."""
+    out = []
+    if report.get("aborted"):
+        out.append(f"load aborted: {report['aborted']}")
+    conc = report["concurrency"]
+    if conc["inflight_mean"] is None:
+        out.append("no load window to measure requests in flight over")
+    elif conc["inflight_mean"] < conc["users"] - INFLIGHT_SLACK:
+        out.append(f"{conc['inflight_mean']:.2f} of {conc['users']} requests in flight")
+    share = report["full_length"]["share_of_ok_load"]
+    if share is None:
+        out.append("no successful load request")
+    elif share < FULL_LENGTH_MIN:
+        out.append(f"{share:.1%} of ok load requests at max_tokens={report['full_length']['max_tokens']}")
+    if report["cached"]["load_with_cached_tokens"]:
+        out.append(f"{report['cached']['load_with_cached_tokens']} load requests hit the prefix cache")
+    return out
+
+
 def summary_line(report):
-    req, thr = report["requests"], report["throughput"]
+    req, thr, probe = report["requests"], report["throughput"], report["probe"]
+    speed = (f"{probe['decode_tok_s_median']} tok/s" if probe["measurable"]
+             else f"not measurable ({bursts(probe['token_arrivals']) or 'no probe'})")
     return (f"load {report['order']} rep{report['rep']}-{report['arm']} done: {req['load_ok']}/{req['load']} load "
             f"requests ok, {thr['output_tok_s']} output tok/s over {report['window']['s']} s, "
-            f"in flight {report['concurrency']['inflight_mean']}, probe {report['probe']['decode_tok_s_median']} tok/s, "
+            f"in flight {report['concurrency']['inflight_mean']}, probe {speed}, "
             f"{len(report['warnings'])} warnings")

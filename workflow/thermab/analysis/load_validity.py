@@ -1,0 +1,93 @@
+"""Was each phase's load the configured one? The analysis side of ``load.validity``.
+
+``validity_table`` turns each phase's ``validity.json`` into one row of
+``tables/validity.csv``: a phase whose load fell short of its configuration
+(``load.validity.shortfalls``) has ``load_valid`` False, a phase without load records
+(imported runs) NA. ``mark`` carries ``load_valid`` into every per-phase table and the
+pooled metrics, ``note_verdicts`` makes each verdict built on such a phase say so.
+Pure functions over frames; ``model.read_validity`` reads the files.
+"""
+
+import numpy as np
+import pandas as pd
+
+from thermab.analysis.metrics import PHASE_KEYS
+from thermab.load.validity import shortfalls
+
+VALIDITY_COLUMNS = PHASE_KEYS + [
+    "users", "inflight_mean", "share_at_users", "ok_load", "full_length_share", "reporting_cached",
+    "cached_share", "requests", "failed", "usage_source", "load_valid", "shortfalls", "warnings",
+]
+DTYPES = {**dict.fromkeys(["users", "ok_load", "reporting_cached", "requests", "failed"], "Int64"),
+          **dict.fromkeys(["inflight_mean", "share_at_users", "full_length_share", "cached_share"], "float64"),
+          "load_valid": "boolean"}
+NO_RECORDS = "no load records"
+
+
+def validity_table(reports: dict, windows: pd.DataFrame) -> pd.DataFrame:
+    """One row per load window from the phase's validity report (``model.read_validity``);
+    ``cached_share`` is the share of the load requests reporting cached tokens that had any."""
+    rows = [_row(window, reports.get((window.order, int(window.rep), window.arm)))
+            for window in windows.itertuples(index=False)]
+    table = pd.DataFrame(rows, columns=VALIDITY_COLUMNS)
+    return table.astype(DTYPES)
+
+
+def _row(window, report: dict | None) -> dict:
+    row = {"order": window.order, "rep": int(window.rep), "arm": window.arm}
+    if report is None:
+        return {**row, "warnings": NO_RECORDS}
+    requests, concurrency, cached = report["requests"], report["concurrency"], report["cached"]
+    reporting = cached["load_reporting_cached_tokens"]
+    short = shortfalls(report)
+    return {
+        **row,
+        "users": concurrency["users"],
+        "inflight_mean": concurrency["inflight_mean"],
+        "share_at_users": concurrency["share_of_window_at_users"],
+        "ok_load": requests["load_ok"],
+        "full_length_share": report["full_length"]["share_of_ok_load"],
+        "reporting_cached": reporting,
+        "cached_share": cached["load_with_cached_tokens"] / reporting if reporting else np.nan,
+        "requests": requests["load"] + requests["probe"],
+        "failed": report["errors"]["n"],
+        "usage_source": "; ".join(f"{source}: {n}" for source, n in report["usage_source"].items()),
+        "load_valid": not short,
+        "shortfalls": "; ".join(short),
+        "warnings": "; ".join(report["warnings"]),
+    }
+
+
+def mark(frame: pd.DataFrame, validity: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` (rows of phases of one run) with its phase's ``load_valid`` appended."""
+    flags = validity.set_index(PHASE_KEYS)["load_valid"]
+    keys = pd.MultiIndex.from_frame(frame[PHASE_KEYS].astype({"rep": "int64"}))
+    return frame.assign(load_valid=pd.array(flags.reindex(keys).to_numpy(), dtype="boolean"))
+
+
+def is_short(frame: pd.DataFrame) -> pd.Series:
+    """Rows whose phase's load fell short (not those without load records)."""
+    return ~frame["load_valid"].fillna(True).astype(bool)
+
+
+def short_phases(frame: pd.DataFrame) -> list[str]:
+    """``["AB rep1-B", ...]``: the phases of ``frame`` whose load fell short, in order of appearance."""
+    short = frame[is_short(frame)]
+    names = short["order"].astype(str) + " rep" + short["rep"].astype(int).astype(str) + "-" + short["arm"]
+    return list(dict.fromkeys(names))
+
+
+def note_verdicts(variance: pd.DataFrame, pooled: pd.DataFrame) -> pd.DataFrame:
+    """``variance`` with ``load_short``, the phases behind each row (its arm's and, for a
+    difference, the reference's) whose load fell short, and every verdict of a difference
+    built on one saying so."""
+    def phases(row) -> str:
+        arms = [row["arm"]] + ([row["reference"]] if pd.notna(row["reference"]) else [])
+        return ", ".join(short_phases(pooled[(pooled["metric"] == row["metric"]) & pooled["arm"].isin(arms)]))
+
+    load_short = (variance.apply(phases, axis=1) if len(variance) else pd.Series(dtype="string")).astype("string")
+    noted = variance["reference"].notna() & (load_short != "")
+    verdict = variance["verdict"].where(
+        ~noted, variance["verdict"] + " Built on phases whose load fell short of the configuration: "
+        + load_short + " (see Load validity).")
+    return variance.assign(verdict=verdict, load_short=load_short)
