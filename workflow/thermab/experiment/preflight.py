@@ -16,7 +16,7 @@ from pathlib import Path
 from thermab.config import ConfigError, abort_threshold
 from thermab.experiment import guardian, plan, server
 from thermab.experiment.cluster import ClusterRun, clock_offsets
-from thermab.experiment.patch import PatchError, anchor_count, sha256
+from thermab.experiment.patch import PatchError, anchor_count, patch_problems, sha256
 from thermab.hosts.transport import TransportError
 from thermab.telemetry import deploy
 
@@ -51,11 +51,11 @@ def _check_host(run: ClusterRun, host) -> tuple[dict, list[str], list[str]]:
         except (TransportError, PatchError) as error:
             problems.append(f"host {host.name}: cannot read {setting['file']}: {error}")
         else:
-            count = anchor_count(text, setting["anchor"])
-            facts.update(file=patcher.file, sha256=sha256(text.encode()), anchor_count=count)
-            if count != 1:
-                problems.append(f"host {host.name}: anchor {setting['anchor']!r} matches {count} times "
-                                f"in {patcher.file} (must be exactly 1): nothing will be patched")
+            facts.update(file=patcher.file, sha256=sha256(text.encode()),
+                         anchor_count=anchor_count(text, setting["anchor"]))
+            values = {letter: arm["value"] for letter, arm in run.config["arms"].items()}
+            problems += [f"host {host.name}: {patcher.file}: {problem}"
+                         for problem in patch_problems(text, setting, values)]
     if not host.spec.simulated:
         python = shlex.quote(host.spec.settings.get("python", "python3"))
         version = host.exec(f"{python} -c {shlex.quote(VLLM_VERSION)}", check=False)
