@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from thermab.errors import UserError
+from thermab.config import UserError
 
 COMMANDS = {
     "analyze": "thermab.analysis.analyze",
