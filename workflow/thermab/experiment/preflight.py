@@ -121,5 +121,7 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
         cluster=run.cluster.name, order=run.order, repeats=config["repeats"], arms=config["arms"],
         setting=config["setting"]["name"], head=run.cluster.head, hosts=[h.name for h in run.hosts],
         analysis=config["analysis"], trip_point_c=trips[0] if trips else None,
-        max_tokens=config["load"]["max_tokens"], load_s=config["timings"]["load_s"]))
+        max_tokens=config["load"]["max_tokens"], load_s=config["timings"]["load_s"],
+        sample_intervals_s=config["monitor"]["intervals"],
+        hosts_without_zones=[name for name, facts in report["hosts"].items() if not facts.get("zones")]))
     return report
