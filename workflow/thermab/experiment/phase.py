@@ -141,17 +141,20 @@ class Interlock:
         cap = run.config["safety"]["max_load_minutes"]
         self.cap_s = cap * 60 if cap is not None else None
         self.started = time.time()
+        self.restarted: dict[str, float] = {}  # host -> when its agent was last restarted
         self.next_agent_check = time.monotonic() + AGENT_CHECK_S
         self.fired_at: float | None = None
 
     def _restart_dead_agents(self) -> str | None:
         run = self.run
+        self.next_agent_check = time.monotonic() + AGENT_CHECK_S
         for host in run.hosts:
             if deploy.agent_pid(host, run.session) is None:
                 try:
                     pid = deploy.start_agent(host, run.session, run.agent_settings(host))
                 except deploy.AgentError as error:
                     return f"blind: host {host.name}'s agent stopped and cannot start again: {error}"
+                self.restarted[host.name] = time.time()
                 run.progress(f"agent on {host.name} had stopped: restarted (pid {pid})")
                 run.event("note", host=host.name, detail={"agent_restarted": pid})
         return None
@@ -165,28 +168,40 @@ class Interlock:
         return (f"safety.max_load_minutes: the load has run {elapsed:.0f} s without ending, past "
                 f"{self.cap_s / 60:g} min")
 
+    def _blind(self, host, readings: dict) -> str | None:
+        """Whether a watched host has gone without a fresh reading too long: its silence
+        counts from its newest reading (on the controller's clock), the start of the load,
+        or its agent's restart, whichever is last."""
+        newest = max((t - self.offsets.get(host.name, 0.0) for t, _value in readings.values()), default=None)
+        since = max(newest or 0.0, self.started, self.restarted.get(host.name, 0.0))
+        if time.time() - since <= self.silence_s:
+            return None
+        # a dead agent is restarted first, and its first readings are given the same time
+        reason = self._restart_dead_agents()
+        if reason or self.restarted.get(host.name, 0.0) > since:
+            return reason
+        silent = "no thermal reading at all" if newest is None else (
+            f"no thermal reading for {time.time() - newest:.0f} s")
+        return (f"blind: host {host.name} has given {silent} (safety.max_sensor_silence_s "
+                f"{self.silence_s:g} s): its zones cannot be watched")
+
     def _thermal(self) -> str | None:
-        now = time.time()
         for host in self.run.hosts:
             readings = deploy.latest_readings(host, self.run.session, "thermal")
             for zone, (_t, value) in readings.items():
                 if value >= self.abort_at:
                     return (f"thermal interlock: host {host.name} zone {zone} at {value:.1f} °C "
                             f">= safety.abort_at_c {self.abort_at:.1f} °C")
-            if host.name in self.watched and now - self.started > self.silence_s:
-                newest = max((t for t, _value in readings.values()), default=None)
-                age = None if newest is None else now - (newest - self.offsets.get(host.name, 0.0))
-                if age is None or age > self.silence_s:
-                    since = "ever" if age is None else f"{age:.0f} s"
-                    return (f"blind: host {host.name} has given no thermal reading for {since} "
-                            f"(safety.max_sensor_silence_s {self.silence_s:g} s): its zones cannot be watched")
+            if host.name in self.watched:
+                reason = self._blind(host, readings)
+                if reason:
+                    return reason
         return None
 
     def __call__(self) -> str | None:
         self.marks.poll()
         reason = None
         if time.monotonic() >= self.next_agent_check:
-            self.next_agent_check = time.monotonic() + AGENT_CHECK_S
             reason = self._restart_dead_agents()
         reason = reason or self._over_time()
         if reason is None and self.abort_at is not None:
