@@ -343,3 +343,34 @@ def test_a_failing_source_is_recorded_and_the_others_go_on(tmp_path):
     system = csv_rows(tmp_path / "out/system.csv")
     assert all(r["sensor"] == "source_error" and "IndexError" in r["reason"] for r in system)
     assert len({r["t"] for r in csv_rows(tmp_path / "out/thermal.csv")}) >= 3
+
+
+def test_an_odd_tree_never_breaks_a_source(tmp_path):
+    """Two zones with one ACPI path, a zone without temp, a policy without a number, a
+    dangling hwmon link: every zone keeps a name of its own and every source answers."""
+    from thermab.telemetry.agent import SOURCES, Hwmon, discover_all
+    for index, (path, temp) in enumerate([("\\_TZ_.TZ00", "40000"), ("\\_TZ_.TZ00", "41000"), ("", None)]):
+        zone = tmp_path / f"sys/class/thermal/thermal_zone{index}"
+        (zone / "device").mkdir(parents=True)
+        if path:
+            (zone / "device/path").write_text(path + "\n")
+        if temp:
+            (zone / "temp").write_text(temp + "\n")
+    policy = tmp_path / "sys/devices/system/cpu/cpufreq/policyX"
+    policy.mkdir(parents=True)
+    (policy / "scaling_cur_freq").write_text("1000000\n")
+    (tmp_path / "sys/class/hwmon").mkdir(parents=True)
+    (tmp_path / "sys/class/hwmon/hwmon0").symlink_to(tmp_path / "gone")
+    found = discover_all(str(tmp_path))
+    assert found["thermal"]["zones"] == ["TZ00", "TZ00_1", "zone2"]
+    zones = ThermalZones(str(tmp_path))
+    zones.discover()
+    samples = {s: (v, r) for s, v, r in zones.sample()}
+    assert samples["TZ00"][0] == 40.0 and samples["TZ00_1"][0] == 41.0
+    assert samples["zone2"][0] is None and "unreadable" in samples["zone2"][1]
+    freq = CpuFrequency(str(tmp_path))
+    freq.discover()
+    assert freq.sample() == [("cpuX", 1000.0, "")]
+    hwmon = Hwmon(str(tmp_path))
+    assert hwmon.discover() == {"sensors": []} and hwmon.sample() == []
+    assert {source.name for source in SOURCES} >= set(found)

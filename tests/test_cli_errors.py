@@ -110,3 +110,13 @@ def test_analyze_infers_the_plan_without_run_json(run_dir, tmp_path):
     planned = analyze.analyze(copy_run(run_dir, tmp_path / "planned"))["zones"]
     assert zones["mean_c"].tolist() == pytest.approx(planned["mean_c"].tolist()), "the same numbers"
     assert "## Telemetry completeness" in (bare / "summary.md").read_text()
+
+
+def test_restore_mistakes(tmp_path):
+    assert_user_error(thermab("restore", tmp_path / "no-results"), tmp_path / "no-results")
+
+
+def test_unknown_command_and_bad_arguments_exit_2(tmp_path):
+    assert thermab("frobnicate").returncode == 2
+    result = thermab("import-chart", CHART, tmp_path / "out", "--arm", "stock")
+    assert result.returncode == 2 and "LABEL=VALUE" in result.stderr and "Traceback" not in result.stderr

@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from thermab.config import UserError
 from thermab.experiment import guardian
 from thermab.experiment.cluster import SESSION_FILE, ClusterRun, exit_status
 
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
                                             "step failed; 3 a host is still patched")
     parser.add_argument("results", nargs="?", default="results", type=Path)
     args = parser.parse_args(argv)
+    if not args.results.is_dir():
+        raise UserError(f"{args.results}: not a directory (the results directory of a run)")
     problems, patched = restore_all(args.results)
     for problem in problems:
         print(f"PROBLEM {problem}", file=sys.stderr)

@@ -80,15 +80,18 @@ class Source:
 
 
 def zone_name(raw_path, zone_type, index, taken):
-    """``\\_TZ_.TSOC`` -> ``TSOC``; without a device path, the zone type (deduplicated)."""
-    if raw_path:
-        name = re.split(r"[\\.]", raw_path.strip())[-1]
-        if name:
-            return name
-    name = zone_type or "zone%d" % index
+    """``\\_TZ_.TSOC`` -> ``TSOC``; without a device path, the zone type; a name already
+    taken gets the zone's index (two zones must never share a name: one would vanish)."""
+    name = re.split(r"[\\.]", raw_path.strip())[-1] if raw_path else ""
+    name = name or zone_type or "zone%d" % index
     if name in taken:
         name = "%s_%d" % (name, index)
     return name
+
+
+def number_in(name):
+    """The number in ``thermal_zone7``, ``policy12`` or ``cpu3``, for ordering (0 if none)."""
+    return int(re.sub(r"\D", "", name) or 0)
 
 
 def parse_millidegrees(text):
@@ -120,10 +123,10 @@ class ThermalZones(Source):
 
     def discover(self):
         zones, trips, details, unnamed = {}, {}, [], []
-        entries = sorted(self.entries(), key=lambda e: int(re.sub(r"\D", "", e) or 0))
+        entries = sorted(self.entries(), key=number_in)
         for entry in entries:
             zone_dir = os.path.join(self.base(), entry)
-            index = int(re.sub(r"\D", "", entry) or 0)
+            index = number_in(entry)
             raw_path = self._optional(os.path.join(zone_dir, "device", "path"))
             zone_type = self._optional(os.path.join(zone_dir, "type"))
             name = zone_name(raw_path, zone_type, index, zones)
@@ -183,7 +186,7 @@ class CpuFrequency(Source):
 
     def discover(self):
         self.policies = {}
-        for entry in sorted(os.listdir(self.base()), key=lambda e: int(re.sub(r"\D", "", e) or 0)):
+        for entry in sorted(os.listdir(self.base()), key=number_in):
             if not entry.startswith("policy"):
                 continue
             policy_dir = os.path.join(self.base(), entry)
@@ -196,7 +199,7 @@ class CpuFrequency(Source):
         """Per policy and per sample, the first file that reads: ``cpuinfo_avg_freq``
         refuses reads now and then (EAGAIN on an idle core), ``scaling_cur_freq`` stands in."""
         rows = []
-        for sensor, paths in sorted(self.policies.items(), key=lambda kv: int(kv[0][3:])):
+        for sensor, paths in sorted(self.policies.items(), key=lambda kv: number_in(kv[0])):
             reasons = []
             for path in paths:
                 try:
@@ -265,7 +268,7 @@ class ProcessCpu(Source):
         for pid in self.matching_pids():
             try:
                 result[pid] = parse_stat(read_text(self.proc_path(pid, "stat")))
-            except (OSError, ValueError):
+            except (OSError, ValueError, IndexError):
                 continue  # the process ended between listing and reading
         return result
 
@@ -338,7 +341,11 @@ class Hwmon(Source):
         for entry in sorted(os.listdir(self.base())):
             chip_dir = os.path.join(self.base(), entry)
             chip = ThermalZones._optional(os.path.join(chip_dir, "name")) or entry
-            for name in sorted(os.listdir(chip_dir)):
+            try:
+                names = sorted(os.listdir(chip_dir))
+            except OSError:
+                continue  # a chip that went away, or a dangling link: the others still count
+            for name in names:
                 match = re.match(r"(temp\d+)_input$", name)
                 if match:
                     label = ThermalZones._optional(os.path.join(chip_dir, match.group(1) + "_label"))
