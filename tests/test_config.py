@@ -253,6 +253,7 @@ BAD = [
      HEAD + ".container'"),
     ("address-option", lambda c: head(c).update(address="-oProxy"), HEAD + ".address'"),
     ("user-shell", lambda c: head(c).update(user="root; rm"), HEAD + ".user'"),
+    ("jump-option", lambda c: head(c).update(jump="-oProxyCommand=x"), HEAD + ".jump'"),
     ("agent-dir-root", lambda c: head(c).update(agent_dir="/"), HEAD + ".agent_dir'"),
     ("python-newline", lambda c: head(c).update(python="py\nthon"), HEAD + ".python'"),
     ("key-file-empty", lambda c: head(c).update(key_file=""), HEAD + ".key_file'"),
