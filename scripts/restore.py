@@ -3,6 +3,8 @@ from thermab import jobs
 from thermab.experiment.restore import restore_all
 
 with jobs.logged(snakemake.log[0]):
-    problems = restore_all("results", jobs.progress)
+    problems, patched = restore_all("results", jobs.progress)
+    if patched:
+        raise SystemExit(f"restore: still patched: {', '.join(patched)}; problems: {'; '.join(problems)}")
     if problems:
         raise SystemExit(f"restore finished with {len(problems)} problem(s), see above")

@@ -15,6 +15,7 @@ from thermab.config import HostSpec
 from thermab.hosts.host import Host
 from thermab.telemetry import ingest
 from thermab.telemetry import deploy
+from processes import processes_in
 
 GB10_ZONES = ["TSOC", "TS0E", "TS0P", "TS1E", "TS1P", "TGPU", "TUNC"]
 
@@ -208,3 +209,168 @@ def test_busiest_threads_are_attributed_to_a_core(tmp_path):
     assert rows, "the spinning thread is listed"
     name, value = rows[0]
     assert value > 50 and re.match(r"thread \S+ \d+ cpu\d+$", name)
+
+
+# -- the agent never dies of a reading ------------------------------------------------------------
+
+def csv_rows(path: Path) -> list[dict]:
+    import csv
+    with open(path) as handle:
+        return list(csv.DictReader(handle))
+
+
+def wait_until(condition, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_hanging_nvidia_smi_is_a_missing_value_and_delays_nothing(tmp_path, monkeypatch):
+    """A GB10-like tree whose nvidia-smi hangs: the GPU rows say so after the timeout while
+    the thermal zones keep being sampled beside it."""
+    root = tmp_path / "node"
+    make_gb10(root)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 600\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    host = Host(HostSpec("head", "t", "local", {}, root, simulated="head"))
+    deploy.start_agent(host, "t-gpu", {"process_pattern": "no-such-process-xyz",
+                                        "intervals": {"thermal": 0.2, "gpu": 0.2, "cpu": 1, "freq": 1}})
+    directory = Path(deploy.session_dir(host, "t-gpu"))
+    try:
+        assert wait_until(lambda: (directory / "gpu.csv").exists(), timeout=60), "the timeout is recorded"
+    finally:
+        deploy.stop_agent(host, "t-gpu")
+    gpu = csv_rows(directory / "gpu.csv")
+    assert gpu[0]["value"] == "" and "nvidia-smi timed out" in gpu[0]["reason"]
+    hung_from = float(gpu[0]["t"]) - 5.0  # CommandSource.timeout_s
+    during = [r for r in csv_rows(directory / "thermal.csv") if hung_from < float(r["t"]) < float(gpu[0]["t"])]
+    assert len({r["t"] for r in during}) > 1, "the zones were sampled while nvidia-smi hung"
+    assert deploy.agent_pid(host, "t-gpu") is None
+    assert wait_until(lambda: processes_in(tmp_path) == []), "the hung command ends with the agent"
+
+
+def test_cpufreq_falls_back_per_sample(tmp_path):
+    make_gb10(tmp_path)
+    freq = CpuFrequency(str(tmp_path))
+    freq.discover()
+    (tmp_path / "sys/devices/system/cpu/cpufreq/policy7/cpuinfo_avg_freq").write_text("busy\n")
+    assert dict((s, v) for s, v, _ in freq.sample())["cpu7"] == 3900.0, "scaling_cur_freq stands in"
+    (tmp_path / "sys/devices/system/cpu/cpufreq/policy7/cpuinfo_avg_freq").write_text("3978000\n")
+    assert dict((s, v) for s, v, _ in freq.sample())["cpu7"] == 3978.0, "and only for that sample"
+    (tmp_path / "sys/devices/system/cpu/cpufreq/policy7/scaling_cur_freq").write_text("\n")
+    (tmp_path / "sys/devices/system/cpu/cpufreq/policy7/cpuinfo_avg_freq").write_text("\n")
+    value, reason = next((v, r) for s, v, r in freq.sample() if s == "cpu7")
+    assert value is None and "cpuinfo_avg_freq" in reason and "scaling_cur_freq" in reason
+
+
+def test_a_zone_is_renamed_when_its_device_path_appears(tmp_path):
+    make_gb10(tmp_path)
+    zone = tmp_path / "sys/class/thermal/thermal_zone3"
+    (zone / "device/path").unlink()
+    zones = ThermalZones(str(tmp_path))
+    assert "acpitz" in zones.discover()["zones"], "named after its type while it has no path"
+    (zone / "device/path").write_text("\\_TZ_.TS1E\n")
+    names = {s for s, _v, _r in zones.sample()}
+    assert "TS1E" in names and "acpitz" not in names
+
+
+def run_agent(config: Path, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(deploy.AGENT_SOURCE), "--config", str(config)],
+                          capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+def test_the_agent_never_overwrites_its_own_settings(tmp_path):
+    settings = tmp_path / "agent.json"
+    text = json.dumps({"out_dir": str(tmp_path), "intervals": {"thermal": 1}})
+    settings.write_text(text)
+    result = run_agent(settings, tmp_path)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert "agent.json" in result.stderr and "Traceback" not in result.stderr
+    assert settings.read_text() == text
+
+
+@pytest.mark.parametrize("settings, fragment", [
+    ({"out_dir": ".", "process_pattern": "vllm("}, "process_pattern 'vllm(': not a regular expression"),
+    ({"out_dir": ".", "intervals": {"thermal": 0}}, "intervals.thermal"),
+    ({"intervals": {}}, "out_dir"),
+    ("not json", "not JSON"),
+])
+def test_unusable_settings_stop_the_agent_once_in_one_line(tmp_path, settings, fragment):
+    path = tmp_path / "settings.json"
+    path.write_text(settings if isinstance(settings, str) else json.dumps(settings))
+    result = run_agent(path, tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.splitlines()) == 1 and fragment in result.stderr
+
+
+def test_an_agent_stopping_at_start_is_reported_not_restarted(tmp_path):
+    root = tmp_path / "node"
+    make_gb10(root)
+    host = Host(HostSpec("head", "t", "local", {}, root, simulated="head"))
+    with pytest.raises(deploy.AgentError, match="host head: the agent stopped at start: .*process_pattern"):
+        deploy.start_agent(host, "t-bad", {"process_pattern": "vllm(", "intervals": {"thermal": 1}})
+    assert deploy.agent_pid(host, "t-bad") is None
+
+
+def test_a_failing_source_is_recorded_and_the_others_go_on(tmp_path):
+    root = tmp_path / "node"
+    make_gb10(root)
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "stat").write_text("cpu\n")  # too short: the system source's parser raises IndexError
+    (proc / "loadavg").write_text("0.5 0.4 0.3 1/100 1\n")
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"out_dir": str(tmp_path / "out"), "sys_root": str(root), "proc_root": str(proc),
+                                    "stop_file": str(tmp_path / "stop"), "process_pattern": "x",
+                                    "intervals": {"thermal": 0.2, "system": 0.2, "cpu": 0.2, "freq": 0.2}}))
+    agent = subprocess.Popen([sys.executable, str(deploy.AGENT_SOURCE), "--config", str(settings)],
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: (tmp_path / "out/system.csv").exists()
+                          and len(csv_rows(tmp_path / "out/system.csv")) >= 3)
+        (tmp_path / "stop").touch()
+        assert agent.wait(timeout=30) == 0, agent.stderr.read()
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    system = csv_rows(tmp_path / "out/system.csv")
+    assert all(r["sensor"] == "source_error" and "IndexError" in r["reason"] for r in system)
+    assert len({r["t"] for r in csv_rows(tmp_path / "out/thermal.csv")}) >= 3
+
+
+def test_an_odd_tree_never_breaks_a_source(tmp_path):
+    """Two zones with one ACPI path, a zone without temp, a policy without a number, a
+    dangling hwmon link: every zone keeps a name of its own and every source answers."""
+    from thermab.telemetry.agent import SOURCES, Hwmon, discover_all
+    for index, (path, temp) in enumerate([("\\_TZ_.TZ00", "40000"), ("\\_TZ_.TZ00", "41000"), ("", None)]):
+        zone = tmp_path / f"sys/class/thermal/thermal_zone{index}"
+        (zone / "device").mkdir(parents=True)
+        if path:
+            (zone / "device/path").write_text(path + "\n")
+        if temp:
+            (zone / "temp").write_text(temp + "\n")
+    policy = tmp_path / "sys/devices/system/cpu/cpufreq/policyX"
+    policy.mkdir(parents=True)
+    (policy / "scaling_cur_freq").write_text("1000000\n")
+    (tmp_path / "sys/class/hwmon").mkdir(parents=True)
+    (tmp_path / "sys/class/hwmon/hwmon0").symlink_to(tmp_path / "gone")
+    found = discover_all(str(tmp_path))
+    assert found["thermal"]["zones"] == ["TZ00", "TZ00_1", "zone2"]
+    zones = ThermalZones(str(tmp_path))
+    zones.discover()
+    samples = {s: (v, r) for s, v, r in zones.sample()}
+    assert samples["TZ00"][0] == 40.0 and samples["TZ00_1"][0] == 41.0
+    assert samples["zone2"][0] is None and "unreadable" in samples["zone2"][1]
+    freq = CpuFrequency(str(tmp_path))
+    freq.discover()
+    assert freq.sample() == [("cpuX", 1000.0, "")]
+    hwmon = Hwmon(str(tmp_path))
+    assert hwmon.discover() == {"sensors": []} and hwmon.sample() == []
+    assert {source.name for source in SOURCES} >= set(found)

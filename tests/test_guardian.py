@@ -1,5 +1,6 @@
 """The dead-man switch: when the controller dies mid-run, every host is restored."""
 
+import os
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ from thermab.experiment import events
 from thermab.experiment import guardian
 from thermab.telemetry import deploy
 from thermab.config import validate
-from thermab.experiment.cluster import ClusterRun
+from thermab.experiment.cluster import ClusterRun, exit_status
 
 ROOT = Path(__file__).resolve().parents[1]
 STOCK = "class SpinCondition:\n    def __init__(self,\n        busy_loop_s: float = 1,\n    ): pass\n"
@@ -75,3 +76,56 @@ def test_released_guardian_does_nothing(tmp_path):
         controller.kill()
         controller.wait()
     assert not any(e["event"] == "abort" for e in events.read(run.run_dir))
+
+
+def patched_run_with_broken_stop(tmp_path: Path) -> tuple[ClusterRun, Path, int]:
+    """A patched host with a running agent, whose config carries a stop command with a stray
+    brace: validation refuses that today, but a session written before, or by a bug, may not."""
+    target = tmp_path / "head" / FILE.lstrip("/")
+    target.parent.mkdir(parents=True)
+    target.write_text(STOCK)
+    config = local_cluster_config(tmp_path)
+    config["clusters"]["t"]["hosts"]["head"]["server"] = {"stop": "echo ${HOSTNAME}", "start": "true"}
+    run = ClusterRun(config, "t", "AB", tmp_path / "results/t/AB", tmp_path)
+    run.write_session()
+    host = run.hosts[0]
+    agent = deploy.start_agent(host, run.session, run.agent_settings(host))
+    run.patcher(host).apply("0.002")
+    return run, target, agent
+
+
+def test_shutdown_restores_first_and_goes_on_past_a_broken_stop_command(tmp_path):
+    run, target, agent = patched_run_with_broken_stop(tmp_path)
+    problems = run.shutdown("test abort")
+    assert target.read_text() == STOCK, "the file is restored, from the kept bytes"
+    assert [p for p in problems if p.startswith("stop the server on head: KeyError")], problems
+    assert len(problems) == 1, "every other step ran and succeeded"
+    assert wait_for(lambda: not guardian.alive(agent)), "the agent is stopped after the failed step"
+    assert (run.run_dir / "monitor/head/agent.json").exists(), "and its logs pulled"
+    names = [e["event"] for e in events.read(run.run_dir)]
+    assert names.index("abort") < names.index("restored")
+    assert run.still_patched() == []
+    assert exit_status(problems, run.still_patched()) == 1
+
+
+def test_restore_command_says_what_failed_in_its_exit_status(tmp_path):
+    run, target, agent = patched_run_with_broken_stop(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "thermab", "restore", str(tmp_path / "results")],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "PROBLEM stop the server on head" in result.stderr and "Traceback" not in result.stderr
+    assert target.read_text() == STOCK
+    assert wait_for(lambda: not guardian.alive(agent))
+    # a host whose original cannot be written back keeps its state, and the status says so
+    run.patcher(run.hosts[0]).apply("0.002")
+    target.chmod(0o444)
+    target.parent.chmod(0o555)
+    try:
+        if os.access(target, os.W_OK):
+            return  # root ignores the modes: the unwritable case cannot be made here
+        result = subprocess.run([sys.executable, "-m", "thermab", "restore", str(tmp_path / "results")],
+                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    finally:
+        target.parent.chmod(0o755)
+        target.chmod(0o644)
+    assert result.returncode == 3 and "STILL PATCHED t/head" in result.stderr

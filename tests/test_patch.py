@@ -4,7 +4,7 @@ import pytest
 
 from thermab.config import HostSpec
 from thermab.hosts.host import Host
-from thermab.experiment.patch import PatchError, Patcher, render, sha256
+from thermab.experiment.patch import PatchError, Patcher, patch_problems, render, sha256
 
 SETTING = {
     "file": "/usr/lib/vllm/shm_broadcast.py",
@@ -79,3 +79,38 @@ def test_vllm_placeholder_is_resolved_by_the_hosts_python(tmp_path, monkeypatch)
     monkeypatch.delenv("PYTHONPATH")  # restoring must not need the package to import
     assert Patcher(host, setting, tmp_path / "state").restore()["file"] == patcher.file
     assert (package / "distributed/shm_broadcast.py").read_text() == STOCK
+
+
+ARMS = {"A": "1", "B": "0.002"}
+
+
+def test_patch_problems_pass_the_study_file():
+    assert patch_problems(STOCK, SETTING, ARMS) == []
+
+
+@pytest.mark.parametrize("text, setting, arms, fragment", [
+    (STOCK + STOCK, SETTING, ARMS, "matches 2 times"),
+    (STOCK.replace("= 1,", "= 'one',"), dict(SETTING, anchor="busy_loop_s: float = [^,]+"), ARMS, "is a string"),
+    (STOCK.replace("= 1,", "= ONE,"), dict(SETTING, anchor="busy_loop_s: float = [^,]+"), ARMS, "not a Python literal"),
+    (STOCK, dict(SETTING, anchor="busy_loop_s", replacement="busy_loop_s = {value}"), ARMS, "cannot be told"),
+    # the patched file would hold the anchor twice: it could not be found again to restore
+    (STOCK + "# busy_loop_s: float = 7\n", dict(SETTING, anchor=r"busy_loop_s: float = [0-9.]+(?=,)",
+                                                replacement="busy_loop_s: float = {value},# busy_loop_s: float = 7"),
+     ARMS, "would match the anchor 2 times"),
+])
+def test_patch_problems_name_what_would_go_wrong(text, setting, arms, fragment):
+    assert any(fragment in problem for problem in patch_problems(text, setting, arms))
+
+
+def test_expression_values_skip_the_literal_check():
+    text = STOCK.replace("= 1,", "= ONE,")
+    setting = dict(SETTING, anchor="busy_loop_s: float = [^,]+", value_type="expression")
+    assert patch_problems(text, setting, {"A": "ONE", "B": "min(0.002, 1)"}) == []
+
+
+def test_restoring_needs_no_setting_of_the_env_method(node, tmp_path):
+    host, target, patcher = node
+    patcher.apply("0.002")
+    env_setting = {"name": "X", "method": "env", "env_var": "X"}
+    assert Patcher(host, env_setting, tmp_path / "state").restore()["sha256"] == sha256(STOCK.encode())
+    assert target.read_text() == STOCK

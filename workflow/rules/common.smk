@@ -13,9 +13,17 @@ from thermab.experiment import plan
 
 os.environ[jobs.CHECKOUT_ENV] = str(Path(workflow.basedir) / "workflow" / "thermab")
 
-# JSON-schema validation (workflow/schemas/config.schema.yaml) with defaults filled in;
-# an error names the config key at fault and stops the run before any job.
-config.update(thermab_config.validate(config))
+# Every check of thermab.config before any job: the config files Snakemake merged are read
+# again strictly (Snakemake's own reader keeps the last of a key given twice), then the
+# merged config is validated with defaults filled in. An error is one line naming the file
+# or key, and exit status 2.
+try:
+    for path in workflow.configfiles:
+        thermab_config.read_file(path)
+    config.update(thermab_config.validate(config))
+except thermab_config.ConfigError as error:
+    print(f"thermab: {error}", file=sys.stderr)
+    sys.exit(2)
 
 
 wildcard_constraints:

@@ -1,34 +1,132 @@
-"""Load and check the workflow config: JSON-schema validation with defaults, then the
-checks a schema cannot express.  Every error names the config key at fault."""
+"""Load and check the workflow config: a strict YAML reader, JSON-schema validation with
+defaults, then the checks a schema cannot express (templates, regexes, URLs, paths, what a
+patch will write).  Everything is checked before any job runs; every error is one line
+naming the config key (or the file) at fault."""
 
 from __future__ import annotations
 
+import ast
 import copy
+import functools
+import io
+import math
 import re
 import shlex
+import string
 import sys
+import tokenize
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import jsonschema
 import yaml
 
 # package data, so a non-editable install validates the same way (workflow/schemas/ links here)
 SCHEMA = resources.files("thermab") / "config.schema.yaml"
+MAX_VALUES = 100_000  # values in one config, counted through YAML aliases (a billion laughs stops here)
+MAX_MESSAGE = 300  # characters of a value shown in an error
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """Something the user gave is wrong (a config key, a file, an argument); the message,
+    one line, names it.  ``python -m thermab`` answers it with exit status 2 and no
+    traceback; anything else is a bug and keeps its traceback."""
+
+
+class ConfigError(UserError, ValueError):
     """A config value is wrong; the message names the key."""
 
 
 def _key(path) -> str:
-    return ".".join(str(part) for part in path) or "(top level)"
+    text = ".".join(str(part) for part in path) or "(top level)"
+    return text.encode("unicode_escape").decode("ascii")  # a newline in a key stays on the line
 
 
-def _fill_defaults(validator_class):
-    """A validator that also writes each property's schema default into the instance."""
-    validate_properties = validator_class.VALIDATORS["properties"]
+def _short(text: str) -> str:
+    text = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + "…"
+
+
+def _raise(problems: list[str]) -> None:
+    """One line for any number of problems."""
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{len(problems)} problems: " + "; ".join(problems))
+
+
+# -- reading a file ----------------------------------------------------------------------
+
+class StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last
+    one silently, so an arm or host written twice would vanish without a word."""
+
+
+def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict = {}
+    for key_node, _value in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *defaults`: keys written beside it override it, as YAML says
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.setdefault(key, key_node.start_mark.line + 1)
+        except TypeError:
+            continue  # an unhashable key: the constructor below reports it
+        if first != key_node.start_mark.line + 1:
+            raise ConfigError(f"{loader.name}: line {key_node.start_mark.line + 1}: key {_short(repr(key))} "
+                              f"given twice in one mapping (first on line {first})")
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def read_file(path: str | Path) -> dict:
+    """A config file (YAML or JSON) as a mapping; anything else is a ConfigError naming the file."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start})") from None
+    loader = StrictLoader(text)
+    loader.name = str(path)
+    try:
+        raw = loader.get_single_data()
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(f"{path}: not valid YAML: {where}{_short(' '.join(problem.split()))}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
+    finally:
+        loader.dispose()
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of config keys, not a {type(raw).__name__}")
+    return raw
+
+
+# -- the schema ----------------------------------------------------------------------------
+
+def _is_integer(_checker, instance) -> bool:
+    # JSON Schema calls 2.0 an integer; here an integer key takes a whole number written
+    # without a decimal point (`range(1, 2.0 + 1)` is a crash, `1e30` a hang)
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+@functools.cache
+def _validator() -> jsonschema.protocols.Validator:
+    """Draft 2020-12 with strict integers, writing each property's schema default into the
+    instance; built once (reading the schema is most of the cost of a validation)."""
+    base = jsonschema.Draft202012Validator
+    validate_properties = base.VALIDATORS["properties"]
 
     def set_defaults(validator, properties, instance, schema):
         if isinstance(instance, dict):
@@ -37,7 +135,9 @@ def _fill_defaults(validator_class):
                     instance[name] = copy.deepcopy(subschema["default"])
         yield from validate_properties(validator, properties, instance, schema)
 
-    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+    validator = jsonschema.validators.extend(base, {"properties": set_defaults},
+                                             type_checker=base.TYPE_CHECKER.redefine("integer", _is_integer))
+    return validator(load_schema())
 
 
 def _describe(error: jsonschema.ValidationError) -> str:
@@ -50,66 +150,268 @@ def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "required":
         missing = [name for name in error.validator_value if name not in error.instance]
         return "; ".join(f"config key '{_key(path + [name])}': required but missing" for name in missing)
-    return f"config key '{_key(path)}': {error.message}"
+    # the message quotes the value: a long one is cut, so the line still says what is wrong
+    shown = repr(error.instance)
+    message = error.message.replace(shown, shown if len(shown) <= 60 else shown[:57] + "…")
+    if error.validator == "pattern" and "description" in error.schema:
+        message += f" ({error.schema['description']})"
+    return f"config key '{_key(path)}': {message}"
 
 
 def load_schema() -> dict:
     return yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
 
 
-def validate(raw: dict) -> dict:
-    """Return a copy of ``raw`` with defaults filled in, or raise ConfigError."""
+def _value_problems(value, path: list, problems: list[str], budget: list[int]) -> None:
+    """What no schema keyword catches, anywhere in the config: numbers that are not
+    finite (every comparison with NaN is false, so an interlock at NaN never fires), keys
+    that are not strings (YAML reads `on:` as True and `1:` as 1), NUL in strings, and a
+    config too large once its aliases are expanded."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        if budget[0] == -1:
+            problems.append(f"config key '{_key(path)}': the config has more than {MAX_VALUES} values "
+                            "once YAML aliases are expanded")
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        problems.append(f"config key '{_key(path)}': {value} is not a finite number")
+    elif isinstance(value, str) and "\0" in value:
+        problems.append(f"config key '{_key(path)}': contains a NUL character")
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            if not isinstance(name, str):
+                problems.append(f"config key '{_key(path + [name])}': the key {name!r} is of type "
+                                f"{type(name).__name__}, not a string (quote it)")
+                continue
+            _value_problems(item, path + [name], problems, budget)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _value_problems(item, path + [index], problems, budget)
+
+
+def validate(raw: dict, workdir: str | Path | None = None) -> dict:
+    """Return a copy of ``raw`` with defaults filled in, or raise ConfigError.  ``workdir``
+    (default: the current directory) is where relative paths such as simulated roots lie."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: the top level must be a mapping of config keys, not a {type(raw).__name__}")
+    problems: list[str] = []
+    _value_problems(raw, [], problems, [MAX_VALUES])
+    _raise(problems)
     config = copy.deepcopy(raw)
-    schema = load_schema()
-    validator = _fill_defaults(jsonschema.Draft202012Validator)(schema)
-    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
-    if errors:
-        lines = [_describe(e) for e in errors]
-        raise ConfigError("invalid config:\n  " + "\n  ".join(lines))
-    _check_semantics(config)
+    errors = sorted(_validator().iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
+    _raise([_describe(e) for e in errors])
+    _raise(_semantic_problems(config, Path(workdir or Path.cwd()).resolve()))
     return config
 
 
-def _check_semantics(config: dict) -> None:
+# -- what a schema cannot express ---------------------------------------------------------------
+
+SERVER_PLACEHOLDERS = ("root", "python", "env")
+VALUE_PLACEHOLDER = "value"
+
+
+def template_fields(key: str, text: str, allowed: tuple[str, ...], problems: list[str]) -> list[str] | None:
+    """The placeholders of a ``str.format`` template, in order, or None (with a problem
+    added) when it has another placeholder, an attribute, index, conversion or format
+    spec, or an unpaired brace: what ``format`` would raise on, or leak through, at run time."""
+    literal_braces = "a literal brace is written {{ or }}"
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError as error:
+        problems.append(f"config key '{key}': not a valid template: {error} ({literal_braces})")
+        return None
+    names = []
+    for _literal, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if name not in allowed or spec or conversion:
+            shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            known = ", ".join("{" + a + "}" for a in allowed)
+            problems.append(f"config key '{key}': placeholder {_short(shown)} is not one of {known} "
+                            f"({literal_braces})")
+            return None
+        names.append(name)
+    return names
+
+
+def _regex(key: str, pattern: str, problems: list[str]) -> re.Pattern | None:
+    try:
+        compiled = re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as error:
+        problems.append(f"config key '{key}': not a regular expression: {error}")
+        return None
+    if compiled.search("") is not None:
+        problems.append(f"config key '{key}': matches the empty string, so it matches everywhere")
+        return None
+    return compiled
+
+
+def _one_line(key: str, text: str | None, problems: list[str]) -> bool:
+    if isinstance(text, str) and ("\n" in text or "\r" in text):
+        problems.append(f"config key '{key}': must be one line")
+        return False
+    return True
+
+
+def _endpoint_problem(url: str) -> str | None:
+    if url != url.strip() or any(c.isspace() for c in url):
+        return "contains whitespace"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as error:
+        return f"not a URL: {error}"
+    if parts.scheme not in ("http", "https"):
+        return "must start with http:// or https://"
+    if not parts.hostname:
+        return "has no host"
+    if port == 0:
+        return "port 0"
+    if parts.username is not None or parts.query or parts.fragment:
+        return "must be http(s)://host:port[/path], without user, query or fragment"
+    return None
+
+
+def literal_kind(text: str) -> str | None:
+    """The kind of Python literal ``text`` is (``number`` for ints and floats alike,
+    ``string``, ``bool``, ``None``, ``tuple``, …), or None when it is not a literal, or
+    carries a comment (pasted into a line, a comment would swallow the rest of it)."""
+    try:
+        value = ast.literal_eval(text.strip())
+        if any(token.type == tokenize.COMMENT
+               for token in tokenize.generate_tokens(io.StringIO(text).readline)):
+            return None
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, tokenize.TokenError):
+        return None
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", bytes: "bytes", type(None): "None"}.get(type(value), type(value).__name__)
+
+
+def _setting_problems(config: dict, problems: list[str]) -> None:
+    setting, arms = config["setting"], config["arms"]
+    for letter, arm in arms.items():
+        _one_line(f"arms.{letter}.value", arm["value"], problems)
+    if setting["method"] == "env":
+        if "env_var" not in setting:
+            problems.append("config key 'setting.env_var': required when method is env")
+        for name, cluster in config["clusters"].items():
+            starts = {h: host["server"]["start"] for h, host in cluster["hosts"].items()
+                      if "start" in host.get("server", {})}
+            if not starts:
+                problems.append(f"config key 'clusters.{name}.hosts': with setting.method env a server.start "
+                                "command with {env} must pass the value on; no host has one")
+            for host_name, start in starts.items():
+                if "{env}" not in start:
+                    problems.append(f"config key 'clusters.{name}.hosts.{host_name}.server.start': must contain "
+                                    "{env} (setting.method env passes the arm's value through it; without it "
+                                    "every arm runs the same server)")
+        return
+    missing = [name for name in ("file", "anchor", "replacement") if name not in setting]
+    for name in missing:
+        problems.append(f"config key 'setting.{name}': required when method is file")
+    if missing:
+        return
+    _one_line("setting.file", setting["file"], problems)
+    anchor = _regex("setting.anchor", setting["anchor"], problems)
+    fields = template_fields("setting.replacement", setting["replacement"], (VALUE_PLACEHOLDER,), problems)
+    if fields is not None and fields != [VALUE_PLACEHOLDER]:
+        problems.append("config key 'setting.replacement': must contain {value} exactly once "
+                        f"(it has it {len(fields)} times)")
+        fields = None
+    if anchor is None or fields is None:
+        return
+    kinds = {}
+    for letter, arm in arms.items():
+        rendered = setting["replacement"].format(value=arm["value"])
+        count = len(anchor.findall(rendered))
+        if count != 1:
+            problems.append(f"config key 'arms.{letter}.value': setting.replacement with this value "
+                            f"({_short(rendered)!r}) matches setting.anchor {count} times: it must match once, "
+                            "so that a patched file can be found, patched again and restored")
+        if setting["value_type"] == "literal":
+            kinds[letter] = literal_kind(arm["value"])
+            if kinds[letter] is None:
+                problems.append(f"config key 'arms.{letter}.value': {_short(arm['value'])!r} is not a Python "
+                                "literal (a number, a quoted string, True, …); if the file takes code, set "
+                                "setting.value_type: expression")
+    if len(set(k for k in kinds.values() if k)) > 1:
+        problems.append("config key 'arms': the values are literals of different kinds ("
+                        + ", ".join(f"{letter} {kind}" for letter, kind in kinds.items() if kind) + ")")
+
+
+def _host_problems(where: str, host: dict, workdir: Path, problems: list[str]) -> None:
+    if host["transport"] == "ssh" and "address" not in host:
+        problems.append(f"config key '{where}.address': required for transport ssh")
+    if host.get("container_engine", "none") != "none" and "container" not in host:
+        problems.append(f"config key '{where}.container': required with container_engine "
+                        f"{host['container_engine']}")
+    for name in ("root", "python", "agent_dir", "key_file", "known_hosts"):
+        _one_line(f"{where}.{name}", host.get(name), problems)
+    if host.get("agent_dir", "").rstrip("/") == "":
+        problems.append(f"config key '{where}.agent_dir': not the root directory")
+    if "process_pattern" in host:
+        _regex(f"{where}.process_pattern", host["process_pattern"], problems)
+    if "simulated" in host:
+        if "root" not in host:
+            problems.append(f"config key '{where}.root': a simulated host needs its node directory")
+        else:
+            root = (workdir / host["root"]).resolve()
+            if root == workdir or not root.is_relative_to(workdir):
+                problems.append(f"config key '{where}.root': a simulated node's directory must lie inside "
+                                f"the working directory ({workdir}), not at {_short(str(root))}")
+    for which in ("stop", "start"):
+        template = host.get("server", {}).get(which)
+        if template is None:
+            continue
+        fields = template_fields(f"{where}.server.{which}", template, SERVER_PLACEHOLDERS, problems)
+        if fields and "root" in fields and "root" not in host:
+            problems.append(f"config key '{where}.server.{which}': uses {{root}}, but the host has no root")
+
+
+def _semantic_problems(config: dict, workdir: Path) -> list[str]:
+    problems: list[str] = []
     arms = config["arms"]
     unknown = sorted(set(config["order"]) - set(arms))
     if unknown:
-        raise ConfigError(
-            f"config key 'order': arm(s) {', '.join(unknown)} not defined under 'arms' "
-            f"(defined: {', '.join(arms)})")
+        problems.append(f"config key 'order': arm(s) {', '.join(unknown)} not defined under 'arms' "
+                        f"(defined: {', '.join(arms)})")
     if len(set(config["order"])) != len(config["order"]):
-        raise ConfigError(f"config key 'order': '{config['order']}' names an arm twice")
-    setting = config["setting"]
-    needed = ["file", "anchor", "replacement"] if setting["method"] == "file" else ["env_var"]
-    for name in needed:
-        if name not in setting:
-            raise ConfigError(f"config key 'setting.{name}': required when method is {setting['method']}")
-    if setting["method"] == "file":
-        try:
-            re.compile(setting["anchor"])
-        except re.error as error:
-            raise ConfigError(f"config key 'setting.anchor': not a regular expression: {error}") from None
-        if "{value}" not in setting["replacement"]:
-            raise ConfigError("config key 'setting.replacement': must contain {value}")
-    cap = config["safety"]["max_load_minutes"]
-    if cap is not None and config["timings"]["load_s"] > cap * 60:
-        raise ConfigError(f"config key 'timings.load_s': {config['timings']['load_s']} s is longer than "
-                          f"safety.max_load_minutes ({cap} min)")
+        problems.append(f"config key 'order': '{config['order']}' names an arm twice")
+    _setting_problems(config, problems)
+    _regex("monitor.process_pattern", config["monitor"]["process_pattern"], problems)
+    _one_line("load.model", config["load"]["model"], problems)
+    _one_line("analysis.timeline_zone", config["analysis"]["timeline_zone"], problems)
+    safety, timings = config["safety"], config["timings"]
+    cap = safety["max_load_minutes"]
+    if cap is not None and timings["load_s"] > cap * 60:
+        problems.append(f"config key 'timings.load_s': {timings['load_s']} s is longer than "
+                        f"safety.max_load_minutes ({cap} min)")
+    thermal_interval = config["monitor"]["intervals"]["thermal"]
+    silence = safety["max_sensor_silence_s"]
+    if silence is not None and silence < 2 * thermal_interval:
+        problems.append(f"config key 'safety.max_sensor_silence_s': {silence} s is shorter than two thermal "
+                        f"sample intervals (monitor.intervals.thermal = {thermal_interval} s)")
     for name, cluster in config["clusters"].items():
         hosts = cluster["hosts"]
         if cluster["head"] not in hosts:
-            raise ConfigError(
-                f"config key 'clusters.{name}.head': '{cluster['head']}' is not one of its hosts "
-                f"({', '.join(hosts)})")
+            problems.append(f"config key 'clusters.{name}.head': '{_short(cluster['head'])}' is not one of its "
+                            f"hosts ({', '.join(hosts)})")
+        problem = _endpoint_problem(cluster["endpoint"])
+        if problem:
+            problems.append(f"config key 'clusters.{name}.endpoint': {_short(cluster['endpoint'])!r} {problem}")
         for host_name, host in hosts.items():
-            where = f"clusters.{name}.hosts.{host_name}"
-            if host["transport"] == "ssh" and "address" not in host:
-                raise ConfigError(f"config key '{where}.address': required for transport ssh")
-            if "simulated" in host and "root" not in host:
-                raise ConfigError(f"config key '{where}.root': a simulated host needs its node directory")
-            if host.get("container_engine", "none") != "none" and "container" not in host:
-                raise ConfigError(f"config key '{where}.container': required with container_engine "
-                                  f"{host['container_engine']}")
+            _host_problems(f"clusters.{name}.hosts.{host_name}", host, workdir, problems)
+    return problems
+
+
+def sensor_silence_s(config: dict) -> float:
+    """How long a host's watched zones may go without a fresh reading during a load before
+    the interlock calls it blind and stops the load."""
+    configured = config["safety"]["max_sensor_silence_s"]
+    return configured if configured is not None else max(5.0, 3 * config["monitor"]["intervals"]["thermal"])
 
 
 @dataclass(frozen=True)
@@ -193,10 +495,13 @@ def cluster_spec(config: dict, name: str, workdir: Path | None = None) -> Cluste
     return ClusterSpec(name, raw["head"], raw["endpoint"].rstrip("/"), raw["end_state"], tuple(hosts))
 
 
-def load(path: str | Path) -> dict:
-    """Read and validate a config file (for use outside Snakemake)."""
-    with open(path) as handle:
-        return validate(yaml.safe_load(handle) or {})
+def load(path: str | Path, workdir: str | Path | None = None) -> dict:
+    """Read and validate a config file (for use outside Snakemake); errors name the file."""
+    raw = read_file(path)
+    try:
+        return validate(raw, workdir)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
 
 
 def main(argv: list[str]) -> int:
@@ -205,11 +510,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="thermab check-config", description="validate a thermab config file")
     parser.add_argument("config", help="a YAML config file")
     args = parser.parse_args(argv)
-    try:
-        config = load(args.config)
-    except ConfigError as error:
-        print(error, file=sys.stderr)
-        return 1
+    config = load(args.config)
     print(f"{args.config}: valid ({', '.join(config['clusters'])}; order {config['order']}, "
           f"{config['repeats']} repeat(s))")
     return 0

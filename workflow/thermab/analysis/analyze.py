@@ -20,6 +20,8 @@ from pathlib import Path
 import pandas as pd
 
 from thermab.analysis import PHASE_TABLES, TABLES, load_validity, metrics, stats, summary
+from thermab.analysis.completeness import completeness
+from thermab.config import UserError
 from thermab.analysis.model import Analysis, RunData, load_run, ordered_hosts, sibling_runs
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,7 @@ def _check_poolable(runs: list[RunData]) -> None:
     for run in runs[1:]:
         for key in ("cluster", "arms", "reference_arm"):
             if run.config.get(key) != first.get(key):
-                raise ValueError(f"cannot pool {run.path} with {runs[0].path}: {key} differs")
+                raise UserError(f"cannot pool {run.path} with {runs[0].path}: {key} differs")
 
 
 def compute(run_dir, also=(), detect_pct: float = 5.0) -> Analysis:
@@ -96,7 +98,9 @@ def write_outputs(result: Analysis) -> dict[str, pd.DataFrame]:
     text = summary.summary_markdown(
         run.config, result.tables, result.tables["variance"],
         sample_interval_s=sample_interval_s(run.telemetry, run.config["head"]),
-        sources=result.sources, best=result.best)
+        sources=result.sources, best=result.best,
+        completeness=completeness(run.telemetry, result.tables["windows"], ordered_hosts(run.config),
+                                  run.config.get("sample_intervals_s"), run.config.get("hosts_without_zones", [])))
     (run.path / "summary.md").write_text(text, encoding="utf-8")
     return result.tables
 

@@ -23,11 +23,13 @@ samples.  The study's labels carry a prefix that is dropped: ``ustock`` → stoc
 """
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
 import pandas as pd
 
+from thermab.config import UserError
 from thermab.experiment import plan
 
 STUDY_LABELS = {"ustock": "stock", "upatched": "patched"}
@@ -119,7 +121,7 @@ def write_run(out_dir, frames: dict, marks: list, load_minutes: float = 30.0, ar
     events, letters, order = events_from_marks(marks, load_minutes * 60, telemetry["t"].min(),
                                                telemetry["t"].max(), epoch_s, minutes)
     if not letters:
-        raise ValueError("no '<label>-load-start' mark: nothing to analyse")
+        raise UserError("no '<label>-load-start' mark: nothing to analyse")
     hosts = list(frames)
     options = {**DEFAULTS, **run_options}
     analysis = {key: options.pop(key) for key in plan.DEFAULT_ANALYSIS if key in options}
@@ -135,11 +137,27 @@ def write_run(out_dir, frames: dict, marks: list, load_minutes: float = 30.0, ar
     return out
 
 
+@contextlib.contextmanager
+def _reading(path):
+    """What is wrong with a file the user gave becomes one line naming it."""
+    try:
+        yield
+    except UserError as error:
+        raise UserError(f"{path}: {error}") from None
+    except UnicodeDecodeError as error:
+        raise UserError(f"{path}: not UTF-8 text (byte {error.start})") from None
+    except (ValueError, KeyError, TypeError, IndexError, pd.errors.ParserError) as error:
+        raise UserError(f"{path}: {type(error).__name__}: {' '.join(str(error).split())[:200]}") from None
+
+
 def import_chart(json_path, out_dir, load_minutes: float = 30.0, arms: dict | None = None, **options) -> Path:
     """The study's chart JSON → run directory (see ``write_run`` for ``arms`` and options)."""
-    chart = json.loads(Path(json_path).read_text(encoding="utf-8"))
-    frames, marks = chart_frames(chart)
-    return write_run(out_dir, frames, marks, load_minutes, arms, source=str(json_path), **options)
+    with _reading(json_path):
+        chart = json.loads(Path(json_path).read_text(encoding="utf-8"))
+        if not isinstance(chart, dict) or not isinstance(chart.get("head"), list) or not chart["head"]:
+            raise UserError("not the study's chart JSON: no 'head' list of samples")
+        frames, marks = chart_frames(chart)
+        return write_run(out_dir, frames, marks, load_minutes, arms, source=str(json_path), **options)
 
 
 def import_wide_csv(csv_path, out_dir, marks, load_minutes: float = 30.0, arms: dict | None = None,
@@ -147,10 +165,17 @@ def import_wide_csv(csv_path, out_dir, marks, load_minutes: float = 30.0, arms: 
     """A wide CSV → run directory.  ``marks``: [(t, name)] or the path of a CSV with columns
     t, m, in the same time unit as the table (``min`` or ``s``)."""
     if isinstance(marks, (str, Path)):
-        marks = list(pd.read_csv(marks)[["t", "m"]].itertuples(index=False, name=None))
-    frames = csv_frames(pd.read_csv(csv_path), time_col)
-    return write_run(out_dir, frames, marks, load_minutes, arms, minutes=time_unit == "min",
-                     source=str(csv_path), **options)
+        with _reading(marks):
+            table = pd.read_csv(marks)
+            if not {"t", "m"} <= set(table.columns):
+                raise UserError(f"needs columns t and m (has {', '.join(map(str, table.columns))})")
+            marks = list(table[["t", "m"]].itertuples(index=False, name=None))
+    with _reading(csv_path):
+        table = pd.read_csv(csv_path)
+        if time_col not in table.columns:
+            raise UserError(f"no time column '{time_col}' (columns: {', '.join(map(str, table.columns))[:200]})")
+        return write_run(out_dir, csv_frames(table, time_col), marks, load_minutes, arms,
+                         minutes=time_unit == "min", source=str(csv_path), **options)
 
 
 def main(argv=None) -> int:
@@ -168,6 +193,8 @@ def main(argv=None) -> int:
     parser.add_argument("--time-col", default="t", help="time column of a wide CSV")
     parser.add_argument("--time-unit", choices=["min", "s"], default="min", help="time unit of a wide CSV")
     args = parser.parse_args(argv)
+    if any("=" not in item for item in args.arm):
+        parser.error("--arm takes LABEL=VALUE")
     arms = dict(item.split("=", 1) for item in args.arm)
     options = {"setting": args.setting, "cluster": args.cluster, "epoch_s": args.epoch_s}
     if args.source.endswith(".json"):

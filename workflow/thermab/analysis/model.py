@@ -10,8 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
+from thermab.config import UserError
 from thermab.experiment import events as events_file
+from thermab.experiment import plan
 from thermab.telemetry.ingest import TELEMETRY_COLUMNS
 
 @dataclass(frozen=True)
@@ -28,19 +31,81 @@ def read_events(path: Path) -> pd.DataFrame:
     """events.jsonl as a frame in time order (malformed lines dropped and counted at ingest)."""
     records, _problems = events_file.read_checked(path)
     events = pd.DataFrame(records, columns=sorted({"t", "event", "order", "rep", "arm"}.union(*records)))
-    events["rep"] = pd.to_numeric(events["rep"])  # float: run-level events have no rep
+    events["rep"] = pd.to_numeric(events["rep"], errors="coerce")  # float: run-level events have no rep
     return events.sort_values("t", kind="stable", ignore_index=True)
 
 
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise UserError(f"{path}: cannot read: {error.strerror}") from None
+    except ValueError as error:
+        raise UserError(f"{path}: not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path}: not a JSON object")
+    return value
+
+
+def _read_parquet(path: Path, **options) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path, **options)
+    except (OSError, ValueError, KeyError, pa.ArrowException) as error:
+        raise UserError(f"{path}: cannot read as parquet: {' '.join(str(error).split())[:200]}") from None
+
+
+def inferred_plan(path: Path, events: pd.DataFrame, telemetry: pd.DataFrame) -> dict:
+    """The plan of a run directory that has no run.json, as docs/design.md allows: the
+    arms are the letters of its phases in events.jsonl (each its own label, the first the
+    reference), the hosts those of its telemetry (the head the first by name), the
+    analysis settings the defaults."""
+    phases = events.dropna(subset=["arm"])
+    letters = list(dict.fromkeys(str(arm) for arm in phases["arm"]))
+    if not letters:
+        raise UserError(f"{path}: no run.json, and events.jsonl names no phase: nothing to analyse")
+    hosts = sorted(str(host) for host in telemetry["host"].unique())
+    orders = [str(order) for order in phases["order"].dropna().unique()]
+    return plan.run_plan(cluster=path.resolve().parent.name, order=orders[0] if orders else "".join(letters),
+                         repeats=int(phases["rep"].max()) if phases["rep"].notna().any() else 1,
+                         arms={letter: {"label": letter, "value": ""} for letter in letters},
+                         setting="setting", head=hosts[0] if hosts else "", hosts=hosts, inferred=True)
+
+
+def _check_plan(path: Path, config: dict) -> dict:
+    """What the analysis needs of a run.json, with the defaults for what an older one lacks."""
+    arms = config.get("arms")
+    if not isinstance(arms, dict) or not arms or not all(isinstance(a, dict) and "label" in a for a in arms.values()):
+        raise UserError(f"{path}: key 'arms' must map each arm letter to its label and value")
+    if config.get("reference_arm", next(iter(arms))) not in arms:
+        raise UserError(f"{path}: key 'reference_arm' is not one of the arms")
+    for key, kind in (("head", str), ("hosts", list), ("thresholds_c", list), ("timeline_zone", str)):
+        if key in config and not isinstance(config[key], kind):
+            raise UserError(f"{path}: key '{key}' must be a {kind.__name__}")
+    return plan.run_plan(**{"cluster": "", "order": "".join(arms), "repeats": 1, "setting": "setting", "head": "",
+                            "hosts": [], **{key: value for key, value in config.items()
+                                            if key not in plan.DEFAULT_ANALYSIS}},
+                         analysis={key: config[key] for key in plan.DEFAULT_ANALYSIS if key in config})
+
+
 def load_run(run_dir) -> RunData:
+    """A run directory as the analysis reads it; what is wrong with it is a UserError
+    naming the file.  Without run.json the plan is inferred (``inferred_plan``)."""
     path = Path(run_dir)
-    config = json.loads((path / "run.json").read_text(encoding="utf-8"))
-    telemetry = pd.read_parquet(path / "tidy" / "telemetry.parquet", columns=TELEMETRY_COLUMNS)
+    if not path.is_dir():
+        raise UserError(f"{path}: not a run directory")
+    telemetry_path = path / "tidy" / "telemetry.parquet"
+    if not telemetry_path.exists():
+        raise UserError(f"{telemetry_path}: missing (not a run directory, or ingest has not run)")
+    telemetry = _read_parquet(telemetry_path, columns=TELEMETRY_COLUMNS)
     requests_path = path / "tidy" / "requests.parquet"
-    requests = pd.read_parquet(requests_path) if requests_path.exists() else None
+    requests = _read_parquet(requests_path) if requests_path.exists() else None
     if requests is not None and requests.empty:
         requests = None
-    return RunData(path, config, read_events(path / "events.jsonl"), telemetry, requests, read_validity(path))
+    events = read_events(path / "events.jsonl")
+    run_json = path / plan.RUN_FILE
+    config = (_check_plan(run_json, _read_json(run_json)) if run_json.exists()
+              else inferred_plan(path, events, telemetry))
+    return RunData(path, config, events, telemetry, requests, read_validity(path))
 
 
 def read_validity(path: Path) -> dict:
@@ -54,10 +119,10 @@ def read_validity(path: Path) -> dict:
 def sibling_runs(run_dir) -> list[Path]:
     """Other run directories next to ``run_dir`` with the same cluster in their run.json."""
     path = Path(run_dir).resolve()
-    cluster = json.loads((path / "run.json").read_text(encoding="utf-8")).get("cluster")
+    cluster = _read_json(path / plan.RUN_FILE).get("cluster") if (path / plan.RUN_FILE).exists() else path.parent.name
     return [other for other in sorted(path.parent.iterdir())
-            if other != path and (other / "run.json").exists()
-            and json.loads((other / "run.json").read_text(encoding="utf-8")).get("cluster") == cluster]
+            if other != path and (other / plan.RUN_FILE).exists()
+            and _read_json(other / plan.RUN_FILE).get("cluster") == cluster]
 
 
 def ordered_hosts(config: dict) -> list[str]:

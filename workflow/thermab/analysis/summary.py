@@ -96,11 +96,35 @@ def _verdict(row: pd.Series, labels: dict) -> str:
     return text + "."
 
 
+def completeness_section(frame: pd.DataFrame) -> str:
+    """The completeness table (``completeness.completeness``) as a summary.md section."""
+    rows = []
+    for row in frame.itertuples(index=False):
+        interval = row.interval_s
+        note = ""
+        if row.got == 0:
+            note = "no samples"
+        elif not math.isnan(interval) and row.largest_gap_s > 3 * interval:
+            note = f"gap of {row.largest_gap_s / interval:.0f} intervals"
+        rows.append({"host": row.host, "source": row.source, "interval": fmt(interval, "s"),
+                     "expected": fmt(row.expected, "", 0), "got": fmt(row.got, "", 0),
+                     "largest gap": fmt(row.largest_gap_s, "s"), "note": note})
+    return "\n".join([
+        "## Telemetry completeness", "",
+        markdown_table(pd.DataFrame(rows, columns=["host", "source", "interval", "expected", "got", "largest gap",
+                                                   "note"])),
+        "Samples inside the load windows: expected = window ÷ sample interval, summed over the"
+        " windows; got = samples of the source (median over its sensors); largest gap = the longest"
+        " stretch of a window without a sample of some sensor, window edges included.",
+    ])
+
+
 def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_interval_s: dict,
-                     sources: list[str], best: dict | None) -> str:
+                     sources: list[str], best: dict | None, completeness: pd.DataFrame | None = None) -> str:
     """summary.md: the study's three tables with arm labels as columns, the verdicts, and what
     was measured how.  ``tables`` holds the frames of analyze (windows, thresholds, zones, cpu,
-    performance), ``sample_interval_s`` the median sampling interval per telemetry kind."""
+    performance), ``sample_interval_s`` the median sampling interval per telemetry kind,
+    ``completeness`` the per host and source sample counts (``completeness.completeness``)."""
     arms, reference = run["arms"], run["reference_arm"]
     head, zone = run["head"], run["timeline_zone"]
     windows = tables["windows"]
@@ -164,6 +188,8 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
     parts.append("Verdicts pool the phases of: " + ", ".join(sources) + ".")
     if best is not None:
         parts += ["", "## Dose response", "", _best_sentence(best, run)]
+    if completeness is not None:
+        parts += ["", completeness_section(completeness)]
     parts += ["", "## What was measured how", "", _definitions(run, tables, sample_interval_s)]
     return "\n".join(parts) + "\n"
 

@@ -4,7 +4,8 @@ effects that bring it up and put it back.
 ``ensure_up`` is idempotent and called by every job that touches hosts, so a run can be
 resumed or extended (``--config repeats=5``) by a later Snakemake invocation.
 ``shutdown`` is what the last job, a failure, or the guardian does: restore every patched
-file (verified), stop or restart the server, stop the agents and pull their logs."""
+file (verified), stop or restart the server, stop the agents and pull their logs; no step
+can block the ones after it."""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from thermab.config import ClusterSpec, cluster_spec
 from thermab.hosts import clock
 from thermab.hosts.host import Host
 from thermab.experiment.patch import Patcher
-from thermab.hosts.transport import TransportError
 
 SESSION_FILE = "session.json"
 
@@ -107,24 +107,29 @@ class ClusterRun:
     # -- putting everything back ---------------------------------------------------------
 
     def shutdown(self, reason: str, t: float | None = None, **where) -> list[str]:
-        """Best effort on every host; returns the problems met (empty when all went well)."""
+        """Put every host back, in the order that matters: each patched file first, from its
+        kept original bytes (nothing of the config is formatted or run for it), then the
+        servers, then the agents.  Every step runs whatever happened to the one before;
+        returns the problems met (empty when all went well)."""
         problems: list[str] = []
-        if reason != "completed":
-            self.event("abort", t=t, detail={"reason": reason}, **where)
 
         def attempt(what: str, action: Callable[[], object]) -> object:
             try:
                 return action()
-            except (TransportError, OSError, RuntimeError) as error:
-                problems.append(f"{what}: {error}")
-                self.progress(f"WARNING {what}: {error}")
+            except Exception as error:  # any failure, a bug included, must not block the next step
+                problems.append(f"{what}: {type(error).__name__}: {error}")
+                self.progress(f"WARNING {what} failed ({type(error).__name__}: {error}); going on")
                 return None
 
-        attempt("stop servers", lambda: server.stop_servers(self.hosts))
+        if reason != "completed":
+            attempt("record the abort", lambda: self.event("abort", t=t, detail={"reason": reason}, **where))
         for host in self.hosts:
-            done = attempt(f"restore {host.name}", self.patcher(host).restore)
+            done = attempt(f"restore {host.name}", lambda h=host: self.patcher(h).restore())
             if done:
-                self.event("restored", host=host.name, detail=done)
+                attempt(f"record {host.name} restored", lambda h=host, d=done: self.event("restored", host=h.name,
+                                                                                          detail=d))
+        for host in reversed(self.hosts):  # head first, as a phase stops them
+            attempt(f"stop the server on {host.name}", lambda h=host: server.stop_servers([h]))
         if self.cluster.end_state == "restarted":
             attempt("restart servers", lambda: server.start_servers(self.hosts))
         for host in self.hosts:
@@ -133,6 +138,22 @@ class ClusterRun:
                     lambda h=host: deploy.pull(h, self.session, self.run_dir / "monitor" / h.name))
         attempt("power off simulated nodes", self.power_off_simulated)
         return problems
+
+    def still_patched(self) -> list[str]:
+        """Hosts whose original is still kept, i.e. not known to be restored."""
+        return [host.name for host in self.hosts if self.patcher(host).is_patched]
+
+
+# exit status of whatever puts hosts back (the guardian, `restore`): 2 is a user's mistake
+RESTORED, STEP_FAILED, STILL_PATCHED = 0, 1, 3
+
+
+def exit_status(problems: list[str], still_patched: list[str]) -> int:
+    """0: all put back; 1: every file restored, another step failed (servers, agents,
+    logs); 3: a host is still patched (its original kept under patch-state/)."""
+    if still_patched:
+        return STILL_PATCHED
+    return STEP_FAILED if problems else RESTORED
 
 
 def clock_offsets(hosts: list[Host]) -> tuple[dict[str, clock.Offset], dict[str, str]]:

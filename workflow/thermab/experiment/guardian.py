@@ -105,16 +105,23 @@ def main(argv=None) -> int:
         time.sleep(0.5)
     if released:
         return 0
-    from thermab.experiment.cluster import ClusterRun  # imported late: the guardian idles with few modules loaded
+    # imported late: the guardian idles with few modules loaded
+    from thermab.experiment.cluster import ClusterRun, exit_status
 
     def progress(message: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} guardian: {message}", flush=True)
 
     progress(f"controller {args.watch} exited before the run shut down: restoring and stopping")
-    problems = ClusterRun.from_session(args.run_dir, progress).shutdown(f"controller {args.watch} exited")
-    progress("shutdown complete" if not problems else f"shutdown finished with {len(problems)} problem(s)")
+    run = ClusterRun.from_session(args.run_dir, progress)
+    problems = run.shutdown(f"controller {args.watch} exited")
+    patched = run.still_patched()
+    progress("shutdown complete" if not problems else f"shutdown finished with {len(problems)} problem(s): "
+             + "; ".join(problems))
+    if patched:
+        progress(f"STILL PATCHED: {', '.join(patched)} (originals kept under patch-state/; "
+                 "`python -m thermab restore` tries again)")
     (args.run_dir / PID_FILE).unlink(missing_ok=True)
-    return 1 if problems else 0
+    return exit_status(problems, patched)
 
 
 if __name__ == "__main__":

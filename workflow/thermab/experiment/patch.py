@@ -14,10 +14,12 @@ import hashlib
 import json
 import re
 import shlex
+import string
 import time
 from functools import cached_property
 from pathlib import Path
 
+from thermab.config import literal_kind
 from thermab.hosts.host import Host
 
 
@@ -44,6 +46,50 @@ def render(original: str, anchor: str, replacement: str, value: str) -> str:
     return re.sub(anchor, lambda _match: new, original, count=1)
 
 
+def original_value(match: str, replacement: str) -> str | None:
+    """The value inside the anchor's ``match``, framed by the replacement's text around
+    ``{value}`` (``busy_loop_s: float = 1`` → ``1``), or None when the match has another shape."""
+    parts = list(string.Formatter().parse(replacement))
+    at = next(i for i, (_text, name, _spec, _conversion) in enumerate(parts) if name == "value")
+    prefix = "".join(text for text, *_ in parts[:at + 1])
+    suffix = "".join(text for text, *_ in parts[at + 1:])
+    if len(match) < len(prefix) + len(suffix) or not (match.startswith(prefix) and match.endswith(suffix)):
+        return None
+    return match[len(prefix):len(match) - len(suffix)]
+
+
+def patch_problems(original: str, setting: dict, values: dict[str, str]) -> list[str]:
+    """Why the arms' patches would be wrong on this file (empty when they are right): the
+    anchor matches once, before and after each patch (so it can be patched again and
+    restored), and, unless ``setting.value_type`` is ``expression``, the value it replaces
+    is a Python literal of the arms' kind."""
+    anchor, replacement = setting["anchor"], setting["replacement"]
+    count = anchor_count(original, anchor)
+    if count != 1:
+        return [f"anchor {anchor!r} matches {count} times (must be exactly 1): nothing will be patched"]
+    problems = []
+    for letter, value in values.items():
+        after = anchor_count(render(original, anchor, replacement, value), anchor)
+        if after != 1:
+            problems.append(f"patched to arm {letter} ({value!r}), the file would match the anchor {after} times "
+                            "(must stay 1, to patch again and restore)")
+    if setting.get("value_type", "literal") == "literal":
+        match = re.search(anchor, original).group(0)
+        old = original_value(match, replacement)
+        kind = literal_kind(old) if old is not None else None
+        arm_kinds = sorted({str(literal_kind(v)) for v in values.values()})
+        if old is None:
+            problems.append(f"the anchor's match {match!r} does not have setting.replacement's text around "
+                            "{value}: the value it replaces cannot be told")
+        elif kind is None:
+            problems.append(f"the value the patch replaces, {old!r}, is not a Python literal (set "
+                            "setting.value_type: expression if the file takes code there)")
+        elif arm_kinds != [kind]:
+            problems.append(f"the value the patch replaces, {old!r}, is a {kind}; the arms' values are "
+                            f"{', '.join(arm_kinds)}")
+    return problems
+
+
 VLLM_DIR = "{vllm}"
 FIND_VLLM = "import os, vllm; print(os.path.dirname(vllm.__file__))"
 
@@ -63,9 +109,10 @@ def resolve_file(host: Host, template: str) -> str:
 class Patcher:
     def __init__(self, host: Host, setting: dict, state_dir: Path):
         self.host = host
-        self.template = setting["file"]
-        self.anchor = setting["anchor"]
-        self.replacement = setting["replacement"]
+        # a run with setting.method env has none of these: restoring never needs them
+        self.template = setting.get("file")
+        self.anchor = setting.get("anchor")
+        self.replacement = setting.get("replacement")
         self.state_dir = Path(state_dir)
 
     @cached_property

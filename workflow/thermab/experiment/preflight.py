@@ -17,7 +17,7 @@ from pathlib import Path
 from thermab.config import ConfigError, abort_threshold
 from thermab.experiment import plan, server
 from thermab.experiment.cluster import ClusterRun, clock_offsets, offsets_record
-from thermab.experiment.patch import PatchError, anchor_count, sha256
+from thermab.experiment.patch import PatchError, anchor_count, patch_problems, sha256
 from thermab.hosts.transport import TransportError
 from thermab.telemetry import deploy
 
@@ -75,11 +75,11 @@ def _check_reachable(run: ClusterRun, host, facts: dict) -> tuple[dict, list[str
         except (TransportError, PatchError) as error:
             problems.append(f"host {host.name}: cannot read {setting['file']}: {error}")
         else:
-            count = anchor_count(text, setting["anchor"])
-            facts.update(file=patcher.file, sha256=sha256(text.encode()), anchor_count=count)
-            if count != 1:
-                problems.append(f"host {host.name}: anchor {setting['anchor']!r} matches {count} times "
-                                f"in {patcher.file} (must be exactly 1): nothing will be patched")
+            facts.update(file=patcher.file, sha256=sha256(text.encode()),
+                         anchor_count=anchor_count(text, setting["anchor"]))
+            values = {letter: arm["value"] for letter, arm in run.config["arms"].items()}
+            problems += [f"host {host.name}: {patcher.file}: {problem}"
+                         for problem in patch_problems(text, setting, values)]
     if not host.spec.simulated:
         python = shlex.quote(host.spec.settings.get("python", "python3"))
         version = host.exec(f"{python} -c {shlex.quote(VLLM_VERSION)}", check=False)
@@ -178,5 +178,7 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
         cluster=run.cluster.name, order=run.order, repeats=config["repeats"], arms=config["arms"],
         setting=config["setting"]["name"], head=run.cluster.head, hosts=[h.name for h in run.hosts],
         analysis=config["analysis"], trip_point_c=trips[0] if trips else None,
-        max_tokens=config["load"]["max_tokens"], load_s=config["timings"]["load_s"]))
+        max_tokens=config["load"]["max_tokens"], load_s=config["timings"]["load_s"],
+        sample_intervals_s=config["monitor"]["intervals"],
+        hosts_without_zones=[name for name, facts in report["hosts"].items() if not facts.get("zones")]))
     return report

@@ -3,18 +3,23 @@
 
 Usage on a host (Python >= 3.8, nothing to install):
 
-    python3 agent.py --config agent.json          # runs until SIGTERM or the stop file
+    python3 agent.py --config settings.json       # runs until SIGTERM or the stop file
 
-agent.json holds: out_dir, sys_root ("/" on a real host, the node tree on a simulated
-one), proc_root ("/proc"), process_pattern (regex over /proc/PID/cmdline), intervals
-({"thermal": 15, "cpu": 6, "freq": 15}) and optionally stop_file.  The settings travel in
-a file rather than on the command line so that the agent's own cmdline never matches the
-process pattern it is looking for.
+The settings file holds: out_dir, sys_root ("/" on a real host, the node tree on a
+simulated one), proc_root ("/proc"), process_pattern (regex over /proc/PID/cmdline),
+intervals ({"thermal": 15, "cpu": 6, "freq": 15}) and optionally stop_file.  The settings
+travel in a file rather than on the command line so that the agent's own cmdline never
+matches the process pattern it is looking for.  Settings it cannot use (unreadable, a
+pattern this host's Python does not compile, the file being out_dir/agent.json, which the
+agent writes) stop it at once with one line on stderr and exit status 2.
 
 Every source appends rows ``t,sensor,value,reason`` to ``out_dir/<source>.csv`` and flushes
 each sample, so a crash loses at most one sample.  ``value`` is empty and ``reason`` says
-why when a reading is missing.  A restart appends (never truncates) and writes an
-``agent_start`` row to ``agent_events.csv`` so the gap is visible.
+why when a reading is missing; no reading stops the agent.  Sources that run a command
+(``nvidia-smi``) sample in threads of their own with a timeout, so they never delay the
+others.  A restart appends (never truncates) and writes an ``agent_start`` row to
+``agent_events.csv`` so the gap is visible.  ``out_dir/agent.json`` says what each source
+found at start.
 """
 
 import argparse
@@ -24,7 +29,9 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
+import threading
 import time
 
 VERSION = "0.1.0"
@@ -73,15 +80,18 @@ class Source:
 
 
 def zone_name(raw_path, zone_type, index, taken):
-    """``\\_TZ_.TSOC`` -> ``TSOC``; without a device path, the zone type (deduplicated)."""
-    if raw_path:
-        name = re.split(r"[\\.]", raw_path.strip())[-1]
-        if name:
-            return name
-    name = zone_type or "zone%d" % index
+    """``\\_TZ_.TSOC`` -> ``TSOC``; without a device path, the zone type; a name already
+    taken gets the zone's index (two zones must never share a name: one would vanish)."""
+    name = re.split(r"[\\.]", raw_path.strip())[-1] if raw_path else ""
+    name = name or zone_type or "zone%d" % index
     if name in taken:
         name = "%s_%d" % (name, index)
     return name
+
+
+def number_in(name):
+    """The number in ``thermal_zone7``, ``policy12`` or ``cpu3``, for ordering (0 if none)."""
+    return int(re.sub(r"\D", "", name) or 0)
 
 
 def parse_millidegrees(text):
@@ -103,6 +113,7 @@ class ThermalZones(Source):
     def __init__(self, *args, **kwargs):
         Source.__init__(self, *args, **kwargs)
         self.zones = {}
+        self.unnamed = []  # zone directories named without a device path (yet)
 
     def base(self):
         return self.sys_path("class", "thermal")
@@ -111,22 +122,24 @@ class ThermalZones(Source):
         return os.path.isdir(self.base())
 
     def discover(self):
-        zones, trips, details = {}, {}, []
-        entries = sorted(self.entries(), key=lambda e: int(re.sub(r"\D", "", e) or 0))
+        zones, trips, details, unnamed = {}, {}, [], []
+        entries = sorted(self.entries(), key=number_in)
         for entry in entries:
             zone_dir = os.path.join(self.base(), entry)
-            index = int(re.sub(r"\D", "", entry) or 0)
+            index = number_in(entry)
             raw_path = self._optional(os.path.join(zone_dir, "device", "path"))
             zone_type = self._optional(os.path.join(zone_dir, "type"))
             name = zone_name(raw_path, zone_type, index, zones)
             zones[name] = zone_dir
+            if not raw_path:
+                unnamed.append(zone_dir)
             trip = self._optional(os.path.join(zone_dir, "trip_point_0_temp"))
             trip_c = parse_millidegrees(trip)[0] if trip else None
             if trip_c is not None:
                 trips[name] = trip_c
             details.append({"zone": entry, "name": name, "device_path": raw_path, "type": zone_type,
                             "trip_point_c": trip_c})
-        self.zones = zones
+        self.zones, self.unnamed = zones, unnamed
         return {"zones": sorted(zones), "trip_points_c": trips, "details": details}
 
     @staticmethod
@@ -140,8 +153,11 @@ class ThermalZones(Source):
         return sorted(e for e in os.listdir(self.base()) if e.startswith("thermal_zone"))
 
     def sample(self):
-        if self.entries() != sorted(os.path.basename(d) for d in self.zones.values()):
-            self.discover()  # a zone appeared or vanished (driver reload, hotplug)
+        if self.entries() != sorted(os.path.basename(d) for d in self.zones.values()) or any(
+                self._optional(os.path.join(d, "device", "path")) for d in self.unnamed):
+            # a zone appeared or vanished (driver reload, hotplug), or its ACPI path
+            # appeared after it did: its name follows the path from now on
+            self.discover()
         rows = []
         for name, zone_dir in sorted(self.zones.items()):
             try:
@@ -166,25 +182,33 @@ class CpuFrequency(Source):
     def available(self):
         return os.path.isdir(self.base())
 
+    FILES = ("cpuinfo_avg_freq", "scaling_cur_freq")  # in order of preference
+
     def discover(self):
         self.policies = {}
-        for entry in sorted(os.listdir(self.base()), key=lambda e: int(re.sub(r"\D", "", e) or 0)):
+        for entry in sorted(os.listdir(self.base()), key=number_in):
             if not entry.startswith("policy"):
                 continue
             policy_dir = os.path.join(self.base(), entry)
-            for source_file in ("cpuinfo_avg_freq", "scaling_cur_freq"):
-                if os.path.exists(os.path.join(policy_dir, source_file)):
-                    self.policies["cpu" + entry[len("policy"):]] = os.path.join(policy_dir, source_file)
-                    break
-        return {"policies": {k: os.path.basename(v) for k, v in self.policies.items()}}
+            files = [os.path.join(policy_dir, f) for f in self.FILES if os.path.exists(os.path.join(policy_dir, f))]
+            if files:
+                self.policies["cpu" + entry[len("policy"):]] = files
+        return {"policies": {k: os.path.basename(v[0]) for k, v in self.policies.items()}}
 
     def sample(self):
+        """Per policy and per sample, the first file that reads: ``cpuinfo_avg_freq``
+        refuses reads now and then (EAGAIN on an idle core), ``scaling_cur_freq`` stands in."""
         rows = []
-        for sensor, path in sorted(self.policies.items(), key=lambda kv: int(kv[0][3:])):
-            try:
-                rows.append((sensor, int(read_text(path)) / 1000.0, ""))
-            except (OSError, ValueError) as error:
-                rows.append((sensor, None, "unreadable: %s" % error))
+        for sensor, paths in sorted(self.policies.items(), key=lambda kv: number_in(kv[0])):
+            reasons = []
+            for path in paths:
+                try:
+                    rows.append((sensor, int(read_text(path)) / 1000.0, ""))
+                    break
+                except (OSError, ValueError) as error:
+                    reasons.append("%s: %s" % (os.path.basename(path), error))
+            else:
+                rows.append((sensor, None, "unreadable: " + "; ".join(reasons)))
         return rows
 
 
@@ -210,6 +234,7 @@ class ProcessCpu(Source):
     kind = "cpu"  # the kind of its rows in tidy/telemetry.parquet
     default_interval_s = 6.0
     top_threads = 5
+    sensor = "vllm_cpu_pct"  # the sum over the matching processes
 
     def __init__(self, pattern="vllm", *args, **kwargs):
         Source.__init__(self, *args, **kwargs)
@@ -243,7 +268,7 @@ class ProcessCpu(Source):
         for pid in self.matching_pids():
             try:
                 result[pid] = parse_stat(read_text(self.proc_path(pid, "stat")))
-            except (OSError, ValueError):
+            except (OSError, ValueError, IndexError):
                 continue  # the process ended between listing and reading
         return result
 
@@ -269,7 +294,7 @@ class ProcessCpu(Source):
                     delta += ticks - self.previous[pid][0]
                 elif since_ticks is not None and start >= since_ticks:
                     delta += ticks  # born inside this interval: all its ticks are new
-            rows.append(("vllm_cpu_pct", 100.0 * delta / self.clk_tck / elapsed, ""))
+            rows.append((self.sensor, 100.0 * delta / self.clk_tck / elapsed, ""))
             rows.append(("vllm_processes", float(len(current)), ""))
         threads = self.thread_ticks(current)
         if self.previous is not None:
@@ -316,7 +341,11 @@ class Hwmon(Source):
         for entry in sorted(os.listdir(self.base())):
             chip_dir = os.path.join(self.base(), entry)
             chip = ThermalZones._optional(os.path.join(chip_dir, "name")) or entry
-            for name in sorted(os.listdir(chip_dir)):
+            try:
+                names = sorted(os.listdir(chip_dir))
+            except OSError:
+                continue  # a chip that went away, or a dangling link: the others still count
+            for name in names:
                 match = re.match(r"(temp\d+)_input$", name)
                 if match:
                     label = ThermalZones._optional(os.path.join(chip_dir, match.group(1) + "_label"))
@@ -358,23 +387,55 @@ def parse_nvidia_smi(text):
     return rows
 
 
-class NvidiaGpu(Source):
+class CommandSource(Source):
+    """A source read by running a command (``nvidia-smi``, ``ipmitool``): the agent samples
+    it in a thread of its own, with a timeout, so a slow or hung command never stops or
+    delays the other sources.  A timeout or a failure is a missing value with the reason."""
+
+    threaded = True
+    timeout_s = 5.0
+    running = None  # the command in flight, ended with the agent
+
+    def argv(self):
+        raise NotImplementedError
+
+    def parse(self, stdout):
+        """Rows from the command's output."""
+        raise NotImplementedError
+
+    def available(self):
+        return shutil.which(self.argv()[0]) is not None
+
+    def sample(self):
+        error_sensor = self.name + "_error"
+        try:
+            process = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       stdin=subprocess.DEVNULL, universal_newlines=True)
+        except OSError as error:
+            return [(error_sensor, None, "cannot run %s: %s" % (self.argv()[0], error))]
+        self.running = process
+        try:
+            stdout, stderr = process.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()  # not waited for: a command stuck in the kernel may never go
+            return [(error_sensor, None, "%s timed out after %g s" % (self.argv()[0], self.timeout_s))]
+        finally:
+            self.running = None
+        if process.returncode != 0:
+            return [(error_sensor, None, stderr.strip()[:200] or "exit %d" % process.returncode)]
+        return self.parse(stdout)
+
+
+class NvidiaGpu(CommandSource):
     name = "gpu"
     kind = "gpu"  # the kind of its rows in tidy/telemetry.parquet
     default_interval_s = 15.0
 
-    def available(self):
-        return shutil.which("nvidia-smi") is not None
+    def argv(self):
+        return ["nvidia-smi", "--query-gpu=" + ",".join(GPU_QUERY), "--format=csv,noheader,nounits"]
 
-    def sample(self):
-        import subprocess
-
-        completed = subprocess.run(
-            ["nvidia-smi", "--query-gpu=" + ",".join(GPU_QUERY), "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10)
-        if completed.returncode != 0:
-            return [("gpu_error", None, completed.stderr.strip()[:200] or "exit %d" % completed.returncode)]
-        return parse_nvidia_smi(completed.stdout)
+    def parse(self, stdout):
+        return parse_nvidia_smi(stdout)
 
 
 class SystemCpu(Source):
@@ -422,9 +483,47 @@ def discover_all(sys_root="/", proc_root="/proc"):
         source = source_class(sys_root, proc_root)
         try:
             found[source.name] = source.discover() if source.available() else None
-        except OSError as error:
-            found[source.name] = {"error": str(error)}
+        except Exception as error:  # one odd source must not hide what the others found
+            found[source.name] = {"error": "%s: %s" % (type(error).__name__, error)}
     return found
+
+
+META_FILE = "agent.json"  # in out_dir: what the agent found and runs with, for the controller
+
+
+class SettingsError(Exception):
+    """The settings file cannot be used: the agent stops at once with this one line."""
+
+
+def load_settings(path):
+    """The agent's settings file, checked before anything starts."""
+    try:
+        with open(path) as handle:
+            settings = json.load(handle)
+    except OSError as error:
+        raise SettingsError("cannot read: %s" % error.strerror)
+    except ValueError as error:
+        raise SettingsError("not JSON: %s" % error)
+    if not isinstance(settings, dict) or not isinstance(settings.get("out_dir"), str):
+        raise SettingsError("must be a JSON object with out_dir")
+    pattern = settings.get("process_pattern", "vllm")
+    try:
+        re.compile(pattern)
+    except (re.error, TypeError) as error:
+        # this host's Python may read patterns differently from the controller's
+        raise SettingsError("process_pattern %r: not a regular expression here: %s" % (pattern, error))
+    intervals = settings.get("intervals", {})
+    for name, interval in (intervals.items() if isinstance(intervals, dict) else [("intervals", intervals)]):
+        if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not interval > 0:
+            raise SettingsError("intervals.%s: %r is not a positive number of seconds" % (name, interval))
+    if os.path.realpath(path) == os.path.realpath(os.path.join(settings["out_dir"], META_FILE)):
+        raise SettingsError("is out_dir/%s, where the agent writes what it found: name the settings "
+                            "file otherwise" % META_FILE)
+    try:
+        os.makedirs(settings["out_dir"], exist_ok=True)
+    except OSError as error:
+        raise SettingsError("out_dir %s: cannot create: %s" % (settings["out_dir"], error.strerror))
+    return settings
 
 
 class Agent:
@@ -438,9 +537,16 @@ class Agent:
         self.sources = []
         for source in candidates:
             interval = float(intervals.get(source.name, source.default_interval_s))
-            if interval > 0 and source.available():
+            if self._safely(source.available, False):
                 self.sources.append((source, interval))
         self.stopping = False
+
+    @staticmethod
+    def _safely(call, otherwise):
+        try:
+            return call()
+        except Exception:  # a source that cannot even say whether it is there is not
+            return otherwise
 
     def event(self, name, detail):
         self._append("agent_events", [(time.time(), name, "", json.dumps(detail, sort_keys=True))])
@@ -457,36 +563,59 @@ class Agent:
                 writer.writerow(["%.3f" % t, sensor, format_value(value), reason])
             handle.flush()
 
+    def record(self, source):
+        """One sample of one source, appended: whatever a reading does, the agent goes on."""
+        try:
+            rows = source.sample()
+        except Exception as error:
+            rows = [("source_error", None, ("%s: %s" % (type(error).__name__, error))[:200])]
+        try:
+            self._append(source.name, [(time.time(), s, v, r) for s, v, r in rows])
+        except OSError as error:  # a full disk may free up; the next sample tries again
+            sys.stderr.write("agent: cannot write %s.csv: %s\n" % (source.name, error))
+
     def stop_requested(self):
         stop_file = self.settings.get("stop_file")
         return self.stopping or bool(stop_file and os.path.exists(stop_file))
 
+    def _run_alone(self, source, interval):
+        while not self.stop_requested():
+            due = time.time() + interval
+            self.record(source)
+            while not self.stop_requested() and time.time() < due:
+                time.sleep(min(0.5, max(0.05, due - time.time())))
+
     def run(self):
-        os.makedirs(self.out_dir, exist_ok=True)
         discovered = {}
         for source, _ in self.sources:
             try:
                 discovered[source.name] = source.discover()
-            except OSError as error:
-                discovered[source.name] = {"error": str(error)}
+            except Exception as error:
+                discovered[source.name] = {"error": "%s: %s" % (type(error).__name__, error)}
         meta = {"pid": os.getpid(), "version": VERSION, "start": time.time(),
                 "sources": {s.name: i for s, i in self.sources}, "discovered": discovered}
-        with open(os.path.join(self.out_dir, "agent.json"), "w") as handle:
+        meta_path = os.path.join(self.out_dir, META_FILE)
+        with open(meta_path + ".tmp", "w") as handle:
             json.dump(meta, handle, indent=1, sort_keys=True)
+        os.replace(meta_path + ".tmp", meta_path)  # whole or absent, for whoever waits on it
         self.event("agent_start", meta)
-        due = {source.name: time.time() for source, _ in self.sources}
+        inline = []
+        for source, interval in self.sources:
+            if getattr(source, "threaded", False):
+                threading.Thread(target=self._run_alone, args=(source, interval), daemon=True).start()
+            else:
+                inline.append((source, interval))
+        due = {source.name: time.time() for source, _ in inline}
         while not self.stop_requested():
             now = time.time()
-            for source, interval in self.sources:
+            for source, interval in inline:
                 if now >= due[source.name]:
                     due[source.name] = now + interval
-                    try:
-                        rows = source.sample()
-                    except (OSError, ValueError) as error:
-                        rows = [("source_error", None, str(error)[:200])]
-                    t = time.time()
-                    self._append(source.name, [(t, s, v, r) for s, v, r in rows])
-            time.sleep(max(0.05, min(min(due.values()) - time.time(), 0.5)))
+                    self.record(source)
+            time.sleep(max(0.05, min([d - time.time() for d in due.values()] + [0.5])))
+        for source, _ in self.sources:
+            if getattr(source, "running", None) is not None:
+                source.running.kill()  # a command still in flight does not outlive the agent
         self.event("agent_stop", {"pid": os.getpid()})
 
 
@@ -502,9 +631,12 @@ def main(argv=None):
         return 0
     if not args.config:
         parser.error("--config is required")
-    with open(args.config) as handle:
-        settings = json.load(handle)
-    agent = Agent(settings)
+    try:
+        agent = Agent(load_settings(args.config))
+    except SettingsError as error:
+        # once, in one line, in agent.log: the deployer shows it instead of restarting in a loop
+        sys.stderr.write("agent: %s: %s\n" % (args.config, error))
+        return 2
 
     def request_stop(signum, frame):
         agent.stopping = True

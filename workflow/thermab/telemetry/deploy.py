@@ -60,8 +60,17 @@ def discover(host: Host, session: str) -> dict:
     return json.loads(result.stdout)
 
 
+class AgentError(RuntimeError):
+    """The agent stopped as soon as it started; the message is its own last word."""
+
+
+AGENT_START_S = 30  # an agent is up once it has written agent.json (after discovering its sources)
+
+
 def start_agent(host: Host, session: str, settings: dict) -> int:
-    """Start the agent unless it already runs; returns its pid."""
+    """Start the agent unless it already runs, and wait until it is up; returns its pid.
+    An agent that stops at once (settings it cannot use) raises AgentError with its
+    message, once, rather than being started again and again."""
     running = agent_pid(host, session)
     if running:
         return running
@@ -75,10 +84,20 @@ def start_agent(host: Host, session: str, settings: dict) -> int:
     quoted = shlex.quote(directory)
     # only the agent goes to the background, with every stream redirected, so the
     # transport's command returns at once instead of waiting on the agent's pipes
+    # one round trip: start it, then wait until it has written agent.json with its pid,
+    # or has exited (its last words are then the tail of agent.log)
     result = host.run(
         f"cd {quoted} && rm -f stop && {{ setsid nohup {_python(host)} agent.py --config agent-config.json "
-        f">> agent.log 2>&1 < /dev/null & echo $! > agent.pid; }} && cat agent.pid")
-    return int(result.stdout.strip())
+        f">> agent.log 2>&1 < /dev/null & echo $! > agent.pid; }} && pid=$(cat agent.pid) && echo $pid && "
+        f"for i in $(seq {AGENT_START_S * 10}); do "
+        f"grep -qs '\"pid\": '$pid'[^0-9]' agent.json && exit 0; "
+        f"kill -0 $pid 2>/dev/null || {{ echo exited; tail -n 1 agent.log; exit 0; }}; sleep 0.1; done",
+        timeout=AGENT_START_S + 30)
+    lines = result.stdout.strip().splitlines()
+    if len(lines) > 1 and lines[1] == "exited":
+        said = " ".join(lines[2:]).strip() or "no message"
+        raise AgentError(f"host {host.name}: the agent stopped at start: {said}")
+    return int(lines[0])
 
 
 def stop_agent(host: Host, session: str, timeout_s: float = 15) -> None:
@@ -108,15 +127,32 @@ def pull(host: Host, session: str, destination: Path) -> list[Path]:
     return pulled
 
 
-def latest(host: Host, session: str, source: str = "thermal") -> dict[str, float]:
-    """The newest value of each sensor of one source, read from the tail of its CSV."""
+def latest_readings(host: Host, session: str, source: str = "thermal") -> dict[str, tuple[float, float]]:
+    """The newest reading (host time, value) of each sensor of one source, read from the
+    tail of its CSV; rows without a value (a missing reading) are no reading."""
     path = shlex.quote(f"{session_dir(host, session)}/{source}.csv")
     result = host.run(f"tail -n 200 {path}", check=False)
-    values: dict[str, float] = {}
+    readings: dict[str, tuple[float, float]] = {}
     for row in csv.reader(io.StringIO(result.stdout)):
         if len(row) >= 3 and row[0] != "t" and row[2]:
             try:
-                values[row[1]] = float(row[2])
+                readings[row[1]] = (float(row[0]), float(row[2]))
             except ValueError:
                 continue
-    return values
+    return readings
+
+
+def latest(host: Host, session: str, source: str = "thermal") -> dict[str, float]:
+    """The newest value of each sensor of one source."""
+    return {sensor: value for sensor, (_t, value) in latest_readings(host, session, source).items()}
+
+
+def count_readings(host: Host, session: str, source: str, start: float, end: float,
+                   sensor: str | None = None) -> int:
+    """Rows with a value in ``[start, end)`` (host time) of one source, of one sensor or all,
+    counted on the host (the file may be long, the answer is one number)."""
+    path = shlex.quote(f"{session_dir(host, session)}/{source}.csv")
+    only = f' && $2 == "{sensor}"' if sensor else ""
+    program = f'NR > 1 && $3 != "" && $1 >= {start!r} && $1 < {end!r}{only} {{ n++ }} END {{ print n + 0 }}'
+    result = host.run(f"awk -F, {shlex.quote(program)} {path} 2>/dev/null || echo 0", check=False)
+    return int(result.stdout.split()[0]) if result.stdout.split() else 0

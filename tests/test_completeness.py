@@ -1,0 +1,59 @@
+"""The completeness table: samples expected, got and the largest gap per host and source."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from thermab.analysis.completeness import completeness
+from thermab.analysis.summary import completeness_section
+
+WINDOWS = pd.DataFrame({"order": ["AB", "AB"], "rep": [1, 1], "arm": ["A", "B"], "load_start": [100.0, 300.0],
+                        "load_end": [160.0, 360.0], "window_s": [60.0, 60.0]})
+
+
+def series(host, kind, sensor, times):
+    return pd.DataFrame({"t": np.asarray(times, dtype=float), "host": host, "kind": kind, "sensor": sensor,
+                         "value": 50.0})
+
+
+def telemetry():
+    every_second = np.arange(0, 400, 1.0)
+    silent_tsoc = every_second[(every_second < 120) | (every_second >= 150)]  # 30 s hole in window A
+    return pd.concat([
+        series("head", "thermal", "TSOC", silent_tsoc), series("head", "thermal", "TS0P", every_second),
+        series("head", "cpu", "vllm_cpu_pct", np.arange(0, 400, 2.0)),
+        series("head", "cpu", "thread x 1 cpu0", [101.0]),  # threads come and go: not counted
+        series("worker", "cpu", "vllm_cpu_pct", np.arange(0, 400, 2.0)),
+    ], ignore_index=True)
+
+
+def test_expected_got_and_largest_gap():
+    table = completeness(telemetry(), WINDOWS, ["head", "worker"], {"thermal": 1, "cpu": 2}).set_index(
+        ["host", "source"])
+    assert table.loc[("head", "thermal"), "expected"] == 120
+    assert table.loc[("head", "thermal"), "got"] == pytest.approx((60 - 30 + 60 + 60 + 60) / 2), "median of sensors"
+    assert table.loc[("head", "thermal"), "largest_gap_s"] == pytest.approx(31.0), "the silent zone's hole"
+    assert table.loc[("head", "cpu"), "expected"] == 60 and table.loc[("head", "cpu"), "got"] == 60
+    assert table.loc[("head", "cpu"), "largest_gap_s"] == pytest.approx(2.0)
+    assert table.loc[("worker", "thermal"), "got"] == 0, "a host expected to report zones that sent none"
+    assert table.loc[("worker", "thermal"), "largest_gap_s"] == 60.0
+
+
+def test_a_host_without_zones_is_not_expected_to_send_them_and_intervals_are_inferred():
+    table = completeness(telemetry(), WINDOWS, ["head", "worker"], None, ["worker"])
+    assert ("worker", "thermal") not in set(zip(table["host"], table["source"]))
+    head_cpu = table[(table["host"] == "head") & (table["source"] == "cpu")].iloc[0]
+    assert head_cpu["interval_s"] == 2.0 and head_cpu["expected"] == 60
+
+
+def test_the_summary_section_flags_holes():
+    text = completeness_section(completeness(telemetry(), WINDOWS, ["head", "worker"], {"thermal": 1, "cpu": 2}))
+    assert "| worker | thermal | 1.0 s | 120 | 0 | 60.0 s | no samples |" in text
+    assert "| head | thermal | 1.0 s | 120 | 105 | 31.0 s | gap of 31 intervals |" in text
+
+
+def test_no_windows_no_expectations():
+    table = completeness(telemetry(), WINDOWS.iloc[:0], ["head"], {"thermal": 1})
+    assert (table["expected"] == 0).all() and table["largest_gap_s"].map(math.isnan).all()
