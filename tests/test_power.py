@@ -230,3 +230,10 @@ def test_simulated_counters_continue_after_a_restart(tmp_path):
     restarted = sim_power.PowerMeter(tmp_path, model, node.write_atomic)
     assert restarted.energy_uj["intel-rapl:0"] == int(reading) > 0
     assert os.access(tmp_path / "sys/class/hwmon/hwmon0/power1_input", os.R_OK)
+
+
+def test_every_source_has_its_default_interval_in_the_config_schema():
+    from thermab.config import load_schema
+    intervals = load_schema()["properties"]["monitor"]["properties"]["intervals"]["properties"]
+    assert {name: spec["default"] for name, spec in intervals.items()} == {
+        source.name: source.default_interval_s for source in agent.SOURCES}

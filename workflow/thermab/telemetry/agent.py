@@ -462,6 +462,8 @@ class RaplPower(Source):
 
     name = "rapl"
     kind = "power"  # the kind of its rows in tidy/telemetry.parquet (counters become watts at ingest)
+    # a counter holds all the energy between reads, so 5 s loses nothing but time resolution;
+    # it must only be read more often than it wraps (262 kJ: ten minutes at 400 W)
     default_interval_s = 5.0
 
     def __init__(self, *args, **kwargs):
@@ -522,7 +524,9 @@ class HwmonPower(Source):
 
     name = "hwmon_power"
     kind = "power"  # the kind of its rows in tidy/telemetry.parquet
-    default_interval_s = 5.0
+    # readings, not counters: spikes and ripple need 1-s samples (docs/benchmarks.md), and
+    # reading a few sysfs files costs next to nothing
+    default_interval_s = 1.0
 
     def __init__(self, *args, **kwargs):
         Source.__init__(self, *args, **kwargs)
@@ -714,7 +718,7 @@ class NvidiaPower(PolledSource):
 
     name = "gpu_power"
     kind = "power"  # the kind of its rows in tidy/telemetry.parquet
-    default_interval_s = 5.0
+    default_interval_s = 5.0  # with the energy counter 5 s loses no energy, and each run is a process
     failed_sensor = "gpu_power_error"
 
     def __init__(self, *args, **kwargs):
