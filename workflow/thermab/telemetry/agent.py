@@ -13,7 +13,9 @@ process pattern it is looking for.
 
 Every source appends rows ``t,sensor,value,reason`` to ``out_dir/<source>.csv`` and flushes
 each sample, so a crash loses at most one sample.  ``value`` is empty and ``reason`` says
-why when a reading is missing.  A restart appends (never truncates) and writes an
+why when a reading is missing.  Power sources (RAPL, hwmon power, GPU power, IPMI) name
+their sensors ``<domain> <quantity>`` and keep energy counters raw (see "power" below);
+those that run a command run it on a thread of their own, off the sampling loop.  A restart appends (never truncates) and writes an
 ``agent_start`` row to ``agent_events.csv`` so the gap is visible.
 """
 
