@@ -70,9 +70,9 @@ def test_hwmon_power_and_energy_with_labels(tmp_path):
     (chip / "temp1_input").write_text("45000\n")
     source = agent.HwmonPower(str(tmp_path))
     assert source.discover()["sensors"] == ["hwmon/power_meter/Module Power Socket 0 W",
-                                            "hwmon/power_meter/power1 uJ"]
+                                            "hwmon/power_meter/energy1 uJ"]
     assert dict((s, v) for s, v, _ in source.sample()) == {
-        "hwmon/power_meter/Module Power Socket 0 W": 231.5, "hwmon/power_meter/power1 uJ": 123456789}
+        "hwmon/power_meter/Module Power Socket 0 W": 231.5, "hwmon/power_meter/energy1 uJ": 123456789}
 
 
 def test_nvidia_smi_and_ipmi_parsers():
@@ -86,6 +86,8 @@ def test_nvidia_smi_and_ipmi_parsers():
     off = agent.parse_dcmi_power("    Instantaneous power reading: 0 Watts\n    Power reading state is: deactivated\n")
     assert off[0][1] is None and "deactivated" in off[0][2], "a deactivated meter reads empty, not 0 W"
     assert agent.parse_dcmi_power("Error: no response")[0][1] is None
+    zero = agent.parse_dcmi_power("    Instantaneous power reading:  0 Watts\n")
+    assert zero[0][1] is None and "0 W" in zero[0][2], "a BMC without a reading says 0 W: empty, not zero"
 
 
 class Slow(agent.PolledSource):

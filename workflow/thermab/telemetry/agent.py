@@ -15,8 +15,9 @@ Every source appends rows ``t,sensor,value,reason`` to ``out_dir/<source>.csv`` 
 each sample, so a crash loses at most one sample.  ``value`` is empty and ``reason`` says
 why when a reading is missing.  Power sources (RAPL, hwmon power, GPU power, IPMI) name
 their sensors ``<domain> <quantity>`` and keep energy counters raw (see "power" below);
-those that run a command run it on a thread of their own, off the sampling loop.  A restart appends (never truncates) and writes an
-``agent_start`` row to ``agent_events.csv`` so the gap is visible.
+those that run a command run it on a thread of their own, off the sampling loop.  A
+restart appends (never truncates) and writes an ``agent_start`` row to
+``agent_events.csv`` so the gap is visible.
 """
 
 import argparse
@@ -555,11 +556,11 @@ class HwmonPower(Source):
                 if kind == "energy" and reading == "average":
                     continue
                 label = ThermalZones._optional(os.path.join(chip_dir, "%s%s_label" % (kind, channel)))
-                domain = "hwmon/%s/%s" % (chip, label or "power%s" % channel)
+                label = label or kind + channel
                 unit = "W" if kind == "power" else "uJ"
-                sensor = power_sensor(domain, unit)
-                if sensor in self.channels:
-                    sensor = power_sensor("hwmon/%s/%s" % (entry, label or "power%s" % channel), unit)
+                sensor = power_sensor("hwmon/%s/%s" % (chip, label), unit)
+                if sensor in self.channels:  # two chips of one driver: told apart by their entry
+                    sensor = power_sensor("hwmon/%s/%s" % (entry, label), unit)
                 self.channels[sensor] = os.path.join(chip_dir, name)
         return {"sensors": sorted(self.channels)}
 
@@ -738,14 +739,14 @@ class NvidiaPower(PolledSource):
 
     def discover(self):
         """Where the counter comes from: an older or newer nvidia-smi refuses the field outright."""
-        t, returncode, stdout, error = run_command(self.command(), self.timeout_s)
+        _, returncode, stdout, error = run_command(self.command(), self.timeout_s)
         if returncode != 0 and "total_energy_consumption" in error:
             self.fields = GPU_POWER_QUERY[:2]
             try:
                 self.nvml = NvmlEnergy()
             except (OSError, AttributeError) as nvml_error:
                 self.nvml_error = "no energy counter: nvidia-smi has no field and %s" % nvml_error
-            t, returncode, stdout, error = run_command(self.command(), self.timeout_s)
+            _, returncode, stdout, error = run_command(self.command(), self.timeout_s)
         rows = self.parse(stdout) if returncode == 0 else []
         counter = "nvidia-smi" if len(self.fields) == 3 else ("NVML" if self.nvml else None)
         return {"fields": list(self.fields), "energy_counter": counter, "error": error or self.nvml_error,
@@ -772,6 +773,8 @@ def parse_dcmi_power(text):
     match = re.search(r"Instantaneous power reading:\s*([0-9.]+)\s*Watts", text)
     if not match:
         return [(power_sensor("node", "W"), None, "no instantaneous reading: %r" % text.strip()[:80])]
+    if float(match.group(1)) <= 0:  # a node that is running draws power: 0 W is a BMC without a reading
+        return [(power_sensor("node", "W"), None, "BMC reported 0 W")]
     return [(power_sensor("node", "W"), float(match.group(1)), "")]
 
 
