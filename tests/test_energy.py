@@ -66,6 +66,7 @@ def test_host_total_never_sums_a_sub_domain_or_an_overlapping_reading():
                                       "psys", "hwmon/power_meter/node"]) == ["dram-0", "gpu0", "package-0"]
     assert energy.host_total_domains(["node", "package-0", "gpu0"]) == ["node"]
     assert energy.host_total_domains(["package-0/core", "hwmon/amdgpu/PPT"]) == []
+    assert energy.host_total_domains(["gpu-1", "core-0", "uncore"]) == ["gpu-1"]
     times = [1000, 1050, 1099]
     telemetry = pd.concat([
         power("head", "package-0", times, [60] * 3), power("head", "package-0/core", times, [40] * 3),
