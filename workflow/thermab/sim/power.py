@@ -11,8 +11,11 @@ readings follow the node's modelled heat input (the two inputs of :mod:`thermab.
     ROOT/sys/class/hwmon/hwmon0/              name power_meter, power1_label "node",
                                               power1_input (µW): package + DRAM + the platform
 
-Each thermal tick calls :meth:`PowerMeter.advance` with the cores the node's processes used
-and the share of the tick its emulated GPU was busy; every domain's power is linear in them::
+Each thermal tick hands :meth:`PowerMeter.follow` the cores the node's processes used and the
+share of the tick its emulated GPU was busy; a thread of the meter advances the counters every
+``STEP_S`` at the power those inputs give (finer than the tick, so that an agent reading the
+counters every second sees energy, not the tick's steps).  Every domain's power is linear
+in the inputs::
 
     core    = core_idle_w + w_per_core * cpu
     uncore  = uncore_idle_w + w_at_gpu_busy * gpu
@@ -28,9 +31,12 @@ Cortex-X925 core at 3.9 GHz some 5 W); the spin of the stock arm costs its ~0.9 
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 WRAP_UJ = 2 ** 32 - 1
+STEP_S = 0.1
 POWER_MODEL = {
     "core_idle_w": 2.0, "w_per_core": 5.0,
     "uncore_idle_w": 4.0, "w_at_gpu_busy": 70.0,
@@ -87,6 +93,7 @@ class PowerMeter:
 
     def __init__(self, root: Path, model: dict, write_atomic):
         self.root, self.model, self.write_atomic = Path(root), model, write_atomic
+        self.inputs = (0.0, 0.0)  # (cpu cores, gpu busy) of the last thermal tick
         self.energy_uj = {}
         for zone in ZONES:
             try:
@@ -102,3 +109,21 @@ class PowerMeter:
             self.write_atomic(zone_dir(self.root, zone) / "energy_uj", "%d\n" % self.energy_uj[zone])
         self.write_atomic(meter_dir(self.root) / "power1_input", "%d\n" % round(power["node"] * 1e6))
         return power
+
+    def follow(self, cpu_cores: float, gpu_busy: float) -> None:
+        """The inputs of the latest thermal tick, which the counters follow from now on."""
+        self.inputs = (cpu_cores, gpu_busy)
+
+    def start(self) -> threading.Thread:
+        """Advance every STEP_S on a daemon thread, for as long as the process runs."""
+        def loop():
+            last = time.monotonic()
+            while True:
+                time.sleep(STEP_S)
+                now = time.monotonic()
+                self.advance(*self.inputs, now - last)
+                last = now
+
+        thread = threading.Thread(target=loop, name="power meter", daemon=True)
+        thread.start()
+        return thread

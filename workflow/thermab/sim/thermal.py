@@ -129,6 +129,7 @@ def run(root: Path) -> None:
     gpu = GpuBusy(root)
     temps = read_temps(root, zones)
     meter = power.PowerMeter(root, settings["power"], node.write_atomic)
+    meter.start()
     last = last_status = time.monotonic()
     while True:
         time.sleep(model["tick_s"])
@@ -137,7 +138,7 @@ def run(root: Path) -> None:
         cpu_cores = {sensor: value for sensor, value, _ in cpu.sample()}["vllm_cpu_pct"] / 100.0
         gpu_busy = gpu.rate(dt)
         step_temps(temps, zones, cpu_cores, gpu_busy, dt)
-        meter.advance(cpu_cores, gpu_busy, dt)  # the same heat input drives the power counters
+        meter.follow(cpu_cores, gpu_busy)  # the same heat input drives the power counters
         shown = write_temps(root, temps, model["noise_c"])
         write_clocks(root, settings)
         if now - last_status >= STATUS_EVERY_S:
