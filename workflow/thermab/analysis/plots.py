@@ -19,7 +19,6 @@ matplotlib.use("Agg")  # headless: figures are files, never windows
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import plotly.graph_objects as go  # noqa: E402
 from plotly.subplots import make_subplots  # noqa: E402
 
 from thermab.analysis import energy  # noqa: E402
