@@ -14,18 +14,21 @@ GAP_S = 120.0
 USERS = 4
 MAX_TOKENS = 400
 PROBE_TOKENS = 256
+BASELINE = (5.0, 55.0)  # seconds after run_start
 
 
 def write_synthetic_run(path, order="AB", arms=ARMS, reps=1, temperature=None, cpu=None, tok_s=None,
                         stalls=None, loop_share=None, probe_arrivals=None, aborted_first=False, requests=True,
-                        seed=0, t0=1.7e9) -> Path:
-    """A run of ``reps`` × ``order`` phases of PHASE_S seconds: the head TSOC sits at
+                        seed=0, t0=1.7e9, power=None, power_interval_s=5.0) -> Path:
+    """A run of ``reps`` × ``order`` phases of PHASE_S seconds after an idle baseline
+    ``[t0 + BASELINE[0], t0 + BASELINE[1])``: the head TSOC sits at
     ``temperature[arm]`` during load (N(0, 0.3) noise), 50 °C otherwise; CPU at ``cpu[arm]``;
     a closed loop of USERS users with requests of MAX_TOKENS tokens at ``tok_s[arm]``, each user
     busy ``loop_share[arm]`` of the time (default 1: the loop is closed); three probes whose
     tokens arrive in ``probe_arrivals[arm]`` bursts (default one per token, 17 tok/s). With
     ``requests``, tidy/requests.parquet and each phase's validity.json as the load stage writes
-    them.  ``aborted_first``: the first phase has an aborted attempt (load_start, abort) before
+    them.  ``power``: {(host, domain): {arm: watts under load, "idle": watts}}, sampled every
+    ``power_interval_s`` as kind ``power``.  ``aborted_first``: the first phase has an aborted attempt (load_start, abort) before
     its retry."""
     temperature = temperature or {"A": 90.0, "B": 80.0}
     cpu = cpu or {"A": 398.0, "B": 212.0}
@@ -34,7 +37,8 @@ def write_synthetic_run(path, order="AB", arms=ARMS, reps=1, temperature=None, c
     rng = np.random.default_rng(seed)
     path = Path(path)
     (path / "tidy").mkdir(parents=True, exist_ok=True)
-    events = [{"t": t0, "event": "run_start"}]
+    events = [{"t": t0, "event": "run_start"}, {"t": t0 + BASELINE[0], "event": "baseline_start", "order": order},
+              {"t": t0 + BASELINE[1], "event": "baseline_end", "order": order}]
     windows, t = [], t0 + 60
     for rep in range(1, reps + 1):
         for arm in order:
@@ -66,6 +70,9 @@ def write_synthetic_run(path, order="AB", arms=ARMS, reps=1, temperature=None, c
         _series(cpu_t, "head", "cpu", "vllm_cpu_pct", level(cpu_t, cpu, 5) + rng.normal(0, 2, len(cpu_t))),
         _series(cpu_t, "worker", "cpu", "vllm_cpu_pct", level(cpu_t, {a: 208.0 for a in arms}, 5)),
     ]
+    power_t = np.arange(t0, t, power_interval_s)
+    for (host, domain), watts in (power or {}).items():
+        parts.append(_series(power_t, host, "power", domain, level(power_t, watts, watts["idle"])))
     pd.concat(parts, ignore_index=True).sort_values("t").to_parquet(path / "tidy" / "telemetry.parquet", index=False)
     if requests:
         phases = [_phase_requests(keys, start, end, tok_s[keys["arm"]], stalls.get(keys["arm"], 0),

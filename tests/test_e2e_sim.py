@@ -29,6 +29,8 @@ COLUMNS = {
     "cpu": ["order", "rep", "arm", "host", "median_pct", "p5_pct", "p95_pct", "n"],
     "performance": ["order", "rep", "arm", "requests_completed", "output_tokens", "window_s", "output_tok_s",
                     "probe_tok_s_median", "probe_n"],
+    "energy": ["order", "rep", "arm", "host", "domain", "window_s", "mean_w", "energy_j", "idle_w",
+               "energy_above_idle_j", "output_tokens", "j_per_token", "j_per_token_above_idle"],
 }
 
 pytestmark = pytest.mark.e2e
@@ -121,6 +123,32 @@ def test_events_and_tidy_telemetry(ab_run):
     assert list(telemetry.columns) == ["t", "host", "kind", "sensor", "value"]
     assert {"thermal", "cpu", "freq"} <= set(telemetry["kind"])
     assert set(telemetry["host"]) == {"head", "worker"}
+
+
+def test_energy_per_arm_from_the_simulated_power_tree(ab_run):
+    energy = pd.read_csv(ab_run / "tables/energy.csv")
+    domains = {"package-0", "package-0/core", "package-0/uncore", "dram-0", "hwmon/power_meter/node"}
+    for host in ("head", "worker"):
+        assert set(energy[energy["host"] == host]["domain"]) == domains, host
+    assert energy.drop(columns=["idle_w", "energy_above_idle_j", "j_per_token_above_idle"]).notna().all().all()
+    total = energy[(energy["host"] == "all") & (energy["domain"] == "total")].set_index("arm")
+    assert list(total.index) == ["A", "B"]
+    parts = energy[energy["domain"].isin(["package-0", "dram-0"])].groupby("arm")["mean_w"].sum()
+    for arm in "AB":
+        row = total.loc[arm]
+        assert row["mean_w"] == pytest.approx(parts[arm]), "the total is packages + DRAM, never the core inside"
+        assert row["energy_j"] == pytest.approx(row["mean_w"] * row["window_s"])
+        assert 0 < row["idle_w"] < row["mean_w"], "the baseline is idle, the window under load"
+        assert row["j_per_token"] == pytest.approx(row["energy_j"] / row["output_tokens"])
+        assert 0 < row["j_per_token_above_idle"] < row["j_per_token"]
+    # the simulated package holds its core and uncore: the sub-domains read less than it
+    head = energy[energy["host"] == "head"].set_index(["arm", "domain"])["mean_w"]
+    assert head[("A", "package-0/core")] + head[("A", "package-0/uncore")] < head[("A", "package-0")]
+    telemetry = pd.read_parquet(ab_run / "tidy/telemetry.parquet")
+    assert (telemetry[telemetry["kind"] == "power"]["value"] > 0).all()
+    assert "## Energy under load" in (ab_run / "summary.md").read_text()
+    variance = pd.read_csv(ab_run / "tables/variance.csv")
+    assert (variance["metric"] == "cluster energy per token").sum() == 2
 
 
 def test_report_figures_and_provenance(ab_run):

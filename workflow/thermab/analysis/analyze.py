@@ -2,14 +2,14 @@
 
     python -m thermab analyze RUN_DIR [--also OTHER_RUN_DIR ...] [--siblings] [--figures]
 
-The per-phase tables (thresholds, zones, cpu, performance, validity) and summary.md describe RUN_DIR.
+The per-phase tables (thresholds, zones, cpu, performance, validity, energy) and summary.md describe RUN_DIR.
 ``variance.csv`` and the verdicts pool the phases of RUN_DIR and of every run directory in
 ``also`` (``--siblings``: every other directory next to RUN_DIR holding a run.json of the same
 cluster, e.g. results/sim/BA for results/sim/AB), so that AB and BA runs together separate the
 order (period) effect from the arm effect.  Pooled runs must have the same arms.
 
-This module does the I/O; the computations are the pure functions of ``metrics``, ``stats``
-and ``summary``.
+This module does the I/O; the computations are the pure functions of ``metrics``, ``energy``,
+``stats`` and ``summary``.
 """
 
 import argparse
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from thermab.analysis import PHASE_TABLES, TABLES, load_validity, metrics, stats, summary
+from thermab.analysis import PHASE_TABLES, TABLES, energy, load_validity, metrics, stats, summary
 from thermab.analysis.completeness import completeness
 from thermab.config import UserError
 from thermab.analysis.model import Analysis, RunData, load_run, ordered_hosts, sibling_runs
@@ -33,20 +33,23 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
     its phase's load was the configured one (``load_valid``)."""
     windows = metrics.load_windows(run.events)
     validity = load_validity.validity_table(run.validity, windows)
+    performance = metrics.performance(run.requests, windows)
     tables = {
         "windows": windows,
         "thresholds": metrics.time_to_threshold(run.telemetry, windows, run.config["thresholds_c"]),
         "zones": metrics.zone_stats(run.telemetry, windows),
         "cpu": metrics.cpu_stats(run.telemetry, windows),
-        "performance": metrics.performance(run.requests, windows),
+        "performance": performance,
+        "energy": energy.energy_table(run.telemetry, windows, run.events, performance, ordered_hosts(run.config)),
     }
     return {**{name: load_validity.mark(frame, validity) for name, frame in tables.items()}, "validity": validity}
 
 
 def run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     config = run.config
-    return load_validity.mark(metrics.phase_metrics(tables["zones"], tables["cpu"], tables["performance"],
-                                                    ordered_hosts(config), config["timeline_zone"]),
+    return load_validity.mark(pd.concat([metrics.phase_metrics(tables["zones"], tables["cpu"], tables["performance"],
+                                                               ordered_hosts(config), config["timeline_zone"]),
+                                         energy.phase_metrics(tables["energy"])], ignore_index=True),
                               tables["validity"])
 
 
@@ -87,7 +90,7 @@ def compute(run_dir, also=(), detect_pct: float = 5.0) -> Analysis:
 
 
 def analyze(run_dir, also=(), detect_pct: float = 5.0) -> dict[str, pd.DataFrame]:
-    """Write RUN_DIR/tables/{thresholds,zones,cpu,performance,validity,variance}.{csv,md} and
+    """Write RUN_DIR/tables/{thresholds,zones,cpu,performance,validity,energy,variance}.{csv,md} and
     RUN_DIR/summary.md; return the frames (plus ``windows``)."""
     return write_outputs(compute(run_dir, also, detect_pct))
 
@@ -133,6 +136,9 @@ def _write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> None:
             text += "\nNo request data in this run (imported runs have none): performance is not measured.\n"
         if name in ("zones", "thresholds") and frame.empty:
             text += ("\nNo thermal zone was sampled on any host in the load windows: there are no temperatures"
+                     " in this run (empty, not zero).\n")
+        if name == "energy" and frame.empty:
+            text += ("\nNo power domain was sampled on any host in the load windows: there is no energy"
                      " in this run (empty, not zero).\n")
         (out / f"{name}.md").write_text(text, encoding="utf-8")
 

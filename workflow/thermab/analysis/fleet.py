@@ -2,7 +2,8 @@
 
 Reads only each cluster's ``run.json`` and ``tables/variance.csv`` (the per-arm means and
 verdicts of the analysis), so every cluster keeps its own report and this one compares:
-head zone mean, head vLLM CPU, output throughput, and each comparison's verdict."""
+head zone mean, head vLLM CPU, output throughput, the cluster's energy per output token
+(where it has power telemetry), and each comparison's verdict."""
 
 from __future__ import annotations
 
@@ -15,14 +16,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from thermab.analysis.summary import markdown_table  # noqa: E402
+from thermab.analysis import energy  # noqa: E402
+from thermab.analysis.summary import DIGITS, fmt, markdown_table  # noqa: E402
 
 COLUMNS = ["cluster", "arm", "label", "n", "metric", "unit", "mean", "diff_pct", "finding", "verdict"]
 
 
 def metrics_of(run: dict) -> list[str]:
     head, zone = run["head"], run["timeline_zone"]
-    return [f"{head} {zone} mean", f"{head} vLLM CPU median", "output throughput"]
+    return [f"{head} {zone} mean", f"{head} vLLM CPU median", "output throughput", energy.METRIC]
 
 
 def fleet_table(run_dirs: dict[str, Path]) -> pd.DataFrame:
@@ -43,9 +45,13 @@ def fleet_table(run_dirs: dict[str, Path]) -> pd.DataFrame:
 
 def fleet_markdown(table: pd.DataFrame, order: str) -> str:
     wide = table.pivot_table(index=["cluster", "arm", "label"], columns="metric", values="mean", aggfunc="first")
-    wide = wide.round(1).reset_index()
+    rounded = wide.round(1)
+    if energy.METRIC in wide:  # J/token needs three decimals; the Markdown table prints two
+        rounded[energy.METRIC] = wide[energy.METRIC].map(lambda v: fmt(v, "", DIGITS["J/token"]))
+    wide = rounded.reset_index()
     lines = [f"# thermab fleet report — order {order}, {table['cluster'].nunique()} clusters", "",
-             "Per-arm means over each cluster's phases (n = phases per arm; units: °C, % of one core, tok/s).",
+             "Per-arm means over each cluster's phases (n = phases per arm; units: °C, % of one core, tok/s,"
+             " J/token; a cluster without power telemetry has no energy per token).",
              "", markdown_table(wide), "", "## Verdicts per cluster", ""]
     for cluster, rows in table.groupby("cluster", sort=False):
         lines.append(f"### {cluster}")

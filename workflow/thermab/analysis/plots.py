@@ -2,7 +2,9 @@
 line: ``python -m thermab analyze RUN_DIR --figures``).
 
 Always written: timeline.png/.svg (matplotlib), timeline.html (plotly, plotly.js inline so it
-opens without network), cpu.png, throughput.png, time_to_threshold.png.  A figure whose data
+opens without network), cpu.png, throughput.png, time_to_threshold.png.  The timeline has a
+power panel below the temperatures when the run has power telemetry (the domains each
+host's total sums, see ``energy``).  A figure whose data
 the run lacks (imported chart data has no CPU and no requests) is still written and says so,
 so that a workflow can declare every file as an output.  dose_response.png only for sweeps
 (more than two arms).  A phase whose load fell short of the configuration (``load_valid``
@@ -18,9 +20,10 @@ matplotlib.use("Agg")  # headless: figures are files, never windows
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import plotly.graph_objects as go  # noqa: E402
+from plotly.subplots import make_subplots  # noqa: E402
 
 from thermab.analysis.load_validity import is_short  # noqa: E402
+from thermab.analysis import energy  # noqa: E402
 from thermab.analysis.model import Analysis, RunData, ordered_hosts  # noqa: E402
 from thermab.load.validity import bursts  # noqa: E402
 
@@ -59,6 +62,45 @@ def _timeline_frames(run: RunData):
     return t0, head, zone
 
 
+def _power_lines(run: RunData, t0: float) -> list[tuple[str, str, pd.DataFrame]]:
+    """(host, domain, samples with ``minutes``) of every domain a host's total sums, hosts in
+    the run's order: what the power panel draws (empty without power telemetry)."""
+    power = run.telemetry[run.telemetry["kind"] == "power"]
+    lines = []
+    for host in ordered_hosts(run.config) + sorted(set(power["host"]) - set(ordered_hosts(run.config))):
+        own = power[power["host"] == host]
+        for domain in energy.host_total_domains(set(own["sensor"])):
+            samples = own[own["sensor"] == domain].sort_values("t")
+            lines.append((host, domain, samples.assign(minutes=(samples["t"] - t0) / 60)))
+    return lines
+
+
+def _host_color(run: RunData, host: str) -> str:
+    if host == run.config["head"]:
+        return HEAD_ZONE_COLOR
+    others = [h for h in ordered_hosts(run.config) if h != run.config["head"]]
+    index = others.index(host) if host in others else len(others)
+    return OTHER_HOST_COLORS[index % len(OTHER_HOST_COLORS)]
+
+
+POWER_DASHES = ["-", "--", ":", "-."]
+
+
+def _power_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, t0: float) -> None:
+    """Power of each host's total domains under the temperatures, load windows shaded."""
+    styles = {}
+    for host, domain, samples in lines:
+        styles[host] = styles.get(host, -1) + 1
+        ax.plot(samples["minutes"], samples["value"], color=_host_color(run, host), lw=1.2,
+                ls=POWER_DASHES[styles[host] % len(POWER_DASHES)], label=f"{host} {domain} power")
+    for window in windows.itertuples(index=False):
+        ax.axvspan((window.load_start - t0) / 60, (window.load_end - t0) / 60,
+                   color=colors.get(window.arm, "#999999"), alpha=0.13, lw=0)
+    ax.set_ylabel("power (W)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.25)
+
+
 def _window_label(window, config) -> str:
     label = config["arms"].get(window.arm, {}).get("label", window.arm)
     short = f", {SHORT_LABEL}" if window.short else ""
@@ -94,7 +136,12 @@ def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -
     """timeline.png and timeline.svg."""
     config = run.config
     t0, head, zone = _timeline_frames(run)
-    fig, ax = plt.subplots(figsize=(14, 6.5), layout="constrained")
+    power_lines = _power_lines(run, t0)
+    if power_lines:
+        fig, (ax, power_ax) = plt.subplots(2, 1, figsize=(14, 9), sharex=True, height_ratios=[3, 1.3],
+                                           layout="constrained")
+    else:
+        fig, ax = plt.subplots(figsize=(14, 6.5), layout="constrained")
     others = sorted(set(head["sensor"]) - {config["timeline_zone"]})
     for i, sensor in enumerate(others):
         samples = head[head["sensor"] == sensor]
@@ -135,11 +182,17 @@ def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -
         ax.text(times[-1], low + 0.5, " " + text, rotation=90, va="bottom", ha="left", fontsize=7.5,
                 color="#333333")
     ax.set_xlim(0, span_min)
-    ax.set_xlabel("minutes from run_start")
     ax.set_ylabel("temperature (°C)")
-    ax.set_title(_title(config, "thermal zones"))
+    ax.set_title(_title(config, "thermal zones" + (" and power" if power_lines else "")))
     ax.grid(alpha=0.25)
-    ax.legend(loc="upper left", bbox_to_anchor=(0, -0.1), ncol=4, fontsize=8.5, frameon=False)
+    bottom = ax
+    if power_lines:
+        _power_panel(power_ax, run, power_lines, windows, colors, t0)
+        bottom = power_ax
+    bottom.set_xlabel("minutes from run_start")
+    handles = [h for axis in dict.fromkeys([ax, bottom]) for h in axis.get_legend_handles_labels()[0]]
+    bottom.legend(handles=handles, loc="upper left", bbox_to_anchor=(0, -0.1 if bottom is ax else -0.25), ncol=4,
+                  fontsize=8.5, frameon=False)
     paths = [out / "timeline.png", out / "timeline.svg"]
     for path in paths:
         fig.savefig(path, dpi=130)
@@ -154,34 +207,53 @@ def _title(config: dict, what: str) -> str:
 
 
 def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict, path: Path) -> Path:
-    """The timeline as a self-contained interactive page (hover lists every zone at that time)."""
+    """The timeline as a self-contained interactive page (hover lists every zone at that time),
+    with the power panel below it when the run has power telemetry."""
     config = run.config
     t0, head, zone = _timeline_frames(run)
-    fig = go.Figure()
+    power_lines = _power_lines(run, t0)
+    rows = 2 if power_lines else 1
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        row_heights=[0.72, 0.28] if power_lines else None)
+    temps = {"row": 1, "col": 1}  # temperatures, their reference lines and the event marks
     for sensor, samples in head.groupby("sensor"):
         is_zone = sensor == config["timeline_zone"]
         fig.add_scatter(x=samples["minutes"], y=samples["value"], name=f"{config['head']} {sensor}",
                         line={"width": 3 if is_zone else 1, "color": HEAD_ZONE_COLOR if is_zone else "#a0a0a0"},
-                        hovertemplate="%{y:.1f} °C")
+                        hovertemplate="%{y:.1f} °C", **temps)
     for i, (host, samples) in enumerate(zone[zone["host"] != config["head"]].groupby("host")):
         fig.add_scatter(x=samples["minutes"], y=samples["value"], name=f"{host} {config['timeline_zone']}",
                         line={"width": 2, "color": OTHER_HOST_COLORS[i % len(OTHER_HOST_COLORS)]},
-                        hovertemplate="%{y:.1f} °C")
+                        hovertemplate="%{y:.1f} °C", **temps)
+    styles = {}
+    for host, domain, samples in power_lines:
+        styles[host] = styles.get(host, -1) + 1
+        fig.add_scatter(x=samples["minutes"], y=samples["value"], name=f"{host} {domain} power",
+                        line={"width": 1.5, "color": _host_color(run, host),
+                              "dash": ["solid", "dash", "dot", "dashdot"][styles[host] % 4]},
+                        hovertemplate="%{y:.1f} W", row=2, col=1)
     for window in windows.assign(short=is_short(windows)).itertuples(index=False):
-        fig.add_vrect(x0=(window.load_start - t0) / 60, x1=(window.load_end - t0) / 60,
-                      fillcolor=colors.get(window.arm, "#999999"), opacity=0.13, line_width=0,
-                      annotation_text="load: " + _window_label(window, config), annotation_position="top")
+        shading = {"x0": (window.load_start - t0) / 60, "x1": (window.load_end - t0) / 60,
+                   "fillcolor": colors.get(window.arm, "#999999"), "opacity": 0.13, "line_width": 0}
+        fig.add_vrect(**shading, annotation_text="load: " + _window_label(window, config),
+                      annotation_position="top", **temps)
+        if power_lines:
+            fig.add_vrect(**shading, row=2, col=1)
     for value, text, color in _reference_lines(config):
         fig.add_hline(y=value, line_dash="dot", line_color=color, annotation_text=text,
-                      annotation_position="bottom right")
+                      annotation_position="bottom right", **temps)
     for times, text in _labelled_events(run, t0, (pd.concat([run.telemetry["t"], run.events["t"]]).max() - t0) / 60):
         for minutes in times[:-1]:
-            fig.add_vline(x=minutes, line_dash="dash", line_width=1, line_color="#777777")
+            fig.add_vline(x=minutes, line_dash="dash", line_width=1, line_color="#777777", **temps)
         fig.add_vline(x=times[-1], line_dash="dash", line_width=1, line_color="#777777",
                       annotation_text=text, annotation_textangle=-90, annotation_position="bottom right",
-                      annotation_font_size=10)
-    fig.update_layout(title=_title(config, "thermal zones"), hovermode="x unified", template="plotly_white",
-                      xaxis_title="minutes from run_start", yaxis_title="temperature (°C)", height=650)
+                      annotation_font_size=10, **temps)
+    fig.update_layout(title=_title(config, "thermal zones" + (" and power" if power_lines else "")),
+                      hovermode="x unified", template="plotly_white", height=850 if power_lines else 650)
+    fig.update_xaxes(title_text="minutes from run_start", row=rows, col=1)
+    fig.update_yaxes(title_text="temperature (°C)", **temps)
+    if power_lines:
+        fig.update_yaxes(title_text="power (W)", rangemode="tozero", row=2, col=1)
     fig.write_html(path, include_plotlyjs=True, full_html=True)
     return path
 

@@ -10,10 +10,11 @@ import pandas as pd
 
 from thermab.load.validity import FULL_LENGTH_MIN, INFLIGHT_SLACK, MIN_ARRIVAL_SPAN_SHARE, MIN_TOKEN_ARRIVALS, bursts
 
-from . import load_validity, stats
+from . import energy, load_validity, stats
 
 # decimals per unit, chosen so that no printed digit is finer than the measurement
-DIGITS = {"°C": 1, "% of one core": 0, "tok/s": 1, "gaps": 0, "s": 1, "min": 1}
+DIGITS = {"°C": 1, "% of one core": 0, "tok/s": 1, "gaps": 0, "s": 1, "min": 1, "W": 1, "J": 0,
+          "J/token": 3, "tok/J": 2}
 SHORT_UNIT = {"% of one core": "% CPU"}
 VALIDITY_COLUMNS = ["phase", "in flight", "full length", "cached tokens", "failed", "usage source", "load", "warnings"]
 SHORT_MARK = " †"  # after an arm's name in a table: the load of one of its phases fell short
@@ -179,6 +180,7 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
         "## CPU and performance under load",
         "",
         markdown_table(_cpu_performance_table(tables, run, present, marked)),
+        *_energy_section(tables, run, present, marked),
         "## Verdicts",
         "",
     ]
@@ -342,6 +344,61 @@ def _probe_cell(rows: pd.DataFrame) -> str:
     return f"not measurable: tokens arrived in {arrived}, n = {ok} probes"
 
 
+def _energy_section(tables: dict, run: dict, present: list[str], labels: dict) -> list[str]:
+    """"Energy under load": the cluster total's power, J/token, tokens/J and above-idle figures
+    per arm, then each host's total; lines of summary.md."""
+    table = tables.get("energy", pd.DataFrame(columns=energy.ENERGY_COLUMNS))
+    head = ["## Energy under load", ""]
+    if table.empty:
+        return head + ["No power domain was sampled on any host (RAPL, hwmon power, nvidia-smi, IPMI): there are"
+                       " no energy figures in this run (empty, not zero).", ""]
+    covered = energy.total_hosts(table)
+    if not covered:
+        return head + ["No host has a power domain that makes up its total (node, package-N, dram-N, gpuN):"
+                       " the domains it has are in tables/energy.csv, with no cluster total.", ""]
+    total = table[(table["host"] == energy.TOTAL_HOST) & (table["domain"] == energy.TOTAL_DOMAIN)]
+    total = total.assign(tok_per_j=total["output_tokens"] / total["energy_j"])
+    measures = [
+        ("cluster power under load (mean)", "mean_w", "W"),
+        ("cluster idle power (baseline)", "idle_w", "W"),
+        ("cluster energy per output token", "j_per_token", "J/token"),
+        ("cluster output tokens per joule", "tok_per_j", "tok/J"),
+        ("cluster energy per output token above idle", "j_per_token_above_idle", "J/token"),
+        ("cluster energy above idle per phase", "energy_above_idle_j", "J"),
+    ]
+    rows = [_energy_row(name, total, column, unit, present, labels, run["reference_arm"])
+            for name, column, unit in measures]
+    per_host = energy.host_totals(table)
+    for host, summed in covered.items():
+        rows.append(_energy_row(f"{host} power under load ({' + '.join(summed)})",
+                                per_host[per_host["host"] == host], "mean_w", "W", present, labels,
+                                run["reference_arm"]))
+    rows.append({"measure": "n (phases)", **{labels[a]: str(int((total["arm"] == a).sum())) for a in present}})
+    covers = "; ".join(f"{host}: {' + '.join(summed)}" for host, summed in covered.items())
+    return head + [
+        markdown_table(pd.DataFrame(rows).fillna("")),
+        f"Cluster total = {covers} (each host's node meter where it has one, else its packages, DRAM and"
+        " GPUs; sub-domains such as package-0/core and other readings are in tables/energy.csv only)."
+        " Mean power over the samples inside each load window (time-weighted), idle power over the"
+        " baseline window; energy = mean power × window length; per token: the output tokens that"
+        " count for throughput. With several phases: mean of the phase values ± their sd. Gap = arm"
+        " − reference.",
+        "",
+    ]
+
+
+def _energy_row(name: str, frame: pd.DataFrame, column: str, unit: str, present: list[str], labels: dict,
+                reference: str) -> dict:
+    row, means = {"measure": name}, {}
+    for arm, arm_rows in _by_arm(frame, present):
+        means[arm] = arm_rows[column].mean()
+        row[labels[arm]] = _mean_cell(arm_rows[column], unit) if arm_rows[column].count() else "–"
+    for arm in present:
+        if arm != reference and reference in means:
+            row[f"gap {labels[arm]}"] = fmt(means[arm] - means[reference], unit, sign=True)
+    return row
+
+
 def _best_sentence(best: dict, run: dict) -> str:
     excluded = "; ".join(f"{arm}: {why}" for arm, why in best["excluded"].items()) or "none"
     unchecked = {"stalls", "throughput"} - set(best["checked"])
@@ -382,6 +439,11 @@ def _definitions(run: dict, tables: dict, sample_interval_s: dict) -> str:
         " few bursts divide by almost nothing; such a probe has no value and no verdict compares it.",
         f"- Stall gaps: inter-token gaps ≥ {fmt(run.get('stall_gap_s', math.nan), 's')} summed over the"
         " ok requests of the window.",
+        "- Energy: per power domain, the time-weighted mean of its samples inside the window (trapezoid"
+        " over them / the span they cover) × the window length; idle: the same mean over the baseline"
+        " [baseline_start, baseline_end); above idle: energy − idle × window length; J/token: energy /"
+        " the window's output tokens. Energy counters (RAPL, hwmon, NVML) become power as Δenergy / Δt."
+        " A domain without samples in a window is empty, never zero.",
         "- Statistics: per arm mean, sd and CV over phases; arm − reference by Welch t (one order) or"
         " OLS value ~ arm + position (several orders, separating the period effect), 95 % intervals,"
         " also in % of the reference mean. A difference is called real only when its interval"

@@ -11,8 +11,10 @@ creates (or completes, see :func:`create_node`) this tree::
     ROOT/sys/devices/system/cpu/cpufreq/policy{0..N-1}/       scaling_cur_freq,
                                                               cpuinfo_max_freq,
                                                               cpuinfo_avg_freq (perf cores)
+    ROOT/sys/class/powercap/intel-rapl:0{,:0,:1,:2}/          RAPL-like counters, and
+    ROOT/sys/class/hwmon/hwmon0/                              a power meter (sim.power)
     ROOT/sim.json                                             role, process pattern,
-                                                              clocks, thermal model
+                                                              clocks, thermal and power model
     ROOT/run/                                                 pid files, logs, gpu_busy_s
 
 The telemetry agent reads it with ``sys_root=ROOT``; the simulated server
@@ -35,6 +37,8 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
+
+from thermab.sim import power
 
 ROLES = ("head", "worker")
 SITE_PACKAGES = Path("usr/local/lib/python3.12/dist-packages")
@@ -155,6 +159,7 @@ def create_node(root: Path, role: str, cores: int = 20) -> None:
         _write_missing(directory / "scaling_cur_freq", "%d\n" % khz)
         if cpu in performance:
             _write_missing(directory / "cpuinfo_avg_freq", "%d\n" % khz)
+    power.create_tree(root, _write_missing)
 
     settings = {
         "role": role,
@@ -163,6 +168,7 @@ def create_node(root: Path, role: str, cores: int = 20) -> None:
         "process_pattern": process_pattern(root),
         "clocks": CLOCKS,
         "thermal": model,
+        "power": power.power_model(role),
     }
     write_atomic(root / "sim.json", json.dumps(settings, indent=1) + "\n")
 

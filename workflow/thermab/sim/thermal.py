@@ -15,6 +15,7 @@ Every ``tick_s`` the daemon measures two inputs:
   travels in a file, not on the command line, so the daemon never measures itself);
 - ``gpu``: the share of the tick the emulated GPU was busy (the rate of ROOT/run/gpu_busy_s).
 
+The same two inputs drive the node's power counters and meter (:mod:`thermab.sim.power`).
 Each modelled zone moves toward its target with a first-order (RC) step::
 
     target = ambient_c + c_per_core * cpu + c_at_gpu_busy * gpu
@@ -54,7 +55,7 @@ import time
 from pathlib import Path
 
 from thermab.telemetry.agent import ProcessCpu
-from thermab.sim import node
+from thermab.sim import node, power
 
 STATUS_EVERY_S = 10.0
 
@@ -127,6 +128,8 @@ def run(root: Path) -> None:
     cpu.sample()  # the first sample only sets the baseline
     gpu = GpuBusy(root)
     temps = read_temps(root, zones)
+    meter = power.PowerMeter(root, settings["power"], node.write_atomic)
+    meter.start()
     last = last_status = time.monotonic()
     while True:
         time.sleep(model["tick_s"])
@@ -135,6 +138,7 @@ def run(root: Path) -> None:
         cpu_cores = {sensor: value for sensor, value, _ in cpu.sample()}["vllm_cpu_pct"] / 100.0
         gpu_busy = gpu.rate(dt)
         step_temps(temps, zones, cpu_cores, gpu_busy, dt)
+        meter.follow(cpu_cores, gpu_busy)  # the same heat input drives the power counters
         shown = write_temps(root, temps, model["noise_c"])
         write_clocks(root, settings)
         if now - last_status >= STATUS_EVERY_S:

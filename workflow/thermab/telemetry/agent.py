@@ -16,10 +16,11 @@ agent writes) stop it at once with one line on stderr and exit status 2.
 Every source appends rows ``t,sensor,value,reason`` to ``out_dir/<source>.csv`` and flushes
 each sample, so a crash loses at most one sample.  ``value`` is empty and ``reason`` says
 why when a reading is missing; no reading stops the agent.  Sources that run a command
-(``nvidia-smi``) sample in threads of their own with a timeout, so they never delay the
-others.  A restart appends (never truncates) and writes an ``agent_start`` row to
-``agent_events.csv`` so the gap is visible.  ``out_dir/agent.json`` says what each source
-found at start.
+(``nvidia-smi``, ``ipmitool``) sample off the sampling loop with a timeout, so they never
+delay the others.  Power sources (RAPL, hwmon power, GPU power, IPMI) name their sensors
+``<domain> <quantity>`` and keep energy counters raw (see "power" below).  A restart
+appends (never truncates) and writes an ``agent_start`` row to ``agent_events.csv`` so the
+gap is visible.  ``out_dir/agent.json`` says what each source found at start.
 """
 
 import argparse
@@ -463,6 +464,414 @@ class SystemCpu(Source):
         return rows
 
 
+# ---- power ----------------------------------------------------------------------------
+# Power sources write, like every source, rows ``t,sensor,value,reason``; their sensor is
+# ``<domain> <quantity>`` and ingest (thermab.telemetry.power) reads everything it needs
+# from that name, so no side file is involved:
+#
+#   <domain>  package-N, dram-N (RAPL), gpuN, node (IPMI): the domains a host total is made
+#             of; a sub-domain carries its parent before a slash (package-0/core,
+#             package-0/uncore), other readings a prefix with a slash (psys, hwmon/<chip>/<label>)
+#             so that they are never summed into a total beside the domains they overlap.
+#   <quantity> W          a power reading, in watts
+#             uJ, mJ      a cumulative energy counter, raw (as the hardware gives it), in µJ / mJ
+#             uJ:max=N    a counter that wraps to 0 after N (RAPL's max_energy_range_uj)
+#
+# e.g. ``package-0 uJ:max=262143328850``, ``package-0/core uJ:max=262143328850``,
+# ``gpu0 W``, ``gpu0 mJ``, ``node W``.  A reading that is missing is empty with a reason.
+
+POWER_UNITS = ("W", "uJ", "mJ")
+
+
+def power_sensor(domain, unit, wrap_max=None):
+    """The agent-CSV sensor name of one power reading or counter of ``domain``."""
+    if unit not in POWER_UNITS:
+        raise ValueError("unit must be one of %s, not %r" % (POWER_UNITS, unit))
+    return "%s %s%s" % (domain, unit, "" if wrap_max is None else ":max=%d" % wrap_max)
+
+
+def read_int(path):
+    """(integer or None, reason) from a sysfs file: the counters are kept raw."""
+    try:
+        text = read_text(path)
+    except OSError as error:
+        return None, "unreadable: %s" % (error.strerror or error)
+    try:
+        return int(text), ""
+    except ValueError:
+        return None, "not a number: %r" % text[:40]
+
+
+RAPL_ZONE = re.compile(r"^intel-rapl:(\d+)(?::(\d+))?$")
+
+
+def rapl_domain(parent_name, name, index):
+    """Domain of a RAPL zone from its ``name`` file: top-level zones keep theirs (package-N,
+    psys), a ``dram`` zone is ``dram-N`` after its package, ``core``/``uncore`` and any other
+    sub-zone are sub-domains ``<package>/<name>`` (their energy is inside the package's)."""
+    if name == "dram":
+        package = re.search(r"(\d+)$", parent_name or "")
+        return "dram-%s" % (package.group(1) if package else index)
+    if parent_name is None:
+        return name or "zone-%d" % index
+    return "%s/%s" % (parent_name, name or "zone-%d" % index)
+
+
+class RaplPower(Source):
+    """RAPL through powercap: ``intel-rapl:N`` zones (package-N, psys) and their ``intel-rapl:N:M``
+    sub-zones (core, uncore, dram); each zone's ``energy_uj`` counter, raw, wrapping at its
+    ``max_energy_range_uj``.  Only the MSR zones: ``intel-rapl-mmio`` repeats the package."""
+
+    name = "rapl"
+    kind = "power"  # the kind of its rows in tidy/telemetry.parquet (counters become watts at ingest)
+    # a counter holds all the energy between reads, so 5 s loses nothing but time resolution;
+    # it must only be read more often than it wraps (262 kJ: ten minutes at 400 W)
+    default_interval_s = 5.0
+
+    def __init__(self, *args, **kwargs):
+        Source.__init__(self, *args, **kwargs)
+        self.counters = {}
+
+    def base(self):
+        return self.sys_path("class", "powercap")
+
+    def zone_entries(self):
+        try:
+            entries = os.listdir(self.base())
+        except OSError:
+            return []
+        matched = [(RAPL_ZONE.match(e), e) for e in entries]
+        return sorted(((int(m.group(1)), -1 if m.group(2) is None else int(m.group(2))), e)
+                      for m, e in matched if m)
+
+    def available(self):
+        return bool(self.zone_entries())
+
+    def discover(self):
+        self.counters, names, details = {}, {}, []
+        for (top, sub), entry in self.zone_entries():
+            zone_dir = os.path.join(self.base(), entry)
+            name = ThermalZones._optional(os.path.join(zone_dir, "name"))
+            domain = rapl_domain(None if sub < 0 else names.get(top), name, top)
+            if sub < 0:
+                names[top] = domain
+            if domain in self.counters.values():
+                domain = "%s/%s" % (domain, entry)
+            wrap_max, why = read_int(os.path.join(zone_dir, "max_energy_range_uj"))
+            sensor = power_sensor(domain, "uJ", wrap_max)
+            self.counters[sensor] = os.path.join(zone_dir, "energy_uj")
+            readable = os.access(self.counters[sensor], os.R_OK)
+            details.append({"zone": entry, "name": name, "domain": domain, "max_energy_range_uj": wrap_max,
+                            "readable": readable, "reason": why})
+        return {"domains": [d["domain"] for d in details], "details": details}
+
+    def sample(self):
+        return [(sensor, ) + read_int(path) for sensor, path in sorted(self.counters.items())]
+
+
+def hwmon_chips(base):
+    """(entry, chip directory, chip name) of every hwmon chip under ``base``."""
+    chips = []
+    for entry in sorted(os.listdir(base)):
+        chip_dir = os.path.join(base, entry)
+        chips.append((entry, chip_dir, ThermalZones._optional(os.path.join(chip_dir, "name")) or entry))
+    return chips
+
+
+class HwmonPower(Source):
+    """hwmon ``power*_input`` (µW; ``power*_average`` where a channel has no input, as the ACPI
+    power meter) and ``energy*_input`` (µJ counters, raw) with their labels, as domains
+    ``hwmon/<chip>/<label>``.  What such a channel covers differs by driver (a socket, a
+    module, a GPU), so it is reported beside the host total, never summed into it."""
+
+    name = "hwmon_power"
+    kind = "power"  # the kind of its rows in tidy/telemetry.parquet
+    # readings, not counters: what happens between samples is lost (on spiky load a 30-min
+    # phase's energy is within 1.7 % at 1 s, 3.6 % at 5 s: docs/benchmarks.md), and reading
+    # a few sysfs files each second costs next to nothing
+    default_interval_s = 1.0
+
+    def __init__(self, *args, **kwargs):
+        Source.__init__(self, *args, **kwargs)
+        self.channels = {}
+
+    def base(self):
+        return self.sys_path("class", "hwmon")
+
+    def available(self):
+        return os.path.isdir(self.base()) and bool(os.listdir(self.base()))
+
+    def discover(self):
+        self.channels = {}
+        for entry, chip_dir, chip in hwmon_chips(self.base()):
+            files = set(os.listdir(chip_dir))
+            for name in sorted(files):
+                match = re.match(r"(power|energy)(\d+)_(input|average)$", name)
+                if not match:
+                    continue
+                kind, channel, reading = match.groups()
+                if reading == "average" and "%s%s_input" % (kind, channel) in files:
+                    continue  # the input is the reading; the average only stands in for it
+                if kind == "energy" and reading == "average":
+                    continue
+                label = ThermalZones._optional(os.path.join(chip_dir, "%s%s_label" % (kind, channel)))
+                label = label or kind + channel
+                unit = "W" if kind == "power" else "uJ"
+                sensor = power_sensor("hwmon/%s/%s" % (chip, label), unit)
+                if sensor in self.channels:  # two chips of one driver: told apart by their entry
+                    sensor = power_sensor("hwmon/%s/%s" % (entry, label), unit)
+                self.channels[sensor] = os.path.join(chip_dir, name)
+        return {"sensors": sorted(self.channels)}
+
+    def sample(self):
+        rows = []
+        for sensor, path in sorted(self.channels.items()):
+            value, reason = read_int(path)
+            if value is not None and sensor.endswith(" W"):
+                value = value / 1e6  # µW
+            rows.append((sensor, value, reason))
+        return rows
+
+
+class Poller:
+    """Calls ``measure()`` on a thread of its own, once per ``request()``, so a slow or hung
+    tool (nvidia-smi, ipmitool) never holds up the sampling loop.  ``take()`` returns the rows
+    measured since the last call, each ``(t, sensor, value, reason)`` with the time it was
+    measured, not the time the loop picked it up."""
+
+    def __init__(self, measure, name):
+        import threading
+
+        self.measure = measure
+        self.lock = threading.Lock()
+        self.wanted = threading.Event()
+        self.rows = []
+        self.thread = threading.Thread(target=self._loop, name="poll " + name, daemon=True)
+        self.thread.start()
+
+    def request(self):
+        self.wanted.set()  # a request while a run is under way starts one more after it, not two
+
+    def take(self):
+        with self.lock:
+            rows, self.rows = self.rows, []
+        return rows
+
+    def _loop(self):
+        while True:
+            self.wanted.wait()
+            self.wanted.clear()
+            try:
+                rows = self.measure()
+            except Exception as error:  # the thread must outlive any one bad reading
+                rows = [(time.time(), "source_error", None, ("%s: %s" % (type(error).__name__, error))[:200])]
+            with self.lock:
+                self.rows.extend(rows)
+
+
+def run_command(argv, timeout_s):
+    """(t, returncode or None, stdout, error) of one run, t = the midpoint of the run."""
+    import subprocess
+
+    start = time.time()
+    try:
+        completed = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return (start + time.time()) / 2, None, "", "timed out after %g s" % timeout_s
+    except OSError as error:
+        return (start + time.time()) / 2, None, "", "could not run: %s" % error
+    error = "" if completed.returncode == 0 else (
+        completed.stderr.strip() or completed.stdout.strip() or "exit %d" % completed.returncode)[:200]
+    return (start + time.time()) / 2, completed.returncode, completed.stdout, error
+
+
+class PolledSource(Source):
+    """A source whose reading comes from a command, measured off the sampling path
+    (:class:`Poller`): each ``sample()`` asks for a measurement and returns the rows of those
+    finished since the last one, each stamped with its own time ``(t, sensor, value, reason)``."""
+
+    timeout_s = 5.0
+    failed_sensor = "source_error"
+
+    def __init__(self, *args, **kwargs):
+        Source.__init__(self, *args, **kwargs)
+        self.poller = None
+
+    def reads_this_machine(self):
+        """A command reads the machine it runs on: a simulated node (a tree under another root)
+        must not report the power of the machine that hosts it."""
+        return os.path.abspath(self.sys_root) == "/"
+
+    def command(self):
+        raise NotImplementedError
+
+    def parse(self, stdout):
+        """Rows (sensor, value or None, reason) of one run's output."""
+        raise NotImplementedError
+
+    def measure(self):
+        t, returncode, stdout, error = run_command(self.command(), self.timeout_s)
+        parsed = self.parse(stdout) if returncode == 0 else [(self.failed_sensor, None, error)]
+        return [(t, sensor, value, reason) for sensor, value, reason in parsed]
+
+    def sample(self):
+        if self.poller is None:
+            self.poller = Poller(self.measure, self.name)
+        rows = self.poller.take()
+        self.poller.request()
+        return rows
+
+
+GPU_POWER_QUERY = ("index", "power.draw", "total_energy_consumption")
+
+
+def parse_gpu_power(text, fields=GPU_POWER_QUERY):
+    """``nvidia-smi --query-gpu=index,power.draw[,total_energy_consumption] --format=csv,noheader,nounits``
+    -> rows ``gpuN W`` and ``gpuN mJ`` (the counter raw, in mJ as NVML counts it); ``[N/A]`` and
+    the like become missing."""
+    rows = []
+    for line in text.strip().splitlines():
+        values = [v.strip() for v in line.split(",")]
+        if len(values) != len(fields) or not values[0].isdigit():
+            rows.append(("gpu_parse_error", None, "unexpected line: %r" % line[:80]))
+            continue
+        for field, raw in zip(fields[1:], values[1:]):
+            unit = "W" if field == "power.draw" else "mJ"
+            sensor = power_sensor("gpu" + values[0], unit)
+            try:
+                number = float(raw)
+            except ValueError:
+                rows.append((sensor, None, "not reported: %s" % raw))
+                continue
+            rows.append((sensor, number if unit == "W" else int(round(number)), ""))
+    return rows
+
+
+class NvmlEnergy:
+    """NVML's total-energy counter (mJ since the driver loaded) through ctypes, for drivers
+    whose nvidia-smi has no query field for it (580 refuses ``total_energy_consumption``)."""
+
+    def __init__(self):
+        import ctypes
+
+        self.ctypes = ctypes
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        self.lib.nvmlErrorString.restype = ctypes.c_char_p
+        self.check(self.lib.nvmlInit_v2())
+
+    def check(self, code):
+        if code != 0:
+            raise OSError("NVML: %s" % self.lib.nvmlErrorString(code).decode(errors="replace"))
+
+    def energy_mj(self, index):
+        """(counter or None, reason) of GPU ``index`` (NVML's order is nvidia-smi's)."""
+        handle, value = self.ctypes.c_void_p(), self.ctypes.c_ulonglong()
+        try:
+            self.check(self.lib.nvmlDeviceGetHandleByIndex_v2(self.ctypes.c_uint(index), self.ctypes.byref(handle)))
+            self.check(self.lib.nvmlDeviceGetTotalEnergyConsumption(handle, self.ctypes.byref(value)))
+        except OSError as error:
+            return None, str(error)
+        return value.value, ""
+
+
+class NvidiaPower(PolledSource):
+    """``power.draw`` of every GPU (nvidia-smi) and its cumulative energy counter, raw in mJ:
+    from the same query where the driver's nvidia-smi has the field, else from NVML itself.
+    Both run off the sampling path."""
+
+    name = "gpu_power"
+    kind = "power"  # the kind of its rows in tidy/telemetry.parquet
+    default_interval_s = 5.0  # with the energy counter 5 s loses no energy, and each run is a process
+    failed_sensor = "gpu_power_error"
+
+    def __init__(self, *args, **kwargs):
+        PolledSource.__init__(self, *args, **kwargs)
+        self.fields = GPU_POWER_QUERY
+        self.nvml = None
+        self.nvml_error = ""
+
+    def available(self):
+        return self.reads_this_machine() and shutil.which("nvidia-smi") is not None
+
+    def command(self):
+        return ["nvidia-smi", "--query-gpu=" + ",".join(self.fields), "--format=csv,noheader,nounits"]
+
+    def discover(self):
+        """Where the counter comes from: an older or newer nvidia-smi refuses the field outright."""
+        _, returncode, stdout, error = run_command(self.command(), self.timeout_s)
+        if returncode != 0 and "total_energy_consumption" in error:
+            self.fields = GPU_POWER_QUERY[:2]
+            try:
+                self.nvml = NvmlEnergy()
+            except (OSError, AttributeError) as nvml_error:
+                self.nvml_error = "no energy counter: nvidia-smi has no field and %s" % nvml_error
+            _, returncode, stdout, error = run_command(self.command(), self.timeout_s)
+        rows = self.parse(stdout) if returncode == 0 else []
+        counter = "nvidia-smi" if len(self.fields) == 3 else ("NVML" if self.nvml else None)
+        return {"fields": list(self.fields), "energy_counter": counter, "error": error or self.nvml_error,
+                "sensors": sorted(s for s, _, _ in rows), "missing": {s: r for s, v, r in rows if v is None}}
+
+    def parse(self, stdout):
+        return parse_gpu_power(stdout, self.fields)
+
+    def measure(self):
+        rows = PolledSource.measure(self)
+        if len(self.fields) == 3:
+            return rows
+        # the counter from NVML, each read stamped with its own time (Δenergy/Δt needs it)
+        for index in sorted({s.split()[0][3:] for _, s, _, _ in rows if re.match(r"gpu\d+ ", s)}, key=int):
+            reading = self.nvml.energy_mj(int(index)) if self.nvml else (None, self.nvml_error)
+            rows.append((time.time(), power_sensor("gpu" + index, "mJ")) + reading)
+        return rows
+
+
+def parse_dcmi_power(text):
+    """``ipmitool dcmi power reading`` -> [("node W", watts or None, reason)]."""
+    if re.search(r"Power reading state is:\s*deactivated", text):
+        return [(power_sensor("node", "W"), None, "DCMI power reading deactivated")]
+    match = re.search(r"Instantaneous power reading:\s*([0-9.]+)\s*Watts", text)
+    if not match:
+        return [(power_sensor("node", "W"), None, "no instantaneous reading: %r" % text.strip()[:80])]
+    if float(match.group(1)) <= 0:  # a node that is running draws power: 0 W is a BMC without a reading
+        return [(power_sensor("node", "W"), None, "BMC reported 0 W")]
+    return [(power_sensor("node", "W"), float(match.group(1)), "")]
+
+
+IPMI_DEVICES = ("/dev/ipmi0", "/dev/ipmi/0", "/dev/ipmidev/0")
+
+
+class IpmiPower(PolledSource):
+    """The node's power from its BMC, ``ipmitool dcmi power reading``, as domain ``node``;
+    where ipmitool is installed and this user may open the IPMI device.  Off the sampling
+    path, with a timeout: a BMC can take seconds to answer."""
+
+    name = "ipmi"
+    kind = "power"  # the kind of its rows in tidy/telemetry.parquet
+    default_interval_s = 5.0
+    timeout_s = 10.0
+    failed_sensor = power_sensor("node", "W")
+
+    def device(self):
+        for path in IPMI_DEVICES:
+            if os.path.exists(path):
+                return path
+        return None
+
+    def available(self):
+        device = self.device()
+        return (self.reads_this_machine() and shutil.which("ipmitool") is not None and device is not None
+                and os.access(device, os.R_OK | os.W_OK))
+
+    def discover(self):
+        return {"device": self.device()}
+
+    def command(self):
+        return ["ipmitool", "dcmi", "power", "reading"]
+
+    def parse(self, stdout):
+        return parse_dcmi_power(stdout)
+
+
 def format_value(value):
     if value is None or value == "":
         return ""
@@ -470,7 +879,8 @@ def format_value(value):
 
 
 # The registry of sources, in sampling order: everything that needs the list reads it here.
-SOURCES = (ThermalZones, Hwmon, CpuFrequency, ProcessCpu, SystemCpu, NvidiaGpu)
+SOURCES = (ThermalZones, Hwmon, CpuFrequency, ProcessCpu, SystemCpu, NvidiaGpu,
+           RaplPower, HwmonPower, NvidiaPower, IpmiPower)
 
 
 def discover_all(sys_root="/", proc_root="/proc"):
@@ -569,8 +979,10 @@ class Agent:
             rows = source.sample()
         except Exception as error:
             rows = [("source_error", None, ("%s: %s" % (type(error).__name__, error))[:200])]
+        t = time.time()
         try:
-            self._append(source.name, [(time.time(), s, v, r) for s, v, r in rows])
+            # a polled source's rows carry the time they were measured
+            self._append(source.name, [row if len(row) == 4 else (t,) + tuple(row) for row in rows])
         except OSError as error:  # a full disk may free up; the next sample tries again
             sys.stderr.write("agent: cannot write %s.csv: %s\n" % (source.name, error))
 

@@ -2,7 +2,8 @@
 
 Host timestamps are moved onto the controller's clock with the mean of the offsets
 measured at preflight and at the end.  Rows without a value (the agent records missing
-readings with a reason) are dropped and counted by reason in ``tidy/ingest.json``."""
+readings with a reason) are dropped and counted by reason in ``tidy/ingest.json``.  Power
+files become watts per domain (energy counters turned into Δenergy/Δt: ``power``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from thermab import jsonl
+from thermab.telemetry import power
 from thermab.telemetry.agent import SOURCES
 
 # each agent file (its stem is the source's name) and the kind its rows take: from the
@@ -51,6 +53,9 @@ def telemetry(monitor_dir: Path, offsets: dict[str, float]) -> tuple[pd.DataFram
             path = host_dir / f"{stem}.csv"
             if path.exists():
                 frame, counts = read_agent_csv(path, host_dir.name, kind, offsets.get(host_dir.name, 0.0))
+                if kind == "power":
+                    frame, notes = power.power_rows(frame)
+                    counts.update(notes)
                 frames.append(frame)
                 dropped.update(counts)
     if not frames:

@@ -1,0 +1,172 @@
+"""Energy per phase (docs/design.md): the definitions on hand-made frames and synthetic runs
+whose answers are known; sub-domains never summed twice; empty never zero."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest_analysis import PHASE_S, write_synthetic_run
+from thermab.analysis import analyze, energy, fleet, metrics, plots
+
+T0 = 1.7e9
+
+
+def events(*rows):
+    return pd.DataFrame([dict(zip(("t", "event", "order", "rep", "arm"), row)) for row in rows])
+
+
+def power(host, domain, times, values):
+    return pd.DataFrame({"t": np.asarray(times, float), "host": host, "kind": "power", "sensor": domain,
+                         "value": np.asarray(values, float)})
+
+
+def performance(*rows):
+    return pd.DataFrame([dict(zip(metrics.PHASE_KEYS + ["output_tokens"], row)) for row in rows])
+
+
+EVENTS = events((0, "baseline_start", "AB", None, None), (100, "baseline_end", "AB", None, None),
+                (1000, "load_start", "AB", 1, "A"), (1100, "load_end", "AB", 1, "A"),
+                (2000, "load_start", "AB", 1, "B"), (2100, "load_end", "AB", 1, "B"))
+WINDOWS = metrics.load_windows(EVENTS)
+TOKENS = performance(("AB", 1, "A", 2000), ("AB", 1, "B", 2500))
+
+
+def test_time_weighted_mean_is_the_trapezoid_over_the_span_covered():
+    # 100 W for 10 s, a ramp to 200 W over 10 s, 200 W for 30 s: (1000 + 1500 + 6000) / 50
+    assert energy.time_weighted_mean(np.array([0.0, 10, 20, 50]), np.array([100.0, 100, 200, 200])) == 170.0
+    assert energy.time_weighted_mean(np.array([5.0]), np.array([42.0])) == 42.0
+    assert math.isnan(energy.time_weighted_mean(np.array([]), np.array([])))
+
+
+def test_definitions_on_irregular_samples():
+    telemetry = pd.concat([
+        power("head", "package-0", [10, 50, 90], [20, 20, 20]),  # baseline
+        power("head", "package-0", [995, 1000, 1010, 1030, 1090, 1100], [999, 100, 100, 200, 200, 999]),
+        power("head", "package-0", [2005, 2095], [150, 150]),
+    ], ignore_index=True)
+    table = energy.energy_table(telemetry, WINDOWS, EVENTS, TOKENS, ["head"])
+    a = table[(table["arm"] == "A") & (table["host"] == "head")].iloc[0]
+    # inside [1000, 1100): 100 W to 1010, a ramp to 200 W at 1030, 200 W to 1090: 16000 J over 90 s
+    assert a["mean_w"] == pytest.approx(16000 / 90)
+    assert a["window_s"] == 100 and a["energy_j"] == pytest.approx(16000 / 90 * 100)
+    assert a["idle_w"] == 20.0
+    assert a["energy_above_idle_j"] == pytest.approx(16000 / 90 * 100 - 20 * 100)
+    assert a["output_tokens"] == 2000
+    assert a["j_per_token"] == pytest.approx(16000 / 90 * 100 / 2000)
+    assert a["j_per_token_above_idle"] == pytest.approx((16000 / 90 * 100 - 2000) / 2000)
+    b = table[(table["arm"] == "B") & (table["host"] == "head")].iloc[0]
+    assert b["mean_w"] == 150 and b["j_per_token"] == pytest.approx(150 * 100 / 2500)
+    assert table.columns.tolist() == energy.ENERGY_COLUMNS
+
+
+def test_host_total_never_sums_a_sub_domain_or_an_overlapping_reading():
+    assert energy.host_total_domains(["package-0", "package-0/core", "package-0/uncore", "dram-0", "gpu0",
+                                      "psys", "hwmon/power_meter/node"]) == ["dram-0", "gpu0", "package-0"]
+    assert energy.host_total_domains(["node", "package-0", "gpu0"]) == ["node"]
+    assert energy.host_total_domains(["package-0/core", "hwmon/amdgpu/PPT"]) == []
+    assert energy.host_total_domains(["gpu-1", "core-0", "uncore"]) == ["gpu-1"]
+    times = [1000, 1050, 1099]
+    telemetry = pd.concat([
+        power("head", "package-0", times, [60] * 3), power("head", "package-0/core", times, [40] * 3),
+        power("head", "dram-0", times, [5] * 3), power("head", "gpu0", times, [300] * 3),
+        power("head", "psys", times, [90] * 3), power("head", "hwmon/power_meter/node", times, [500] * 3),
+        power("worker", "node", times, [250] * 3), power("worker", "package-0", times, [70] * 3),
+    ], ignore_index=True)
+    table = energy.energy_table(telemetry, WINDOWS.iloc[:1], EVENTS, TOKENS, ["head", "worker"])
+    total = table[(table["host"] == "all") & (table["domain"] == "total")].iloc[0]
+    assert total["mean_w"] == 60 + 5 + 300 + 250
+    assert total["energy_j"] == (60 + 5 + 300 + 250) * 100
+    assert total["j_per_token"] == pytest.approx((60 + 5 + 300 + 250) * 100 / 2000)
+    assert energy.total_hosts(table) == {"head": ["dram-0", "gpu0", "package-0"], "worker": ["node"]}
+    assert table["host"].tolist()[:6] == ["head"] * 6 and table["host"].iloc[-1] == "all"
+
+
+def test_a_domain_without_samples_is_empty_never_zero(tmp_path):
+    telemetry = pd.concat([
+        power("head", "package-0", [1000, 1050, 2000, 2050], [60, 60, 50, 50]),
+        power("head", "gpu0", [1000, 1050], [300, 300]),  # gone in phase B
+    ], ignore_index=True)
+    table = energy.energy_table(telemetry, WINDOWS, EVENTS.iloc[2:], performance(("AB", 1, "A", 2000)), ["head"])
+    gpu_b = table[(table["arm"] == "B") & (table["domain"] == "gpu0")].iloc[0]
+    for column in ("mean_w", "energy_j", "energy_above_idle_j", "j_per_token", "j_per_token_above_idle"):
+        assert math.isnan(gpu_b[column]), column
+    assert gpu_b["window_s"] == 100
+    total_b = table[(table["arm"] == "B") & (table["host"] == "all")].iloc[0]
+    assert math.isnan(total_b["mean_w"]), "a total missing a domain would read as less energy"
+    package_b = table[(table["arm"] == "B") & (table["domain"] == "package-0")].iloc[0]
+    assert package_b["mean_w"] == 50 and math.isnan(package_b["j_per_token"]), "no tokens known: no J/token"
+    assert math.isnan(package_b["idle_w"]) and math.isnan(package_b["energy_above_idle_j"]), "no baseline"
+    path = tmp_path / "energy.csv"
+    table.to_csv(path, index=False)
+    line = next(row for row in path.read_text().splitlines() if row.startswith("AB,1,B,head,gpu0"))
+    assert line == "AB,1,B,head,gpu0,100,,,,,,,", "empty cells, not zeros"
+
+
+def test_no_power_telemetry_gives_an_empty_table():
+    telemetry = power("head", "package-0", [], []).assign(kind="thermal")
+    table = energy.energy_table(telemetry, WINDOWS, EVENTS, TOKENS)
+    assert table.empty and table.columns.tolist() == energy.ENERGY_COLUMNS
+    assert energy.phase_metrics(table).empty
+
+
+POWER = {
+    ("head", "package-0"): {"A": 60.0, "B": 50.0, "idle": 20.0},
+    ("head", "package-0/core"): {"A": 30.0, "B": 20.0, "idle": 5.0},
+    ("head", "dram-0"): {"A": 8.0, "B": 8.0, "idle": 3.0},
+    ("head", "gpu0"): {"A": 300.0, "B": 290.0, "idle": 70.0},
+    ("worker", "node"): {"A": 200.0, "B": 200.0, "idle": 100.0},
+    ("worker", "package-0"): {"A": 50.0, "B": 50.0, "idle": 20.0},
+}
+
+
+def test_synthetic_run_energy_table_summary_and_verdicts(tmp_path):
+    run_dir = write_synthetic_run(tmp_path / "AB", reps=2, power=POWER)
+    tables = analyze.analyze(run_dir)
+    written = pd.read_csv(run_dir / "tables" / "energy.csv")
+    assert written.columns.tolist() == energy.ENERGY_COLUMNS
+    total = written[(written["host"] == "all") & (written["domain"] == "total")].set_index(["rep", "arm"])
+    tokens = tables["performance"].set_index(["rep", "arm"])["output_tokens"]
+    for rep in (1, 2):
+        for arm, watts in (("A", 60 + 8 + 300 + 200), ("B", 50 + 8 + 290 + 200)):
+            row = total.loc[(rep, arm)]
+            assert row["mean_w"] == pytest.approx(watts)
+            assert row["energy_j"] == pytest.approx(watts * PHASE_S)
+            assert row["idle_w"] == pytest.approx(20 + 3 + 70 + 100)
+            assert row["energy_above_idle_j"] == pytest.approx((watts - 193) * PHASE_S)
+            assert row["output_tokens"] == tokens[(rep, arm)]
+            assert row["j_per_token"] == pytest.approx(watts * PHASE_S / tokens[(rep, arm)])
+            assert row["j_per_token_above_idle"] == pytest.approx((watts - 193) * PHASE_S / tokens[(rep, arm)])
+    variance = tables["variance"]
+    row = variance[(variance["metric"] == energy.METRIC) & (variance["arm"] == "B")].iloc[0]
+    assert row["unit"] == "J/token" and row["diff"] < 0 and row["finding"] == "real"
+    summary = (run_dir / "summary.md").read_text()
+    assert "## Energy under load" in summary
+    assert "| cluster energy per output token |" in summary and "tok/J" in summary
+    assert "head: dram-0 + gpu0 + package-0; worker: node" in summary
+    assert f"- {energy.METRIC}: patched vs stock" in summary
+
+
+def test_runs_without_power_say_so(tmp_path):
+    run_dir = write_synthetic_run(tmp_path / "AB")
+    analyze.analyze(run_dir)
+    assert "there are no energy figures in this run (empty, not zero)" in (run_dir / "summary.md").read_text()
+    assert "no energy in this run" in (run_dir / "tables" / "energy.md").read_text()
+
+
+def test_timeline_power_panel_and_fleet_energy(tmp_path):
+    run_dir = write_synthetic_run(tmp_path / "AB", reps=2, power=POWER)
+    analyze.analyze(run_dir)
+    result = analyze.compute(run_dir)
+    lines = plots._power_lines(result.run, 0.0)
+    assert [(host, domain) for host, domain, _ in lines] == [("head", "dram-0"), ("head", "gpu0"),
+                                                             ("head", "package-0"), ("worker", "node")]
+    paths = plots.render_figures(result)
+    html = (run_dir / "figures" / "timeline.html").read_text()
+    assert "power (W)" in html and "worker node power" in html
+    assert "power (W)" in (run_dir / "figures" / "timeline.svg").read_text()
+    assert all(p.stat().st_size > 1000 for p in paths)
+    table = fleet.fleet_table({"synthetic": run_dir})
+    assert energy.METRIC in set(table["metric"])
+    assert "| cluster | arm | label | cluster energy per token |" in fleet.fleet_markdown(table, "AB")

@@ -1,0 +1,163 @@
+"""Energy per phase: the ``power`` rows of the tidy telemetry -> ``tables/energy.csv``.
+
+Definitions (docs/design.md), per host, power domain and phase:
+
+* ``mean_w``: time-weighted mean of the domain's power samples inside the load window
+  ``[load_start, load_end)``: the trapezoid over them divided by the span they cover (a
+  single sample is its own mean);
+* ``energy_j`` = mean_w × window_s;
+* ``idle_w``: the same mean over the baseline window ``[baseline_start, baseline_end)``;
+* ``energy_above_idle_j`` = energy_j − idle_w × window_s;
+* ``j_per_token`` = energy_j / output_tokens of the phase (the tokens that count for
+  throughput, as in performance.csv), ``j_per_token_above_idle`` likewise.
+
+A domain with no samples in a window has empty values there, never zero; a phase without
+tokens has no J/token.  The rows with host ``all``, domain ``total`` sum each host's total:
+its ``node`` domain where it has one, else its top-level domains (``package-N``, ``dram-N``,
+``gpuN``), never a sub-domain (``package-0/core``) or another reading (``psys``,
+``hwmon/...``) that overlaps them.  A host without such domains is left out of the sum (the
+summary names the hosts it covers); a host total with a domain empty in a phase makes that
+phase's total empty, as a partial sum would read as less energy.  Pure functions.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from thermab.analysis.metrics import PHASE_KEYS, PHASE_METRIC_COLUMNS
+
+ENERGY_COLUMNS = PHASE_KEYS + [
+    "host", "domain", "window_s", "mean_w", "energy_j", "idle_w", "energy_above_idle_j",
+    "output_tokens", "j_per_token", "j_per_token_above_idle",
+]
+TOTAL_HOST, TOTAL_DOMAIN = "all", "total"
+NODE_DOMAIN = "node"
+# packages, DRAM and GPUs as the agent names them (package-0, dram-0, gpu0), and as other
+# importers may (gpu-0, package)
+TOP_LEVEL_DOMAIN = re.compile(r"^(package|dram|gpu)(-?\d+)?$")
+SUMMED = ["mean_w", "energy_j", "idle_w", "energy_above_idle_j"]
+METRIC = "cluster energy per token"
+METRIC_UNIT = "J/token"
+
+
+def time_weighted_mean(t: np.ndarray, value: np.ndarray) -> float:
+    """Trapezoid over the samples divided by the span they cover; NaN without samples."""
+    if len(t) == 0:
+        return np.nan
+    if len(t) == 1 or t[-1] == t[0]:
+        return float(np.mean(value))
+    return float(np.trapezoid(value, t) / (t[-1] - t[0]))
+
+
+def baseline_window(events: pd.DataFrame) -> tuple[float, float] | None:
+    """``[baseline_start, baseline_end)``: the last baseline_start and the first baseline_end
+    after it (a baseline redone after a failure is the one measured); None without one."""
+    if events.empty or "event" not in events:
+        return None
+    starts = events.loc[events["event"] == "baseline_start", "t"]
+    if starts.empty:
+        return None
+    ends = events.loc[(events["event"] == "baseline_end") & (events["t"] > starts.max()), "t"]
+    return None if ends.empty else (float(starts.max()), float(ends.min()))
+
+
+def host_total_domains(domains) -> list[str]:
+    """The domains whose sum is a host's total power (see the module docstring)."""
+    if NODE_DOMAIN in domains:
+        return [NODE_DOMAIN]
+    return sorted(d for d in domains if TOP_LEVEL_DOMAIN.match(d))
+
+
+def _series(power: pd.DataFrame) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+    """(host, domain) -> (t, watts) sorted by time, so that windows are cut by bisection."""
+    series = {}
+    for (host, domain), rows in power.groupby(["host", "sensor"], sort=True):
+        rows = rows.sort_values("t", kind="stable")
+        series[(str(host), str(domain))] = (rows["t"].to_numpy(float), rows["value"].to_numpy(float))
+    return series
+
+
+def _mean_in(series: tuple[np.ndarray, np.ndarray], start: float, end: float) -> float:
+    t, value = series
+    first, last = np.searchsorted(t, start, side="left"), np.searchsorted(t, end, side="left")
+    return time_weighted_mean(t[first:last], value[first:last])
+
+
+def _per_token(joules: float, tokens) -> float:
+    return joules / tokens if not pd.isna(tokens) and tokens > 0 else np.nan
+
+
+def energy_table(telemetry: pd.DataFrame, windows: pd.DataFrame, events: pd.DataFrame,
+                 performance: pd.DataFrame, hosts: list[str] | None = None) -> pd.DataFrame:
+    """energy.csv: one row per phase, host and power domain seen in the run, then the
+    ``all``/``total`` row of the phase; phases in time order, hosts in the order of ``hosts``
+    (others after them, sorted)."""
+    power = telemetry[telemetry["kind"] == "power"]
+    if power.empty or windows.empty:
+        return pd.DataFrame(columns=ENERGY_COLUMNS)
+    series = _series(power)
+    present = sorted({host for host, _ in series})
+    host_order = [h for h in (hosts or []) if h in present] + [h for h in present if h not in (hosts or [])]
+    domains = {host: sorted(d for h, d in series if h == host) for host in host_order}
+    baseline = baseline_window(events)
+    idle = {key: _mean_in(s, *baseline) if baseline else np.nan for key, s in series.items()}
+    tokens = performance.set_index(PHASE_KEYS)["output_tokens"] if not performance.empty else pd.Series(dtype=float)
+    rows = []
+    for window in windows.itertuples(index=False):
+        keys = (window.order, window.rep, window.arm)
+        output_tokens = tokens.get(keys, np.nan)
+        phase = []
+        for host in host_order:
+            for domain in domains[host]:
+                mean_w = _mean_in(series[(host, domain)], window.load_start, window.load_end)
+                phase.append(_row(keys, host, domain, window.window_s, mean_w, idle[(host, domain)], output_tokens))
+        rows += phase
+        total = _total(phase, domains)
+        if total is not None:
+            rows.append(_row(keys, TOTAL_HOST, TOTAL_DOMAIN, window.window_s, *total, output_tokens))
+    return pd.DataFrame(rows, columns=ENERGY_COLUMNS)
+
+
+def _row(keys, host, domain, window_s, mean_w, idle_w, output_tokens) -> dict:
+    energy_j = mean_w * window_s
+    above_j = energy_j - idle_w * window_s
+    return dict(zip(PHASE_KEYS, keys), host=host, domain=domain, window_s=window_s, mean_w=mean_w,
+                energy_j=energy_j, idle_w=idle_w, energy_above_idle_j=above_j, output_tokens=output_tokens,
+                j_per_token=_per_token(energy_j, output_tokens),
+                j_per_token_above_idle=_per_token(above_j, output_tokens))
+
+
+def _total(phase: list[dict], domains: dict[str, list[str]]) -> tuple[float, float] | None:
+    """(mean_w, idle_w) of the cluster total in one phase, or None when no host has a total;
+    NaN (never a partial sum) when a domain of a host total is empty."""
+    summed = [row for row in phase if row["domain"] in host_total_domains(domains[row["host"]])]
+    if not summed:
+        return None
+    return tuple(float(np.sum([row[c] for row in summed])) for c in ("mean_w", "idle_w"))
+
+
+def total_hosts(energy: pd.DataFrame) -> dict[str, list[str]]:
+    """Host -> the domains its total sums, for the hosts the ``all``/``total`` rows cover."""
+    hosts = energy.loc[energy["host"] != TOTAL_HOST, ["host", "domain"]].drop_duplicates()
+    covered = {host: host_total_domains(rows["domain"].tolist()) for host, rows in hosts.groupby("host", sort=False)}
+    return {host: summed for host, summed in covered.items() if summed}
+
+
+def host_totals(energy: pd.DataFrame) -> pd.DataFrame:
+    """Per phase and host, the mean power of the host's total (phase keys, host, mean_w),
+    empty where one of its domains is; hosts in the table's order."""
+    covered = total_hosts(energy)
+    summed = energy[[domain in covered.get(host, ()) for host, domain in zip(energy["host"], energy["domain"])]]
+    grouped = summed.groupby(PHASE_KEYS + ["host"], sort=False)["mean_w"]
+    return grouped.sum().where(grouped.count() == grouped.size()).reset_index()
+
+
+def phase_metrics(energy: pd.DataFrame) -> pd.DataFrame:
+    """J/token of the cluster total per phase, in the long format of metrics.phase_metrics,
+    so that the variance table and the verdicts treat it like the other metrics."""
+    total = energy[(energy["host"] == TOTAL_HOST) & (energy["domain"] == TOTAL_DOMAIN)]
+    long = total[PHASE_KEYS].assign(metric=METRIC, unit=METRIC_UNIT, value=total["j_per_token"].astype(float))
+    return long.reindex(columns=PHASE_METRIC_COLUMNS).dropna(subset=["value"]).reset_index(drop=True)

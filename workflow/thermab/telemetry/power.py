@@ -1,0 +1,84 @@
+"""The agent's power rows -> ``power`` rows in watts, one series per domain (docs/design.md).
+
+The agent writes each power reading or energy counter under the sensor ``<domain> <quantity>``
+(``thermab.telemetry.agent.power_sensor``): ``W`` readings pass through; a counter (``uJ``,
+``mJ``, ``uJ:max=N``) becomes one row per pair of consecutive readings, Δenergy / Δt, at the
+midpoint of the pair, the mean power over that interval.  A counter that went down wrapped
+(added back: N + 1, as it counts 0..N) where it has a range, and was reset (a driver reload;
+that interval is skipped and counted) where it has none.  Where a domain has both a counter
+and readings, the counter is used: it holds all the energy between samples, a reading only
+the moment it was taken.  Pure functions on frames; ingest does the I/O.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from thermab.telemetry.agent import POWER_UNITS
+
+JOULES_PER_UNIT = {"uJ": 1e-6, "mJ": 1e-3}
+SENSOR = re.compile(r"^(?P<domain>.+) (?P<unit>%s)(?::max=(?P<max>\d+))?$" % "|".join(POWER_UNITS))
+
+
+def split_sensor(sensor: str) -> tuple[str, str, int | None] | None:
+    """``"package-0 uJ:max=262143328850"`` -> ("package-0", "uJ", 262143328850); None when the
+    name is not a power sensor of the agent's grammar."""
+    match = SENSOR.match(sensor)
+    if not match:
+        return None
+    wrap = match.group("max")
+    return match.group("domain"), match.group("unit"), None if wrap is None else int(wrap)
+
+
+def counter_power(t: np.ndarray, raw: np.ndarray, joules_per_unit: float,
+                  wrap_max: int | None) -> tuple[np.ndarray, np.ndarray, int]:
+    """(midpoint times, watts, intervals skipped as resets) of one counter's readings."""
+    order = np.argsort(t, kind="stable")
+    t, raw = np.asarray(t, float)[order], np.asarray(raw, float)[order]
+    delta, dt = np.diff(raw), np.diff(t)
+    went_down = delta < 0
+    if wrap_max is not None:
+        delta = np.where(went_down, delta + wrap_max + 1, delta)
+        resets = np.zeros_like(went_down)
+    else:
+        resets = went_down
+    keep = ~resets & (dt > 0)
+    middle = (t[:-1] + t[1:]) / 2
+    return middle[keep], delta[keep] * joules_per_unit / dt[keep], int(resets.sum())
+
+
+def power_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Tidy rows of one agent power file (t, host, kind, sensor = ``<domain> <quantity>``, value;
+    values present) -> power rows with sensor = domain, and what was left out, counted."""
+    if frame.empty:
+        return frame, {}
+    parsed = frame["sensor"].map(split_sensor)
+    notes: dict[str, int] = {}
+    unknown = parsed.isna()
+    if unknown.any():
+        for host, n in frame.loc[unknown, "host"].value_counts().items():
+            notes[f"{host}/power: not a power sensor name"] = int(n)
+    rows = frame[~unknown].assign(domain=parsed[~unknown].str[0], unit=parsed[~unknown].str[1],
+                                  wrap=parsed[~unknown].str[2])
+    parts = []
+    for (host, domain), series in rows.groupby(["host", "domain"], sort=True):
+        counters = series[series["unit"] != "W"]
+        if len(counters) >= 2:
+            (unit, wrap), counter = next(iter(counters.groupby(["unit", "wrap"], dropna=False, sort=True)))
+            t, watts, resets = counter_power(counter["t"].to_numpy(), counter["value"].to_numpy(),
+                                             JOULES_PER_UNIT[unit], None if pd.isna(wrap) else int(wrap))
+            if resets:
+                notes[f"{host}/power: {domain} counter went back (reset), interval skipped"] = resets
+            readings = (series["unit"] == "W").sum()
+            if readings:
+                notes[f"{host}/power: {domain} W readings not used (its energy counter is)"] = int(readings)
+        else:
+            readings = series[series["unit"] == "W"]
+            t, watts = readings["t"].to_numpy(float), readings["value"].to_numpy(float)
+        parts.append(pd.DataFrame({"t": t, "host": host, "kind": "power", "sensor": domain, "value": watts}))
+    if not parts:
+        return frame.iloc[:0], notes
+    return pd.concat(parts, ignore_index=True).astype({"t": "float64", "value": "float64"}), notes
