@@ -5,6 +5,7 @@
     load ...                    one closed-loop load phase against an endpoint
     check-config FILE           validate a config file, naming any key at fault
     restore [RESULTS_DIR]       restore every host by hand (after a controller crash)
+    discover NAME=URL ...       read real nodes (read-only) and write a config that fits them
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ COMMANDS = {
     "load": "thermab.load.runner",
     "check-config": "thermab.config",
     "restore": "thermab.experiment.restore",
+    "discover": "thermab.experiment.discover",
 }
 
 
