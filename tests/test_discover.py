@@ -145,7 +145,7 @@ def test_container_presets():
                                     (("VLLM_X", "1"),)))
     assert execd.name == "exec-serve"
     assert execd.settings["server"]["start"] == "docker exec -d -w /w -e VLLM_X=1 'vllm head' vllm serve m"
-    assert execd.settings["server"]["stop"].startswith("p='^vllm serve m'; docker exec 'vllm head' pkill -TERM -f \"$p\"")
+    assert execd.settings["server"]["stop"].startswith("p='^vllm serve m$'; docker exec 'vllm head' pkill -TERM -f \"$p\"")
     mount = d.Mount("bind", "/opt/thermab/shm_broadcast.py", FILE, False)
     labels = (("com.docker.compose.project", "llm"), ("com.docker.compose.service", "vllm"),
               ("com.docker.compose.project.working_dir", "/opt/llm"),

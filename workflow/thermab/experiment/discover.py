@@ -427,9 +427,9 @@ def ere(text: str) -> str:
 
 
 def process_regex(argv: tuple[str, ...]) -> str:
-    """Matches the server's command line from its start, so the shell running pkill (whose
-    command line starts elsewhere) never matches itself; a prefix, as pgrep may truncate."""
-    return "^" + ere(" ".join(argv)[:200])
+    """Matches the server's whole command line from its start, so the shell running pkill
+    (whose command line starts elsewhere) never matches itself."""
+    return "^" + ere(" ".join(argv)) + "$"
 
 
 def stop_by_pattern(prefix: str, pattern: str) -> str:
@@ -554,8 +554,12 @@ def build_config(plans: list[HostPlan], head: str, endpoint: str, model: str | N
         raise Question("the setting's file differs between hosts (" + ", ".join(
             f"{p.target.name}: {p.preset.file}" for p in plans) + "), and setting.file is one path for all: "
             "make them the same, or discover the hosts one at a time")
+    unread = [p.target.name for p in plans if p.value is None]
+    if unread:
+        raise Question(f"the anchor's match on {', '.join(unread)} does not read as setting.replacement with "
+                       "{value} in it: fix the setting (--setting-from) so both describe the same text")
     values = {p.value for p in plans}
-    if len(values) != 1 or None in values:
+    if len(values) != 1:
         raise Question("the hosts hold different values of the setting (" + ", ".join(
             f"{p.target.name}: {p.value}" for p in plans) + "): restore the stock file where it was patched")
     stock = values.pop()
