@@ -251,6 +251,37 @@ def test_agent_discovery_writes_nothing_on_the_host(tmp_path):
     assert tree_digest(tmp_path) == before and not agent_dir.exists()
 
 
+def test_two_servers_on_this_machine_are_a_question_and_the_endpoint_picks_one(tmp_path):
+    """Two real simulated-node servers here: without a choice, exit 2 naming both; with
+    --endpoint, its port picks one, whose vllm no Python imports (the stand-in lies under the
+    node's root), so nothing is written and the table says why (exit 1)."""
+    ports = [free_port(), free_port()]
+    nodes = [tmp_path / f"node{i}" for i in (0, 1)]
+    try:
+        for node, port in zip(nodes, ports):
+            subprocess.run([sys.executable, "-m", "thermab.sim.node", "create", str(node), "--role", "head"],
+                           check=True)
+            subprocess.run([sys.executable, "-m", "thermab.sim.vllm", "serve", "--node", str(node), "--role", "head",
+                            "--port", str(port), "--model", "sim", "--detach"], check=True, capture_output=True)
+        for port in ports:
+            wait_http(f"http://127.0.0.1:{port}/health", 60)
+        output = tmp_path / "out.yaml"
+        asked = run_discover("box=local://", "-o", str(output))
+        assert asked.returncode == 2 and not output.exists()
+        question = asked.stderr.strip().splitlines()[-1]
+        assert question.startswith("thermab discover: host box: ") and "--endpoint URL" in question
+        for port in ports:
+            assert "on the host (pid" in question and f"port {port})" in question
+        picked = run_discover("box=local://", "--endpoint", f"http://127.0.0.1:{ports[1]}", "-o", str(output))
+        assert picked.returncode == 1 and not output.exists(), picked.stderr
+        assert f"--port {ports[1]} --model sim" in picked.stderr.split("serve command", 1)[1].splitlines()[0]
+        assert "ModuleNotFoundError: No module named 'vllm'" in picked.stderr
+        assert "no config written" in picked.stderr.strip().splitlines()[-1]
+    finally:
+        for node in nodes:
+            subprocess.run([sys.executable, "-m", "thermab.sim.vllm", "stop", "--node", str(node)], capture_output=True)
+
+
 # -- real hosts: sshd and a private Docker engine --------------------------------------------
 
 def run_discover(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:

@@ -564,9 +564,6 @@ def build_config(plans: list[HostPlan], head: str, endpoint: str, model: str | N
             f"{p.target.name}: {p.value}" for p in plans) + "): restore the stock file where it was patched")
     stock = values.pop()
     reference, *others = arms
-    defaults = thermab_config.validate({"order": "AB", "repeats": 1, "setting": {"name": "x", "method": "env", "env_var": "X"},
-                                        "arms": {"A": {"label": "a", "value": "1"}, "B": {"label": "b", "value": "2"}},
-                                        "clusters": {"c": {"head": "h", "endpoint": "http://h", "hosts": {"h": {"transport": "local"}}}}})
     ordered = [p for p in plans if p.target.name != head] + [p for p in plans if p.target.name == head]
     head_zones = next(p.zones for p in plans if p.target.name == head)
     timeline_zone = "TSOC" if "TSOC" in head_zones or not head_zones else head_zones[0]
@@ -588,18 +585,24 @@ def build_config(plans: list[HostPlan], head: str, endpoint: str, model: str | N
         entry["server"] = plan.preset.settings["server"]
         hosts[plan.target.name] = entry
         comments[where] = f"preset: {plan.preset.name}. {plan.preset.reason}."
-    config = {
+    found = {
         "order": "".join(arms),
         "repeats": 1,
         "setting": {"name": setting["name"], "method": "file", "file": file, "anchor": setting["anchor"],
                     "replacement": setting["replacement"]},
         "arms": {reference: dict(arms[reference], value=stock),
                  **{name: dict(arms[name]) for name in others}},
+        "clusters": {cluster: {"head": head, "endpoint": endpoint, "end_state": "restarted", "hosts": hosts}},
+    }
+    # the schema's defaults (the study's timings, load, intervals), written out in full
+    defaults = thermab_config.validate(found)
+    config = {
+        **{key: found[key] for key in ("order", "repeats", "setting", "arms")},
         "timings": defaults["timings"],
         "load": {**defaults["load"], "model": model},
         "monitor": {"process_pattern": PROCESS_PATTERN, "intervals": defaults["monitor"]["intervals"]},
         "analysis": dict(defaults["analysis"], timeline_zone=timeline_zone),
-        "clusters": {cluster: {"head": head, "endpoint": endpoint, "end_state": "restarted", "hosts": hosts}},
+        "clusters": found["clusters"],
     }
     comments.update({
         ("setting", "file"): f"{file_note}; the anchor matches once there",
@@ -760,7 +763,8 @@ class HostProbe:
         argv0 = server.process.argv[0]
         candidates = []
         if PYTHON_NAME.match(posixpath.basename(argv0)):
-            resolved = posixpath.normpath(posixpath.join(cwd, argv0)) if cwd and "/" in argv0 and not argv0.startswith("/") else argv0
+            relative = cwd and "/" in argv0 and not argv0.startswith("/")
+            resolved = posixpath.normpath(posixpath.join(cwd, argv0)) if relative else argv0
             candidates.append((resolved, f"argv[0] of pid {server.process.pid}"))
         candidates.append(("python3", "python3 on PATH"))
         cd = f"cd {shlex.quote(cwd)} && " if cwd else ""
