@@ -36,7 +36,7 @@ SETTING, ARMS = STOCK["setting"], STOCK["arms"]
 
 
 def process(pid=100, argv=("vllm", "serve", "m"), ppid=1, cgroup="0::/", cwd="/srv", namespaced=False):
-    return d.Process(pid, ppid, tuple(argv), cgroup, cwd, namespaced)
+    return d.Process(pid, ppid, tuple(argv), cgroup, cwd, (pid, 7) if namespaced else (pid,))
 
 
 def container(name="vllm-head", cid="c0ffee" * 10, pid=50, mounts=(), labels=(), env=(), engine="docker"):
@@ -79,7 +79,7 @@ def test_process_records_parse_as_the_scan_writes_them():
     junk = "17\x1f\x1fPPid:\t1\n\x1f\x1f\x1e"  # a kernel thread: no cmdline
     assert d.parse_processes(record + junk) == [d.Process(
         4242, 17, ("/usr/bin/python3", "/usr/local/bin/vllm", "serve", "m"), "0::/system.slice/docker-abc.scope\n",
-        "/work", True)]
+        "/work", (4242, 1))]
 
 
 def test_servers_are_placed_in_their_containers():

@@ -123,11 +123,21 @@ class Process:
     argv: tuple[str, ...]
     cgroup: str
     cwd: str | None  # None where /proc/PID/cwd is not ours to read
-    namespaced: bool  # in a pid namespace below this /proc's (a container)
+    ns_pids: tuple[int, ...] = ()  # its pid in each pid namespace, this /proc's first (NSpid)
 
     @property
     def command(self) -> str:
         return shlex.join(self.argv)
+
+    @property
+    def namespaced(self) -> bool:
+        """In a pid namespace below this /proc's: a container's."""
+        return len(self.ns_pids) > 1
+
+    @property
+    def inner_pid(self) -> int:
+        """Its pid as its own (the container's) /proc numbers it."""
+        return self.ns_pids[-1] if self.ns_pids else self.pid
 
 
 # Every process whose cmdline mentions vllm: pid, cmdline (NUL-separated, as the kernel
@@ -152,7 +162,7 @@ def parse_processes(text: str) -> list[Process]:
         if not argv or not ppid:
             continue  # a kernel thread, or a process that ended while it was read
         processes.append(Process(int(pid), int(ppid.group(1)), argv, cgroup, cwd.strip() or None,
-                                 bool(nspid and len(nspid.group(1).split()) > 1)))
+                                 tuple(int(n) for n in nspid.group(1).split()) if nspid else ()))
     return processes
 
 
@@ -736,7 +746,7 @@ class HostProbe:
             cwd, environ = process.cwd, self.run(f"cat /proc/{process.pid}/environ")
             where = f"/proc/{process.pid}"
         else:
-            pid, run_in = self.ns_pid(server), f"{server.container.engine} exec {shlex.quote(server.container.name)}"
+            pid, run_in = process.inner_pid, f"{server.container.engine} exec {shlex.quote(server.container.name)}"
             inner = self.run(f"{run_in} sh -c " + shlex.quote(f"cd /proc/{pid}/cwd && pwd -P"))
             cwd = (inner.stdout.strip() or None) if inner.ok else None
             environ = self.run(f"{run_in} cat /proc/{pid}/environ")
@@ -750,12 +760,6 @@ class HostProbe:
                       "to `start` by hand")
             return cwd, {}
         return cwd, dict(e.split("=", 1) for e in environ.stdout.split("\0") if "=" in e)
-
-    def ns_pid(self, server: Server) -> int:
-        """The server's pid inside its container's pid namespace."""
-        status = self.run(f"cat /proc/{server.process.pid}/status")
-        match = re.search(r"^NSpid:\s*([\d\s]+?)\s*$", status.stdout, re.MULTILINE)
-        return int(match.group(1).split()[-1]) if match else server.process.pid
 
     def vllm(self, server: Server, place: Host, cwd: str | None) -> tuple[str, str, str] | None:
         """(python, version, package directory) of the first Python that imports vllm where
