@@ -919,7 +919,6 @@ def survey(args: argparse.Namespace, probes: dict[str, HostProbe], setting: dict
     """Read every host; returns the questions for the user and the config's text, None
     unless a run could use it (the probes hold what was found and what was not)."""
     targets = [probe.target for probe in probes.values()]
-    choices = parse_containers(args.container, list(probes))
     endpoint_port = None
     if args.endpoint:
         match = re.match(r"^https?://[^/:]+:(\d+)", args.endpoint)
@@ -931,12 +930,12 @@ def survey(args: argparse.Namespace, probes: dict[str, HostProbe], setting: dict
         probe.note("reached", target.url, "SSH, host key pinned" if target.transport == "ssh" else "this machine")
         servers = probe.servers()
         try:
-            server = choose_server(target.name, servers, choices[target.name], endpoint_port)
+            server = choose_server(target.name, servers, args.choices[target.name], endpoint_port)
         except Question as question:
             questions.append(str(question))
             continue
         if server is None and servers:
-            probe.lack("vLLM server", f"none matches --container {choices[target.name]}: "
+            probe.lack("vLLM server", f"none matches --container {args.choices[target.name]}: "
                        + "; ".join(s.label for s in servers))
         if server is not None:
             chosen[target.name] = server
@@ -970,11 +969,12 @@ def survey(args: argparse.Namespace, probes: dict[str, HostProbe], setting: dict
     if len(plans) != len(targets):
         return [], None
     endpoint, model = check_endpoint(probes[head], chosen[head], args.endpoint)
+    stock = next(iter(arms.values()))["value"]
     for plan in plans:
-        if plan.value is not None and plan.value != arms[next(iter(arms))]["value"]:
+        if plan.value is not None and plan.value != stock:
             probes[plan.target.name].lack(
-                "stock value", f"{setting['name']} is {plan.value} here, not {arms[next(iter(arms))]['value']} "
-                f"as in {args.setting_from}: a patch left behind? The reference arm takes {plan.value}")
+                "stock value", f"{setting['name']} is {plan.value} here, not {stock} as in {args.setting_from}: "
+                f"a patch left behind? The reference arm takes {plan.value}")
     try:
         config, comments = build_config(plans, head, endpoint, model, setting, arms, args.option_values,
                                         args.cluster)
@@ -1027,6 +1027,7 @@ def main(argv: list[str]) -> int:
             raise UsageError(f"--cluster {args.cluster}: letters, digits, _ and - (not 'fleet')")
         if args.endpoint and not re.match(r"^https?://[^/\s]+", args.endpoint):
             raise UsageError(f"--endpoint {args.endpoint}: expected http://host:port")
+        args.choices = parse_containers(args.container, names)
         setting, arms = load_setting(args.setting_from)
         probes = {t.name: HostProbe(t, Host(host_spec(t, args.option_values))) for t in targets}
         with contextlib.redirect_stdout(sys.stderr):  # the transports' progress stays off the YAML
