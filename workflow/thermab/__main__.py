@@ -5,6 +5,7 @@
     load ...                    one closed-loop load phase against an endpoint
     check-config FILE           validate a config file, naming any key at fault
     restore [RESULTS_DIR]       restore every host by hand (after a controller crash)
+    discover NAME=URL ...       read real nodes (read-only) and write a config that fits them
 
 A mistake in what was given (a config key, a file, an argument) is answered with one line
 naming it and exit status 2; ``--debug`` shows the traceback as well.
@@ -23,6 +24,7 @@ COMMANDS = {
     "load": "thermab.load.runner",
     "check-config": "thermab.config",
     "restore": "thermab.experiment.restore",
+    "discover": "thermab.experiment.discover",
 }
 USER_ERROR = 2
 

@@ -7,6 +7,7 @@ agent for the same session appends to the same files."""
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
@@ -57,6 +58,16 @@ def discover(host: Host, session: str) -> dict:
     _install(host, directory)
     root = shlex.quote(str(host.spec.root)) if host.spec.simulated else "/"
     result = host.run(f"cd {shlex.quote(directory)} && {_python(host)} agent.py --discover --sys-root {root}")
+    return json.loads(result.stdout)
+
+
+def discover_read_only(host: Host) -> dict:
+    """The same discovery with nothing written on the host: the agent's source reaches the
+    host's Python on its stdin (``python3 - --discover``), carried in the command itself
+    since a transport's command has no stdin of its own (``thermab discover`` uses this)."""
+    encoded = base64.b64encode(AGENT_SOURCE.read_bytes()).decode()
+    root = shlex.quote(str(host.spec.root)) if host.spec.simulated else "/"
+    result = host.run(f"printf %s {encoded} | base64 -d | {_python(host)} - --discover --sys-root {root}")
     return json.loads(result.stdout)
 
 
