@@ -1,6 +1,18 @@
-"""Stopping what a test started, by PID: SIGTERM, a grace period, then SIGKILL."""
+"""Stopping what a test started, by PID: SIGTERM, a grace period, then SIGKILL; and waiting
+for what a test expects to happen."""
 
 import subprocess
+import time
+
+
+def wait_until(condition, timeout: float = 30.0, poll_s: float = 0.1) -> bool:
+    """Whether ``condition()`` came true within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(poll_s)
+    return False
 
 
 def stop_process(process: subprocess.Popen, grace_s: float) -> None:

@@ -15,7 +15,7 @@ from thermab.config import HostSpec
 from thermab.hosts.host import Host
 from thermab.telemetry import ingest
 from thermab.telemetry import deploy
-from processes import processes_in
+from processes import processes_in, wait_until
 
 GB10_ZONES = ["TSOC", "TS0E", "TS0P", "TS1E", "TS1P", "TGPU", "TUNC"]
 
@@ -218,14 +218,6 @@ def csv_rows(path: Path) -> list[dict]:
     with open(path) as handle:
         return list(csv.DictReader(handle))
 
-
-def wait_until(condition, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_hanging_nvidia_smi_is_a_missing_value_and_delays_nothing(tmp_path, monkeypatch):

@@ -427,7 +427,7 @@ def test_docker_restart_preset_over_ssh(cluster, tmp_path):
                      "image thermab-test:local, restart policy unless-stopped, its own process, bind mounts",
                      "vLLM version       0.25.2.dev0+thermab.sim", f"setting file       {FILE}",
                      "busy_loop_s now    1 (anchor matches once)", "preset             docker restart",
-                     f"/v1/models answers sim-vllm-head", "clock offset", "thermal zones      /sys/class/thermal has"):
+                     "/v1/models answers sim-vllm-head", "clock offset", "thermal zones      /sys/class/thermal has"):
         assert expected in table, expected
     config = yaml.safe_load(output.read_text())
     host = config["clusters"]["discovered"]["hosts"]["head"]

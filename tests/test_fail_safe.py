@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from processes import live_processes, processes_in
+from processes import live_processes, processes_in, wait_until
 from test_e2e_sim import CONFIGS, REPO, SHM, assert_clean
 from test_faults import events, wait_for_event
 
@@ -44,14 +44,6 @@ def start_workflow(workdir: Path, overrides: dict) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def wait_for(condition, timeout: float = 120) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.3)
-    return False
-
 
 def test_a_stop_command_with_a_stray_brace_cannot_block_the_restore(tmp_path):
     """The session the guardian rebuilds the run from carries a stop command whose brace
@@ -75,7 +67,7 @@ def test_a_stop_command_with_a_stray_brace_cannot_block_the_restore(tmp_path):
         if process.poll() is None:
             process.kill()
     guardian_log = run_dir / "logs/guardian.log"
-    assert wait_for(lambda: guardian_log.exists() and "shutdown finished" in guardian_log.read_text())
+    assert wait_until(lambda: guardian_log.exists() and "shutdown finished" in guardian_log.read_text(), timeout=120)
     log = guardian_log.read_text()
     assert "stop the server on head failed (KeyError: 'HOSTNAME')" in log
     assert "STILL PATCHED" not in log
@@ -86,7 +78,7 @@ def test_a_stop_command_with_a_stray_brace_cannot_block_the_restore(tmp_path):
         current = (tmp_path / ".thermab/sim/sim" / host / SHM).read_bytes()
         assert hashlib.sha256(current).hexdigest() == preflight["hosts"][host]["sha256"]
     print(f"restored {max(e['t'] for e in restored) - interrupted_at:.1f} s after the interrupt")
-    assert wait_for(lambda: not [line for line in processes_in(tmp_path) if "guardian" in line]), "its work done"
+    assert wait_until(lambda: not [line for line in processes_in(tmp_path) if "guardian" in line], timeout=120), "its work done"
     left = processes_in(tmp_path)  # agents, thermal models and the worker's server are stopped
     assert all("thermab.sim.vllm serve" in line and "/head" in line for line in left), \
         f"only the head's server, whose stop failed, may run on (until its worker is gone): {left}"

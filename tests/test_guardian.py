@@ -3,11 +3,11 @@
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
+from processes import wait_until
 from thermab.experiment import events
 from thermab.experiment import guardian
 from thermab.telemetry import deploy
@@ -27,14 +27,6 @@ def local_cluster_config(tmp_path: Path) -> dict:
     return validate(raw)
 
 
-def wait_for(condition, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
-
 
 def test_guardian_restores_and_stops_when_the_controller_dies(tmp_path):
     target = tmp_path / "head" / FILE.lstrip("/")
@@ -53,7 +45,7 @@ def test_guardian_restores_and_stops_when_the_controller_dies(tmp_path):
     finally:
         controller.kill()
         controller.wait()
-    assert wait_for(lambda: not guardian.alive(guardian_pid)), "the guardian finishes its shutdown and exits"
+    assert wait_until(lambda: not guardian.alive(guardian_pid)), "the guardian finishes its shutdown and exits"
     assert target.read_text() == STOCK, "the file is byte-identical to its original"
     assert not run.patcher(run.hosts[0]).is_patched
     assert not guardian.alive(agent)
@@ -71,7 +63,7 @@ def test_released_guardian_does_nothing(tmp_path):
     try:
         pid = guardian.ensure(run.run_dir, watch=controller.pid)
         guardian.release(run.run_dir)
-        assert wait_for(lambda: not guardian.alive(pid))
+        assert wait_until(lambda: not guardian.alive(pid))
     finally:
         controller.kill()
         controller.wait()
@@ -100,7 +92,7 @@ def test_shutdown_restores_first_and_goes_on_past_a_broken_stop_command(tmp_path
     assert target.read_text() == STOCK, "the file is restored, from the kept bytes"
     assert [p for p in problems if p.startswith("stop the server on head: KeyError")], problems
     assert len(problems) == 1, "every other step ran and succeeded"
-    assert wait_for(lambda: not guardian.alive(agent)), "the agent is stopped after the failed step"
+    assert wait_until(lambda: not guardian.alive(agent)), "the agent is stopped after the failed step"
     assert (run.run_dir / "monitor/head/agent.json").exists(), "and its logs pulled"
     names = [e["event"] for e in events.read(run.run_dir)]
     assert names.index("abort") < names.index("restored")
@@ -115,7 +107,7 @@ def test_restore_command_says_what_failed_in_its_exit_status(tmp_path):
     assert result.returncode == 1, result.stderr
     assert "PROBLEM stop the server on head" in result.stderr and "Traceback" not in result.stderr
     assert target.read_text() == STOCK
-    assert wait_for(lambda: not guardian.alive(agent))
+    assert wait_until(lambda: not guardian.alive(agent))
     # a host whose original cannot be written back keeps its state, and the status says so
     run.patcher(run.hosts[0]).apply("0.002")
     target.chmod(0o444)

@@ -13,13 +13,12 @@ This module does the I/O; the computations are the pure functions of ``metrics``
 """
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
 import pandas as pd
 
-from thermab.analysis import PHASE_TABLES, TABLES, energy, load_validity, metrics, stats, summary
+from thermab.analysis import TABLES, energy, load_validity, metrics, stats, summary
 from thermab.analysis.completeness import completeness
 from thermab.config import UserError
 from thermab.analysis.model import Analysis, RunData, load_run, ordered_hosts, sibling_runs

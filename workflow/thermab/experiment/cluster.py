@@ -16,13 +16,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
-from thermab.experiment import events
-from thermab.experiment import server
-from thermab.telemetry import deploy
 from thermab.config import ClusterSpec, cluster_spec
+from thermab.experiment import events, server
+from thermab.experiment.patch import Patcher
 from thermab.hosts import clock
 from thermab.hosts.host import Host
-from thermab.experiment.patch import Patcher
+from thermab.hosts.transport import TransportError
+from thermab.telemetry import deploy
 
 SESSION_FILE = "session.json"
 
