@@ -17,10 +17,11 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from thermab.analysis import PHASE_TABLES, TABLES, metrics, stats, summary
-from thermab.analysis.model import Analysis, RunData, load_run, ordered_hosts, sibling_runs
+from thermab.analysis.model import Analysis, RunData, Telemetry, load_run, ordered_hosts, sibling_runs
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,14 @@ def run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                                  ordered_hosts(config), config["timeline_zone"])
 
 
-def sample_interval_s(telemetry: pd.DataFrame, host: str) -> dict[str, float]:
-    """Median sampling interval per telemetry kind on ``host`` (for the summary's n and units)."""
-    own = telemetry[telemetry["host"] == host].sort_values("t")
-    steps = own.groupby(["kind", "sensor"])["t"].diff()
-    return steps.groupby(own["kind"]).median().dropna().to_dict()
+def sample_interval_s(telemetry: Telemetry, host: str) -> dict[str, float]:
+    """Median sampling interval per telemetry kind on ``host`` (for the summary's n and units):
+    the median of the steps between consecutive samples of each of its series."""
+    steps = {}
+    for key, arrays in telemetry.series(host=host, columns=("t",)):
+        steps.setdefault(key["kind"], []).append(np.diff(arrays["t"]))
+    medians = {kind: pd.Series(np.concatenate(parts)).median() for kind, parts in sorted(steps.items())}
+    return {kind: median for kind, median in medians.items() if not pd.isna(median)}
 
 
 def _check_poolable(runs: list[RunData]) -> None:

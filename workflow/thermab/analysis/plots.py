@@ -47,12 +47,16 @@ def _timeline_frames(run: RunData):
     """(t0, head zones, timeline zone of each host) with t in minutes from run_start."""
     config = run.config
     starts = run.events.loc[run.events["event"] == "run_start", "t"]
-    t0 = starts.min() if len(starts) else run.telemetry["t"].min()
-    thermal = run.telemetry[run.telemetry["kind"] == "thermal"].assign(
-        minutes=lambda f: (f["t"] - t0) / 60)
+    t0 = starts.min() if len(starts) else run.telemetry.t_min
+    thermal = run.telemetry.frame(kind="thermal").assign(minutes=lambda f: (f["t"] - t0) / 60)
     head = thermal[thermal["host"] == config["head"]]
     zone = thermal[thermal["sensor"] == config["timeline_zone"]]
     return t0, head, zone
+
+
+def _last_t(run: RunData) -> float:
+    """The last sample or event (events: a run without telemetry)."""
+    return pd.Series([run.telemetry.t_max, run.events["t"].max()]).max()
 
 
 def _window_label(window, config) -> str:
@@ -122,7 +126,7 @@ def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -
         # below the line: the load-window labels sit at the top edge
         ax.annotate(text, (1, value), xycoords=("axes fraction", "data"), xytext=(-4, -2),
                     textcoords="offset points", ha="right", va="top", fontsize=8, color=color)
-    span_min = (pd.concat([run.telemetry["t"], run.events["t"]]).max() - t0) / 60  # events: a run without telemetry
+    span_min = (_last_t(run) - t0) / 60
     for times, text in _labelled_events(run, t0, span_min):
         for minutes in times:
             ax.axvline(minutes, color="#333333", lw=0.6, alpha=0.5, ls="--")
@@ -168,7 +172,7 @@ def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict, path: Path)
     for value, text, color in _reference_lines(config):
         fig.add_hline(y=value, line_dash="dot", line_color=color, annotation_text=text,
                       annotation_position="bottom right")
-    for times, text in _labelled_events(run, t0, (pd.concat([run.telemetry["t"], run.events["t"]]).max() - t0) / 60):
+    for times, text in _labelled_events(run, t0, (_last_t(run) - t0) / 60):
         for minutes in times[:-1]:
             fig.add_vline(x=minutes, line_dash="dash", line_width=1, line_color="#777777")
         fig.add_vline(x=times[-1], line_dash="dash", line_width=1, line_color="#777777",
