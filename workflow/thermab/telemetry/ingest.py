@@ -16,6 +16,7 @@ import csv
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -36,6 +37,8 @@ TELEMETRY_SCHEMA = pa.schema([("t", pa.float64()), ("host", pa.string()), ("kind
 # a series longer than this (12 days at 1 Hz) is split into several row groups
 ROW_GROUP_ROWS = 1 << 20
 AGENT_COLUMNS = ["t", "sensor", "value", "reason"]  # the agent's CSV header
+# blocks of CSV parsed at once (and so chunks of the columns): large blocks, few chunks to join
+CSV_BLOCK_BYTES = 16 << 20
 
 
 def host_offsets(preflight: dict, stopped: dict) -> dict[str, float]:
@@ -45,29 +48,44 @@ def host_offsets(preflight: dict, stopped: dict) -> dict[str, float]:
             for host in set(start) | set(end)}
 
 
-def read_agent_csv(path: Path, host: str, kind: str, offset: float) -> tuple[pa.Table, dict]:
-    """One source file of one host -> tidy rows (TELEMETRY_COLUMNS; host, kind and sensor
-    dictionary-encoded), and the dropped rows counted by reason.  A row with too many fields
-    is dropped as "wrong number of fields"; one cut short, as a crash mid-write leaves, has
-    its missing fields empty, so it is kept only when its t and value are whole."""
+class Readings(NamedTuple):
+    """Rows of one host and kind: t on the host's clock, value, each row's sensor as a code
+    into ``sensors`` (names), and the host's clock offset (``sorted_series`` subtracts it,
+    series by series: a week of one kind is hundreds of MB, not to be copied whole)."""
+    t: np.ndarray
+    value: np.ndarray
+    sensor: np.ndarray
+    sensors: list[str]
+    offset: float = 0.0
+
+
+def read_agent_csv(path: Path, host: str, kind: str, offset: float) -> tuple[Readings, dict]:
+    """One source file of one host -> its rows with a value, and the dropped rows counted by
+    reason.  A row with too many fields is dropped as "wrong number of fields"; one cut
+    short, as a crash mid-write leaves, has its missing fields empty, so it is kept only
+    when its t and value are whole."""
     raw, short_rows, long_rows = _read_csv(path)
     t, value = _numbers(raw["t"]), _numbers(raw["value"])
-    sensor, reason = raw["sensor"], raw["reason"]
+    sensor, sensors = _codes(raw["sensor"].dictionary_encode())
+    reasons = raw["reason"]
     if short_rows:
-        extra = [pd.Series([(row + [""] * 4)[i] for row in short_rows], dtype=object) for i in range(4)]
-        t = np.concatenate([t, pd.to_numeric(extra[0], errors="coerce").to_numpy("float64")])
-        value = np.concatenate([value, pd.to_numeric(extra[2], errors="coerce").to_numpy("float64")])
-        sensor = pa.chunked_array(sensor.chunks + [pa.array(extra[1], pa.string())])
-        reason = pa.chunked_array(reason.chunks + [pa.array(extra[3], pa.string())])
+        t_extra, sensor_extra, value_extra, reason_extra = (
+            pd.Series([(row + [""] * 4)[i] for row in short_rows], dtype=object) for i in range(4))
+        t = np.concatenate([t, pd.to_numeric(t_extra, errors="coerce").to_numpy("float64")])
+        value = np.concatenate([value, pd.to_numeric(value_extra, errors="coerce").to_numpy("float64")])
+        sensors = list(dict.fromkeys(sensors + sensor_extra.tolist()))
+        code = {name: i for i, name in enumerate(sensors)}
+        sensor = np.concatenate([sensor, np.array([code[name] for name in sensor_extra], dtype=np.int32)])
+        reasons = pa.chunked_array(reasons.chunks + [pa.array(reason_extra, pa.string())])
     keep = ~(np.isnan(t) | np.isnan(value))
-    dropped_reasons = pd.Series(reason.filter(pa.array(~keep)).to_numpy(zero_copy_only=False), dtype=object)
-    reasons = dropped_reasons.replace("", "malformed row").value_counts().to_dict()
+    counts = {}
+    if not keep.all():
+        lost = pd.Series(reasons.filter(pa.array(~keep)).to_pylist(), dtype=object)
+        counts = lost.replace("", "malformed row").value_counts().to_dict()
+        t, value, sensor = t[keep], value[keep], sensor[keep]
     if long_rows:
-        reasons["wrong number of fields"] = reasons.get("wrong number of fields", 0) + long_rows
-    rows = int(keep.sum())
-    tidy = pa.table({"t": t[keep] - offset, "host": _constant(host, rows), "kind": _constant(kind, rows),
-                     "sensor": sensor.filter(pa.array(keep)).dictionary_encode(), "value": value[keep]})
-    return tidy, {f"{host}/{kind}: {reason}": int(n) for reason, n in reasons.items()}
+        counts["wrong number of fields"] = counts.get("wrong number of fields", 0) + long_rows
+    return Readings(t, value, sensor, sensors, offset), {f"{host}/{kind}: {r}": int(n) for r, n in counts.items()}
 
 
 def _read_csv(path: Path) -> tuple[pa.Table, list[list[str]], int]:
@@ -86,7 +104,8 @@ def _read_csv(path: Path) -> tuple[pa.Table, list[list[str]], int]:
 
         types = {"t": numeric, "value": numeric, "sensor": pa.string(), "reason": pa.string()}
         try:
-            raw = pa_csv.read_csv(path, parse_options=pa_csv.ParseOptions(invalid_row_handler=invalid),
+            raw = pa_csv.read_csv(path, read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+                                  parse_options=pa_csv.ParseOptions(invalid_row_handler=invalid),
                                   convert_options=pa_csv.ConvertOptions(column_types=types,
                                                                         include_columns=AGENT_COLUMNS))
         except pa.ArrowInvalid:
@@ -104,94 +123,121 @@ def _numbers(column: pa.ChunkedArray) -> np.ndarray:
                          errors="coerce").to_numpy("float64")
 
 
-def _constant(text: str, rows: int) -> pa.DictionaryArray:
-    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype="int32")), pa.array([text]))
+def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    """A dictionary-encoded column as codes into one list of names (chunks may each have a
+    dictionary of their own)."""
+    names, codes = {}, []
+    for chunk in column.chunks:
+        mapping = np.array([names.setdefault(name, len(names)) for name in chunk.dictionary.to_pylist()], np.int32)
+        codes.append(mapping[chunk.indices.to_numpy(zero_copy_only=False)])
+    return (np.concatenate(codes) if codes else np.array([], np.int32)), list(names)
 
 
-def kind_tables(monitor_dir: Path, offsets: dict[str, float]) -> Iterator[tuple[pa.Table, dict]]:
-    """Per host and kind (both in sorted order), every file of that kind read and sorted by
-    (sensor, t), so that one after the other they are sorted by (host, kind, sensor, t);
-    equal keys keep the order of the files and of their rows.  With each, its dropped rows."""
+def _ranked(parts: list[Readings]) -> Readings:
+    """Readings of several files of one host as one, the sensor codes ranks of the names'
+    sorted order."""
+    sensors = sorted(set().union(*(part.sensors for part in parts)))
+    rank = {name: i for i, name in enumerate(sensors)}
+    codes = [np.array([rank[name] for name in part.sensors], dtype=np.int32)[part.sensor] for part in parts]
+    if len(parts) == 1:  # no copy of t and value
+        return parts[0]._replace(sensor=codes[0], sensors=sensors)
+    return Readings(np.concatenate([part.t for part in parts]), np.concatenate([part.value for part in parts]),
+                    np.concatenate(codes), sensors, parts[0].offset)
+
+
+def kind_readings(monitor_dir: Path, offsets: dict[str, float]) -> Iterator[tuple[str, str, Readings, dict]]:
+    """Per host and kind, both in sorted order: (host, kind, the rows of every file of that
+    kind with their sensors ranked, the dropped rows counted by reason)."""
     for host_dir in sorted(p for p in Path(monitor_dir).iterdir() if p.is_dir()):
         for kind in sorted(set(KIND_OF_FILE.values())):
             parts, dropped = [], {}
             for stem in (stem for stem, of in KIND_OF_FILE.items() if of == kind):
                 path = host_dir / f"{stem}.csv"
                 if path.exists():
-                    table, counts = read_agent_csv(path, host_dir.name, kind, offsets.get(host_dir.name, 0.0))
-                    parts.append(table)
+                    readings, counts = read_agent_csv(path, host_dir.name, kind, offsets.get(host_dir.name, 0.0))
+                    pa.default_memory_pool().release_unused()  # the parsed CSV: Arrow's allocator keeps freed pages
+                    parts.append(readings)
                     for key, n in counts.items():  # two files of one kind may drop rows for one reason
                         dropped[key] = dropped.get(key, 0) + n
             if parts:
-                yield _by_sensor_and_t(pa.concat_tables(parts).unify_dictionaries().combine_chunks()), dropped
+                yield host_dir.name, kind, _ranked(parts), dropped
 
 
-def _by_sensor_and_t(table: pa.Table) -> pa.Table:
-    if not len(table):
-        return table
-    sensor = table.column("sensor").chunk(0)
-    rank = np.argsort(np.argsort(sensor.dictionary.to_numpy(zero_copy_only=False)))  # the strings' order
-    order = np.lexsort((table.column("t").to_numpy(), rank[sensor.indices.to_numpy()]))  # stable
-    return table.take(order).combine_chunks()
+def sorted_series(readings: Readings) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """(sensor, t on the controller's clock, value) of each sensor in name order, its rows
+    sorted by t; equal t keep the order of the files and of their rows.  The agent appends,
+    so each sensor's rows are in time order already: a stable sort by sensor (a radix sort
+    of small codes) is all the sorting it takes."""
+    order = np.argsort(readings.sensor.astype(np.min_scalar_type(len(readings.sensors))), kind="stable")
+    bounds = np.cumsum(np.r_[0, np.bincount(readings.sensor, minlength=len(readings.sensors))])
+    for code, name in enumerate(readings.sensors):
+        rows = order[bounds[code]:bounds[code + 1]]
+        t = readings.t[rows]
+        if np.any(t[1:] < t[:-1]):  # a clock stepped back: sort by t, stably
+            rows = rows[np.argsort(t, kind="stable")]
+            t = readings.t[rows]
+        if len(rows):
+            yield name, t - readings.offset, readings.value[rows]
 
 
-def _series(table: pa.Table) -> Iterator[pa.Table]:
-    """A table of one host and kind, sorted by sensor, cut at the sensors' boundaries, with
-    plain string keys (the contract's types)."""
-    if not len(table):
-        return
-    codes = table.column("sensor").chunk(0).indices.to_numpy()
-    bounds = [0, *(np.flatnonzero(np.diff(codes)) + 1), len(table)]
-    for start, stop in zip(bounds[:-1], bounds[1:]):
-        yield table.slice(start, stop - start).cast(TELEMETRY_SCHEMA)
+def write_telemetry(parts, path: Path) -> int:
+    """Write (host, kind, readings) in (host, kind) order, every series into row groups of
+    its own, with the sort order declared in the footer; returns the rows written.
 
-
-def write_telemetry(tables, path: Path) -> int:
-    """Write the tables of ``kind_tables`` (in its order), every series into row groups of its
-    own, with the sort order declared in the footer; returns the rows written."""
+    Keys are written as dictionary arrays (one entry each), without the Arrow schema, so
+    readers still see plain strings.  Values repeat (sensors have coarse steps): dictionary
+    encoded.  Times never repeat but climb steadily: their bytes split by significance
+    (BYTE_STREAM_SPLIT) compress with LZ4 to a fraction, and decode fastest (see
+    docs/benchmarks.md)."""
+    schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.name in SERIES_KEYS else f
+                        for f in TELEMETRY_SCHEMA])
+    sorting = [pq.SortingColumn(TELEMETRY_COLUMNS.index(c)) for c in SERIES_KEYS + ["t"]]
     rows = 0
-    sorting = [pq.SortingColumn(TELEMETRY_SCHEMA.get_field_index(c)) for c in SERIES_KEYS + ["t"]]
-    with pq.ParquetWriter(path, TELEMETRY_SCHEMA, sorting_columns=sorting) as writer:
-        for table in tables:
-            for series in _series(table):
-                writer.write_table(series, row_group_size=ROW_GROUP_ROWS)
-                rows += len(series)
+    with pq.ParquetWriter(path, schema, store_schema=False, sorting_columns=sorting, compression="lz4",
+                          use_dictionary=SERIES_KEYS + ["value"], use_byte_stream_split=["t"]) as writer:
+        for host, kind, readings in parts:
+            for sensor, t, value in sorted_series(readings):
+                zeros = pa.array(np.zeros(len(t), np.int32))
+                keys = {key: pa.DictionaryArray.from_arrays(zeros, pa.array([name]))
+                        for key, name in (("host", host), ("kind", kind), ("sensor", sensor))}
+                writer.write_table(pa.table({"t": t, **keys, "value": value}, schema=schema),
+                                   row_group_size=ROW_GROUP_ROWS)
+                rows += len(t)
     return rows
 
 
 def write_frame(frame: pd.DataFrame, path: Path) -> int:
-    """Any long telemetry frame (TELEMETRY_COLUMNS) written as ingest writes the agent's:
-    sorted by (host, kind, sensor, t), a series per row group."""
-    table = pa.Table.from_pandas(frame[TELEMETRY_COLUMNS].astype({k: str for k in SERIES_KEYS}), preserve_index=False)
-    table = table.cast(TELEMETRY_SCHEMA)
-    hosts, kinds = (table.column(k).to_numpy(zero_copy_only=False) for k in ("host", "kind"))
+    """Any long telemetry frame (TELEMETRY_COLUMNS) written as ingest writes the agent's."""
+    def parts():  # rows without host, kind or sensor are left out, as a groupby over them would
+        for (host, kind), rows in frame.dropna(subset=SERIES_KEYS).groupby(["host", "kind"], sort=True):
+            codes, sensors = pd.factorize(rows["sensor"])
+            yield str(host), str(kind), _ranked([Readings(rows["t"].to_numpy("float64"), rows["value"].to_numpy(
+                "float64"), codes.astype(np.int32), [str(s) for s in sensors])])
 
-    def tables():
-        for host, kind in sorted(set(zip(hosts, kinds))):
-            part = table.filter(pa.array((hosts == host) & (kinds == kind)))
-            yield _by_sensor_and_t(part.set_column(3, "sensor", part.column("sensor").dictionary_encode())
-                                   .combine_chunks())
-
-    return write_telemetry(tables(), path)
+    return write_telemetry(parts(), path)
 
 
 def telemetry(monitor_dir: Path, offsets: dict[str, float]) -> tuple[pd.DataFrame, dict]:
     """The tidy telemetry of a run as one frame, sorted by (host, kind, sensor, t), and the
     dropped rows counted by reason: for small runs and tests (``ingest`` streams to the file)."""
-    series, dropped = [], {}
-    for table, counts in kind_tables(monitor_dir, offsets):
-        series += _series(table)
+    frames, dropped = [], {}
+    for host, kind, readings, counts in kind_readings(monitor_dir, offsets):
+        frames += [pd.DataFrame({"t": t, "host": host, "kind": kind, "sensor": sensor, "value": value})
+                   for sensor, t, value in sorted_series(readings)]
         dropped.update(counts)
-    frame = pa.concat_tables(series).to_pandas() if series else TELEMETRY_SCHEMA.empty_table().to_pandas()
+    frame = pd.concat(frames, ignore_index=True) if frames else TELEMETRY_SCHEMA.empty_table().to_pandas()
     return frame.astype({key: "string" for key in SERIES_KEYS}), dropped
 
 
 def requests(phase_files: list[Path]) -> pd.DataFrame:
-    frames = [pd.read_parquet(p) for p in phase_files if Path(p).exists()]
-    frames = [f for f in frames if not f.empty]
-    if not frames:
+    """The requests of every phase, by rep and start.  The files are joined as Arrow tables
+    (a soak has hundreds of phases: a DataFrame each costs more than the reading)."""
+    tables = [pq.read_table(p) for p in phase_files if Path(p).exists()]
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
         return pd.DataFrame()
-    return pd.concat(frames, ignore_index=True).sort_values(["rep", "t_start"], kind="stable").reset_index(drop=True)
+    joined = pa.concat_tables(tables, promote_options="permissive").to_pandas()
+    return joined.sort_values(["rep", "t_start"], kind="stable").reset_index(drop=True)
 
 
 def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, out_requests: Path) -> dict:
@@ -202,13 +248,13 @@ def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, 
     offsets = host_offsets(preflight, stopped)
     dropped = {}
 
-    def tables():
-        for table, counts in kind_tables(run_dir / "monitor", offsets):
+    def parts():
+        for host, kind, readings, counts in kind_readings(run_dir / "monitor", offsets):
             dropped.update(counts)
-            yield table
+            yield host, kind, readings
 
     out_telemetry.parent.mkdir(parents=True, exist_ok=True)
-    rows = write_telemetry(tables(), out_telemetry)
+    rows = write_telemetry(parts(), out_telemetry)
     requests(phase_request_files).to_parquet(out_requests, index=False)
     _records, event_problems = jsonl.read_checked(run_dir / "events.jsonl", "t", ("event",))
     report = {"telemetry_rows": rows, "dropped": dropped, "events": event_problems,
