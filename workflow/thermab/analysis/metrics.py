@@ -28,6 +28,8 @@ PERFORMANCE_COLUMNS = PHASE_KEYS + [
     "probe_n", "stall_gaps", "max_gap_s", "errors",
 ]
 PHASE_METRIC_COLUMNS = PHASE_KEYS + ["metric", "unit", "value"]
+# what performance() reads of tidy/requests.parquet (stall_gaps and max_gap_s where recorded)
+REQUEST_COLUMNS = ["t_start", "t_first_token", "t_end", "kind", "ok", "completion_tokens", "stall_gaps", "max_gap_s"]
 CPU_SENSOR = "vllm_cpu_pct"
 
 
@@ -143,13 +145,21 @@ def exact_means(samples: pd.DataFrame) -> pd.Series:
 def time_to_threshold(telemetry, windows: pd.DataFrame, thresholds_c) -> pd.DataFrame:
     """Seconds from load_start to the first sample at or above each threshold (NaN when
     never), and how many samples were, so that a single grazing sample is visible."""
+    thresholds = np.asarray(thresholds_c, dtype="float64")
+
     def aggregate(samples):
-        rows = []
-        for phase, zone in samples.groupby("phase"):
-            for threshold in thresholds_c:
-                above = zone["t_rel"][zone["value"] >= threshold]
-                rows.append((phase, float(threshold), above.min() if len(above) else np.nan, len(above)))
-        return pd.DataFrame(rows, columns=["phase", "threshold_c", "reached_s", "samples_at_or_above"])
+        phase, t_rel, value = (samples[c].to_numpy() for c in ("phase", "t_rel", "value"))
+        phases = np.unique(phase)  # the windows with samples, each with a row per threshold
+        reached, count = [], []
+        for threshold in thresholds:
+            above = value >= threshold
+            first = pd.Series(t_rel[above]).groupby(phase[above]).min()
+            reached.append(first.reindex(phases).to_numpy("float64"))
+            count.append(np.bincount(phase[above], minlength=phases.max() + 1)[phases])
+        return pd.DataFrame({"phase": np.repeat(phases, len(thresholds)),
+                             "threshold_c": np.tile(thresholds, len(phases)),
+                             "reached_s": np.column_stack(reached).ravel(),
+                             "samples_at_or_above": np.column_stack(count).ravel()})
 
     return per_window(telemetry, windows, ["host", "sensor"], aggregate, THRESHOLD_COLUMNS, kind="thermal")
 
@@ -187,6 +197,8 @@ def performance(requests: pd.DataFrame | None, windows: pd.DataFrame) -> pd.Data
     measured = requests is not None and not requests.empty
     # the requests of each phase found once, not by comparing every request with every window
     phases = requests.groupby(PHASE_KEYS, sort=False).indices if measured else {}
+    if measured:  # the columns used, not the tags and texts that every selection would copy
+        requests = requests[[c for c in REQUEST_COLUMNS if c in requests]]
     rows = []
     for window in windows.itertuples(index=False):
         row = dict.fromkeys(PERFORMANCE_COLUMNS, np.nan)
