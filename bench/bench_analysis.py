@@ -6,7 +6,9 @@ order, 1 Hz for 2 hosts x 20 sensors: 7 zones, the vLLM CPU and 12 core clocks),
 per-phase request files (50 000 requests per 24 h), events (AB phases of 30 min load +
 30 min rest) and run.json.  Then, each in a child process of its own, ingest
 (``telemetry.ingest.ingest``) and ``python -m thermab analyze`` on what ingest wrote; it
-prints their wall time and the child's peak memory (its maximum resident set).
+prints their wall time, CPU time and peak memory: the child's own high-water mark of
+resident memory (VmHWM, read by the child as it exits), since the maximum resident set
+that getrusage and wait4 report counts the parent's memory at the fork.
 Targets, up to a week (168 h): <= 10 s and <= 1 GB each.
 
     python bench/bench_analysis.py [--hours 1 6 24 168] [--repeat 3]
@@ -40,11 +42,21 @@ SOURCES = {"thermal": ZONES, "cpu": ["vllm_cpu_pct"], "freq": [f"cpu{i}" for i i
 LEVELS = {"thermal": (50.0, 35.0), "cpu": (20.0, 300.0), "freq": (3900.0, 0.0)}  # idle, rise under load
 PHASE_S = 3600  # 30 min load + 30 min rest
 T0 = 1.7e9  # the agent's clock: Unix time
-INGEST = """import sys
-from pathlib import Path
+# every child reports its own peak as it exits: VmHWM, which starts afresh at exec
+PEAK = """import atexit, sys
+def peak():
+    with open("/proc/self/status") as status:
+        sys.stderr.write("\\npeak kB " + next(l for l in status if l.startswith("VmHWM")).split()[1] + "\\n")
+atexit.register(peak)
+"""
+INGEST = PEAK + """from pathlib import Path
 from thermab.telemetry import ingest
 run = Path(sys.argv[1])
 ingest.ingest(run, sorted(run.glob("phases/*.parquet")), run / "tidy/telemetry.parquet", run / "tidy/requests.parquet")
+"""
+ANALYZE = PEAK + """import runpy
+sys.argv = ["thermab", "analyze", sys.argv[1]]
+runpy.run_module("thermab", run_name="__main__")
 """
 
 
@@ -105,7 +117,8 @@ def write_run(run_dir: Path, hours: float, requests_total: int, seed: int = 1) -
 
 
 def measure(command: list[str]) -> tuple[float, float, float]:
-    """(wall s, CPU s, peak MB) of one child process: its own rusage, from wait4."""
+    """(wall s, CPU s, peak MB) of one child process: CPU from its rusage (wait4), peak
+    from its own report."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "workflow"),
                                                                       os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryFile() as stderr:
@@ -114,10 +127,12 @@ def measure(command: list[str]) -> tuple[float, float, float]:
         _pid, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - started
         child.returncode = os.waitstatus_to_exitcode(status)
+        stderr.seek(0)
+        errors = stderr.read().decode()
         if child.returncode:
-            stderr.seek(0)
-            raise RuntimeError(f"{command[:3]} failed:\n{stderr.read().decode()[-2000:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+            raise RuntimeError(f"{command[:3]} failed:\n{errors[-2000:]}")
+    peak_kb = int(errors.rsplit("peak kB ", 1)[1].split()[0])
+    return wall, usage.ru_utime + usage.ru_stime, peak_kb / 1024
 
 
 def repeated(command: list[str], repeat: int) -> tuple[float, float, float, list[float]]:
@@ -146,7 +161,7 @@ def main() -> None:
             spread.append(f"# {hours:g} h ingest wall s: " + " ".join(f"{w:.2f}" for w in walls))
             rows = pq.read_metadata(run_dir / "tidy/telemetry.parquet").num_rows
             requests = pq.read_metadata(run_dir / "tidy/requests.parquet").num_rows
-            wall, cpu, peak, walls = repeated([sys.executable, "-m", "thermab", "analyze", str(run_dir)], args.repeat)
+            wall, cpu, peak, walls = repeated([sys.executable, "-c", ANALYZE, str(run_dir)], args.repeat)
             analysis.append(f"{hours:>6g} {rows:>15,} {requests:>9,} {wall:>15.2f} {peak:>8.0f}")
             spread.append(f"# {hours:g} h analyze wall s: " + " ".join(f"{w:.2f}" for w in walls)
                           + f" (CPU s of the fastest: {cpu:.2f})")
