@@ -142,3 +142,17 @@ def test_window_samples_are_the_rows_inside_each_window(runs):
     expected = reference_samples(telemetry[telemetry["kind"] == "thermal"], windows).sort_values(
         ["phase", "host", "kind", "sensor", "t"], kind="stable", ignore_index=True)
     pd.testing.assert_frame_equal(got, expected[got.columns], check_dtype=False)
+
+
+@pytest.mark.parametrize("layout", ["frame", "file"])
+def test_no_telemetry_gives_empty_well_formed_tables(tmp_path, layout):
+    (tmp_path / "monitor").mkdir()
+    frame, dropped = ingest.telemetry(tmp_path / "monitor", {})
+    assert frame.empty and dropped == {}
+    ingest.write_frame(frame, tmp_path / "telemetry.parquet")
+    source = frame if layout == "frame" else model.Telemetry.open(tmp_path / "telemetry.parquet")
+    windows = pd.DataFrame([("AB", 1, "A", 0.0, 10.0, 10.0)], columns=metrics.WINDOW_COLUMNS)
+    assert metrics.zone_stats(source, windows).columns.tolist() == metrics.ZONE_COLUMNS
+    assert metrics.time_to_threshold(source, windows, [90]).empty
+    assert metrics.cpu_stats(source, windows).empty
+    assert metrics.window_samples(source, windows).empty

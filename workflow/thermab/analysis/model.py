@@ -59,12 +59,11 @@ class Telemetry:
         keys = [c.codes[known] for c in codes]
         order = np.lexsort([t] + keys[::-1])
         t, value, keys = t[order], value[order], [k[order] for k in keys]
-        starts = np.flatnonzero(np.r_[True, np.logical_or.reduce([np.diff(k) != 0 for k in keys])]) \
-            if len(t) else np.array([], dtype=int)
-        stops = np.r_[starts[1:], len(t)].astype(int)
+        boundaries = np.flatnonzero(np.logical_or.reduce([np.diff(k) != 0 for k in keys])) + 1
+        starts, stops = (np.r_[0, boundaries], np.r_[boundaries, len(t)]) if len(t) else (np.zeros(0, int),) * 2
         index = pd.DataFrame({key: np.asarray(c.categories, dtype=object)[k[starts]]
                               for key, c, k in zip(SERIES_KEYS, codes, keys)})
-        index = index.assign(rows=stops - starts, t_min=t[starts], t_max=t[np.maximum(stops - 1, 0)],
+        index = index.assign(rows=stops - starts, t_min=t[starts], t_max=t[stops - 1],
                              where=[slice(a, b) for a, b in zip(starts, stops)])
         columns = {"t": t, "value": value}
         return cls(index, lambda where, names: {name: columns[name][where] for name in names})
@@ -116,9 +115,9 @@ def _row_group_index(metadata) -> pd.DataFrame | None:
     rows = {}
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
-        stats = {name: row_group.column(names.index(name)).statistics for name in SERIES_KEYS + ["t"]}
         if row_group.num_rows == 0:
             continue
+        stats = {name: row_group.column(names.index(name)).statistics for name in SERIES_KEYS + ["t"]}
         if any(s is None or not s.has_min_max or s.null_count or s.min != s.max
                for s in (stats[key] for key in SERIES_KEYS)):
             return None
