@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from conftest_analysis import PHASE_S, write_synthetic_run
-from thermab.analysis import analyze, chart_import, html_report, model, plots
+from thermab.analysis import PHASE_TABLES, analyze, chart_import, html_report, model, plots
 
 CHART = Path(__file__).parent / "data" / "seed-repro-chart-data.json"
 STUDY_ARMS = {"stock": "1", "patched": "0.002"}
@@ -124,7 +124,7 @@ def test_wide_csv_import_matches_the_chart(tmp_path):
 def test_synthetic_run_with_retry_requests_and_cpu(tmp_path):
     run_dir = write_synthetic_run(tmp_path / "AB", aborted_first=True)
     assert analyze.main([str(run_dir)]) == 0
-    tables = {name: pd.read_csv(run_dir / "tables" / f"{name}.csv") for name in analyze.PHASE_TABLES}
+    tables = {name: pd.read_csv(run_dir / "tables" / f"{name}.csv") for name in PHASE_TABLES}
     perf = tables["performance"].set_index("arm")
     assert perf.at["A", "window_s"] == PHASE_S  # the retry's window, not the aborted attempt's
     assert perf.at["A", "output_tok_s"] == pytest.approx(85.0, abs=1.5)

@@ -16,12 +16,13 @@ import argparse
 import logging
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from thermab.analysis import TABLES, energy, load_validity, metrics, stats, summary
 from thermab.analysis.completeness import completeness
+from thermab.analysis.model import Analysis, RunData, Telemetry, load_run, ordered_hosts, sibling_runs
 from thermab.config import UserError
-from thermab.analysis.model import Analysis, RunData, load_run, ordered_hosts, sibling_runs
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +56,20 @@ def run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                               tables["validity"])
 
 
-def sample_interval_s(telemetry: pd.DataFrame, host: str) -> dict[str, float]:
-    """Median sampling interval per telemetry kind on ``host`` (for the summary's n and units)."""
-    own = telemetry[telemetry["host"] == host].sort_values("t")
-    steps = own.groupby(["kind", "sensor"])["t"].diff()
-    return steps.groupby(own["kind"]).median().dropna().to_dict()
+def sample_interval_s(telemetry: Telemetry, host: str) -> dict[str, float]:
+    """Median sampling interval per telemetry kind on ``host`` (for the summary's n and units):
+    the median of the steps between consecutive samples of each of its series."""
+    steps = {}
+    for key, arrays in telemetry.series(host=host, columns=("t",)):
+        steps.setdefault(key["kind"], []).append(np.diff(arrays["t"]))
+    medians = {kind: _median(np.concatenate(parts)) for kind, parts in sorted(steps.items())}
+    return {kind: median for kind, median in medians.items() if not np.isnan(median)}
+
+
+def _median(values: np.ndarray) -> float:
+    """Median without NaN (as pandas' median, but without its copies: millions of steps)."""
+    values = values[~np.isnan(values)]
+    return float(np.median(values)) if len(values) else np.nan
 
 
 def _check_poolable(runs: list[RunData]) -> None:

@@ -31,6 +31,7 @@ import pandas as pd
 
 from thermab.config import UserError
 from thermab.experiment import plan
+from thermab.telemetry import ingest
 
 STUDY_LABELS = {"ustock": "stock", "upatched": "patched"}
 NAMED_MARKS = {"baseline-start": "baseline_start", "baseline-end": "baseline_end",
@@ -133,7 +134,7 @@ def write_run(out_dir, frames: dict, marks: list, load_minutes: float = 30.0, ar
         imported_from=source, epoch_s=epoch_s))
     with open(out / "events.jsonl", "w", encoding="utf-8") as handle:
         handle.writelines(json.dumps(event) + "\n" for event in events)
-    telemetry.to_parquet(out / "tidy" / "telemetry.parquet", index=False)
+    ingest.write_frame(telemetry, out / "tidy" / "telemetry.parquet")  # the layout ingest writes
     return out
 
 

@@ -17,59 +17,53 @@ import math
 
 import pandas as pd
 
-from thermab.analysis.metrics import CPU_SENSOR
+import numpy as np
+
+from thermab.analysis.metrics import CPU_SENSOR, window_rows
+from thermab.analysis.model import as_telemetry
 
 COLUMNS = ["host", "source", "interval_s", "expected", "got", "largest_gap_s"]
 ALWAYS = ("thermal", "cpu")  # a host reports these unless the run says it has no zones
 
 
-def _sensors(own: pd.DataFrame, kind: str) -> pd.DataFrame:
-    rows = own[own["kind"] == kind]
-    # the CPU source's threads come and go with the load: its sum is the measure
-    return rows[rows["sensor"] == CPU_SENSOR] if kind == "cpu" else rows
+def _median_spacing(times: list[np.ndarray]) -> float:
+    steps = np.concatenate([np.diff(t) for t in times]) if times else np.array([])
+    return float(np.median(steps)) if len(steps) else math.nan
 
 
-def _median_spacing(rows: pd.DataFrame) -> float:
-    steps = rows.sort_values("t").groupby("sensor")["t"].diff().dropna()
-    return float(steps.median()) if len(steps) else math.nan
+def _largest_gap(t: np.ndarray, start: float, end: float) -> float:
+    return float(np.diff(np.concatenate([[start], t, [end]])).max())
 
 
-def _window_counts(rows: pd.DataFrame, start: float, end: float, sensors: list[str]) -> tuple[float, float]:
-    """(median samples per sensor, largest gap) inside one window."""
-    inside = rows[(rows["t"] >= start) & (rows["t"] < end)]
-    counts, gaps = [], []
-    for sensor in sensors:
-        times = sorted(inside.loc[inside["sensor"] == sensor, "t"])
-        counts.append(len(times))
-        edges = [start] + times + [end]
-        gaps.append(max(b - a for a, b in zip(edges, edges[1:])))
-    if not sensors:
-        return 0.0, end - start
-    return float(pd.Series(counts).median()), max(gaps)
-
-
-def completeness(telemetry: pd.DataFrame, windows: pd.DataFrame, hosts: list[str],
+def completeness(telemetry, windows: pd.DataFrame, hosts: list[str],
                  intervals_s: dict[str, float] | None = None,
                  hosts_without_zones: list[str] = ()) -> pd.DataFrame:
     """One row per host and source (``kind`` of the tidy telemetry): every source a host
     sent, plus thermal and cpu, which every host is expected to send (thermal not from
-    ``hosts_without_zones``).  ``intervals_s``: the configured interval per source."""
+    ``hosts_without_zones``).  ``telemetry``: a model.Telemetry or the tidy frame;
+    ``intervals_s``: the configured interval per source."""
+    telemetry = as_telemetry(telemetry)
     rows = []
     for host in hosts:
-        own = telemetry[telemetry["host"] == host]
-        kinds = sorted(set(own["kind"]) | {k for k in ALWAYS if not (k == "thermal" and host in hosts_without_zones)})
+        sent = set(telemetry.select(host=host)["kind"])
+        kinds = sorted(sent | {k for k in ALWAYS if not (k == "thermal" and host in hosts_without_zones)})
         for kind in kinds:
-            samples = _sensors(own, kind)
-            interval = (intervals_s or {}).get(kind) or _median_spacing(samples)
-            sensors = sorted(samples["sensor"].unique())
-            expected = got = 0.0
-            largest = 0.0
-            for window in windows.itertuples(index=False):
+            # the CPU source's threads come and go with the load: its sum is the measure
+            sensor = CPU_SENSOR if kind == "cpu" else None
+            times = [arrays["t"] for _key, arrays in telemetry.series(kind=kind, sensor=sensor, host=host,
+                                                                      columns=("t",))]
+            interval = (intervals_s or {}).get(kind) or _median_spacing(times)
+            cuts = [window_rows(t, windows) for t in times]
+            expected = got = largest = 0.0
+            for i, window in enumerate(windows.itertuples(index=False)):
                 if not math.isnan(interval) and interval > 0:
                     expected += math.floor(window.window_s / interval)
-                count, gap = _window_counts(samples, window.load_start, window.load_end, sensors)
-                got += count
-                largest = max(largest, gap)
+                # the median over sensors, so one silent zone shows in the gap, not the count
+                counts = [stops[i] - starts[i] for starts, stops in cuts]
+                got += float(np.median(counts)) if counts else 0.0
+                gaps = [_largest_gap(t[starts[i]:stops[i]], window.load_start, window.load_end)
+                        for t, (starts, stops) in zip(times, cuts)]
+                largest = max([largest] + (gaps or [window.load_end - window.load_start]))
             rows.append((host, kind, interval, expected if not math.isnan(interval) else math.nan, got,
                          largest if len(windows) else math.nan))
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from thermab.analysis.metrics import PHASE_KEYS, PHASE_METRIC_COLUMNS
+from thermab.analysis.model import as_telemetry
 
 ENERGY_COLUMNS = PHASE_KEYS + [
     "host", "domain", "window_s", "mean_w", "energy_j", "idle_w", "energy_above_idle_j",
@@ -90,12 +91,12 @@ def _per_token(joules: float, tokens) -> float:
     return joules / tokens if not pd.isna(tokens) and tokens > 0 else np.nan
 
 
-def energy_table(telemetry: pd.DataFrame, windows: pd.DataFrame, events: pd.DataFrame,
+def energy_table(telemetry, windows: pd.DataFrame, events: pd.DataFrame,
                  performance: pd.DataFrame, hosts: list[str] | None = None) -> pd.DataFrame:
     """energy.csv: one row per phase, host and power domain seen in the run, then the
     ``all``/``total`` row of the phase; phases in time order, hosts in the order of ``hosts``
-    (others after them, sorted)."""
-    power = telemetry[telemetry["kind"] == "power"]
+    (others after them, sorted).  ``telemetry``: a model.Telemetry or the tidy frame."""
+    power = as_telemetry(telemetry).frame(kind="power")
     if power.empty or windows.empty:
         return pd.DataFrame(columns=ENERGY_COLUMNS)
     series = _series(power)

@@ -1,15 +1,19 @@
 """Per-phase metrics: pure functions from the tidy frames to the tables of docs/design.md.
 
-Every function takes DataFrames (events, telemetry, requests, load windows) and returns a
-DataFrame with fixed columns, empty but well-formed when there is nothing to measure, so
-that the analysis of a partial or imported run never fails on a missing piece.
+Every function takes DataFrames (events, requests, load windows) and the telemetry, as the
+tidy frame or as a model.Telemetry read from the file, and returns a DataFrame with fixed
+columns, empty but well-formed when there is nothing to measure, so that the analysis of a
+partial or imported run never fails on a missing piece.
 """
 
 import logging
+import math
+from collections.abc import Iterator
 
 import numpy as np
 import pandas as pd
 
+from thermab.analysis.model import as_telemetry
 from thermab.load import validity
 
 log = logging.getLogger(__name__)
@@ -25,6 +29,9 @@ PERFORMANCE_COLUMNS = PHASE_KEYS + [
     "probe_n", "stall_gaps", "max_gap_s", "errors", "probe_ok", "probe_arrivals_min", "probe_arrivals_max",
 ]
 PHASE_METRIC_COLUMNS = PHASE_KEYS + ["metric", "unit", "value"]
+# what performance() reads of tidy/requests.parquet (stall_gaps and max_gap_s where recorded)
+REQUEST_COLUMNS = ["t_start", "t_first_token", "t_end", "kind", "ok", "completion_tokens", "stall_gaps", "max_gap_s",
+                   "token_arrivals", "token_span_s"]
 CPU_SENSOR = "vllm_cpu_pct"
 
 
@@ -54,56 +61,121 @@ def load_windows(events: pd.DataFrame) -> pd.DataFrame:
     return windows.sort_values("load_start", ignore_index=True)
 
 
-def window_samples(telemetry: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
-    """Telemetry rows inside each load window, tagged with the phase keys, the window's
-    position (``phase``, for time-ordered output) and ``t_rel`` = t − load_start."""
+def window_rows(t: np.ndarray, windows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """For samples at times ``t`` (sorted), the positions of each window's first sample and
+    of the first sample after it: the window [load_start, load_end) holds t[start:stop]."""
+    starts = np.searchsorted(t, windows["load_start"].to_numpy("float64"), side="left")
+    stops = np.searchsorted(t, windows["load_end"].to_numpy("float64"), side="left")
+    return starts, np.maximum(stops, starts)
+
+
+def series_in_windows(telemetry, windows: pd.DataFrame, **selection) -> Iterator[tuple[dict, pd.DataFrame]]:
+    """Each series of ``telemetry`` (a model.Telemetry or the tidy frame) that matches
+    ``selection`` (kind, sensor, host) with its samples inside the load windows: ({host,
+    kind, sensor}, frame of phase, t, t_rel, value), phase = the window's position in
+    ``windows`` and t_rel = t − load_start; in window order, then time order.
+
+    Windows are cut by binary search in the series' sorted times, so a table reads only its
+    series, and keeps of them only what is inside the windows, one series at a time."""
+    telemetry = as_telemetry(telemetry)
+    load_start = windows["load_start"].to_numpy("float64")
+    for key, arrays in telemetry.series(**selection):
+        starts, stops = window_rows(arrays["t"], windows)
+        phase = np.repeat(np.arange(len(windows)), stops - starts)
+        rows = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops)]) if len(windows) else np.array([], int)
+        t = arrays["t"][rows]
+        yield key, pd.DataFrame({"phase": phase, "t": t, "t_rel": t - load_start[phase], "value": arrays["value"][rows]})
+
+
+def window_samples(telemetry, windows: pd.DataFrame, **selection) -> pd.DataFrame:
+    """The samples inside each load window as one long frame: the telemetry columns, tagged
+    with the phase keys, the window's position (``phase``) and ``t_rel`` = t − load_start; in
+    window order, then series (host, kind, sensor), then time.  For tables of few rows: the
+    phase tables aggregate per series instead (``per_window``)."""
+    parts = [samples.assign(**key) for key, samples in series_in_windows(telemetry, windows, **selection)]
+    columns = ["t", "host", "kind", "sensor", "value", "phase", "order", "rep", "arm", "t_rel"]
+    if not parts:
+        return pd.DataFrame(columns=columns)
+    samples = pd.concat(parts, ignore_index=True)
+    samples = samples.iloc[np.argsort(samples["phase"].to_numpy(), kind="stable")].reset_index(drop=True)
+    keys = windows[PHASE_KEYS].iloc[samples["phase"]].reset_index(drop=True)
+    return samples.assign(order=keys["order"], rep=keys["rep"], arm=keys["arm"])[columns]
+
+
+def per_window(telemetry, windows: pd.DataFrame, by: list[str], aggregate, columns: list[str],
+               **selection) -> pd.DataFrame:
+    """``aggregate(samples)`` of each selected series inside the windows (samples as of
+    ``series_in_windows``; it returns rows with a ``phase`` column), tagged with the phase
+    keys and the series keys ``by``, in the order of a groupby over (phase, *by): windows in
+    time order, then series.  Only windows where a series has samples get rows."""
     parts = []
-    for phase, window in enumerate(windows.itertuples(index=False)):
-        inside = telemetry[(telemetry["t"] >= window.load_start) & (telemetry["t"] < window.load_end)]
-        parts.append(inside.assign(phase=phase, order=window.order, rep=window.rep, arm=window.arm,
-                                   t_rel=inside["t"] - window.load_start))
-    if not parts:  # keep the telemetry dtypes so that the aggregations still apply
-        return telemetry.iloc[:0].assign(phase=0, order="", rep=0, arm="", t_rel=0.0)
-    return pd.concat(parts, ignore_index=True)
+    for key, samples in series_in_windows(telemetry, windows, **selection):
+        if len(samples):
+            parts.append(aggregate(samples).assign(**{k: key[k] for k in by}))
+    if not parts:
+        return pd.DataFrame(columns=columns)
+    # series come in (host, kind, sensor) order, so a stable sort by phase orders by (phase, *by)
+    rows = pd.concat(parts, ignore_index=True)
+    rows = rows.iloc[np.argsort(rows["phase"].to_numpy(), kind="stable")].reset_index(drop=True)
+    keys = windows[PHASE_KEYS].iloc[rows["phase"]].reset_index(drop=True)
+    return pd.concat([keys, rows.drop(columns="phase")], axis=1).reindex(columns=columns)
 
 
-def _grouped(samples: pd.DataFrame, by: list[str]):
-    """Group window samples so that results come out in time order of the phases."""
-    return samples.groupby(["phase"] + PHASE_KEYS + by, sort=True)
-
-
-def _finish(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    return frame.reset_index().reindex(columns=columns)
-
-
-def zone_stats(telemetry: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
+def zone_stats(telemetry, windows: pd.DataFrame) -> pd.DataFrame:
     """Mean, max and sample count of every thermal zone of every host per load window."""
-    samples = window_samples(telemetry[telemetry["kind"] == "thermal"], windows)
-    stats = _grouped(samples, ["host", "sensor"])["value"].agg(mean_c="mean", max_c="max", n="count")
-    return _finish(stats, ZONE_COLUMNS)
+    def aggregate(samples):
+        stats = samples.groupby("phase")["value"].agg(max_c="max", n="count")
+        stats.insert(0, "mean_c", exact_means(samples))
+        return stats.reset_index()
+
+    return per_window(telemetry, windows, ["host", "sensor"], aggregate, ZONE_COLUMNS, kind="thermal")
 
 
-def time_to_threshold(telemetry: pd.DataFrame, windows: pd.DataFrame, thresholds_c) -> pd.DataFrame:
+def exact_means(samples: pd.DataFrame) -> pd.Series:
+    """Mean of ``value`` per ``phase`` (samples sorted by phase; NaN skipped) from the correctly
+    rounded sum (math.fsum): the same digits whatever the order of the samples, whereas
+    pandas' group means differ in the last digit between its kernels (compensated
+    summation, or a plain sum where the groups are sorted, as of pandas 3.1)."""
+    phase, values = samples["phase"].to_numpy(), samples["value"].to_numpy("float64")
+    means = []
+    for chunk in np.split(values, np.flatnonzero(np.diff(phase)) + 1):
+        chunk = chunk[~np.isnan(chunk)]
+        means.append(math.fsum(chunk.tolist()) / len(chunk) if len(chunk) else np.nan)
+    return pd.Series(means, index=pd.unique(phase) if len(phase) else [], dtype="float64")
+
+
+def time_to_threshold(telemetry, windows: pd.DataFrame, thresholds_c) -> pd.DataFrame:
     """Seconds from load_start to the first sample at or above each threshold (NaN when
     never), and how many samples were, so that a single grazing sample is visible."""
-    samples = window_samples(telemetry[telemetry["kind"] == "thermal"], windows)
-    rows = []
-    for (_, order, rep, arm, host, sensor), zone in _grouped(samples, ["host", "sensor"]):
-        for threshold in thresholds_c:
-            above = zone["t_rel"][zone["value"] >= threshold]
-            rows.append((order, rep, arm, host, sensor, float(threshold),
-                         above.min() if len(above) else np.nan, len(above)))
-    return pd.DataFrame(rows, columns=THRESHOLD_COLUMNS)
+    thresholds = np.asarray(thresholds_c, dtype="float64")
+
+    def aggregate(samples):
+        phase, t_rel, value = (samples[c].to_numpy() for c in ("phase", "t_rel", "value"))
+        phases = np.unique(phase)  # the windows with samples, each with a row per threshold
+        reached, count = [], []
+        for threshold in thresholds:
+            above = value >= threshold
+            first = pd.Series(t_rel[above]).groupby(phase[above]).min()
+            reached.append(first.reindex(phases).to_numpy("float64"))
+            count.append(np.bincount(phase[above], minlength=phases.max() + 1)[phases])
+        return pd.DataFrame({"phase": np.repeat(phases, len(thresholds)),
+                             "threshold_c": np.tile(thresholds, len(phases)),
+                             "reached_s": np.column_stack(reached).ravel(),
+                             "samples_at_or_above": np.column_stack(count).ravel()})
+
+    return per_window(telemetry, windows, ["host", "sensor"], aggregate, THRESHOLD_COLUMNS, kind="thermal")
 
 
-def cpu_stats(telemetry: pd.DataFrame, windows: pd.DataFrame, sensor: str = CPU_SENSOR) -> pd.DataFrame:
+def cpu_stats(telemetry, windows: pd.DataFrame, sensor: str = CPU_SENSOR) -> pd.DataFrame:
     """Median and 5th/95th percentiles of the vLLM CPU sum (% of one core) per host and window."""
-    selected = telemetry[(telemetry["kind"] == "cpu") & (telemetry["sensor"] == sensor)]
-    values = _grouped(window_samples(selected, windows), ["host"])["value"]
-    stats = values.agg(median_pct="median", n="count")
-    stats["p5_pct"] = values.quantile(0.05)
-    stats["p95_pct"] = values.quantile(0.95)
-    return _finish(stats, CPU_COLUMNS)
+    def aggregate(samples):
+        values = samples.groupby("phase")["value"]
+        stats = values.agg(median_pct="median", n="count")
+        stats["p5_pct"] = values.quantile(0.05)
+        stats["p95_pct"] = values.quantile(0.95)
+        return stats.reset_index()
+
+    return per_window(telemetry, windows, ["host"], aggregate, CPU_COLUMNS, kind="cpu", sensor=sensor)
 
 
 def probe_decode_speed(requests: pd.DataFrame) -> pd.Series:
@@ -126,19 +198,24 @@ def performance(requests: pd.DataFrame | None, windows: pd.DataFrame) -> pd.Data
     tokens came in; NaN when not recorded).  Without request data every measured column is
     NaN, never zero.
     """
+    measured = requests is not None and not requests.empty
+    # the requests of each phase found once, not by comparing every request with every window
+    phases = requests.groupby(PHASE_KEYS, sort=False).indices if measured else {}
+    if measured:  # the columns used, not the tags and texts that every selection would copy
+        requests = requests[[c for c in REQUEST_COLUMNS if c in requests]]
     rows = []
     for window in windows.itertuples(index=False):
         row = dict.fromkeys(PERFORMANCE_COLUMNS, np.nan)
         row.update(order=window.order, rep=window.rep, arm=window.arm, window_s=window.window_s)
-        if requests is not None and not requests.empty:
-            row.update(_window_requests(requests, window))
+        if measured:
+            positions = phases.get((window.order, window.rep, window.arm), np.array([], dtype=int))
+            row.update(_window_requests(requests.iloc[positions], window))
         rows.append(row)
     return pd.DataFrame(rows, columns=PERFORMANCE_COLUMNS)
 
 
-def _window_requests(requests: pd.DataFrame, window) -> dict:
-    phase = requests[(requests["order"] == window.order) & (requests["rep"] == window.rep)
-                     & (requests["arm"] == window.arm)]
+def _window_requests(phase: pd.DataFrame, window) -> dict:
+    """The figures of one window from the requests of its phase (order, rep, arm)."""
     t = phase["t_end"].fillna(phase["t_start"])
     phase = phase[(t >= window.load_start) & (t < window.load_end)]
     ok = phase[phase["ok"].astype(bool)]

@@ -6,23 +6,160 @@ of a run show."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from thermab.config import UserError
 from thermab.experiment import events as events_file
 from thermab.experiment import plan
-from thermab.telemetry.ingest import TELEMETRY_COLUMNS
+from thermab.telemetry.ingest import SERIES_KEYS, TELEMETRY_COLUMNS
+
+INDEX_COLUMNS = SERIES_KEYS + ["rows", "t_min", "t_max", "where"]
+
+
+class Telemetry:
+    """tidy/telemetry.parquet as the analysis reads it: one series (host, kind, sensor) at a
+    time, in time order, reading only the series and columns asked for.
+
+    A week at 1 Hz is tens of millions of rows; held whole as a frame it takes gigabytes
+    (three string columns), while each table needs a few series and, of those, the samples
+    inside the load windows.  Ingest writes every series into row groups of its own
+    (telemetry/ingest.py), so the footer's statistics name each row group's series and a
+    read touches only the row groups and columns asked for.  A file whose row groups mix
+    series (written before that, or by hand) is read whole once and sorted in memory.
+
+    ``index``: one row per series, sorted by (host, kind, sensor): its number of rows, first
+    and last t, and ``where`` (its row groups, or its rows in the sorted frame).
+    """
+
+    def __init__(self, index: pd.DataFrame, read: Callable[[object, list[str]], dict[str, np.ndarray]]):
+        self.index = index.reindex(columns=INDEX_COLUMNS)
+        self._read = read
+
+    @classmethod
+    def open(cls, path) -> "Telemetry":
+        metadata = pq.ParquetFile(path).metadata
+        index = _row_group_index(metadata)
+        if index is None:
+            return cls.from_frame(pq.read_table(path, columns=TELEMETRY_COLUMNS,
+                                                read_dictionary=SERIES_KEYS).to_pandas())
+        return cls(index, partial(_read_row_groups, path))
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> "Telemetry":
+        """Any long frame (t, host, kind, sensor, value), sorted stably by series and t; rows
+        without host, kind or sensor are left out, as a groupby over those keys leaves them."""
+        codes = [_sorted_categories(frame[key]) for key in SERIES_KEYS]
+        known = np.logical_and.reduce([c.codes >= 0 for c in codes])
+        t = frame["t"].to_numpy("float64")[known]
+        value = frame["value"].to_numpy("float64")[known]
+        keys = [c.codes[known] for c in codes]
+        order = np.lexsort([t] + keys[::-1])
+        t, value, keys = t[order], value[order], [k[order] for k in keys]
+        boundaries = np.flatnonzero(np.logical_or.reduce([np.diff(k) != 0 for k in keys])) + 1
+        starts, stops = (np.r_[0, boundaries], np.r_[boundaries, len(t)]) if len(t) else (np.zeros(0, int),) * 2
+        index = pd.DataFrame({key: np.asarray(c.categories, dtype=object)[k[starts]]
+                              for key, c, k in zip(SERIES_KEYS, codes, keys)})
+        index = index.assign(rows=stops - starts, t_min=t[starts], t_max=t[stops - 1],
+                             where=[slice(a, b) for a, b in zip(starts, stops)])
+        columns = {"t": t, "value": value}
+        return cls(index, lambda where, names: {name: columns[name][where] for name in names})
+
+    def select(self, kind: str | None = None, sensor: str | None = None, host: str | None = None) -> pd.DataFrame:
+        """The index rows of the series that match every key given."""
+        index = self.index
+        for key, wanted in (("host", host), ("kind", kind), ("sensor", sensor)):
+            if wanted is not None:
+                index = index[index[key] == wanted]
+        return index
+
+    def series(self, kind: str | None = None, sensor: str | None = None, host: str | None = None,
+               columns=("t", "value")) -> Iterator[tuple[dict, dict[str, np.ndarray]]]:
+        """Each matching series as ({host, kind, sensor}, {column: array}), in (host, kind,
+        sensor) order, its samples in time order (stably: equal times keep the file's order)."""
+        for row in self.select(kind, sensor, host).itertuples(index=False):
+            arrays = self._read(row.where, sorted(set(columns) | {"t"}))
+            if np.any(arrays["t"][1:] < arrays["t"][:-1]):
+                order = np.argsort(arrays["t"], kind="stable")
+                arrays = {name: values[order] for name, values in arrays.items()}
+            yield {key: getattr(row, key) for key in SERIES_KEYS}, {name: arrays[name] for name in columns}
+
+    def frame(self, kind: str | None = None, sensor: str | None = None, host: str | None = None) -> pd.DataFrame:
+        """The matching series as one long frame (t, host, kind, sensor, value), sorted by
+        series and t.  For small selections (figures): it holds every row asked for."""
+        parts = [pd.DataFrame({"t": arrays["t"], **key, "value": arrays["value"]})
+                 for key, arrays in self.series(kind, sensor, host)]
+        if not parts:
+            return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("t", "value") else "string")
+                                 for c in TELEMETRY_COLUMNS})
+        return pd.concat(parts, ignore_index=True)[TELEMETRY_COLUMNS]
+
+    @property
+    def t_min(self) -> float:
+        return float(self.index["t_min"].min()) if len(self.index) else np.nan
+
+    @property
+    def t_max(self) -> float:
+        return float(self.index["t_max"].max()) if len(self.index) else np.nan
+
+
+def as_telemetry(telemetry) -> Telemetry:
+    """A Telemetry, from one or from a tidy frame (tests and small runs pass frames)."""
+    return telemetry if isinstance(telemetry, Telemetry) else Telemetry.from_frame(telemetry)
+
+
+def _row_group_index(metadata) -> pd.DataFrame | None:
+    """Series → row groups from the footer's statistics; None when a row group holds more
+    than one series or lacks statistics."""
+    names = [metadata.schema.column(i).name for i in range(metadata.num_columns)]
+    if not set(TELEMETRY_COLUMNS) <= set(names):
+        return None
+    rows = {}
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        if row_group.num_rows == 0:
+            continue
+        stats = {name: row_group.column(names.index(name)).statistics for name in SERIES_KEYS + ["t"]}
+        if any(s is None or not s.has_min_max or s.null_count or s.min != s.max
+               for s in (stats[key] for key in SERIES_KEYS)):
+            return None
+        key = tuple(stats[k].min for k in SERIES_KEYS)
+        t = stats["t"]
+        t_min, t_max = (t.min, t.max) if t is not None and t.has_min_max else (np.nan, np.nan)
+        entry = rows.setdefault(key, [0, np.inf, -np.inf, []])
+        entry[0] += row_group.num_rows
+        entry[1], entry[2] = np.fmin(entry[1], t_min), np.fmax(entry[2], t_max)
+        entry[3].append(group)
+    index = pd.DataFrame([(*key, n, low, high, tuple(groups)) for key, (n, low, high, groups) in rows.items()],
+                         columns=INDEX_COLUMNS)
+    return index.sort_values(SERIES_KEYS, ignore_index=True)
+
+
+def _sorted_categories(values: pd.Series) -> pd.Categorical:
+    """Categorical codes that sort like the strings (a dictionary read from parquet keeps the
+    order of first appearance)."""
+    categorical = pd.Categorical(values)
+    return categorical.reorder_categories(categorical.categories.sort_values())
+
+
+def _read_row_groups(path, row_groups: tuple[int, ...], columns: list[str]) -> dict[str, np.ndarray]:
+    table = pq.ParquetFile(path).read_row_groups(list(row_groups), columns=columns)
+    return {name: table.column(name).to_numpy() for name in columns}
+
 
 @dataclass(frozen=True)
 class RunData:
     path: Path
     config: dict
     events: pd.DataFrame
-    telemetry: pd.DataFrame
+    telemetry: Telemetry
     requests: pd.DataFrame | None  # None when the run has no request data (imported runs)
     validity: dict  # (order, rep, arm) → the phase's validity.json; empty for imported runs
 
@@ -47,14 +184,21 @@ def _read_json(path: Path) -> dict:
     return value
 
 
+PARQUET_ERRORS = (OSError, ValueError, KeyError, pa.ArrowException)
+
+
+def _unreadable(path: Path, error: Exception) -> UserError:
+    return UserError(f"{path}: cannot read as parquet: {' '.join(str(error).split())[:200]}")
+
+
 def _read_parquet(path: Path, **options) -> pd.DataFrame:
     try:
         return pd.read_parquet(path, **options)
-    except (OSError, ValueError, KeyError, pa.ArrowException) as error:
-        raise UserError(f"{path}: cannot read as parquet: {' '.join(str(error).split())[:200]}") from None
+    except PARQUET_ERRORS as error:
+        raise _unreadable(path, error) from None
 
 
-def inferred_plan(path: Path, events: pd.DataFrame, telemetry: pd.DataFrame) -> dict:
+def inferred_plan(path: Path, events: pd.DataFrame, telemetry: Telemetry) -> dict:
     """The plan of a run directory that has no run.json, as docs/design.md allows: the
     arms are the letters of its phases in events.jsonl (each its own label, the first the
     reference), the hosts those of its telemetry (the head the first by name), the
@@ -63,7 +207,7 @@ def inferred_plan(path: Path, events: pd.DataFrame, telemetry: pd.DataFrame) -> 
     letters = list(dict.fromkeys(str(arm) for arm in phases["arm"]))
     if not letters:
         raise UserError(f"{path}: no run.json, and events.jsonl names no phase: nothing to analyse")
-    hosts = sorted(str(host) for host in telemetry["host"].unique())
+    hosts = sorted(str(host) for host in telemetry.index["host"].unique())
     orders = [str(order) for order in phases["order"].dropna().unique()]
     return plan.run_plan(cluster=path.resolve().parent.name, order=orders[0] if orders else "".join(letters),
                          repeats=int(phases["rep"].max()) if phases["rep"].notna().any() else 1,
@@ -96,7 +240,10 @@ def load_run(run_dir) -> RunData:
     telemetry_path = path / "tidy" / "telemetry.parquet"
     if not telemetry_path.exists():
         raise UserError(f"{telemetry_path}: missing (not a run directory, or ingest has not run)")
-    telemetry = _read_parquet(telemetry_path, columns=TELEMETRY_COLUMNS)
+    try:
+        telemetry = Telemetry.open(telemetry_path)
+    except PARQUET_ERRORS as error:
+        raise _unreadable(telemetry_path, error) from None
     requests_path = path / "tidy" / "requests.parquet"
     requests = _read_parquet(requests_path) if requests_path.exists() else None
     if requests is not None and requests.empty:

@@ -54,9 +54,8 @@ def _timeline_frames(run: RunData):
     """(t0, head zones, timeline zone of each host) with t in minutes from run_start."""
     config = run.config
     starts = run.events.loc[run.events["event"] == "run_start", "t"]
-    t0 = starts.min() if len(starts) else run.telemetry["t"].min()
-    thermal = run.telemetry[run.telemetry["kind"] == "thermal"].assign(
-        minutes=lambda f: (f["t"] - t0) / 60)
+    t0 = starts.min() if len(starts) else run.telemetry.t_min
+    thermal = run.telemetry.frame(kind="thermal").assign(minutes=lambda f: (f["t"] - t0) / 60)
     head = thermal[thermal["host"] == config["head"]]
     zone = thermal[thermal["sensor"] == config["timeline_zone"]]
     return t0, head, zone
@@ -65,7 +64,7 @@ def _timeline_frames(run: RunData):
 def _power_lines(run: RunData, t0: float) -> list[tuple[str, str, pd.DataFrame]]:
     """(host, domain, samples with ``minutes``) of every domain a host's total sums, hosts in
     the run's order: what the power panel draws (empty without power telemetry)."""
-    power = run.telemetry[run.telemetry["kind"] == "power"]
+    power = run.telemetry.frame(kind="power")
     lines = []
     for host in ordered_hosts(run.config) + sorted(set(power["host"]) - set(ordered_hosts(run.config))):
         own = power[power["host"] == host]
@@ -99,6 +98,11 @@ def _power_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, t
     ax.set_ylabel("power (W)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.25)
+
+
+def _last_t(run: RunData) -> float:
+    """The last sample or event (events: a run without telemetry)."""
+    return pd.Series([run.telemetry.t_max, run.events["t"].max()]).max()
 
 
 def _window_label(window, config) -> str:
@@ -175,7 +179,7 @@ def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -
         # below the line: the load-window labels sit at the top edge
         ax.annotate(text, (1, value), xycoords=("axes fraction", "data"), xytext=(-4, -2),
                     textcoords="offset points", ha="right", va="top", fontsize=8, color=color)
-    span_min = (pd.concat([run.telemetry["t"], run.events["t"]]).max() - t0) / 60  # events: a run without telemetry
+    span_min = (_last_t(run) - t0) / 60
     for times, text in _labelled_events(run, t0, span_min):
         for minutes in times:
             ax.axvline(minutes, color="#333333", lw=0.6, alpha=0.5, ls="--")
@@ -242,7 +246,7 @@ def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict, path: Path)
     for value, text, color in _reference_lines(config):
         fig.add_hline(y=value, line_dash="dot", line_color=color, annotation_text=text,
                       annotation_position="bottom right", **temps)
-    for times, text in _labelled_events(run, t0, (pd.concat([run.telemetry["t"], run.events["t"]]).max() - t0) / 60):
+    for times, text in _labelled_events(run, t0, (_last_t(run) - t0) / 60):
         for minutes in times[:-1]:
             fig.add_vline(x=minutes, line_dash="dash", line_width=1, line_color="#777777", **temps)
         fig.add_vline(x=times[-1], line_dash="dash", line_width=1, line_color="#777777",

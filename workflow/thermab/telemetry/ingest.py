@@ -3,14 +3,27 @@
 Host timestamps are moved onto the controller's clock with the mean of the offsets
 measured at preflight and at the end.  Rows without a value (the agent records missing
 readings with a reason) are dropped and counted by reason in ``tidy/ingest.json``.  Power
-files become watts per domain (energy counters turned into Δenergy/Δt: ``power``)."""
+files become watts per domain (energy counters turned into Δenergy/Δt: ``power``).
+
+``tidy/telemetry.parquet`` is sorted by (host, kind, sensor, t), and every series (host,
+kind, sensor) has row groups of its own, so that their statistics name the series and a
+reader skips every row group but those it needs (analysis/model.py ``Telemetry``).  A
+week of 1 Hz CSVs is tens of millions of rows: they are parsed by pyarrow's multithreaded
+CSV reader, one (host, kind) at a time, and written as they are read."""
 
 from __future__ import annotations
 
+import csv
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
 
 from thermab import jsonl
 from thermab.telemetry import power
@@ -20,6 +33,14 @@ from thermab.telemetry.agent import SOURCES
 # agent's own registry, so a source the agent collects is never dropped here
 KIND_OF_FILE = {source.name: source.kind for source in SOURCES}
 TELEMETRY_COLUMNS = ["t", "host", "kind", "sensor", "value"]
+SERIES_KEYS = ["host", "kind", "sensor"]
+TELEMETRY_SCHEMA = pa.schema([("t", pa.float64()), ("host", pa.string()), ("kind", pa.string()),
+                              ("sensor", pa.string()), ("value", pa.float64())])
+# a series longer than this (12 days at 1 Hz) is split into several row groups
+ROW_GROUP_ROWS = 1 << 20
+AGENT_COLUMNS = ["t", "sensor", "value", "reason"]  # the agent's CSV header
+# blocks of CSV parsed at once (and so chunks of the columns): large blocks, few chunks to join
+CSV_BLOCK_BYTES = 16 << 20
 
 
 def host_offsets(preflight: dict, stopped: dict) -> dict[str, float]:
@@ -29,48 +50,213 @@ def host_offsets(preflight: dict, stopped: dict) -> dict[str, float]:
             for host in set(start) | set(end)}
 
 
-def read_agent_csv(path: Path, host: str, kind: str, offset: float) -> tuple[pd.DataFrame, dict]:
-    """One source file of one host -> tidy rows, and the dropped rows counted by reason
-    (a row with the wrong number of fields, as a crash mid-write leaves, is one of them)."""
-    bad_lines: list[list[str]] = []
-    raw = pd.read_csv(path, dtype=str, keep_default_na=False, engine="python",
-                      on_bad_lines=lambda line: bad_lines.append(line))
-    t = pd.to_numeric(raw["t"], errors="coerce")
-    value = pd.to_numeric(raw["value"], errors="coerce")
-    keep = t.notna() & value.notna()
-    reasons = raw.loc[~keep, "reason"].fillna("").replace("", "malformed row").value_counts().to_dict()
-    if bad_lines:
-        reasons["wrong number of fields"] = reasons.get("wrong number of fields", 0) + len(bad_lines)
-    tidy = pd.DataFrame({"t": (t[keep] - offset).astype("float64"), "host": host, "kind": kind,
-                         "sensor": raw.loc[keep, "sensor"].astype(str), "value": value[keep].astype("float64")})
-    return tidy, {f"{host}/{kind}: {reason}": int(n) for reason, n in reasons.items()}
+class Readings(NamedTuple):
+    """Rows of one host and kind: t on the host's clock, value, each row's sensor as a code
+    into ``sensors`` (names), and the host's clock offset (``sorted_series`` subtracts it,
+    series by series: a week of one kind is hundreds of MB, not to be copied whole)."""
+    t: np.ndarray
+    value: np.ndarray
+    sensor: np.ndarray
+    sensors: list[str]
+    offset: float = 0.0
+
+
+def read_agent_csv(path: Path, host: str, kind: str, offset: float) -> tuple[Readings, dict]:
+    """One source file of one host -> its rows with a value, and the dropped rows counted by
+    reason.  A row with too many fields is dropped as "wrong number of fields"; one cut
+    short, as a crash mid-write leaves, has its missing fields empty, so it is kept only
+    when its t and value are whole."""
+    raw, short_rows, long_rows = _read_csv(path)
+    t, value = _numbers(raw["t"]), _numbers(raw["value"])
+    sensor, sensors = _codes(raw["sensor"].dictionary_encode())
+    reasons = raw["reason"]
+    if short_rows:
+        t_extra, sensor_extra, value_extra, reason_extra = (
+            pd.Series([(row + [""] * 4)[i] for row in short_rows], dtype=object) for i in range(4))
+        t = np.concatenate([t, pd.to_numeric(t_extra, errors="coerce").to_numpy("float64")])
+        value = np.concatenate([value, pd.to_numeric(value_extra, errors="coerce").to_numpy("float64")])
+        sensors = list(dict.fromkeys(sensors + sensor_extra.tolist()))
+        code = {name: i for i, name in enumerate(sensors)}
+        sensor = np.concatenate([sensor, np.array([code[name] for name in sensor_extra], dtype=np.int32)])
+        reasons = pa.chunked_array(reasons.chunks + [pa.array(reason_extra, pa.string())])
+    keep = ~(np.isnan(t) | np.isnan(value))
+    counts = {}
+    if not keep.all():
+        lost = pd.Series(reasons.filter(pa.array(~keep)).to_pylist(), dtype=object)
+        counts = lost.replace("", "malformed row").value_counts().to_dict()
+        t, value, sensor = t[keep], value[keep], sensor[keep]
+    if long_rows:
+        counts["wrong number of fields"] = counts.get("wrong number of fields", 0) + long_rows
+    return Readings(t, value, sensor, sensors, offset), {f"{host}/{kind}: {r}": int(n) for r, n in counts.items()}
+
+
+def _read_csv(path: Path) -> tuple[pa.Table, list[list[str]], int]:
+    """The agent CSV (t, sensor, value, reason) with t and value parsed as numbers where
+    every one of them is one (else as text, for _numbers); the rows with too few fields, as
+    lists; and how many rows had too many."""
+    for numeric in (pa.float64(), pa.string()):
+        short_rows, long_rows = [], []
+
+        def invalid(row, short_rows=short_rows, long_rows=long_rows):
+            if row.actual_columns < row.expected_columns:
+                short_rows.extend(csv.reader([row.text]))
+            else:
+                long_rows.append(row.text)
+            return "skip"
+
+        types = {"t": numeric, "value": numeric, "sensor": pa.string(), "reason": pa.string()}
+        try:
+            raw = pa_csv.read_csv(path, read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+                                  parse_options=pa_csv.ParseOptions(invalid_row_handler=invalid),
+                                  convert_options=pa_csv.ConvertOptions(column_types=types,
+                                                                        include_columns=AGENT_COLUMNS))
+        except pa.ArrowInvalid:
+            if numeric == pa.string():
+                raise
+            continue  # some t or value is not a number: read both as text, for _numbers
+        return raw, short_rows, len(long_rows)
+
+
+def _numbers(column: pa.ChunkedArray) -> np.ndarray:
+    """float64, NaN where a cell is empty or not a number (as pandas.to_numeric(errors="coerce"))."""
+    if pa.types.is_floating(column.type):
+        return column.to_numpy()
+    return pd.to_numeric(pd.Series(column.to_numpy(zero_copy_only=False), dtype=object),
+                         errors="coerce").to_numpy("float64")
+
+
+def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    """A dictionary-encoded column as codes into one list of names (chunks may each have a
+    dictionary of their own)."""
+    names, codes = {}, []
+    for chunk in column.chunks:
+        mapping = np.array([names.setdefault(name, len(names)) for name in chunk.dictionary.to_pylist()], np.int32)
+        codes.append(mapping[chunk.indices.to_numpy(zero_copy_only=False)])
+    return (np.concatenate(codes) if codes else np.array([], np.int32)), list(names)
+
+
+def _ranked(parts: list[Readings]) -> Readings:
+    """Readings of several files of one host as one, the sensor codes ranks of the names'
+    sorted order."""
+    sensors = sorted(set().union(*(part.sensors for part in parts)))
+    rank = {name: i for i, name in enumerate(sensors)}
+    codes = [np.array([rank[name] for name in part.sensors], dtype=np.int32)[part.sensor] for part in parts]
+    if len(parts) == 1:  # no copy of t and value
+        return parts[0]._replace(sensor=codes[0], sensors=sensors)
+    return Readings(np.concatenate([part.t for part in parts]), np.concatenate([part.value for part in parts]),
+                    np.concatenate(codes), sensors, parts[0].offset)
+
+
+def kind_readings(monitor_dir: Path, offsets: dict[str, float]) -> Iterator[tuple[str, str, Readings, dict]]:
+    """Per host and kind, both in sorted order: (host, kind, the rows of every file of that
+    kind with their sensors ranked, the dropped rows counted by reason)."""
+    for host_dir in sorted(p for p in Path(monitor_dir).iterdir() if p.is_dir()):
+        for kind in sorted(set(KIND_OF_FILE.values())):
+            parts, dropped = [], {}
+            for stem in (stem for stem, of in KIND_OF_FILE.items() if of == kind):
+                path = host_dir / f"{stem}.csv"
+                if path.exists():
+                    readings, counts = read_agent_csv(path, host_dir.name, kind, offsets.get(host_dir.name, 0.0))
+                    pa.default_memory_pool().release_unused()  # the parsed CSV: Arrow's allocator keeps freed pages
+                    parts.append(readings)
+                    for key, n in counts.items():  # two files of one kind may drop rows for one reason
+                        dropped[key] = dropped.get(key, 0) + n
+            if parts:
+                readings = _ranked(parts)
+                if kind == "power":
+                    readings = _watts(readings, host_dir.name, dropped)
+                yield host_dir.name, kind, readings, dropped
+
+
+def _watts(readings: Readings, host: str, dropped: dict) -> Readings:
+    """A host's power readings and raw energy counters as watts per domain (telemetry/power.py);
+    what was left out is counted in ``dropped``.  Power files are small: a frame will do."""
+    frame = pd.DataFrame({"t": readings.t, "host": host, "kind": "power",
+                          "sensor": np.asarray(readings.sensors, dtype=object)[readings.sensor],
+                          "value": readings.value})
+    watts, notes = power.power_rows(frame)
+    for key, n in notes.items():
+        dropped[key] = dropped.get(key, 0) + n
+    codes, sensors = pd.factorize(watts["sensor"], sort=True)
+    return Readings(watts["t"].to_numpy("float64"), watts["value"].to_numpy("float64"), codes.astype(np.int32),
+                    [str(name) for name in sensors], readings.offset)
+
+
+def sorted_series(readings: Readings) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """(sensor, t on the controller's clock, value) of each sensor in name order, its rows
+    sorted by t; equal t keep the order of the files and of their rows.  The agent appends,
+    so each sensor's rows are in time order already: a stable sort by sensor (a radix sort
+    of small codes) is all the sorting it takes."""
+    order = np.argsort(readings.sensor.astype(np.min_scalar_type(len(readings.sensors))), kind="stable")
+    bounds = np.cumsum(np.r_[0, np.bincount(readings.sensor, minlength=len(readings.sensors))])
+    for code, name in enumerate(readings.sensors):
+        rows = order[bounds[code]:bounds[code + 1]]
+        t = readings.t[rows]
+        if np.any(t[1:] < t[:-1]):  # a clock stepped back: sort by t, stably
+            rows = rows[np.argsort(t, kind="stable")]
+            t = readings.t[rows]
+        if len(rows):
+            yield name, t - readings.offset, readings.value[rows]
+
+
+def write_telemetry(parts, path: Path) -> int:
+    """Write (host, kind, readings) in (host, kind) order, every series into row groups of
+    its own, with the sort order declared in the footer; returns the rows written.
+
+    Keys are written as dictionary arrays (one entry each), without the Arrow schema, so
+    readers still see plain strings.  Values repeat (sensors have coarse steps): dictionary
+    encoded.  Times never repeat but climb steadily: their bytes split by significance
+    (BYTE_STREAM_SPLIT) compress with LZ4 to a fraction, and decode fastest (see
+    docs/benchmarks.md)."""
+    schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.name in SERIES_KEYS else f
+                        for f in TELEMETRY_SCHEMA])
+    sorting = [pq.SortingColumn(TELEMETRY_COLUMNS.index(c)) for c in SERIES_KEYS + ["t"]]
+    rows = 0
+    with pq.ParquetWriter(path, schema, store_schema=False, sorting_columns=sorting, compression="lz4",
+                          use_dictionary=SERIES_KEYS + ["value"], use_byte_stream_split=["t"]) as writer:
+        for host, kind, readings in parts:
+            for sensor, t, value in sorted_series(readings):
+                zeros = pa.array(np.zeros(len(t), np.int32))
+                keys = {key: pa.DictionaryArray.from_arrays(zeros, pa.array([name]))
+                        for key, name in (("host", host), ("kind", kind), ("sensor", sensor))}
+                writer.write_table(pa.table({"t": t, **keys, "value": value}, schema=schema),
+                                   row_group_size=ROW_GROUP_ROWS)
+                rows += len(t)
+    return rows
+
+
+def write_frame(frame: pd.DataFrame, path: Path) -> int:
+    """Any long telemetry frame (TELEMETRY_COLUMNS) written as ingest writes the agent's."""
+    def parts():  # rows without host, kind or sensor are left out, as a groupby over them would
+        for (host, kind), rows in frame.dropna(subset=SERIES_KEYS).groupby(["host", "kind"], sort=True):
+            codes, sensors = pd.factorize(rows["sensor"])
+            yield str(host), str(kind), _ranked([Readings(rows["t"].to_numpy("float64"), rows["value"].to_numpy(
+                "float64"), codes.astype(np.int32), [str(s) for s in sensors])])
+
+    return write_telemetry(parts(), path)
 
 
 def telemetry(monitor_dir: Path, offsets: dict[str, float]) -> tuple[pd.DataFrame, dict]:
+    """The tidy telemetry of a run as one frame, sorted by (host, kind, sensor, t), and the
+    dropped rows counted by reason: for small runs and tests (``ingest`` streams to the file)."""
     frames, dropped = [], {}
-    for host_dir in sorted(p for p in Path(monitor_dir).iterdir() if p.is_dir()):
-        for stem, kind in KIND_OF_FILE.items():
-            path = host_dir / f"{stem}.csv"
-            if path.exists():
-                frame, counts = read_agent_csv(path, host_dir.name, kind, offsets.get(host_dir.name, 0.0))
-                if kind == "power":
-                    frame, notes = power.power_rows(frame)
-                    counts.update(notes)
-                frames.append(frame)
-                dropped.update(counts)
-    if not frames:
-        return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("t", "value") else "string")
-                             for c in TELEMETRY_COLUMNS}), dropped
-    tidy = pd.concat(frames, ignore_index=True).sort_values(["t", "host", "kind", "sensor"], kind="stable")
-    return tidy.astype({"host": "string", "kind": "string", "sensor": "string"}).reset_index(drop=True), dropped
+    for host, kind, readings, counts in kind_readings(monitor_dir, offsets):
+        frames += [pd.DataFrame({"t": t, "host": host, "kind": kind, "sensor": sensor, "value": value})
+                   for sensor, t, value in sorted_series(readings)]
+        dropped.update(counts)
+    frame = pd.concat(frames, ignore_index=True) if frames else TELEMETRY_SCHEMA.empty_table().to_pandas()
+    return frame.astype({key: "string" for key in SERIES_KEYS}), dropped
 
 
 def requests(phase_files: list[Path]) -> pd.DataFrame:
-    frames = [pd.read_parquet(p) for p in phase_files if Path(p).exists()]
-    frames = [f for f in frames if not f.empty]
-    if not frames:
+    """The requests of every phase, by rep and start.  The files are joined as Arrow tables
+    (a soak has hundreds of phases: a DataFrame each costs more than the reading)."""
+    tables = [pq.read_table(p) for p in phase_files if Path(p).exists()]
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
         return pd.DataFrame()
-    return pd.concat(frames, ignore_index=True).sort_values(["rep", "t_start"], kind="stable").reset_index(drop=True)
+    joined = pa.concat_tables(tables, promote_options="permissive").to_pandas()
+    return joined.sort_values(["rep", "t_start"], kind="stable").reset_index(drop=True)
 
 
 def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, out_requests: Path) -> dict:
@@ -79,12 +265,18 @@ def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, 
     stopped_path = run_dir / "monitor" / "stopped.json"
     stopped = json.loads(stopped_path.read_text()) if stopped_path.exists() else {}
     offsets = host_offsets(preflight, stopped)
-    tidy, dropped = telemetry(run_dir / "monitor", offsets)
+    dropped = {}
+
+    def parts():
+        for host, kind, readings, counts in kind_readings(run_dir / "monitor", offsets):
+            dropped.update(counts)
+            yield host, kind, readings
+
     out_telemetry.parent.mkdir(parents=True, exist_ok=True)
-    tidy.to_parquet(out_telemetry, index=False)
+    rows = write_telemetry(parts(), out_telemetry)
     requests(phase_request_files).to_parquet(out_requests, index=False)
     _records, event_problems = jsonl.read_checked(run_dir / "events.jsonl", "t", ("event",))
-    report = {"telemetry_rows": len(tidy), "dropped": dropped, "events": event_problems,
+    report = {"telemetry_rows": rows, "dropped": dropped, "events": event_problems,
               "clock_offsets_s": offsets}
     (out_telemetry.parent / "ingest.json").write_text(json.dumps(report, indent=1))
     return report
