@@ -31,8 +31,12 @@ sys.path.insert(0, str(REPO / "workflow"))
 from thermab.load import inflight, run_load  # noqa: E402
 from thermab.prompts import build_prompt  # noqa: E402
 
+# The stdlib server listens with a backlog of 5, which drops the SYNs of users connecting
+# at once (1 s each to retransmit, idle slots for both clients); uvicorn, vLLM's server,
+# listens with 2048.
 SERVER = """
-import sys, time
+import socketserver, sys, time
+socketserver.TCPServer.request_queue_size = 2048
 sys.path.insert(0, {tests!r})
 from openai_test_servers import MisbehavingServer
 with MisbehavingServer("normal", token_interval_s={interval}, prefill_s=0.01) as server:
