@@ -58,9 +58,10 @@ PROMPT_TOKENS = 600
 INFLIGHT_TARGET = {4: 3.99, 64: 63.9}
 CPU_POLL_S = 0.005  # how often the Locust process's CPU time is read around its marks
 PROFILE_RATE_HZ = 100
-# py-spy cannot tell a wait from work in these leaves: gevent's hub in libev (epoll), the
-# idle worker of gevent's thread pool, asyncio's selector.
-IDLE_LEAVES = ("Hub.run ", "acquire_with_timeout ", "select (selectors.py")
+# Leaves where a client waits for the network or for nothing, which py-spy does not always
+# tell from work: gevent's hub in libev (epoll), the idle worker of gevent's thread pool,
+# asyncio's selector (epoll).
+IDLE_LEAVES = ("Hub.run ", "acquire_with_timeout ", "EpollSelector.select ")
 
 
 def start_server(interval: float, lifetime: float) -> tuple[subprocess.Popen, str]:
