@@ -152,9 +152,9 @@ class StreamReader:
 CONNECT_TIMEOUT_S = 10
 # A server silent this long fails the request instead of hanging the run. It is one timer per
 # request, restarted at most every REARM_S as lines arrive, not a socket timeout: gevent
-# starts a timer for every wait of a socket that has one, which cost a quarter of the CPU per
-# token at 4 users (docs/benchmarks.md). So it fires after READ_TIMEOUT_S - REARM_S to
-# READ_TIMEOUT_S without a line.
+# starts a timer for every wait of a socket that has one, 12 % of the load's CPU samples at
+# 4 users (docs/benchmarks.md). So it fires after READ_TIMEOUT_S - REARM_S to READ_TIMEOUT_S
+# without a line.
 READ_TIMEOUT_S = 120
 REARM_S = 1.0
 JSON_HEADERS = {"Content-Type": "application/json"}
