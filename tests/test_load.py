@@ -13,6 +13,7 @@ import pytest
 from openai_test_servers import MisbehavingServer
 from thermab.jsonl import JsonlTail
 from thermab.load import prompts, runner, validity
+from thermab.load.stream import StreamFailure, StreamReader
 
 SPEC_FIELDS = {field.name for field in dataclasses.fields(runner.LoadSpec)}
 
@@ -179,6 +180,101 @@ def test_single_stream_mode(tmp_path):
         "one stream: a request starts only after the previous one ended"
     assert 0 < report["concurrency"]["inflight_mean"] <= 1.0
     assert untimed(report["warnings"]) == []
+
+
+class LookupCountingServer(MisbehavingServer):
+    """A normal peer that also counts the model lookups (GET /v1/models) it answers."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lookups = []
+
+    def _handler_class(self):
+        peer, handler = self, super()._handler_class()
+
+        class Counting(handler):
+            def do_GET(self):
+                if self.path == "/v1/models":
+                    peer.lookups.append(time.time())
+                super().do_GET()
+
+        return Counting
+
+
+def test_users_spawned_together_look_the_model_up_once(tmp_path):
+    with LookupCountingServer("normal") as server:
+        report, frame, _ = run(server, tmp_path, users=8, duration_s=2)
+    assert len(server.lookups) == 1
+    assert frame["ok"].all() and sorted(frame["user"].unique()) == list(range(1, 9))
+
+
+def read_streams(*streams):
+    """Each stream, (arrival time, line) pairs, through the load's StreamReader as the
+    locustfile's exchange records them."""
+    records = []
+    for events in streams:
+        reader = StreamReader(stall_gap_s=1.0)
+        try:
+            for t, line in events:
+                reader.line(line.encode(), t)
+            reader.end()
+        except StreamFailure as exc:
+            reader.fail(str(exc))
+        except ValueError as exc:
+            reader.fail(f"bad stream data: {exc}")
+        records.append({**reader.record("load", 1, "tag"), "bytes": reader.bytes})
+    return records
+
+
+def sse(obj, end="\n"):
+    """One event's data line as a server sends it (compact JSON, as vLLM writes it)."""
+    return f"data: {json.dumps(obj, separators=(',', ':'))}{end}"
+
+
+def chunk(delta, **extra):
+    return {"id": "c1", "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}], **extra}
+
+
+def test_stream_events_are_read_from_their_json():
+    usage = {"prompt_tokens": 7, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 3}}
+    # A reasoning model behind an OpenAI-style server: "usage": null in every chunk, CRLF line
+    # ends, a keep-alive comment, and a chunk whose only "content" is its logprobs list.
+    reasoning = [
+        (1.0, sse(chunk({"role": "assistant", "content": ""}, usage=None), "\r\n")), (1.0, "\r\n"),
+        (1.2, ": keep-alive\r\n"),
+        (1.5, sse(chunk({"reasoning_content": "think"}, usage=None), "\r\n")), (1.5, "\r\n"),
+        (1.6, sse(chunk({}, usage=None) | {"choices": [{"index": 0, "delta": {}, "finish_reason": None,
+                                                         "logprobs": {"content": [{"token": "x"}]}}]}, "\r\n")),
+        (2.7, sse(chunk({"content": "Hi"}, usage=None), "\r\n")),
+        (2.8, sse(chunk({}, usage=None) | {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})),
+        (2.8, sse({"id": "c1", "choices": [], "usage": usage})),
+        (2.8, "data: [DONE]\n"),
+    ]
+    no_usage = [(1.0, sse(chunk({"role": "assistant"}))), (1.1, sse(chunk({"content": "a"}))),
+                (1.3, sse(chunk({"content": "b"}))), (1.3, "data: [DONE]\n")]
+    error = [(1.0, sse(chunk({"content": "a"}))), (1.1, sse({"error": {"message": "overloaded"}}))]
+    bad_json = [(1.0, sse(chunk({"content": "a"}))), (1.1, 'data: {"choices": [\n')]
+    not_an_object = [(1.0, "data: [1, 2]\n")]
+    truncated = [(1.0, sse(chunk({"content": "a"}))), (1.1, sse(chunk({"content": "b"})))]
+
+    full, counted, failed, malformed, listed, cut = read_streams(
+        reasoning, no_usage, error, bad_json, not_an_object, truncated)
+
+    assert full["ok"] and full["error"] == "" and full["usage_source"] == "usage"
+    assert full["t_first_token"] == 1.5  # the reasoning text, not the role chunk
+    assert (full["prompt_tokens"], full["completion_tokens"], full["cached_tokens"]) == (7, 5, 3)
+    assert full["max_gap_s"] == pytest.approx(1.2) and full["stall_gaps"] == 1  # reasoning to "Hi"
+    assert full["bytes"] == sum(len(line.encode()) for _, line in reasoning)
+
+    assert counted["ok"] and counted["usage_source"] == "chunks" and counted["completion_tokens"] == 2
+    assert counted["t_first_token"] == 1.1 and counted["max_gap_s"] == pytest.approx(0.2)
+    assert counted["prompt_tokens"] is None
+
+    assert failed["error"] == "server error in stream: {'message': 'overloaded'}"
+    assert malformed["error"].startswith("bad stream data: ") and not malformed["ok"]
+    assert listed["error"].startswith("bad stream data: an event that is not a JSON object")
+    assert cut["error"] == "stream truncated: the body ended without [DONE] after 2 token chunks"
 
 
 def test_prompts_are_deterministic_tagged_first_and_sized():

@@ -23,7 +23,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import networkx as nx  # noqa: E402
 import yaml  # noqa: E402
 
-PACKAGES = ("thermab", "snakemake", "locust", "paramiko", "pandas", "pyarrow", "matplotlib", "plotly")
+PACKAGES = ("thermab", "snakemake", "locust", "geventhttpclient", "orjson", "paramiko", "pandas", "pyarrow",
+            "scipy", "statsmodels", "matplotlib", "plotly")
 
 
 def versions(workdir: Path) -> dict[str, str]:

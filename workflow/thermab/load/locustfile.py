@@ -2,12 +2,12 @@
 
 On its own, with the web UI (the options below appear in its form):
 
-    locust -f scripts/locustfile.py --host http://127.0.0.1:8000
+    locust -f workflow/thermab/load/locustfile.py --host http://127.0.0.1:8000
 
-Headless, as thermab's load stage runs it (``thermab/load.py``; never import this file into
+Headless, as thermab's load stage runs it (``thermab/load/runner.py``; never import this file into
 Snakemake's process, gevent's monkey-patching hangs it):
 
-    locust -f scripts/locustfile.py --headless -u 4 -r 4 --run-time 1800 --stop-timeout 120 \\
+    locust -f workflow/thermab/load/locustfile.py --headless -u 4 -r 4 --run-time 1800 --stop-timeout 120 \\
         --host URL --tag-prefix AB-rep1-A --records-out requests.jsonl --events-out load_events.jsonl
 
 Each user is one slot of a closed loop: it holds one streamed chat completion and sends the
@@ -19,46 +19,59 @@ failed).
 
 Per request, times are epoch seconds on this machine: ``t_start`` before sending,
 ``t_first_token`` when the first delta carrying text arrives, ``t_end`` when the stream
-ends. The stream is read as bytes arrive (``read1``), so buffering never delays the first
-token. Token counts come from the server's ``usage`` (``stream_options.include_usage``);
-only when a server sends none are text-bearing chunks counted instead, flagged
-``usage_source = "chunks"`` (an undercount under speculative decoding, where one chunk
-carries several tokens). Inter-token gaps are measured between chunks; ``max_gap_s`` is the
-largest, ``stall_gaps`` counts those of at least ``--stall-gap-s``. ``token_arrivals`` counts
-the reads that brought text (chunks read together arrived together) and ``token_span_s`` is
-the time from the first to the last of them: what the analysis needs to tell a measured
-decode speed from tokens that came in a few bursts.
+ends. Each line of the stream is handled the moment it is complete, whatever else has
+arrived, so buffering never delays the first token. Every event is parsed (orjson), so
+text, usage and errors are read from the JSON, never guessed from its bytes. Token counts
+come from the server's ``usage`` (``stream_options.include_usage``); only when a server
+sends none are text-bearing chunks counted instead, flagged ``usage_source = "chunks"`` (an
+undercount under speculative decoding, where one chunk carries several tokens).
+Inter-token gaps are measured between chunks; ``max_gap_s`` is the largest, ``stall_gaps``
+counts those of at least ``--stall-gap-s``.
+``token_arrivals`` counts the separate arrivals of text (lines handled within
+``ARRIVAL_GAP_S`` of the previous one were read from one buffer: one arrival) and
+``token_span_s`` is the time from the first to the last: what the analysis needs to tell a
+measured decode speed from tokens that came in a few bursts.
 
-Locust's own response_time stops at the headers for a stream, so the request event fired
-here carries ``t_end - t_start`` and the stream's outcome, and Locust's statistics and UI
-show whole requests.
+Locust runs the users, their spawning and stopping, the statistics and the web UI. The
+streams go over geventhttpclient, the client of Locust's FastHttpUser, used directly: a
+FastHttpUser's session fires its request event when the headers arrive, but a stream's
+latency ends with its last token, so the one request event here, fired when the stream
+ends, carries ``t_end - t_start`` and the stream's outcome, and Locust's statistics and UI
+show whole requests. There is no per-chunk event. docs/benchmarks.md has the profile behind
+these choices and how this compares with a bare asyncio client.
 """
 
-import http.client
 import itertools
 import json
 import logging
 import os
 import time
+from http.client import HTTPException
 
 import gevent
-import requests
-import urllib3
-from gevent import GreenletExit
-from locust import User, events, task
+import orjson
+from gevent import GreenletExit, Timeout
+from gevent.lock import Semaphore
+from geventhttpclient import URL, HTTPClient
+from locust import User, constant, events, task
 from locust.exception import StopUser
 
 from thermab.load.prompts import DEFAULT_TOKENS_PER_CHAR, build_prompt, calibrated_tokens_per_char
+from thermab.load.stream import StreamFailure, StreamReader
 
-READ_BYTES = 65536  # an upper bound only: read1 returns whatever has arrived
-TIMEOUT_S = (10, 120)  # (connect, between bytes): a hung server fails the request instead of the run
+CONNECT_TIMEOUT_S = 10
+# A server silent this long fails the request instead of hanging the run. It is one timer per
+# request, restarted at most every REARM_S as lines arrive, not a socket timeout: gevent
+# starts a timer for every wait of a socket that has one, 12 % of the load's CPU samples at
+# 4 users (docs/benchmarks.md). So it fires after READ_TIMEOUT_S - REARM_S to READ_TIMEOUT_S
+# without a line.
+READ_TIMEOUT_S = 120
+REARM_S = 1.0
+JSON_HEADERS = {"Content-Type": "application/json"}
 ERROR_BACKOFF_S = 1.0
 PROBE_USER = 0  # load users are numbered from 1
-# Reasoning models stream their thinking in a separate field before any content; those
-# tokens are generated tokens too, so they count for the first token and the gaps.
-TEXT_FIELDS = ("content", "reasoning_content", "reasoning")
 
-RUN = None  # the Run of the test in progress (one per test_start)
+RUN = None  # the LoadTest in progress (one per test_start)
 
 
 @events.init_command_line_parser.add_listener
@@ -92,92 +105,8 @@ def parse_extra_body(text):
     return extra_body
 
 
-class StreamFailure(Exception):
-    """A request that did not deliver a complete stream; its text is the record's error."""
-
-
-class StreamReader:
-    """Reads one server-sent-events chat completion and keeps what its record needs."""
-
-    def __init__(self, stall_gap_s):
-        self.stall_gap_s = stall_gap_s
-        self.t_start = time.time()
-        self.t_first_token = None
-        self.t_last_token = None
-        self.t_end = None
-        self.responded = False
-        self.done = False
-        self.token_chunks = 0
-        self.bytes = 0
-        self.usage = None
-        self.max_gap_s = None
-        self.stall_gaps = 0
-        self.token_arrivals = 0
-        self.error = ""
-        self._pending = b""
-
-    def read(self, response):
-        self.responded = True
-        while data := response.raw.read1(READ_BYTES):
-            now = time.time()
-            self.bytes += len(data)
-            *lines, self._pending = (self._pending + data).split(b"\n")
-            for line in lines:
-                self._event(line.strip(), now)
-        if not self.done:
-            raise StreamFailure(f"stream truncated: the body ended without [DONE] after {self.token_chunks} token chunks")
-
-    def _event(self, line, now):
-        if not line.startswith(b"data:"):
-            return  # blank separators, comments and event names carry nothing we count
-        payload = line[len(b"data:"):].strip()
-        if payload == b"[DONE]":
-            self.done = True
-            return
-        event = json.loads(payload)
-        if event.get("error"):
-            raise StreamFailure(f"server error in stream: {event['error']}")
-        if event.get("usage"):
-            self.usage = event["usage"]
-        if any((choice.get("delta") or {}).get(field) for choice in event.get("choices") or [] for field in TEXT_FIELDS):
-            self._token_chunk(now)
-
-    def _token_chunk(self, now):
-        if self.t_first_token is None:
-            self.t_first_token = now
-        else:
-            gap = now - self.t_last_token
-            self.max_gap_s = gap if self.max_gap_s is None else max(self.max_gap_s, gap)
-            if gap >= self.stall_gap_s:
-                self.stall_gaps += 1
-        if now != self.t_last_token:  # chunks of one read share its time: one arrival
-            self.token_arrivals += 1
-        self.t_last_token = now
-        self.token_chunks += 1
-
-    def fail(self, error):
-        self.error = error
-
-    def record(self, kind, user, tag):
-        usage = self.usage or {}
-        return {
-            "kind": kind,
-            "user": user,
-            "tag": tag,
-            "t_start": self.t_start,
-            "t_first_token": self.t_first_token,
-            "t_end": self.t_end,
-            "prompt_tokens": usage.get("prompt_tokens"),
-            "completion_tokens": usage["completion_tokens"] if self.usage else self.token_chunks,
-            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-            "ok": not self.error,
-            "error": self.error,
-            "max_gap_s": self.max_gap_s,
-            "stall_gaps": self.stall_gaps,
-            "usage_source": "usage" if self.usage else "chunks",
-            "token_arrivals": self.token_arrivals,
-            "token_span_s": None if self.t_first_token is None else self.t_last_token - self.t_first_token,
-        }
+def silence_timeout():
+    return Timeout(READ_TIMEOUT_S, TimeoutError(f"no line from the server for {READ_TIMEOUT_S} s"))
 
 
 def open_jsonl(path):
@@ -192,7 +121,7 @@ def write_line(handle, obj):
         handle.flush()
 
 
-class Run:
+class LoadTest:
     """What one test shares from test_start to test_stop: its options, the output files,
     the model name, the prompt-size calibration and the probe."""
 
@@ -207,7 +136,10 @@ class Run:
         self.records = open_jsonl(options.records_out)
         self.events = open_jsonl(options.events_out)
         self.base_url = (environment.host or "").rstrip("/").removesuffix("/v1")
+        self.path = URL(self.base_url).path.rstrip("/")  # a server behind a path prefix
+        self.chat_path = self.path + "/v1/chat/completions"
         self.model = options.model
+        self.model_lookup = Semaphore()
         self.tokens_per_char = DEFAULT_TOKENS_PER_CHAR
         self.calibrated = False
         self.user_ids = itertools.count(PROBE_USER + 1)
@@ -215,42 +147,50 @@ class Run:
         self.stop_deadline = None
         self.probe = None
 
-    def model_name(self, session):
+    def client(self):
+        """A keep-alive connection of its own for one user (or the probe)."""
+        return HTTPClient.from_url(self.base_url, connection_timeout=CONNECT_TIMEOUT_S,
+                                   network_timeout=None, concurrency=1)
+
+    def model_name(self, client):
         if not self.model:
-            try:
-                response = session.get(f"{self.base_url}/v1/models", timeout=TIMEOUT_S)
-                response.raise_for_status()
-                self.model = response.json()["data"][0]["id"]
-            except (requests.RequestException, ValueError, LookupError) as exc:
-                raise StreamFailure(f"model lookup at /v1/models failed: {exc!r}") from exc
+            with self.model_lookup:  # one lookup for all: users spawned together would each ask
+                if not self.model:
+                    try:
+                        with silence_timeout():
+                            response = client.get(self.path + "/v1/models")
+                            text = response.read()
+                        if response.status_code != 200:
+                            raise ValueError(f"HTTP {response.status_code}: {text[:300]!r}")
+                        self.model = orjson.loads(text)["data"][0]["id"]
+                    except (HTTPException, OSError, ValueError, LookupError, TypeError) as exc:
+                        raise StreamFailure(f"model lookup at /v1/models failed: {exc!r}") from exc
         return self.model
 
-    def exchange(self, session, kind, user, sequence, max_tokens):
+    def exchange(self, client, kind, user, sequence, max_tokens):
         """One streamed request, recorded whatever happens; returns whether it succeeded."""
         tag = f"[{self.tag_prefix} {kind} u{user} #{sequence}]"
         prompt = build_prompt(tag, self.options.prompt_tokens, self.tokens_per_char)
         reader = StreamReader(self.options.stall_gap_s)
         try:
-            body = {
+            body = orjson.dumps({
                 **self.extra_body,
-                "model": self.model_name(session),
+                "model": self.model_name(client),
                 "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": max_tokens,
                 "ignore_eos": True,
                 "stream": True,
                 "stream_options": {"include_usage": True},
-            }
+            })
             reader.t_start = time.time()  # the first request's model lookup is not its latency
-            with session.post(f"{self.base_url}/v1/chat/completions", json=body, stream=True, timeout=TIMEOUT_S) as response:
-                if response.status_code != 200:
-                    raise StreamFailure(f"HTTP {response.status_code}: {response.text[:300]}")
-                reader.read(response)
+            with silence_timeout() as silence:
+                self.stream(client, body, reader, silence)
         except GreenletExit:
             reader.fail(f"stopped at --stop-timeout: stream still open after {reader.token_chunks} token chunks")
             raise
         except StreamFailure as exc:
             reader.fail(str(exc))
-        except (requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
+        except (HTTPException, OSError) as exc:  # geventhttpclient's parse errors are HTTPExceptions
             if reader.responded:
                 reader.fail(f"connection dropped mid-stream: after {reader.token_chunks} token chunks, {exc!r}")
             else:
@@ -262,6 +202,27 @@ class Run:
             self.emit(reader, kind, user, tag)
             self.learn_prompt_size(prompt, reader)
         return not reader.error
+
+    def stream(self, client, body, reader, silence):
+        response = client.request("POST", self.chat_path, body=body, headers=JSON_HEADERS)
+        try:
+            if response.status_code != 200:
+                raise StreamFailure(f"HTTP {response.status_code}: {response.read()[:300].decode(errors='replace')}")
+            reader.responded = True
+            rearmed = reader.t_start
+            # readline returns each line once it is complete, reading whatever has arrived:
+            # no read waits for a buffer to fill, so the first token is never held back.
+            readline = response.readline
+            while line := readline(b"\n"):
+                now = time.time()
+                reader.line(line, now)
+                if now - rearmed > REARM_S:
+                    silence.cancel()
+                    silence.start()
+                    rearmed = now
+            reader.end()
+        finally:
+            response.release()  # back to the pool when complete, else the connection is closed
 
     def emit(self, reader, kind, user, tag):
         write_line(self.records, reader.record(kind, user, tag))
@@ -290,14 +251,15 @@ class Run:
         self.probe = gevent.spawn_later(self.probe_delay_s, self._probe)
 
     def _probe(self):
-        session = requests.Session()
+        client = self.client()
         self.mark("probe_start")
         try:
             for sequence in range(self.options.probe_n):
                 if self.stopping:
                     return
-                self.exchange(session, "probe", PROBE_USER, sequence, self.options.probe_tokens)
+                self.exchange(client, "probe", PROBE_USER, sequence, self.options.probe_tokens)
         finally:
+            client.close()
             self.mark("probe_end")
 
     def mark(self, event):
@@ -321,7 +283,7 @@ class Run:
 @events.test_start.add_listener
 def on_test_start(environment, **_kwargs):
     global RUN
-    RUN = Run(environment)
+    RUN = LoadTest(environment)
     RUN.mark("load_start")
     RUN.start_probe()
 
@@ -339,21 +301,34 @@ def on_test_stop(environment, **_kwargs):
 class LoadUser(User):
     """One closed-loop slot: the next request leaves the moment the last one ends."""
 
-    def wait_time(self):
-        # Closed loop, no think time. After a failure only, a short pause, so a dead server
-        # yields a handful of error records rather than thousands of refused connections.
-        return ERROR_BACKOFF_S if self.last_failed else 0.0
+    # The task returns only after a failed request (see chat); then a short pause, so a dead
+    # server yields a handful of error records rather than thousands of refused connections.
+    wait_time = constant(ERROR_BACKOFF_S)
 
     def on_start(self):
         self.index = next(RUN.user_ids)
-        self.session = requests.Session()
+        self.client = RUN.client()
         self.sequence = itertools.count()
-        self.last_failed = False
+        self.stop_asked = False
+
+    def on_stop(self):
+        self.client.close()
+
+    def stop(self, force=False):
+        # Locust asks a running user to stop (the end of the test, or fewer users set in the
+        # web UI) by marking it, and waits for its task to return: the loop in chat ends at
+        # the next request boundary.
+        self.stop_asked = True
+        return super().stop(force)
 
     @task
     def chat(self):
+        # The loop stays in this task while requests succeed: between two tasks Locust
+        # yields to gevent even at zero wait, and at 64 users that yield left the slot idle
+        # for milliseconds behind the other streams' chunks (docs/benchmarks.md).
+        while not (RUN.stopping or self.stop_asked):
+            if not RUN.exchange(self.client, "load", self.index, next(self.sequence), RUN.options.max_tokens):
+                return
         # Locust tells users to stop a moment after test_stopping; a request ending in that
         # moment must not start another after the end of the load.
-        if RUN.stopping:
-            raise StopUser()
-        self.last_failed = not RUN.exchange(self.session, "load", self.index, next(self.sequence), RUN.options.max_tokens)
+        raise StopUser()
