@@ -157,12 +157,12 @@ def test_stock_reader_is_a_busy_core_and_patched_parks_but_neither_burns_one():
     assert used[1.0][0] < 0.5 * meters[1.0].seconds()
 
 
-def stalled_get(lost_wakeup, monkeypatch):
-    """A reader reads one message and goes idle; the next message comes while it is
-    going idle.  Returns how long the reader took to get that message."""
-    monkeypatch.setattr(shm, "IDLE_ENTRY_S", 0.2)  # a wide window, so the writer lands in it
+def second_message_after(busy_loop_s, lost_wakeup, monkeypatch):
+    """A reader gets a message, then a second one 0.1 s later.  Returns how long it waited
+    for the second."""
+    monkeypatch.setattr(shm.random, "expovariate", lambda rate: 0.5)  # delivered 0.5 s after it is sent
     monkeypatch.setattr(shm, "RECHECK_S", 1.0)
-    queue = ShmQueue(0.002, lost_wakeup=lost_wakeup)
+    queue = ShmQueue(busy_loop_s, lost_wakeup=lost_wakeup)
     took = []
 
     def reader():
@@ -173,18 +173,23 @@ def stalled_get(lost_wakeup, monkeypatch):
 
     thread = threading.Thread(target=reader)
     thread.start()
-    time.sleep(0.5)  # the reader is idle, waiting for a poke
+    time.sleep(0.3)  # the reader is idle, waiting for a notification
     queue.put("execute")
-    time.sleep(0.1)  # the reader woke, read, spun 2 ms, found nothing and is going idle
+    time.sleep(0.1)
     queue.put("sample")
     thread.join(10)
     queue.close()
     return took[0]
 
 
-def test_a_lost_wakeup_waits_for_the_recheck_and_the_default_reader_does_not(monkeypatch):
-    assert stalled_get(True, monkeypatch) >= 0.9 * shm.RECHECK_S
-    assert stalled_get(False, monkeypatch) < 0.5 * shm.RECHECK_S
+def test_a_lost_wakeup_stalls_only_a_reader_that_stopped_spinning(monkeypatch):
+    # went idle 2 ms after the first message: the second's notification is dropped, and
+    # only the periodic re-check finds it
+    assert second_message_after(0.002, True, monkeypatch) >= 0.9 * shm.RECHECK_S
+    # still spinning when the second comes: read without a notification
+    assert second_message_after(0.5, True, monkeypatch) < 0.5 * shm.RECHECK_S
+    # notifications not dropped: the idle reader is woken
+    assert second_message_after(0.002, False, monkeypatch) < 0.5 * shm.RECHECK_S
 
 
 # ---- the node's CPU accounts and /proc view ---------------------------------------
@@ -458,13 +463,21 @@ def test_zones_rise_and_cool_with_the_time_compression():
 
 def test_node_load_caps_a_thread_at_one_core_and_carries_the_rest():
     load = thermal.NodeLoad(cores=20)
-    rows = [("vllm_cpu_pct", 230.0, ""), ("thread EngineCore 7 cpu15", 170.0, ""), ("thread cuda-sync 71 cpu5", 60.0, "")]
-    first = load(rows, 1.0)
-    assert first.cpu_cores == pytest.approx(1.6)
-    assert first.held_on == (0.0, 1.0)  # the engine thread holds a core on cluster 1
-    second = load([("vllm_cpu_pct", 50.0, ""), ("thread EngineCore 7 cpu5", 30.0, ""), ("thread cuda-sync 71 cpu5", 20.0, "")], 1.0)
-    assert second.cpu_cores == pytest.approx(1.2)  # the late 0.7 core of the first tick arrives here
-    assert second.held_on == (1.0, 0.0)
+
+    def tick(engine_pct, engine_core, waiter_pct):
+        return load([("vllm_cpu_pct", engine_pct + waiter_pct, ""), ("thread EngineCore 7 cpu%d" % engine_core,
+                     engine_pct, ""), ("thread cuda-sync 71 cpu5", waiter_pct, "")], 1.0)
+
+    assert tick(100.0, 15, 60.0).held_on == (0.0, 0.0)  # holding its core since this tick only
+    late = tick(170.0, 15, 60.0)
+    assert late.cpu_cores == pytest.approx(1.6)
+    assert late.held_on == (0.0, 1.0)  # the engine thread holds a core on cluster 1
+    caught_up = tick(30.0, 5, 60.0)
+    assert caught_up.cpu_cores == pytest.approx(1.6)  # the late 0.7 core of the last tick arrives here
+    assert caught_up.held_on == (1.0, 0.0)  # still busy, now on cluster 0
+    # a thread at 60 % whose view came late once looks busy for one tick: it holds no core
+    assert tick(0.0, 5, 30.0).held_cores == 0.0
+    assert tick(0.0, 5, 90.0).held_cores == 0.0
 
 
 def test_thermal_daemon_writes_zones_and_stops(tmp_path):

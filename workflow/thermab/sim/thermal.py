@@ -66,15 +66,18 @@ class NodeLoad:
 
     A thread uses at most one core: a larger delta means the view was written late (this
     machine is shared and a process's writer can lag), so the excess is carried into the
-    following ticks instead of heating the node in a spike; the total over time is kept."""
+    following ticks instead of heating the node in a spike; the total over time is kept.
+    For the same reason a thread holds its core only when busy ``HELD_SHARE`` of two ticks
+    in a row: a late view makes one tick look busier, not two."""
 
     def __init__(self, cores: int):
         self.cores = cores
         self.carry = {}  # (comm, tid) -> core-seconds per tick not yet counted
+        self.busy = set()  # threads at HELD_SHARE or more in the last tick
 
     def __call__(self, cpu_rows: list, gpu_busy: float) -> zones.Load:
         used, held_on = 0.0, [0.0, 0.0]
-        carry = {}
+        carry, busy = {}, set()
         for sensor, value, _ in cpu_rows:
             if not sensor.startswith("thread "):
                 continue
@@ -84,8 +87,10 @@ class NodeLoad:
             share = min(share, 1.0)
             used += share
             if share >= HELD_SHARE:
-                held_on[int(core[3:]) * 2 // self.cores] += share
-        self.carry = carry
+                busy.add((comm, tid))
+                if (comm, tid) in self.busy:
+                    held_on[int(core[3:]) * 2 // self.cores] += share
+        self.carry, self.busy = carry, busy
         return zones.Load(cpu_cores=used, gpu_busy=gpu_busy, held_cores=sum(held_on), held_on=tuple(held_on))
 
 

@@ -38,10 +38,10 @@ reader busy from a read until it parks (``busy_loop_s`` later, unless the next m
 came first); ``LAUNCH_S_PER_STEP`` and ``API_S_PER_TOKEN`` of host work; and
 ``GPU_WAIT_THREADS``, the threads that poll while the GPU runs (CUDA stream sync, NCCL
 proxies, output copy), a share of a core each for every second the node's GPU is busy.  With ``lost_wakeup`` in the node's sim.json a
-reader can miss the poke of a message that comes just as it goes idle
-(:mod:`thermab.sim.shm`): with ``busy_loop_s`` 0.002 the worker goes idle 2 ms after a
-step's ``execute``, right when its ``sample`` comes after a batch change, and the whole
-engine waits for the 5-s re-check.
+notification sent within 5 ms of the previous one is dropped (:mod:`thermab.sim.shm`):
+with ``busy_loop_s`` 0.002 the worker goes idle 2 ms after a step's ``execute``, before
+its ``sample`` comes after a batch change, misses it, and the whole engine waits for the
+5-s re-check.
 
 With ``--peer-port`` the engine also sends every step over TCP to a worker node on
 127.0.0.1 and waits for its reply (blocking, no spin), as tensor parallelism across two
@@ -185,13 +185,12 @@ def become_child(name: str) -> None:
 
 class Gpu:
     """The emulated GPU of a node.  A step takes its duration in wall time and no CPU here.
-    When the batch runs on and the host sent the step less than a step's time after the
-    previous one ended, the step starts where the previous one ended: vLLM schedules the
-    next step while the GPU runs the current one, so host work shorter than a step never
-    idles the GPU (and the load on this machine does not set the cadence).  Busy time
-    (``busy_s`` of each step: from the previous step's dispatch when the batch ran on)
-    adds up in run/gpu_busy_s, which the thermal model differentiates, and keeps the
-    node's GPU-waiting threads busy (``GPU_WAIT_THREADS``, accounted in GB10 cores)."""
+    While the batch runs on, a step ends one step time after the previous one, or as soon
+    as it is launched if the host took longer than that: vLLM schedules the next step
+    while the GPU runs the current one, so host work hides behind the GPU's (and the load
+    on this machine does not set the cadence).  Step time adds up in run/gpu_busy_s, which
+    the thermal model differentiates, and keeps the node's GPU-waiting threads busy
+    (``GPU_WAIT_THREADS``, accounted in GB10 cores)."""
 
     def __init__(self, root: Path, account: Account):
         self.path = node.run_dir(root) / "gpu_busy_s"
@@ -204,15 +203,15 @@ class Gpu:
 
     def run(self, step: dict, launched_at: float) -> None:
         """Run ``step`` launched at ``launched_at`` (time.monotonic); return when it is done."""
-        start = launched_at
-        if step["ran_on"] and self.finished_at is not None and launched_at - self.finished_at <= step["duration_s"]:
-            start = self.finished_at
-        self.finished_at = start + step["duration_s"]
+        if step["ran_on"] and self.finished_at is not None:
+            self.finished_at = max(self.finished_at + step["duration_s"], launched_at)
+        else:
+            self.finished_at = launched_at + step["duration_s"]
         time.sleep(max(0.0, self.finished_at - time.monotonic()))
-        self.busy_s += step["busy_s"]
+        self.busy_s += step["duration_s"]
         node.write_atomic(self.path, "%.6f\n" % self.busy_s)
         for thread, share in self.waiters:
-            thread.add(share * step["busy_s"])
+            thread.add(share * step["duration_s"])
 
 
 def run_gpu(gpu: Gpu, launched: queue.Queue, replies: ShmQueue) -> None:
@@ -283,7 +282,6 @@ class Engine:
         self.waiting = {}  # rid -> (uncached prompt tokens, completion tokens)
         self.running = {}  # rid -> [completion tokens, emitted]
         self.batch_changed = False  # a request finished or left since the last step
-        self.last_dispatch = None
         self.steps = 0
         self.stats = {"since": time.monotonic(), "tokens": 0, "steps": 0}
 
@@ -313,11 +311,7 @@ class Engine:
             self.running[rid] = [length, 0]
         self.waiting.clear()
         self.steps += 1
-        duration = self.step_s + PREFILL_S_PER_TOKEN * prefill
-        now = time.monotonic()
-        busy = now - self.last_dispatch if ran_on and self.last_dispatch is not None else duration
-        self.last_dispatch = now
-        step = {"step": self.steps, "duration_s": duration, "busy_s": busy, "ran_on": ran_on}
+        step = {"step": self.steps, "duration_s": self.step_s + PREFILL_S_PER_TOKEN * prefill, "ran_on": ran_on}
         if self.peer:
             self.peer.sendall(json.dumps(step).encode() + b"\n")
         self.broadcast.put(step)
