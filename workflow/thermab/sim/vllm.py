@@ -90,6 +90,7 @@ PREFILL_S_PER_TOKEN = 0.05e-3
 MTP_DRAFT_TOKENS = 5  # the study's drafter proposed 5 tokens a step
 MTP_ACCEPT = 0.6  # each drafted token accepted with this chance, while the previous one was
 SAMPLER_REBUILD_S = 0.003  # host time to rebuild the sampling state when the batch changed
+HOST_LAG_S = 0.5  # host lags up to this long are this machine's: the GPU counts as busy (Gpu)
 # GB10 CPU time the node's threads account (thermab.sim.cpu), chosen so that the nodes read
 # what the study measured: a worker node ~208 % (its GPU-waiting threads), the patched head
 # ~212 % (the same, plus the readers busy 2 ms after each read and the API server), the
@@ -187,10 +188,13 @@ class Gpu:
     """The emulated GPU of a node.  A step takes its duration in wall time and no CPU here.
     While the batch runs on, a step ends one step time after the previous one, or as soon
     as it is launched if the host took longer than that: vLLM schedules the next step
-    while the GPU runs the current one, so host work hides behind the GPU's (and the load
-    on this machine does not set the cadence).  Step time adds up in run/gpu_busy_s, which
-    the thermal model differentiates, and keeps the node's GPU-waiting threads busy
-    (``GPU_WAIT_THREADS``, accounted in GB10 cores)."""
+    while the GPU runs the current one, so host work hides behind the GPU's.  Busy time
+    adds up in run/gpu_busy_s, which the thermal model differentiates, and keeps the
+    node's GPU-waiting threads busy (``GPU_WAIT_THREADS``, accounted in GB10 cores): while
+    the batch runs on, the time since the previous step ended, unless that is more than
+    ``HOST_LAG_S`` beyond a step.  A host that lags a few steps behind is this loaded
+    machine, not a GB10, whose GPU would have stayed busy; a longer gap (a stream waiting
+    out a lost wake-up) is the GPU idling."""
 
     def __init__(self, root: Path, account: Account):
         self.path = node.run_dir(root) / "gpu_busy_s"
@@ -203,15 +207,19 @@ class Gpu:
 
     def run(self, step: dict, launched_at: float) -> None:
         """Run ``step`` launched at ``launched_at`` (time.monotonic); return when it is done."""
+        busy = step["duration_s"]
         if step["ran_on"] and self.finished_at is not None:
-            self.finished_at = max(self.finished_at + step["duration_s"], launched_at)
+            finished_at = max(self.finished_at + step["duration_s"], launched_at)
+            if finished_at - self.finished_at <= step["duration_s"] + HOST_LAG_S:
+                busy = finished_at - self.finished_at
+            self.finished_at = finished_at
         else:
             self.finished_at = launched_at + step["duration_s"]
         time.sleep(max(0.0, self.finished_at - time.monotonic()))
-        self.busy_s += step["duration_s"]
+        self.busy_s += busy
         node.write_atomic(self.path, "%.6f\n" % self.busy_s)
         for thread, share in self.waiters:
-            thread.add(share * step["duration_s"])
+            thread.add(share * busy)
 
 
 def run_gpu(gpu: Gpu, launched: queue.Queue, replies: ShmQueue) -> None:
