@@ -75,7 +75,8 @@ class Run:
             if host.spec.simulated:
                 root = shlex.quote(str(host.spec.root))
                 python = shlex.quote(sys.executable)
-                host.run(f"{python} -m thermab.sim.node create {root} --role {host.spec.simulated}")
+                lost_wakeup = " --lost-wakeup" if host.spec.settings.get("lost_wakeup") else ""
+                host.run(f"{python} -m thermab.sim.node create {root} --role {host.spec.simulated}{lost_wakeup}")
                 host.run(f"{python} -m thermab.sim.thermal --node {root} --detach")
 
     def power_off_simulated(self) -> None:
