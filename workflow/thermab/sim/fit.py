@@ -27,10 +27,11 @@ and 212 % patched, the spin being the difference, held by two threads; the worke
    step 1.  TS1P's six parameters, the hot core's own fast share and heat per held core,
    and the share of samples with a spinning thread on cluster 1 are refitted together by
    maximum likelihood (a two-part mixture in the stock phase, the reading noise of step
-   2, and the phase's mean as one more observation of its standard error).  The share is that of at least one of the emulator's two spinning threads
-   (``HELD_THREADS``), so each is on cluster 1 with ``1 - (1 - share) ** (1/2)``.  The
-   chart's 30-s samples show no runs of dips, so the dwell between moves is set below a
-   sample, not fitted (``PLACEMENT_DWELL_S``).
+   2, and the phase's mean as one more observation of its standard error).  The share is
+   that of at least one of the emulator's two spinning threads (``HELD_THREADS``), so each
+   is on cluster 1 with ``1 - (1 - share) ** (1/2)``.  The chart's 30-s samples show no
+   runs of dips, so the dwell between moves is set below a sample, not fitted
+   (``PLACEMENT_DWELL_S``).
 4. Worker: only its TSOC was published.  Its zones are the head's with an ambient offset,
    a gain factor and a time factor, fitted to that TSOC (the hottest modelled zone).
 """
