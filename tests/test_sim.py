@@ -468,16 +468,17 @@ def test_node_load_caps_a_thread_at_one_core_and_carries_the_rest():
         return load([("vllm_cpu_pct", engine_pct + waiter_pct, ""), ("thread EngineCore 7 cpu%d" % engine_core,
                      engine_pct, ""), ("thread cuda-sync 71 cpu5", waiter_pct, "")], 1.0)
 
-    assert tick(100.0, 15, 60.0).held_on == (0.0, 0.0)  # holding its core since this tick only
-    late = tick(170.0, 15, 60.0)
-    assert late.cpu_cores == pytest.approx(1.6)
-    assert late.held_on == (0.0, 1.0)  # the engine thread holds a core on cluster 1
-    caught_up = tick(30.0, 5, 60.0)
-    assert caught_up.cpu_cores == pytest.approx(1.6)  # the late 0.7 core of the last tick arrives here
-    assert caught_up.held_on == (1.0, 0.0)  # still busy, now on cluster 0
-    # a thread at 60 % whose view came late once looks busy for one tick: it holds no core
-    assert tick(0.0, 5, 30.0).held_cores == 0.0
-    assert tick(0.0, 5, 90.0).held_cores == 0.0
+    assert tick(100.0, 15, 60.0).held_on == (0.0, 0.0)  # busy since this tick only
+    assert tick(100.0, 15, 60.0).held_on == (0.0, 1.0)  # the engine thread holds a core on cluster 1
+    late = tick(30.0, 15, 60.0)  # its view was written late: an idle-looking tick...
+    assert late.held_on == (0.0, 0.0)
+    caught_up = tick(170.0, 5, 60.0)  # ...then the rest at once
+    assert caught_up.cpu_cores == pytest.approx(1.6)
+    assert caught_up.held_on == (1.0, 0.0)  # still held, now on cluster 0
+    assert tick(20.0, 5, 60.0).cpu_cores == pytest.approx(1.5)  # the late 0.7 core arrives when there is room
+    # a thread at 60 % whose view came late once never holds a core
+    assert tick(100.0, 5, 30.0).held_on == (0.0, 0.0)
+    assert tick(100.0, 5, 90.0).held_on == (1.0, 0.0)
 
 
 def test_thermal_daemon_writes_zones_and_stops(tmp_path):

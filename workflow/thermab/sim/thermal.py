@@ -15,8 +15,8 @@ Every ``thermal.tick_s`` the daemon reads the node's load, from this node alone:
   :mod:`thermab.sim.cpu`) and ``process_pattern`` from sim.json.  Its ``vllm_cpu_pct`` is
   what the agent reports for the node, the sum of its thread rows (``thread COMM TID
   cpuN``, every thread here), which the model uses (:class:`NodeLoad`): each at most one
-  core, those busy at least ``HELD_SHARE`` of the tick held, on the cluster of their
-  core (which decides whether TS1P reads a hot core).
+  core, those busy at least ``HELD_SHARE`` of the last two ticks held, on the cluster of
+  their core (which decides whether TS1P reads a hot core).
 - GPU: the share of the tick the emulated GPU was busy (the rate of ROOT/run/gpu_busy_s).
 
 It advances the zone model (:mod:`thermab.sim.zones`) by the tick times
@@ -67,30 +67,31 @@ class NodeLoad:
     A thread uses at most one core: a larger delta means the view was written late (this
     machine is shared and a process's writer can lag), so the excess is carried into the
     following ticks instead of heating the node in a spike; the total over time is kept.
-    For the same reason a thread holds its core only when busy ``HELD_SHARE`` of two ticks
-    in a row: a late view makes one tick look busier, not two."""
+    For the same reason a thread holds its core when its share averaged over the last two
+    ticks is ``HELD_SHARE`` or more: a late view makes one tick look idler and the next
+    busier, not both."""
 
     def __init__(self, cores: int):
         self.cores = cores
         self.carry = {}  # (comm, tid) -> core-seconds per tick not yet counted
-        self.busy = set()  # threads at HELD_SHARE or more in the last tick
+        self.last = {}  # (comm, tid) -> its share in the last tick, as read
 
     def __call__(self, cpu_rows: list, gpu_busy: float) -> zones.Load:
         used, held_on = 0.0, [0.0, 0.0]
-        carry, busy = {}, set()
+        carry, last = {}, {}
         for sensor, value, _ in cpu_rows:
             if not sensor.startswith("thread "):
                 continue
             _, comm, tid, core = sensor.rsplit(" ", 3)
-            share = value / 100.0 + self.carry.get((comm, tid), 0.0)
-            carry[(comm, tid)] = max(0.0, share - 1.0)
+            key = (comm, tid)
+            last[key] = value / 100.0
+            share = last[key] + self.carry.get(key, 0.0)
+            carry[key] = max(0.0, share - 1.0)
             share = min(share, 1.0)
             used += share
-            if share >= HELD_SHARE:
-                busy.add((comm, tid))
-                if (comm, tid) in self.busy:
-                    held_on[int(core[3:]) * 2 // self.cores] += share
-        self.carry, self.busy = carry, busy
+            if (last[key] + self.last.get(key, 0.0)) / 2 >= HELD_SHARE:
+                held_on[int(core[3:]) * 2 // self.cores] += share
+        self.carry, self.last = carry, last
         return zones.Load(cpu_cores=used, gpu_busy=gpu_busy, held_cores=sum(held_on), held_on=tuple(held_on))
 
 
