@@ -173,7 +173,8 @@ BAD = [
     ("connect-timeout-zero", lambda c: head(c).update(connect_timeout_s=0), HEAD + ".connect_timeout_s'"),
     ("cooldown-above-range", lambda c: c["timings"].update(cooldown_below_c=300), "'timings.cooldown_below_c'"),
     ("silence-below-one", lambda c: c.setdefault("safety", {}).update(max_sensor_silence_s=0.5), "'safety.max_sensor_silence_s'"),
-    ("silence-below-two-intervals", lambda c: c.setdefault("safety", {}).update(max_sensor_silence_s=1.5),
+    ("silence-below-two-intervals", lambda c: (c["monitor"]["intervals"].update(thermal=1),
+                                               c.setdefault("safety", {}).update(max_sensor_silence_s=1.5)),
      "'safety.max_sensor_silence_s'"),
     ("port-zero", lambda c: head(c).update(port=0), HEAD + ".port'"),
     # names that become directories and session names

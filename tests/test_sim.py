@@ -1,4 +1,4 @@
-"""The embedded simulated node: tree, spin-waiting queue, server, thermal model.
+"""The embedded simulated node: tree, spin-waiting queue, CPU accounts, server, thermal model.
 
 Every process a test starts is stopped by pid in a finalizer.
 """
@@ -10,14 +10,15 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from thermab.telemetry.agent import CpuFrequency, ProcessCpu, ThermalZones, parse_stat, read_text
-from thermab.sim import node, thermal, vllm
+from thermab.sim import cpu, node, shm, thermal, vllm, zones
+from thermab.telemetry.agent import CpuFrequency, ProcessCpu, ThermalZones
 from thermab.sim.shm import ShmQueue
 
 ANCHOR = "        busy_loop_s: float = 1,\n"
@@ -31,12 +32,13 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def cpu_seconds(pid):
-    return parse_stat(read_text("/proc/%d/stat" % pid))[0] / os.sysconf("SC_CLK_TCK")
-
-
 def node_pids(root):
     return ProcessCpu(node.process_pattern(root)).matching_pids()
+
+
+def view_pids(root):
+    """The pids in the node's /proc view (the GB10 CPU accounts of its processes)."""
+    return ProcessCpu(node.process_pattern(root), proc_root=str(node.proc_dir(root))).matching_pids()
 
 
 def stop_process(process):
@@ -66,6 +68,11 @@ def test_node_tree_has_the_paths_of_a_real_node(tmp_path):
     settings = node.load_settings(tmp_path)
     assert settings["role"] == "head"
     assert settings["process_pattern"] == node.process_pattern(tmp_path)
+    assert settings["lost_wakeup"] is False
+    assert settings["thermal"]["zones"] == node.zone_model("head")
+    # the node's /proc: empty until its processes publish their accounts, uptime the real one
+    assert os.path.realpath(node.proc_dir(tmp_path) / "uptime") == "/proc/uptime"
+    assert view_pids(tmp_path) == []
 
 
 def test_create_node_keeps_a_patch_and_restores_missing_files(tmp_path):
@@ -74,12 +81,14 @@ def test_create_node_keeps_a_patch_and_restores_missing_files(tmp_path):
     target.write_text(re.sub(*STUDY_SED, target.read_text()))
     (tmp_path / "sys/class/thermal/thermal_zone3/temp").unlink()
 
-    node.create_node(tmp_path, "worker")
+    node.create_node(tmp_path, "worker", lost_wakeup=True)
 
     assert node.read_busy_loop_s(tmp_path) == 0.002
     assert (tmp_path / "sys/class/thermal/thermal_zone3/temp").exists()
-    worker_idle = node.load_settings(tmp_path)["thermal"]["zones"]["TS1P"]["ambient_c"]
-    assert worker_idle < node.THERMAL_MODEL["zones"]["TS1P"]["ambient_c"]
+    settings = node.load_settings(tmp_path)
+    assert settings["lost_wakeup"] is True
+    worker_idle = settings["thermal"]["zones"]["TS1P"]["ambient_c"]
+    assert worker_idle < node.zone_model("head")["TS1P"]["ambient_c"]  # the study's worker idled cooler
 
 
 def test_process_pattern_matches_only_its_own_node(tmp_path):
@@ -119,30 +128,121 @@ def test_shm_queue_round_trip_wraps_the_ring():
         stop_process(child)
 
 
-def drain(inbox):
-    while inbox.get() is not None:
-        pass
+def read_all(queue, count, used):
+    """Reader thread: ``count`` messages; records the CPU this thread really used."""
+    start = time.thread_time()
+    for _ in range(count):
+        queue.get(timeout=10)
+    used.append(time.thread_time() - start)
 
 
-def test_stock_reader_spins_and_patched_reader_parks():
-    stock, patched = ShmQueue(busy_loop_s=1.0), ShmQueue(busy_loop_s=0.002)
-    readers = [fork.Process(target=drain, args=(q,)) for q in (stock, patched)]
-    for reader in readers:
+def test_stock_reader_is_a_busy_core_and_patched_parks_but_neither_burns_one():
+    meters, used = {}, {}
+    for busy_loop_s in (1.0, 0.002):
+        queue = ShmQueue(busy_loop_s)
+        queue.spin_meter = meters[busy_loop_s] = cpu.Thread("reader", 1, 0)
+        used[busy_loop_s] = []
+        reader = threading.Thread(target=read_all, args=(queue, 20, used[busy_loop_s]))
         reader.start()
-    try:
-        before = [cpu_seconds(r.pid) for r in readers]
         for step in range(20):  # a message every 0.1 s, as a busy engine's steps (slower)
-            stock.put(step)
-            patched.put(step)
+            queue.put(step)
             time.sleep(0.1)
-        stock_s, patched_s = (cpu_seconds(r.pid) - b for r, b in zip(readers, before))
-        for q in (stock, patched):
-            q.put(None)
+        reader.join(10)
+        queue.close()
+    # from the first read to the last (1.9 s), the stock reader never parks: one GB10 core;
+    # the patched one is busy 2 ms after each read
+    assert meters[1.0].seconds() >= 1.8
+    assert meters[0.002].seconds() <= 20 * 0.002 + 0.01
+    # the spin is accounted, not burnt: the stock reader polls and sleeps in between
+    assert used[1.0][0] < 0.5 * meters[1.0].seconds()
+
+
+def second_message_after(busy_loop_s, lost_wakeup, monkeypatch):
+    """A reader gets a message, then a second one 0.1 s later.  Returns how long it waited
+    for the second."""
+    monkeypatch.setattr(shm.random, "expovariate", lambda rate: 0.5)  # delivered 0.5 s after it is sent
+    monkeypatch.setattr(shm, "RECHECK_S", 1.0)
+    queue = ShmQueue(busy_loop_s, lost_wakeup=lost_wakeup)
+    took = []
+
+    def reader():
+        queue.get(timeout=5)
+        start = time.monotonic()
+        queue.get(timeout=5)
+        took.append(time.monotonic() - start)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    time.sleep(0.3)  # the reader is idle, waiting for a notification
+    queue.put("execute")
+    time.sleep(0.1)
+    queue.put("sample")
+    thread.join(10)
+    queue.close()
+    return took[0]
+
+
+def test_a_lost_wakeup_stalls_only_a_reader_that_stopped_spinning(monkeypatch):
+    # went idle 2 ms after the first message: the second's notification is dropped, and
+    # only the periodic re-check finds it
+    assert second_message_after(0.002, True, monkeypatch) >= 0.9 * shm.RECHECK_S
+    # still spinning when the second comes: read without a notification
+    assert second_message_after(0.5, True, monkeypatch) < 0.5 * shm.RECHECK_S
+    # notifications not dropped: the idle reader is woken
+    assert second_message_after(0.002, False, monkeypatch) < 0.5 * shm.RECHECK_S
+
+
+# ---- the node's CPU accounts and /proc view ---------------------------------------
+
+def account_for(root, seconds):
+    """A node process: one thread spinning, one busy 60 % of the time, for ``seconds``."""
+    account = cpu.Account(root)
+    spinner, waiter = account.thread("EngineCore"), account.thread("cuda-sync")
+    account.start()
+    spinner.begin(until=time.monotonic() + seconds)
+    for _ in range(int(seconds / 0.1)):
+        waiter.add(0.06)
+        time.sleep(0.1)
+
+
+def test_accounts_are_read_by_the_agent_as_a_real_proc(tmp_path):
+    node.create_node(tmp_path, "head")
+    child = fork.Process(target=account_for, args=(tmp_path, 3.0))
+    child.start()
+    reader = ProcessCpu(r"python|pytest", proc_root=str(node.proc_dir(tmp_path)))
+    try:
+        time.sleep(0.5)
+        reader.sample()
+        time.sleep(1.0)
+        rows = {sensor: value for sensor, value, _ in reader.sample()}
     finally:
-        for reader in readers:
-            stop_process(reader)
-    assert stock_s > 0.4, "stock reader used only %.2f s of CPU in 2 s" % stock_s
-    assert stock_s > 4 * patched_s, "stock %.2f s vs patched %.2f s" % (stock_s, patched_s)
+        child.join(10)
+        stop_process(child)
+    assert rows["vllm_cpu_pct"] == pytest.approx(160, abs=20)  # a core spinning, a thread at 60 %
+    assert rows["vllm_processes"] == 1
+    threads = {sensor.split()[1]: (value, int(sensor.split()[3][3:])) for sensor, value in rows.items()
+               if sensor.startswith("thread ")}
+    assert threads["EngineCore"][0] == pytest.approx(100, abs=12)
+    assert threads["cuda-sync"][0] == pytest.approx(60, abs=12)
+    performance = node.load_settings(tmp_path)["performance_policies"]
+    assert {core for _, core in threads.values()} <= set(performance)
+
+
+def test_prune_removes_the_view_of_a_process_that_is_gone(tmp_path):
+    node.create_node(tmp_path, "head")
+
+    def publish():
+        account = cpu.Account(tmp_path)
+        account.thread("EngineCore")
+        account.start()
+        os._exit(0)  # no clean-up, as a killed process
+
+    child = fork.Process(target=publish)
+    child.start()
+    child.join(10)
+    assert (node.proc_dir(tmp_path) / str(child.pid)).is_dir()
+    node.prune(tmp_path)
+    assert not (node.proc_dir(tmp_path) / str(child.pid)).exists()
 
 
 # ---- tokens and the prefix cache ---------------------------------------------------
@@ -229,7 +329,10 @@ def test_server_streams_exactly_max_tokens_with_usage_then_stops(cluster):
     assert events[-1] == "[DONE]"
     chunks = [json.loads(event) for event in events[:-1]]
     content = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
-    assert len(content) == 12
+    # a step yields one token or more (speculative decoding): chunks carry one or more
+    assert 1 < len(content) <= 12
+    assert "".join(c["choices"][0]["delta"]["content"] for c in content) == "".join(
+        vllm.token_text(i) for i in range(12))
     assert content[-1]["choices"][0]["finish_reason"] == "length"
     prompt_tokens = vllm.count_tokens(vllm.render_chat(messages))
     assert chunks[-1]["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 12,
@@ -245,12 +348,57 @@ def test_server_streams_exactly_max_tokens_with_usage_then_stops(cluster):
     for root in (cluster["head"], cluster["worker"]):
         assert float((node.run_dir(root) / "gpu_busy_s").read_text()) > 0
     assert len(node_pids(cluster["head"])) == 3  # API server, engine core, worker
+    assert sorted(view_pids(cluster["head"])) == sorted(node_pids(cluster["head"]))  # each has its account
 
     for root in (cluster["head"], cluster["worker"]):
         assert node.stop(root, "vllm")
         assert node_pids(root) == []
+        assert view_pids(root) == []
         assert not node.pid_file(root, "vllm").exists()
     assert not node.stop(cluster["head"], "vllm")
+
+
+def burn(until):
+    while time.monotonic() < until:
+        pass
+
+
+def stream_until(port, until):
+    while time.monotonic() < until:
+        body = {"model": "sim", "messages": [{"role": "user", "content": "[%f] go" % time.time()}],
+                "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with post(port, body) as response:
+            response.read()
+
+
+def test_each_node_reads_its_own_gb10_cpu_whatever_else_runs_here(cluster):
+    """Stock head: two readers spinning through every step plus the GPU-waiting threads,
+    ~4 cores; worker node: its GPU-waiting threads, ~2; a process burning a core of this
+    machine meanwhile moves neither."""
+    wait_healthy(cluster["port"])
+    until = time.monotonic() + 6
+    burner = fork.Process(target=burn, args=(until,))
+    users = [threading.Thread(target=stream_until, args=(cluster["port"], until)) for _ in range(4)]
+    burner.start()
+    try:
+        for user in users:
+            user.start()
+        readers = {role: ProcessCpu(node.process_pattern(cluster[role]), proc_root=str(node.proc_dir(cluster[role])))
+                   for role in ("head", "worker")}
+        time.sleep(2)
+        for reader in readers.values():
+            reader.sample()
+        time.sleep(2)
+        cores = {role: dict((s, v) for s, v, _ in reader.sample())["vllm_cpu_pct"] / 100
+                 for role, reader in readers.items()}
+    finally:
+        burner.join(10)
+        stop_process(burner)
+        for user in users:
+            user.join(30)
+    gpu_waiting = sum(vllm.GPU_WAIT_THREADS.values())
+    assert cores["worker"] == pytest.approx(gpu_waiting, abs=0.3)
+    assert cores["head"] == pytest.approx(gpu_waiting + 2, abs=0.5)
 
 
 def test_server_rejects_a_request_it_cannot_serve(cluster):
@@ -265,25 +413,72 @@ def test_server_rejects_a_request_it_cannot_serve(cluster):
 
 # ---- the thermal model -------------------------------------------------------------
 
-def test_zones_approach_their_target_and_tsoc_reads_the_hottest(tmp_path):
-    node.create_node(tmp_path, "head")
-    zones = node.THERMAL_MODEL["zones"]
-    temps = {name: zone["ambient_c"] for name, zone in zones.items()}
-    for _ in range(200):  # the inputs this emulator measures in each arm (node.py)
-        thermal.step_temps(temps, zones, cpu_cores=1.1, gpu_busy=0.83, dt=0.5)
-    stock = dict(temps)
-    for _ in range(200):
-        thermal.step_temps(temps, zones, cpu_cores=0.2, gpu_busy=0.88, dt=0.5)
-    assert stock["TS1P"] == pytest.approx(89.5, abs=0.5)  # the study's head means
-    assert temps["TS1P"] == pytest.approx(80.4, abs=0.5)
-    assert stock["TGPU"] - temps["TGPU"] < 1.0  # the GPU zone barely notices the spin
+def settle(zone_params, load):
+    states = zones.initial_states(zone_params, {})
+    zones.step(states, zone_params, load, 1e6, 1.0)  # exact steps: one long one is the steady state
+    return zones.temperatures(states, zone_params, load)
 
-    shown = thermal.write_temps(tmp_path, temps, noise_c=0.0)
-    assert shown["TSOC"] == max(temps.values())
+
+def test_zones_settle_at_their_gains_and_ts1p_reads_a_spinning_core_on_its_cluster(tmp_path):
+    zone_params = node.zone_model("head")
+    patched = zones.Load(cpu_cores=2.12, gpu_busy=1.0)
+    steady = settle(zone_params, patched)
+    for name, zone in zone_params.items():
+        assert steady[name] == pytest.approx(zone["ambient_c"] + zone["c_per_core"] * 2.12 + zone["c_at_gpu_busy"])
+    assert steady["TSOC"] == max(steady[name] for name in zone_params)
+
+    # stock: two spinning threads hold a core each; TS1P reads the hotter core only while
+    # one of them runs on cluster 1, and TSOC follows it there
+    on_0 = settle(zone_params, zones.Load(4.0, 1.0, 2.0, (2.0, 0.0)))
+    on_1 = settle(zone_params, zones.Load(4.0, 1.0, 2.0, (1.0, 1.0)))
+    ts1p = zone_params["TS1P"]
+    assert on_0["TS1P"] == pytest.approx(ts1p["ambient_c"] + ts1p["c_per_core"] * 4.0 + ts1p["c_at_gpu_busy"])
+    assert on_1["TS1P"] == pytest.approx(on_0["TS1P"] + ts1p["hot_core"]["c_per_held_core"] * 2.0)
+    assert on_1["TSOC"] == on_1["TS1P"] > on_0["TSOC"]
+    assert on_1["TGPU"] == on_0["TGPU"]  # where the threads run moves no other zone
+
+    node.create_node(tmp_path, "head")
+    shown = thermal.write_temps(tmp_path, on_1, noise_c=0.0)
+    assert shown["TSOC"] == max(on_1.values())
     written = ThermalZones(sys_root=str(tmp_path))
     written.discover()
     assert dict((name, value) for name, value, _ in written.sample())["TSOC"] == pytest.approx(
         shown["TSOC"], abs=0.051)
+
+
+def test_zones_rise_and_cool_with_the_time_compression():
+    zone_params = node.zone_model("head")
+    load = zones.Load(cpu_cores=2.12, gpu_busy=1.0)
+    steady = settle(zone_params, load)["TUNC"]
+    ambient = zone_params["TUNC"]["ambient_c"]
+    states = zones.initial_states(zone_params, {})
+    for _ in range(20):  # 10 s at 0.5-s ticks, 30x compressed: the study's 5 minutes
+        zones.step(states, zone_params, load, 0.5, node.TIME_COMPRESSION)
+    compressed = zones.temperatures(states, zone_params, load)["TUNC"]
+    states = zones.initial_states(zone_params, {})
+    zones.step(states, zone_params, load, 300.0, 1.0)
+    assert compressed == pytest.approx(zones.temperatures(states, zone_params, load)["TUNC"])
+    assert ambient < compressed < steady  # five minutes in: risen fast, still creeping
+
+
+def test_node_load_caps_a_thread_at_one_core_and_carries_the_rest():
+    load = thermal.NodeLoad(cores=20)
+
+    def tick(engine_pct, engine_core, waiter_pct):
+        return load([("vllm_cpu_pct", engine_pct + waiter_pct, ""), ("thread EngineCore 7 cpu%d" % engine_core,
+                     engine_pct, ""), ("thread cuda-sync 71 cpu5", waiter_pct, "")], 1.0)
+
+    assert tick(100.0, 15, 60.0).held_on == (0.0, 0.0)  # busy since this tick only
+    assert tick(100.0, 15, 60.0).held_on == (0.0, 1.0)  # the engine thread holds a core on cluster 1
+    late = tick(30.0, 15, 60.0)  # its view was written late: an idle-looking tick...
+    assert late.held_on == (0.0, 0.0)
+    caught_up = tick(170.0, 5, 60.0)  # ...then the rest at once
+    assert caught_up.cpu_cores == pytest.approx(1.6)
+    assert caught_up.held_on == (1.0, 0.0)  # still held, now on cluster 0
+    assert tick(20.0, 5, 60.0).cpu_cores == pytest.approx(1.5)  # the late 0.7 core arrives when there is room
+    # a thread at 60 % whose view came late once never holds a core
+    assert tick(100.0, 5, 30.0).held_on == (0.0, 0.0)
+    assert tick(100.0, 5, 90.0).held_on == (1.0, 0.0)
 
 
 def test_thermal_daemon_writes_zones_and_stops(tmp_path):

@@ -190,6 +190,9 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
     parts.append("Verdicts pool the phases of: " + ", ".join(sources) + ".")
     if best is not None:
         parts += ["", "## Dose response", "", _best_sentence(best, run)]
+        saver = stats.best_setting(variance, arms, reference, f"{head} vLLM CPU median")
+        if saver is not None:
+            parts += ["", _cpu_sentence(saver, run, variance)]
     if completeness is not None:
         parts += ["", completeness_section(completeness)]
     parts += ["", "## What was measured how", "", _definitions(run, tables, sample_interval_s)]
@@ -409,6 +412,18 @@ def _best_sentence(best: dict, run: dict) -> str:
     return (f"Lowest {run['head']} {run['timeline_zone']} mean among the settings without extra stalls or"
             f" throughput loss beyond variance: {run.get('setting', 'setting')} = {best['value']}"
             f" ({best['label']}, arm {best['arm']}, {fmt(best['mean'], '°C')}). Excluded: {excluded}.{caveat}")
+
+
+def _cpu_sentence(saver: dict, run: dict, variance: pd.DataFrame) -> str:
+    """The setting that saves the most CPU (``stats.best_setting`` on the head's CPU)."""
+    reference = run["reference_arm"]
+    cpu = variance[variance["metric"] == f"{run['head']} vLLM CPU median"].set_index("arm")
+    excluded = "; ".join(f"{arm}: {why}" for arm, why in saver["excluded"].items()) or "none"
+    return (f"Most CPU saved without extra stalls or throughput loss beyond variance:"
+            f" {run.get('setting', 'setting')} = {saver['value']} ({saver['label']}, arm {saver['arm']}),"
+            f" {run['head']} vLLM CPU median {fmt(saver['mean'], '% of one core')} against"
+            f" {fmt(cpu.at[reference, 'mean'], '% of one core')} for {run['arms'][reference]['label']}."
+            f" Excluded: {excluded}.")
 
 
 def _sampling(sample_interval_s: dict, kind: str) -> str:

@@ -73,8 +73,9 @@ class ClusterRun:
 
     def build_simulated(self, host: Host) -> None:
         """A simulated node's tree, if missing: files only, no process started."""
+        lost_wakeup = " --lost-wakeup" if host.spec.settings.get("lost_wakeup") else ""
         host.run(f"{shlex.quote(sys.executable)} -m thermab.sim.node create "
-                 f"{shlex.quote(str(host.spec.root))} --role {host.spec.simulated}")
+                 f"{shlex.quote(str(host.spec.root))} --role {host.spec.simulated}{lost_wakeup}")
 
     def power_on_simulated(self) -> None:
         """Simulated nodes: build the tree if missing and start the thermal model."""

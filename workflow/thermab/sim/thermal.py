@@ -1,4 +1,4 @@
-"""Thermal model of a simulated GB10 node: measured load in, sysfs temperatures out.
+"""Thermal model daemon of a simulated GB10 node: the node's own load in, sysfs readings out.
 
 ::
 
@@ -8,41 +8,30 @@
 ``--detach`` runs the daemon in a new session (pid in ROOT/run/thermal.pid, log in
 ROOT/run/thermal.log); ``stop`` ends it (exit 0 when it was not running).
 
-Every ``tick_s`` the daemon measures two inputs:
+Every ``thermal.tick_s`` the daemon reads the node's load, from this node alone:
 
-- ``cpu``: cores used by the node's server processes, with
-  :class:`thermab.telemetry.agent.ProcessCpu` over ``process_pattern`` from sim.json (the pattern
-  travels in a file, not on the command line, so the daemon never measures itself);
-- ``gpu``: the share of the tick the emulated GPU was busy (the rate of ROOT/run/gpu_busy_s).
+- CPU, in GB10 cores: :class:`thermab.telemetry.agent.ProcessCpu`, the telemetry agent's own reader,
+  over the node's /proc view (ROOT/proc, written by the node's processes, see
+  :mod:`thermab.sim.cpu`) and ``process_pattern`` from sim.json.  Its ``vllm_cpu_pct`` is
+  what the agent reports for the node, the sum of its thread rows (``thread COMM TID
+  cpuN``, every thread here), which the model uses (:class:`NodeLoad`): each at most one
+  core, those busy at least ``HELD_SHARE`` of the last two ticks held, on the cluster of
+  their core (which decides whether TS1P reads a hot core).
+- GPU: the share of the tick the emulated GPU was busy (the rate of ROOT/run/gpu_busy_s).
 
-The same two inputs drive the node's power counters and meter (:mod:`thermab.sim.power`).
-Each modelled zone moves toward its target with a first-order (RC) step::
+It advances the zone model (:mod:`thermab.sim.zones`) by the tick times
+``time_compression`` and writes each zone's reading, plus Gaussian noise (``noise_c``:
+its idle value, growing to its load value with the GPU's busy share, as the study's
+readings spread under load), at GB10's 0.1 °C by rename; TSOC reads the hottest zone.
+Cpufreq files get ``performance_khz`` on ``performance_policies`` and ``efficiency_khz``
+elsewhere, ± ``jitter_khz``.  The daemon also removes the /proc views of processes that
+are gone (:func:`thermab.sim.node.prune`).
 
-    target = ambient_c + c_per_core * cpu + c_at_gpu_busy * gpu
-    T     += (target - T) * min(1, dt / tau_s)
+The same inputs drive the node's power counters and meter (:mod:`thermab.sim.power`).
 
-TSOC is not modelled: as on GB10 it reads the hottest other zone (in the study's data it
-equals TS1P under load and TGPU at idle).  Values are written with Gaussian noise
-(``noise_c``) at 0.1 °C resolution, by rename.  Cpufreq files get ``performance_khz`` on
-``performance_policies`` and ``efficiency_khz`` elsewhere, ± ``jitter_khz``.
-
-sim.json keys: ``thermal.tick_s``, ``thermal.noise_c``, ``thermal.zones.NAME.{ambient_c,
-c_per_core, c_at_gpu_busy, tau_s}``, ``clocks.{performance_khz, efficiency_khz,
-jitter_khz}``, ``performance_policies``, ``process_pattern``.
-
-Calibration (defaults in :func:`thermab.sim.node.thermal_model`): ambients are the
-study's head idle means (the worker's 2.9 °C lower, as published).  The model is linear
-in two inputs, so the two arms fix the two gains of each zone.  Measured on this emulator
-(2-core machine, 4 streams), the head uses ~1.1 cores with the GPU ~0.83 busy in the stock
-arm and ~0.2 cores with the GPU ~0.88 busy patched.  TS1P, the cluster where the spinning
-engine core runs, gets by far the largest CPU gain (12 °C per core), which turns the
-~0.9-core gap into the study's 9.1 °C gap (89.5 vs 80.4 °C); TUNC, TGPU and the other
-clusters get 2-4 °C per core and are driven mostly by the GPU term, reproducing their
-published 0.5-2.5 °C gaps at ~67-74 °C.  The worker node (~0.14 cores, the same GPU
-load) lands at 75-78 °C in both arms (published: ~77).  Time constants are compressed
-~30x against GB10 (tau 10-15 s) so that a 60-s load phase heats visibly and a 30-s
-cooldown cools.  Zone levels follow the measured inputs, so a busier or faster machine
-shifts them by a few degrees; the arm gap comes from the spin.
+The zone parameters are the fit of the study's chart data (:mod:`thermab.sim.fit`), in the
+study's seconds; sim.json carries them with the time compression (30: the default
+config's 60-s load phases are the study's 30 minutes).
 """
 
 from __future__ import annotations
@@ -54,34 +43,64 @@ import sys
 import time
 from pathlib import Path
 
+from thermab.sim import node, power, zones
 from thermab.telemetry.agent import ProcessCpu
-from thermab.sim import node, power
 
 STATUS_EVERY_S = 10.0
+HELD_SHARE = 0.8  # a spinning reader keeps its core ~100 % busy; GPU-waiting threads stay ≤ 60 %
 
 
-def read_temps(root: Path, zones) -> dict:
+def read_temps(root: Path, zone_params: dict) -> dict:
     """Current zone temperatures (a restarted daemon continues from them), else ambient."""
     temps = {}
     for index, name in enumerate(node.ZONES):
-        if name not in zones:
+        if name not in zone_params:
             continue
         try:
             temps[name] = int((node.zone_dir(root, index) / "temp").read_text()) / 1000.0
         except (OSError, ValueError):
-            temps[name] = zones[name]["ambient_c"]
+            temps[name] = zone_params[name]["ambient_c"]
     return temps
 
 
-def step_temps(temps: dict, zones: dict, cpu_cores: float, gpu_busy: float, dt: float) -> None:
-    for name, zone in zones.items():
-        target = zone["ambient_c"] + zone["c_per_core"] * cpu_cores + zone["c_at_gpu_busy"] * gpu_busy
-        temps[name] += (target - temps[name]) * min(1.0, dt / zone["tau_s"])
+class NodeLoad:
+    """The zone model's input from successive ProcessCpu samples of the node's /proc view.
+
+    A thread uses at most one core: a larger delta means the view was written late (this
+    machine is shared and a process's writer can lag), so the excess is carried into the
+    following ticks instead of heating the node in a spike; the total over time is kept.
+    For the same reason a thread holds its core when its share averaged over the last two
+    ticks is ``HELD_SHARE`` or more: a late view makes one tick look idler and the next
+    busier, not both."""
+
+    def __init__(self, cores: int):
+        self.cores = cores
+        self.carry = {}  # (comm, tid) -> core-seconds per tick not yet counted
+        self.last = {}  # (comm, tid) -> its share in the last tick, as read
+
+    def __call__(self, cpu_rows: list, gpu_busy: float) -> zones.Load:
+        used, held_on = 0.0, [0.0, 0.0]
+        carry, last = {}, {}
+        for sensor, value, _ in cpu_rows:
+            if not sensor.startswith("thread "):
+                continue
+            _, comm, tid, core = sensor.rsplit(" ", 3)
+            key = (comm, tid)
+            last[key] = value / 100.0
+            share = last[key] + self.carry.get(key, 0.0)
+            carry[key] = max(0.0, share - 1.0)
+            share = min(share, 1.0)
+            used += share
+            if (last[key] + self.last.get(key, 0.0)) / 2 >= HELD_SHARE:
+                held_on[int(core[3:]) * 2 // self.cores] += share
+        self.carry, self.last = carry, last
+        return zones.Load(cpu_cores=used, gpu_busy=gpu_busy, held_cores=sum(held_on), held_on=tuple(held_on))
 
 
 def write_temps(root: Path, temps: dict, noise_c: float) -> dict:
-    shown = {name: value + random.gauss(0.0, noise_c) for name, value in temps.items()}
-    shown[node.SOC_ZONE] = max(shown.values())
+    """Write the readings (TSOC: the hottest noisy reading, as its sensor is); return them."""
+    shown = {name: value + random.gauss(0.0, noise_c) for name, value in temps.items() if name != zones.SOC_ZONE}
+    shown[zones.SOC_ZONE] = max(shown.values())
     for index, name in enumerate(node.ZONES):
         node.write_atomic(node.zone_dir(root, index) / "temp", node.millidegrees(shown[name]))
     return shown
@@ -123,11 +142,14 @@ class GpuBusy:
 def run(root: Path) -> None:
     settings = node.load_settings(root)
     model = settings["thermal"]
-    zones = model["zones"]
-    cpu = ProcessCpu(settings["process_pattern"])
+    zone_params = model["zones"]
+    noise = model["noise_c"]
+    cpu = ProcessCpu(settings["process_pattern"], proc_root=str(node.proc_dir(root)))
+    cpu.top_threads = None  # every thread: the node's CPU is their sum
     cpu.sample()  # the first sample only sets the baseline
+    node_load = NodeLoad(settings["cores"])
     gpu = GpuBusy(root)
-    temps = read_temps(root, zones)
+    states = zones.initial_states(zone_params, read_temps(root, zone_params))
     meter = power.PowerMeter(root, settings["power"], node.write_atomic)
     meter.start()
     last = last_status = time.monotonic()
@@ -135,16 +157,18 @@ def run(root: Path) -> None:
         time.sleep(model["tick_s"])
         now = time.monotonic()
         dt, last = now - last, now
-        cpu_cores = {sensor: value for sensor, value, _ in cpu.sample()}["vllm_cpu_pct"] / 100.0
-        gpu_busy = gpu.rate(dt)
-        step_temps(temps, zones, cpu_cores, gpu_busy, dt)
-        meter.follow(cpu_cores, gpu_busy)  # the same heat input drives the power counters
-        shown = write_temps(root, temps, model["noise_c"])
+        node.prune(root)
+        load = node_load(cpu.sample(), gpu.rate(dt))
+        zones.step(states, zone_params, load, dt, settings["time_compression"])
+        temps = zones.temperatures(states, zone_params, load)
+        shown = write_temps(root, temps, noise["idle"] + (noise["load"] - noise["idle"]) * load.gpu_busy)
+        meter.follow(load.cpu_cores, load.gpu_busy)  # the same heat input drives the power counters
         write_clocks(root, settings)
         if now - last_status >= STATUS_EVERY_S:
             last_status = now
-            print("cpu %.2f cores, gpu busy %.2f, %s" % (cpu_cores, gpu_busy, " ".join(
-                "%s %.1f" % (name, shown[name]) for name in node.ZONES)), flush=True)
+            print("cpu %.2f cores (held %.2f on cluster 0, %.2f on 1), gpu busy %.2f, %s" % (
+                load.cpu_cores, *load.held_on, load.gpu_busy,
+                " ".join("%s %.1f" % (name, shown[name]) for name in node.ZONES)), flush=True)
 
 
 def main(argv=None) -> int:

@@ -3,7 +3,7 @@
 ::
 
     python -m thermab.sim.vllm serve --node ROOT --port P --model NAME --role head|worker
-                                     [--peer-port Q] [--step-ms 15] [--host H] [--detach]
+                                     [--peer-port Q] [--step-ms 40] [--host H] [--detach]
     python -m thermab.sim.vllm stop --node ROOT
 
 ROOT is a node tree made by :func:`thermab.sim.node.create_node` (an absolute path).
@@ -18,20 +18,36 @@ node's processes):
 - API server: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``
   (streaming SSE or not; ``max_tokens``, ``ignore_eos``, ``stream_options.include_usage``;
   unknown keys such as ``reasoning_effort`` are accepted and ignored).
-- EngineCore: continuous batching.  Each step (``--step-ms`` plus 0.05 ms per uncached
-  prompt token of newly admitted requests) emits one token to every running request.  The
-  step is broadcast to the local worker through a :class:`~thermab.sim.shm.ShmQueue` and
-  the engine waits for the reply on a second one, spinning for ``busy_loop_s`` after each
-  read, the value read at start-up from the node's own ``shm_broadcast.py``.  With stock
-  vLLM's 1 s the engine burns a core for as long as the GPU is busy.
-- VllmWorker: "executes" a step by sleeping its duration (GPU time, not CPU) after a
-  small CPU share (NCCL proxy threads), and adds the step time to ROOT/run/gpu_busy_s.
+- EngineCore: continuous batching.  Each step takes ``--step-ms`` of GPU time, plus 0.05 ms
+  per uncached prompt token of newly admitted requests, and yields every running request
+  one token plus the drafted tokens it accepts (speculative decoding with a 5-token MTP
+  drafter, as in the study: 2.4 tokens a step on average, the first step of a request
+  one), so the four streams of a closed loop drift apart.  The engine broadcasts a step
+  to the local worker as two messages through a :class:`~thermab.sim.shm.ShmQueue`,
+  ``execute`` then ``sample`` (vLLM's execute_model and sample_tokens), 3 ms apart when
+  the batch changed (the sampler's state is rebuilt), and waits for the reply on a second
+  queue.  Both readers spin for ``busy_loop_s`` after each read, the value read at
+  start-up from the node's own ``shm_broadcast.py``.
+- VllmWorker: reads a step's two messages, launches it on the emulated GPU (a thread that
+  sleeps the step's duration, then replies) and returns to the queue at once.  With stock
+  vLLM's 1 s, the engine's and the worker's readers both spin for as long as the GPU is
+  busy: two GB10 cores.
+
+CPU is accounted in GB10 cores, per thread, not burnt (:mod:`thermab.sim.cpu`): each
+reader busy from a read until it parks (``busy_loop_s`` later, unless the next message
+came first); ``LAUNCH_S_PER_STEP`` and ``API_S_PER_TOKEN`` of host work; and
+``GPU_WAIT_THREADS``, the threads that poll while the GPU runs (CUDA stream sync, NCCL
+proxies, output copy), a share of a core each for every second the node's GPU is busy.  With ``lost_wakeup`` in the node's sim.json a
+notification sent within 5 ms of the previous one is dropped (:mod:`thermab.sim.shm`):
+with ``busy_loop_s`` 0.002 the worker goes idle 2 ms after a step's ``execute``, before
+its ``sample`` comes after a batch change, misses it, and the whole engine waits for the
+5-s re-check.
 
 With ``--peer-port`` the engine also sends every step over TCP to a worker node on
 127.0.0.1 and waits for its reply (blocking, no spin), as tensor parallelism across two
 nodes does; start the worker node first (the head retries for 60 s and reports /health
-only once connected).  A worker node is one process that executes the head's steps the
-same way as the local worker.
+only once connected).  A worker node is one process that runs the head's steps on its
+emulated GPU and accounts its own GPU-waiting threads.
 
 Tokens: :func:`count_tokens` counts one token per 4 characters (rounded up), about what
 BPE tokenizers average on English.  The chat is rendered in a ChatML-style template
@@ -50,6 +66,7 @@ import json
 import multiprocessing
 import os
 import queue
+import random
 import signal
 import socket
 import sys
@@ -62,6 +79,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from thermab.sim import node
+from thermab.sim.cpu import Account, Thread
 from thermab.sim.shm import ShmQueue
 
 TOKEN_CHARS = 4
@@ -69,7 +87,18 @@ BLOCK_TOKENS = 16
 MAX_MODEL_LEN = 8192
 NATURAL_MAX_TOKENS = 512
 PREFILL_S_PER_TOKEN = 0.05e-3
-NCCL_CPU_SHARE = 0.15  # of each step's time, on every worker of both arms
+MTP_DRAFT_TOKENS = 5  # the study's drafter proposed 5 tokens a step
+MTP_ACCEPT = 0.6  # each drafted token accepted with this chance, while the previous one was
+SAMPLER_REBUILD_S = 0.003  # host time to rebuild the sampling state when the batch changed
+HOST_LAG_S = 0.5  # host lags up to this long are this machine's: the GPU counts as busy (Gpu)
+# GB10 CPU time the node's threads account (thermab.sim.cpu), chosen so that the nodes read
+# what the study measured: a worker node ~208 % (its GPU-waiting threads), the patched head
+# ~212 % (the same, plus the readers busy 2 ms after each read and the API server), the
+# stock head ~400 % (the engine's and the worker's readers never park under load).  The
+# readers' own host work falls inside their busy windows (thermab.sim.shm).
+GPU_WAIT_THREADS = {"cuda-sync": 0.6, "nccl-proxy-0": 0.55, "nccl-proxy-1": 0.5, "async-output": 0.35}
+LAUNCH_S_PER_STEP = 0.0005  # the worker node's main thread: receive and launch a step
+API_S_PER_TOKEN = 0.0001  # detokenize and stream
 PEER_HOST = "127.0.0.1"
 PEER_CONNECT_TIMEOUT_S = 60.0
 STATS_EVERY_S = 10.0
@@ -146,7 +175,7 @@ class PrefixCache:
 
 def become_child(name: str) -> None:
     """Set up a forked node process: a name for top/ps, and death with the API server,
-    so a SIGKILLed server never leaves an engine spinning a core."""
+    so a SIGKILLed server never leaves an engine spinning."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the API server's to handle
     libc = ctypes.CDLL(None)
     libc.prctl(PR_SET_NAME, name.encode(), 0, 0, 0)
@@ -156,34 +185,69 @@ def become_child(name: str) -> None:
 
 
 class Gpu:
-    """The emulated GPU: a step costs its duration in wall time and only a small share of
-    it in CPU.  Busy seconds accumulate in run/gpu_busy_s across restarts, a counter the
-    thermal model differentiates."""
+    """The emulated GPU of a node.  A step takes its duration in wall time and no CPU here.
+    While the batch runs on, a step ends one step time after the previous one, or as soon
+    as it is launched if the host took longer than that: vLLM schedules the next step
+    while the GPU runs the current one, so host work hides behind the GPU's.  Busy time
+    adds up in run/gpu_busy_s, which the thermal model differentiates, and keeps the
+    node's GPU-waiting threads busy (``GPU_WAIT_THREADS``, accounted in GB10 cores): while
+    the batch runs on, the time since the previous step ended, unless that is more than
+    ``HOST_LAG_S`` beyond a step.  A host that lags a few steps behind is this loaded
+    machine, not a GB10, whose GPU would have stayed busy; a longer gap (a stream waiting
+    out a lost wake-up) is the GPU idling."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, account: Account):
         self.path = node.run_dir(root) / "gpu_busy_s"
         try:
             self.busy_s = float(self.path.read_text())
         except (OSError, ValueError):
             self.busy_s = 0.0
+        self.waiters = [(account.thread(name), share) for name, share in GPU_WAIT_THREADS.items()]
+        self.finished_at = None
 
-    def execute(self, duration_s: float) -> None:
-        start = time.perf_counter()
-        burn_until = start + NCCL_CPU_SHARE * duration_s
-        while time.perf_counter() < burn_until:
-            pass  # NCCL proxy threads poll the interconnect while the kernels run
-        time.sleep(max(0.0, start + duration_s - time.perf_counter()))
-        self.busy_s += duration_s
+    def run(self, step: dict, launched_at: float) -> None:
+        """Run ``step`` launched at ``launched_at`` (time.monotonic); return when it is done."""
+        busy = step["duration_s"]
+        if step["ran_on"] and self.finished_at is not None:
+            finished_at = max(self.finished_at + step["duration_s"], launched_at)
+            if finished_at - self.finished_at <= step["duration_s"] + HOST_LAG_S:
+                busy = finished_at - self.finished_at
+            self.finished_at = finished_at
+        else:
+            self.finished_at = launched_at + step["duration_s"]
+        time.sleep(max(0.0, self.finished_at - time.monotonic()))
+        self.busy_s += busy
         node.write_atomic(self.path, "%.6f\n" % self.busy_s)
+        for thread, share in self.waiters:
+            thread.add(share * busy)
+
+
+def run_gpu(gpu: Gpu, launched: queue.Queue, replies: ShmQueue) -> None:
+    """The local worker's GPU stream: runs each launched step, then replies (the step's
+    sampling request has come by then)."""
+    while True:
+        step, launched_at = launched.get()
+        gpu.run(step, launched_at)
+        replies.put(step["step"])
 
 
 def run_local_worker(root: Path, broadcast: ShmQueue, replies: ShmQueue) -> None:
+    """The head's worker: its main thread reads a step's two messages (execute, then
+    sample), launches the step on the GPU and goes straight back to the queue, so it
+    waits there (spinning, with a long busy_loop_s) while the GPU runs."""
     become_child("VllmWorker")
-    gpu = Gpu(root)
+    account = Account(root)
+    main = account.thread("VllmWorker")
+    gpu = Gpu(root, account)
+    account.start()
+    broadcast.spin_meter = main
+    launched = queue.Queue()
+    threading.Thread(target=run_gpu, args=(gpu, launched, replies), name="gpu", daemon=True).start()
     while True:
         step = broadcast.get()
-        gpu.execute(step["duration_s"])
-        replies.put(step["step"])
+        launched_at = time.monotonic()
+        broadcast.get()  # the step's sampling request
+        launched.put((step, launched_at))
 
 
 def connect_peer(port: int) -> socket.socket:
@@ -201,6 +265,15 @@ def connect_peer(port: int) -> socket.socket:
     return peer
 
 
+def accepted_tokens(rng: random.Random) -> int:
+    """Tokens one decode step yields for a request: one, plus the drafted tokens accepted
+    in a row (speculative decoding with an MTP drafter, as the study ran)."""
+    tokens = 1
+    while tokens <= MTP_DRAFT_TOKENS and rng.random() < MTP_ACCEPT:
+        tokens += 1
+    return tokens
+
+
 class Engine:
     """Continuous batching over requests sent by the API server on ``conn``:
     ("add", rid, uncached_prompt_tokens, completion_tokens) or ("abort", rid).
@@ -213,8 +286,10 @@ class Engine:
         self.step_s = step_s
         self.peer = peer
         self.peer_lines = peer.makefile("rb") if peer else None
+        self.rng = random.Random()
         self.waiting = {}  # rid -> (uncached prompt tokens, completion tokens)
         self.running = {}  # rid -> [completion tokens, emitted]
+        self.batch_changed = False  # a request finished or left since the last step
         self.steps = 0
         self.stats = {"since": time.monotonic(), "tokens": 0, "steps": 0}
 
@@ -233,29 +308,39 @@ class Engine:
                 self.waiting[rid] = tuple(rest)
             else:
                 self.waiting.pop(rid, None)
-                self.running.pop(rid, None)
+                self.batch_changed |= self.running.pop(rid, None) is not None
 
     def step(self) -> None:
+        ran_on = bool(self.running)
+        changed = self.batch_changed or bool(self.waiting)
         prefill = sum(uncached for uncached, _ in self.waiting.values())
+        admitted = set(self.waiting)
         for rid, (_, length) in self.waiting.items():
             self.running[rid] = [length, 0]
         self.waiting.clear()
         self.steps += 1
-        step = {"step": self.steps, "duration_s": self.step_s + PREFILL_S_PER_TOKEN * prefill}
+        step = {"step": self.steps, "duration_s": self.step_s + PREFILL_S_PER_TOKEN * prefill, "ran_on": ran_on}
         if self.peer:
             self.peer.sendall(json.dumps(step).encode() + b"\n")
         self.broadcast.put(step)
-        self.replies.get()  # the spin: stock vLLM burns a core here while the GPU works
+        if changed:  # a new batch shape: the sampler's per-request state is rebuilt first
+            time.sleep(SAMPLER_REBUILD_S)
+        self.broadcast.put({"sample": self.steps})
+        self.replies.get()  # the spin: stock vLLM keeps a core busy here while the GPU works
         if self.peer and not self.peer_lines.readline():
             raise ConnectionError("the worker node closed the connection")
-        outputs = []
+        outputs, tokens = [], 0
+        self.batch_changed = False
         for rid, state in list(self.running.items()):
-            state[1] += 1
+            before = state[1]
+            state[1] = min(state[0], state[1] + (1 if rid in admitted else accepted_tokens(self.rng)))
+            tokens += state[1] - before
             outputs.append((rid, state[1], state[1] >= state[0]))
             if state[1] >= state[0]:
                 del self.running[rid]
+                self.batch_changed = True
         self.conn.send(outputs)
-        self.report(len(outputs))
+        self.report(tokens)
 
     def report(self, tokens: int) -> None:
         self.stats["tokens"] += tokens
@@ -267,8 +352,12 @@ class Engine:
             self.stats = {"since": time.monotonic(), "tokens": 0, "steps": 0}
 
 
-def run_engine(conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer_port) -> None:
+def run_engine(root: Path, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer_port) -> None:
     become_child("EngineCore")
+    account = Account(root)
+    main = account.thread("EngineCore")
+    account.start()
+    replies.spin_meter = main
     peer = connect_peer(peer_port) if peer_port else None
     conn.send("ready")
     Engine(conn, broadcast, replies, step_s, peer).run()
@@ -371,10 +460,11 @@ def parse_chat(body, model: str) -> dict:
 class ApiServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address, model: str, engine: EngineClient):
+    def __init__(self, address, model: str, engine: EngineClient, cpu: Thread):
         super().__init__(address, Handler)
         self.model = model
         self.engine = engine
+        self.cpu = cpu  # the API server's GB10 CPU: detokenizing and streaming
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -463,6 +553,7 @@ class Handler(BaseHTTPRequestHandler):
         sent = 0
         for emitted, finished in self.server.engine.outputs(stream):
             text = "".join(token_text(i) for i in range(sent, emitted))
+            self.server.cpu.add(API_S_PER_TOKEN * (emitted - sent))
             sent = emitted
             event(chunk({"content": text}, finish_reason if finished else None))
         if include_usage:
@@ -480,19 +571,22 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def serve_head(args, busy_loop_s: float) -> int:
+def serve_head(args, busy_loop_s: float, lost_wakeup: bool) -> int:
     fork = multiprocessing.get_context("fork")  # children keep this cmdline (--node ROOT)
-    broadcast, replies = ShmQueue(busy_loop_s), ShmQueue(busy_loop_s)
+    broadcast, replies = ShmQueue(busy_loop_s, lost_wakeup=lost_wakeup), ShmQueue(busy_loop_s, lost_wakeup=lost_wakeup)
     worker = fork.Process(target=run_local_worker, args=(args.node, broadcast, replies), daemon=True)
     worker.start()
     # The pipe is made after the worker is forked and our copy of the engine's end is
     # closed after the engine is, so the engine alone holds it: its death reads as EOF.
     api_end, engine_end = fork.Pipe()
     engine = fork.Process(target=run_engine, daemon=True,
-                          args=(engine_end, broadcast, replies, args.step_ms / 1000.0, args.peer_port))
+                          args=(args.node, engine_end, broadcast, replies, args.step_ms / 1000.0, args.peer_port))
     engine.start()
     engine_end.close()
     children = [worker, engine]
+    account = Account(args.node)  # after the forks: the account's writer thread is ours alone
+    api_cpu = account.thread("APIServer")
+    account.start()
     exit_on_sigterm()  # after forking: the children keep the default (die on SIGTERM)
     engine_died = threading.Event()
     try:
@@ -500,7 +594,7 @@ def serve_head(args, busy_loop_s: float) -> int:
             raise TimeoutError("the engine did not become ready")
         api_end.recv()
         client = EngineClient(api_end)
-        with ApiServer((args.host, args.port), args.model, client) as server:
+        with ApiServer((args.host, args.port), args.model, client, api_cpu) as server:
             def on_engine_exit():
                 engine_died.set()
                 server.shutdown()
@@ -525,8 +619,13 @@ def serve_head(args, busy_loop_s: float) -> int:
 
 
 def serve_worker(args) -> int:
+    """A worker node: runs the head's steps as they come over TCP (a blocking read, no
+    spin: this node waits in NCCL/CUDA, as the study's worker did)."""
     exit_on_sigterm()
-    gpu = Gpu(args.node)
+    account = Account(args.node)
+    main = account.thread("VllmWorker")
+    gpu = Gpu(args.node, account)
+    account.start()
     with socket.create_server((args.host, args.port)) as listener:
         log("worker ready: listening for the head's steps on %s:%d" % (args.host, args.port))
         while True:
@@ -537,7 +636,8 @@ def serve_worker(args) -> int:
                 try:
                     for line in lines:
                         step = json.loads(line)
-                        gpu.execute(step["duration_s"])
+                        main.add(LAUNCH_S_PER_STEP)
+                        gpu.run(step, time.monotonic())
                         connection.sendall(b'{"step": %d}\n' % step["step"])
                 except OSError as error:
                     log("head connection lost: %s" % error)
@@ -560,7 +660,7 @@ def main(argv=None) -> int:
     serve.add_argument("--model", required=True)
     serve.add_argument("--role", choices=node.ROLES, required=True)
     serve.add_argument("--peer-port", type=int, help="head only: the worker node's port")
-    serve.add_argument("--step-ms", type=float, default=15.0, help="decode step time (GPU)")
+    serve.add_argument("--step-ms", type=float, default=40.0, help="decode step time (GPU)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--detach", action="store_true", help="run in a new session and return")
     stop = commands.add_parser("stop", help="stop the server recorded in ROOT/run/vllm.pid")
@@ -585,10 +685,13 @@ def main(argv=None) -> int:
         return 0
 
     busy_loop_s = node.read_busy_loop_s(args.node)
-    log("busy_loop_s = %g (SpinCondition default in %s)" % (busy_loop_s, args.node / node.SHM_BROADCAST))
+    log("busy_loop_s = %g (SpinCondition default in %s)%s" % (
+        busy_loop_s, args.node / node.SHM_BROADCAST, ", lost wake-ups on" if settings["lost_wakeup"] else ""))
     node.claim_pid_file(args.node, "vllm")
     try:
-        return serve_head(args, busy_loop_s) if args.role == "head" else serve_worker(args)
+        if args.role == "head":
+            return serve_head(args, busy_loop_s, settings["lost_wakeup"])
+        return serve_worker(args)
     finally:
         node.release_pid_file(args.node, "vllm")
 

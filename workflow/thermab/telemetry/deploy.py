@@ -90,7 +90,9 @@ def start_agent(host: Host, session: str, settings: dict) -> int:
     # agent_dir given relative (to the home over SSH, or to the controller's directory) works
     settings = dict(settings, out_dir=".", stop_file="stop")
     if host.spec.simulated:
+        # a simulated node's sysfs, and its /proc with its processes' GB10 CPU (thermab.sim.cpu)
         settings["sys_root"] = str(host.spec.root)
+        settings["proc_root"] = str(host.spec.root / "proc")
     _install(host, directory, settings)
     quoted = shlex.quote(directory)
     # only the agent goes to the background, with every stream redirected, so the
