@@ -24,7 +24,7 @@ from pathlib import Path
 import paramiko
 
 from thermab.hosts import known_hosts
-from thermab.hosts.transport import CommandError, Result, TransportError
+from thermab.hosts.transport import CommandError, LineReader, Result, TransportError
 
 CONNECTION_LOST = (paramiko.SSHException, EOFError, OSError, socket.timeout)
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -316,10 +316,9 @@ class SshTransport:
         self._client = self._jump_client = None
 
 
-class _SshLines:
+class _SshLines(LineReader):
     def __init__(self, host: str, command: str, channel: paramiko.Channel):
         self.host, self.command, self.channel = host, command, channel
-        self.buffer = b""
 
     def send(self, data: bytes) -> None:
         try:
@@ -327,19 +326,12 @@ class _SshLines:
         except CONNECTION_LOST as error:
             raise TransportError(self.host, f"connection lost during {self.command!r}: {error}") from None
 
-    def readline(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buffer:
-            self.channel.settimeout(max(deadline - time.monotonic(), 0.001))
-            try:
-                chunk = self.channel.recv(4096)
-            except socket.timeout:
-                raise TransportError(self.host, f"no answer within {timeout:.0f} s from: {self.command}") from None
-            if not chunk:
-                raise TransportError(self.host, f"ended without an answer: {self.command}")
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return line.decode(errors="replace")
+    def _receive(self, left: float) -> bytes | None:
+        self.channel.settimeout(max(left, 0.001))
+        try:
+            return self.channel.recv(4096)
+        except socket.timeout:
+            return None
 
     def close(self) -> None:
         self.channel.close()

@@ -103,12 +103,36 @@ class LocalTransport:
 
 
 
-class _LocalLines:
+class LineReader:
+    """Lines from a long-lived command's output, each within a timeout; a transport gives
+    ``_receive`` (bytes, b"" at the end, None when nothing came within ``left`` seconds)."""
+
+    host: str
+    command: str
+    buffer = b""
+
+    def _receive(self, left: float) -> bytes | None:
+        raise NotImplementedError
+
+    def readline(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            chunk = self._receive(left) if left > 0 else None
+            if chunk is None:
+                raise TransportError(self.host, f"no answer within {timeout:.0f} s from: {self.command}")
+            if not chunk:
+                raise TransportError(self.host, f"ended without an answer: {self.command}")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+
+class _LocalLines(LineReader):
     def __init__(self, host: str, command: str):
         self.host, self.command = host, command
         self.process = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
-        self.buffer = b""
 
     def send(self, data: bytes) -> None:
         try:
@@ -116,18 +140,10 @@ class _LocalLines:
         except OSError:  # the command has ended (the readline after this says so)
             pass
 
-    def readline(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.process.stdout], [], [], left)[0]:
-                raise TransportError(self.host, f"no answer within {timeout:.0f} s from: {self.command}")
-            chunk = os.read(self.process.stdout.fileno(), 4096)
-            if not chunk:
-                raise TransportError(self.host, f"ended without an answer: {self.command}")
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return line.decode(errors="replace")
+    def _receive(self, left: float) -> bytes | None:
+        if not select.select([self.process.stdout], [], [], left)[0]:
+            return None
+        return os.read(self.process.stdout.fileno(), 4096)
 
     def close(self) -> None:
         self.process.stdin.close()  # the loop ends at end of input
