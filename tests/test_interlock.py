@@ -30,6 +30,7 @@ def run(tmp_path):
         "head": {"transport": "local", "simulated": "head", "root": "node"}}}}
     run = ClusterRun(validate(raw, tmp_path), "t", "A", tmp_path / "results/t/A", tmp_path)
     make_gb10(run.hosts[0].spec.root)
+    (run.hosts[0].spec.root / "proc").mkdir()  # a simulated node's /proc view, here without processes
     run.run_dir.mkdir(parents=True)
     (run.run_dir / "preflight.json").write_text(json.dumps({
         "safety": {"abort_at_c": 95.0}, "clock_offset_s": {"head": 0.0},
