@@ -120,7 +120,10 @@ class Account:
 
     def start(self) -> None:
         """Publish the view (built aside and renamed into place, so that nobody sees it
-        half made) and keep it current."""
+        half made) and keep it current.  A node rooted at / (a whole container or machine
+        given over to it) has the real /proc for its view: nothing to publish."""
+        if self.dir.parent.resolve() == Path("/proc"):
+            return
         building = self.dir.with_name(".%d.new" % self.pid)
         shutil.rmtree(building, ignore_errors=True)
         for thread in self.threads:
