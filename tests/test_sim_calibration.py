@@ -68,8 +68,6 @@ def test_default_run_head_tsoc_means_are_the_studys(default_run):
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(reason="issue 15 open: in the last full run the head's TGPU and TS0P gaps missed the "
-                          "study's by 1.1-1.2 °C (TGPU +0.62 vs -0.52, TS0P -0.60 vs -1.81)", strict=False)
 def test_default_run_zone_gaps_are_the_studys(default_run):
     means = zone_means(default_run, "head")
     for zone, published in STUDY_GAPS.items():
@@ -77,8 +75,6 @@ def test_default_run_zone_gaps_are_the_studys(default_run):
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(reason="issue 15 open: in the last full run the worker's TSOC was 1.15 °C warmer in the "
-                          "second (patched) phase: its slow zone creeps across phases", strict=False)
 def test_default_run_worker_is_the_same_in_both_arms(default_run):
     means = zone_means(default_run, "worker")
     assert abs(means["TSOC", "B"] - means["TSOC", "A"]) <= 0.5

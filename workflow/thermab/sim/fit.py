@@ -30,8 +30,9 @@ and 212 % patched, the spin being the difference, held by two threads; the worke
    2, and the phase's mean as one more observation of its standard error).  The share is
    that of at least one of the emulator's two spinning threads (``HELD_THREADS``), so each
    is on cluster 1 with ``1 - (1 - share) ** (1/2)``.  The chart's 30-s samples show no
-   runs of dips, so the dwell between moves is set below a sample, not fitted
-   (``PLACEMENT_DWELL_S``).
+   runs of dips, so the dwell between moves is set well below a sample, not fitted
+   (``PLACEMENT_DWELL_S``): the 1-s samples of the default run then read independent
+   placements, as the chart's do.
 4. Worker: only its TSOC was published.  Its zones are the head's with an ambient offset,
    a gain factor and a time factor, fitted to that TSOC (the hottest modelled zone).
 """
@@ -69,7 +70,7 @@ BOOT_MIN = (96.2, 107.4)  # the patched server's boot heats a little; not modell
 SETTLED_AFTER_MIN = 5.0
 STEP_S = 5.0  # integration step of the fit (the model is exact per step)
 HEAD_ZONES = ("TS0E", "TS0P", "TS1E", "TS1P", "TGPU", "TUNC")
-PLACEMENT_DWELL_S = 15.0  # study seconds: half the chart's sample interval
+PLACEMENT_DWELL_S = 5.0  # study seconds: well below the chart's sample interval
 TOLERANCE = 0.02
 
 

@@ -1,6 +1,6 @@
 """A simulated GB10 node: the files a real node has, under one root directory.
 
-    python -m thermab.sim.node create ROOT --role head|worker [--cores 20]
+    python -m thermab.sim.node create ROOT --role head|worker [--cores 20] [--lost-wakeup]
 
 creates (or completes, see :func:`create_node`) this tree::
 
@@ -13,14 +13,21 @@ creates (or completes, see :func:`create_node`) this tree::
                                                               cpuinfo_avg_freq (perf cores)
     ROOT/sys/class/powercap/intel-rapl:0{,:0,:1,:2}/          RAPL-like counters, and
     ROOT/sys/class/hwmon/hwmon0/                              a power meter (sim.power)
+    ROOT/proc/                                                the node's /proc: its
+                                                              processes' GB10 CPU
+                                                              (thermab.sim.cpu), uptime
     ROOT/sim.json                                             role, process pattern,
-                                                              clocks, thermal and power model
+                                                              clocks, zone and power
+                                                              model, time compression,
+                                                              placement, lost_wakeup
     ROOT/run/                                                 pid files, logs, gpu_busy_s
 
-The telemetry agent reads it with ``sys_root=ROOT``; the simulated server
-(:mod:`thermab.sim.vllm`) and thermal model (:mod:`thermab.sim.thermal`) run as processes
-recorded in ``run/``.  Every server process carries ``--node ROOT`` on its command line,
-which is how :func:`process_pattern` tells the nodes apart on one machine.
+The telemetry agent reads it with ``sys_root=ROOT`` and ``proc_root=ROOT/proc``; the
+simulated server (:mod:`thermab.sim.vllm`) and thermal model (:mod:`thermab.sim.thermal`)
+run as processes recorded in ``run/``.  Every server process carries ``--node ROOT`` on its
+command line, which is how :func:`process_pattern` tells the nodes apart in the views.
+The zone model is :mod:`thermab.sim.zones` with the parameters :mod:`thermab.sim.fit`
+fitted to the study (calibration.json); see docs/simulation.md.
 """
 
 from __future__ import annotations
