@@ -1,6 +1,7 @@
 """The telemetry agent on fixture sysfs trees, run for real as a detached process."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -240,8 +241,9 @@ def test_a_hanging_nvidia_smi_is_a_missing_value_and_delays_nothing(tmp_path, mo
         deploy.stop_agent(host, "t-gpu")
     gpu = csv_rows(directory / "gpu.csv")
     assert gpu[0]["value"] == "" and "nvidia-smi timed out" in gpu[0]["reason"]
-    hung_from = float(gpu[0]["t"]) - 5.0  # CommandSource.timeout_s
-    during = [r for r in csv_rows(directory / "thermal.csv") if hung_from < float(r["t"]) < float(gpu[0]["t"])]
+    # a run is stamped with its middle: it hung from 2.5 s before that to 2.5 s after (timeout_s 5)
+    hung_from, hung_to = float(gpu[0]["t"]) - 2.5, float(gpu[0]["t"]) + 2.5
+    during = [r for r in csv_rows(directory / "thermal.csv") if hung_from < float(r["t"]) < hung_to]
     assert len({r["t"] for r in during}) > 1, "the zones were sampled while nvidia-smi hung"
     assert deploy.agent_pid(host, "t-gpu") is None
     assert wait_until(lambda: processes_in(tmp_path) == []), "the hung command ends with the agent"
@@ -310,12 +312,12 @@ def test_an_agent_stopping_at_start_is_reported_not_restarted(tmp_path):
     assert deploy.agent_pid(host, "t-bad") is None
 
 
-def test_a_failing_source_is_recorded_and_the_others_go_on(tmp_path):
+def test_a_bad_proc_stat_is_a_missing_value_and_the_others_go_on(tmp_path):
     root = tmp_path / "node"
     make_gb10(root)
     proc = tmp_path / "proc"
     proc.mkdir()
-    (proc / "stat").write_text("cpu\n")  # too short: the system source's parser raises IndexError
+    (proc / "stat").write_text("cpu\n")  # too short to hold a CPU's times
     (proc / "loadavg").write_text("0.5 0.4 0.3 1/100 1\n")
     settings = tmp_path / "settings.json"
     settings.write_text(json.dumps({"out_dir": str(tmp_path / "out"), "sys_root": str(root), "proc_root": str(proc),
@@ -325,7 +327,7 @@ def test_a_failing_source_is_recorded_and_the_others_go_on(tmp_path):
                              stderr=subprocess.PIPE, text=True)
     try:
         assert wait_until(lambda: (tmp_path / "out/system.csv").exists()
-                          and len(csv_rows(tmp_path / "out/system.csv")) >= 3)
+                          and len(csv_rows(tmp_path / "out/system.csv")) >= 6)
         (tmp_path / "stop").touch()
         assert agent.wait(timeout=30) == 0, agent.stderr.read()
     finally:
@@ -333,8 +335,27 @@ def test_a_failing_source_is_recorded_and_the_others_go_on(tmp_path):
             agent.kill()
             agent.wait()
     system = csv_rows(tmp_path / "out/system.csv")
-    assert all(r["sensor"] == "source_error" and "IndexError" in r["reason"] for r in system)
+    busy = [r for r in system if r["sensor"] == "busy_pct"]
+    assert busy and all(r["value"] == "" and "unreadable /proc/stat" in r["reason"] for r in busy)
+    assert {r["value"] for r in system if r["sensor"] == "loadavg_1m"} == {"0.500"}, "the load average still read"
     assert len({r["t"] for r in csv_rows(tmp_path / "out/thermal.csv")}) >= 3
+
+
+def test_a_source_that_raises_is_recorded_and_the_agent_goes_on(tmp_path):
+    from thermab.telemetry import agent as agent_module
+
+    class Broken(agent_module.Source):
+        name = "broken"
+
+        def sample(self):
+            raise IndexError("list index out of range")
+
+    agent = agent_module.Agent({"out_dir": str(tmp_path), "intervals": {}})
+    agent.record(Broken())
+    agent.record(Broken())
+    rows = csv_rows(tmp_path / "broken.csv")
+    assert [(r["sensor"], r["value"]) for r in rows] == [("source_error", "")] * 2
+    assert all("IndexError: list index out of range" in r["reason"] for r in rows)
 
 
 def test_an_odd_tree_never_breaks_a_source(tmp_path):
@@ -366,3 +387,75 @@ def test_an_odd_tree_never_breaks_a_source(tmp_path):
     hwmon = Hwmon(str(tmp_path))
     assert hwmon.discover() == {"sensors": []} and hwmon.sample() == []
     assert {source.name for source in SOURCES} >= set(found)
+
+
+# -- whatever a node's tree holds, every source answers ----------------------------------------------
+
+JUNK = ["", "\n", "abc\n", "-5\n", "99999999999999999999999\n", "nan\n", "inf\n", "1e3\n", " 42000 \n",
+        "\x00\x01", "42000\n43000\n", "0x10\n", "é\n"]
+DAMAGE = ("junk", "delete", "directory", "link loop", "dangling link")
+
+
+@pytest.fixture(scope="module")
+def node_tree(tmp_path_factory):
+    from thermab.sim.node import create_node
+    root = tmp_path_factory.mktemp("template") / "node"
+    create_node(root, role="head")
+    return root, sorted(p.relative_to(root) for p in (root / "sys").rglob("*") if not p.is_symlink())
+
+
+def damage(path: Path, how: str, junk: str) -> None:
+    if not (path.exists() or path.is_symlink()):
+        return
+    if how == "junk" and path.is_file():
+        path.write_text(junk)
+        return
+    if path.is_dir() and not path.is_symlink():
+        import shutil
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    if how == "directory":
+        path.mkdir()
+    elif how == "link loop":
+        path.symlink_to(path.name)
+    elif how == "dangling link":
+        path.symlink_to(path.name + ".gone")
+
+
+def test_every_source_answers_whatever_the_tree_holds(node_tree, tmp_path_factory):
+    """Files of /sys replaced by junk, removed, turned into directories, looping or dangling
+    links: no source raises, and every value is a finite number or missing with a reason."""
+    import shutil
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from thermab.telemetry import agent
+
+    template, files = node_tree
+    work = tmp_path_factory.mktemp("damaged")
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(st.tuples(st.sampled_from(files), st.sampled_from(DAMAGE), st.sampled_from(JUNK)),
+                    min_size=1, max_size=4))
+    def check(changes):
+        root = work / "node"
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(template, root, symlinks=True)
+        for relative, how, junk in changes:
+            damage(root / relative, how, junk)
+        for source_class in agent.SOURCES:
+            if source_class is agent.ProcessCpu or issubclass(source_class, agent.CommandSource):
+                continue  # /proc and commands: not in the tree
+            source = source_class(str(root), str(root / "proc"))
+            if not source.available():
+                continue
+            source.discover()
+            for _ in range(2):
+                for sensor, value, reason in source.sample():
+                    assert isinstance(sensor, str) and sensor
+                    if value is None:
+                        assert reason, sensor
+                    else:
+                        assert isinstance(value, (int, float)) and math.isfinite(value), (sensor, value)
+
+    check()

@@ -92,13 +92,13 @@ def test_nvidia_smi_and_ipmi_parsers():
     assert zero[0][1] is None and "0 W" in zero[0][2], "a BMC without a reading says 0 W: empty, not zero"
 
 
-class Slow(agent.PolledSource):
+class Slow(agent.CommandSource):
     """A command that takes a while, then prints one GPU line."""
 
     timeout_s = 30.0
 
     def __init__(self, seconds):
-        agent.PolledSource.__init__(self)
+        agent.CommandSource.__init__(self)
         self.seconds = seconds
 
     def command(self):

@@ -323,6 +323,20 @@ class ProcessCpu(Source):
         return threads
 
 
+def hwmon_chips(base):
+    """(entry, chip directory, chip name, file names) of every hwmon chip under ``base`` that
+    can be listed: a chip that went away, or a dangling or looping link, leaves the others."""
+    chips = []
+    for entry in sorted(os.listdir(base)):
+        chip_dir = os.path.join(base, entry)
+        try:
+            names = sorted(os.listdir(chip_dir))
+        except OSError:
+            continue
+        chips.append((entry, chip_dir, ThermalZones._optional(os.path.join(chip_dir, "name")) or entry, names))
+    return chips
+
+
 class Hwmon(Source):
     """``hwmon*/temp*_input`` with their labels (coretemp, k10temp, nvme, ...): the
     temperatures of hosts without ACPI thermal zones.  Sensor ``<chip>/<label>``."""
@@ -339,13 +353,7 @@ class Hwmon(Source):
 
     def discover(self):
         self.inputs = {}
-        for entry in sorted(os.listdir(self.base())):
-            chip_dir = os.path.join(self.base(), entry)
-            chip = ThermalZones._optional(os.path.join(chip_dir, "name")) or entry
-            try:
-                names = sorted(os.listdir(chip_dir))
-            except OSError:
-                continue  # a chip that went away, or a dangling link: the others still count
+        for entry, chip_dir, chip, names in hwmon_chips(self.base()):
             for name in names:
                 match = re.match(r"(temp\d+)_input$", name)
                 if match:
@@ -365,6 +373,115 @@ class Hwmon(Source):
                 value, reason = None, "unreadable: %s" % error.strerror
             rows.append((sensor, value, reason))
         return rows
+
+
+class Poller:
+    """Calls ``measure()`` on a thread of its own, once per ``request()``, so a slow or hung
+    tool (nvidia-smi, ipmitool) never holds up the sampling loop.  ``take()`` returns the rows
+    measured since the last call, each ``(t, sensor, value, reason)`` with the time it was
+    measured, not the time the loop picked it up."""
+
+    def __init__(self, measure, name):
+        self.measure = measure
+        self.lock = threading.Lock()
+        self.wanted = threading.Event()
+        self.rows = []
+        self.thread = threading.Thread(target=self._loop, name="poll " + name, daemon=True)
+        self.thread.start()
+
+    def request(self):
+        self.wanted.set()  # a request while a run is under way starts one more after it, not two
+
+    def take(self):
+        with self.lock:
+            rows, self.rows = self.rows, []
+        return rows
+
+    def _loop(self):
+        while True:
+            self.wanted.wait()
+            self.wanted.clear()
+            try:
+                rows = self.measure()
+            except Exception as error:  # the thread must outlive any one bad reading
+                rows = [(time.time(), "source_error", None, ("%s: %s" % (type(error).__name__, error))[:200])]
+            with self.lock:
+                self.rows.extend(rows)
+
+
+def run_command(argv, timeout_s, started=None):
+    """(t, returncode or None, stdout, error) of one run, t = the midpoint of the run.
+    ``started(process)`` is told of the process while it runs, so that whoever stops the
+    agent can end a command still in flight."""
+    start = time.time()
+    try:
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   stdin=subprocess.DEVNULL, universal_newlines=True)
+    except OSError as error:
+        return start, None, "", "could not run %s: %s" % (argv[0], error)
+    if started is not None:
+        started(process)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()  # not waited for: a command stuck in the kernel may never go
+        return (start + time.time()) / 2, None, "", "%s timed out after %g s" % (argv[0], timeout_s)
+    error = "" if process.returncode == 0 else (
+        stderr.strip() or stdout.strip() or "exit %d" % process.returncode)[:200]
+    return (start + time.time()) / 2, process.returncode, stdout, error
+
+
+class CommandSource(Source):
+    """A source whose reading comes from a command (nvidia-smi, ipmitool), measured off the
+    sampling loop (:class:`Poller`) with a timeout: each ``sample()`` asks for a measurement
+    and returns the rows of those finished since the last one, each stamped with its own
+    time ``(t, sensor, value, reason)``.  A timeout or a failure is a missing value under
+    ``failed_sensor`` with the reason; ``close()`` ends a command still in flight."""
+
+    timeout_s = 5.0
+    failed_sensor = "source_error"
+
+    def __init__(self, *args, **kwargs):
+        Source.__init__(self, *args, **kwargs)
+        self.poller = None
+        self.running = None
+        self.closed = False
+
+    def reads_this_machine(self):
+        """A command reads the machine it runs on: a simulated node (a tree under another root)
+        must not report the power of the machine that hosts it."""
+        return os.path.abspath(self.sys_root) == "/"
+
+    def command(self):
+        raise NotImplementedError
+
+    def parse(self, stdout):
+        """Rows (sensor, value or None, reason) of one run's output."""
+        raise NotImplementedError
+
+    def _started(self, process):
+        self.running = process
+        if self.closed:  # the agent stopped while this one was being started
+            process.kill()
+
+    def measure(self):
+        t, returncode, stdout, error = run_command(self.command(), self.timeout_s, self._started)
+        self.running = None
+        parsed = self.parse(stdout) if returncode == 0 else [(self.failed_sensor, None, error)]
+        return [(t, sensor, value, reason) for sensor, value, reason in parsed]
+
+    def sample(self):
+        if self.poller is None:
+            self.poller = Poller(self.measure, self.name)
+        rows = self.poller.take()
+        self.poller.request()
+        return rows
+
+    def close(self):
+        self.closed = True
+        process = self.running
+        if process is not None and process.poll() is None:
+            process.kill()
 
 
 GPU_QUERY = ("index", "temperature.gpu", "clocks.sm", "power.draw", "utilization.gpu")
@@ -388,51 +505,16 @@ def parse_nvidia_smi(text):
     return rows
 
 
-class CommandSource(Source):
-    """A source read by running a command (``nvidia-smi``, ``ipmitool``): the agent samples
-    it in a thread of its own, with a timeout, so a slow or hung command never stops or
-    delays the other sources.  A timeout or a failure is a missing value with the reason."""
-
-    threaded = True
-    timeout_s = 5.0
-    running = None  # the command in flight, ended with the agent
-
-    def argv(self):
-        raise NotImplementedError
-
-    def parse(self, stdout):
-        """Rows from the command's output."""
-        raise NotImplementedError
-
-    def available(self):
-        return shutil.which(self.argv()[0]) is not None
-
-    def sample(self):
-        error_sensor = self.name + "_error"
-        try:
-            process = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       stdin=subprocess.DEVNULL, universal_newlines=True)
-        except OSError as error:
-            return [(error_sensor, None, "cannot run %s: %s" % (self.argv()[0], error))]
-        self.running = process
-        try:
-            stdout, stderr = process.communicate(timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()  # not waited for: a command stuck in the kernel may never go
-            return [(error_sensor, None, "%s timed out after %g s" % (self.argv()[0], self.timeout_s))]
-        finally:
-            self.running = None
-        if process.returncode != 0:
-            return [(error_sensor, None, stderr.strip()[:200] or "exit %d" % process.returncode)]
-        return self.parse(stdout)
-
-
 class NvidiaGpu(CommandSource):
     name = "gpu"
     kind = "gpu"  # the kind of its rows in tidy/telemetry.parquet
     default_interval_s = 15.0
+    failed_sensor = "gpu_error"
 
-    def argv(self):
+    def available(self):
+        return shutil.which("nvidia-smi") is not None
+
+    def command(self):
         return ["nvidia-smi", "--query-gpu=" + ",".join(GPU_QUERY), "--format=csv,noheader,nounits"]
 
     def parse(self, stdout):
@@ -450,17 +532,27 @@ class SystemCpu(Source):
         Source.__init__(self, *args, **kwargs)
         self.previous = None
 
+    def available(self):
+        return os.path.isfile(self.proc_path("stat"))  # a simulated node's view has none
+
     def sample(self):
-        fields = [int(x) for x in read_text(self.proc_path("stat")).splitlines()[0].split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-        total = sum(fields[:8])
         rows = []
-        if self.previous is not None:
-            d_total = total - self.previous[0]
-            if d_total > 0:
-                rows.append(("busy_pct", 100.0 * (d_total - (idle - self.previous[1])) / d_total, ""))
-        self.previous = (total, idle)
-        rows.append(("loadavg_1m", float(read_text(self.proc_path("loadavg")).split()[0]), ""))
+        try:
+            fields = [int(x) for x in read_text(self.proc_path("stat")).splitlines()[0].split()[1:]]
+            idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+            total = sum(fields[:8])
+        except (OSError, ValueError, IndexError) as error:
+            rows.append(("busy_pct", None, "unreadable /proc/stat: %s" % (getattr(error, "strerror", None) or error)))
+        else:
+            if self.previous is not None:
+                d_total = total - self.previous[0]
+                if d_total > 0:
+                    rows.append(("busy_pct", 100.0 * (d_total - (idle - self.previous[1])) / d_total, ""))
+            self.previous = (total, idle)
+        try:
+            rows.append(("loadavg_1m", float(read_text(self.proc_path("loadavg")).split()[0]), ""))
+        except (OSError, ValueError, IndexError) as error:
+            rows.append(("loadavg_1m", None, "unreadable /proc/loadavg: %s" % (getattr(error, "strerror", None) or error)))
         return rows
 
 
@@ -569,15 +661,6 @@ class RaplPower(Source):
         return [(sensor, ) + read_int(path) for sensor, path in sorted(self.counters.items())]
 
 
-def hwmon_chips(base):
-    """(entry, chip directory, chip name) of every hwmon chip under ``base``."""
-    chips = []
-    for entry in sorted(os.listdir(base)):
-        chip_dir = os.path.join(base, entry)
-        chips.append((entry, chip_dir, ThermalZones._optional(os.path.join(chip_dir, "name")) or entry))
-    return chips
-
-
 class HwmonPower(Source):
     """hwmon ``power*_input`` (µW; ``power*_average`` where a channel has no input, as the ACPI
     power meter) and ``energy*_input`` (µJ counters, raw) with their labels, as domains
@@ -603,9 +686,9 @@ class HwmonPower(Source):
 
     def discover(self):
         self.channels = {}
-        for entry, chip_dir, chip in hwmon_chips(self.base()):
-            files = set(os.listdir(chip_dir))
-            for name in sorted(files):
+        for entry, chip_dir, chip, names in hwmon_chips(self.base()):
+            files = set(names)
+            for name in names:
                 match = re.match(r"(power|energy)(\d+)_(input|average)$", name)
                 if not match:
                     continue
@@ -630,95 +713,6 @@ class HwmonPower(Source):
             if value is not None and sensor.endswith(" W"):
                 value = value / 1e6  # µW
             rows.append((sensor, value, reason))
-        return rows
-
-
-class Poller:
-    """Calls ``measure()`` on a thread of its own, once per ``request()``, so a slow or hung
-    tool (nvidia-smi, ipmitool) never holds up the sampling loop.  ``take()`` returns the rows
-    measured since the last call, each ``(t, sensor, value, reason)`` with the time it was
-    measured, not the time the loop picked it up."""
-
-    def __init__(self, measure, name):
-        import threading
-
-        self.measure = measure
-        self.lock = threading.Lock()
-        self.wanted = threading.Event()
-        self.rows = []
-        self.thread = threading.Thread(target=self._loop, name="poll " + name, daemon=True)
-        self.thread.start()
-
-    def request(self):
-        self.wanted.set()  # a request while a run is under way starts one more after it, not two
-
-    def take(self):
-        with self.lock:
-            rows, self.rows = self.rows, []
-        return rows
-
-    def _loop(self):
-        while True:
-            self.wanted.wait()
-            self.wanted.clear()
-            try:
-                rows = self.measure()
-            except Exception as error:  # the thread must outlive any one bad reading
-                rows = [(time.time(), "source_error", None, ("%s: %s" % (type(error).__name__, error))[:200])]
-            with self.lock:
-                self.rows.extend(rows)
-
-
-def run_command(argv, timeout_s):
-    """(t, returncode or None, stdout, error) of one run, t = the midpoint of the run."""
-    import subprocess
-
-    start = time.time()
-    try:
-        completed = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return (start + time.time()) / 2, None, "", "timed out after %g s" % timeout_s
-    except OSError as error:
-        return (start + time.time()) / 2, None, "", "could not run: %s" % error
-    error = "" if completed.returncode == 0 else (
-        completed.stderr.strip() or completed.stdout.strip() or "exit %d" % completed.returncode)[:200]
-    return (start + time.time()) / 2, completed.returncode, completed.stdout, error
-
-
-class PolledSource(Source):
-    """A source whose reading comes from a command, measured off the sampling path
-    (:class:`Poller`): each ``sample()`` asks for a measurement and returns the rows of those
-    finished since the last one, each stamped with its own time ``(t, sensor, value, reason)``."""
-
-    timeout_s = 5.0
-    failed_sensor = "source_error"
-
-    def __init__(self, *args, **kwargs):
-        Source.__init__(self, *args, **kwargs)
-        self.poller = None
-
-    def reads_this_machine(self):
-        """A command reads the machine it runs on: a simulated node (a tree under another root)
-        must not report the power of the machine that hosts it."""
-        return os.path.abspath(self.sys_root) == "/"
-
-    def command(self):
-        raise NotImplementedError
-
-    def parse(self, stdout):
-        """Rows (sensor, value or None, reason) of one run's output."""
-        raise NotImplementedError
-
-    def measure(self):
-        t, returncode, stdout, error = run_command(self.command(), self.timeout_s)
-        parsed = self.parse(stdout) if returncode == 0 else [(self.failed_sensor, None, error)]
-        return [(t, sensor, value, reason) for sensor, value, reason in parsed]
-
-    def sample(self):
-        if self.poller is None:
-            self.poller = Poller(self.measure, self.name)
-        rows = self.poller.take()
-        self.poller.request()
         return rows
 
 
@@ -774,7 +768,7 @@ class NvmlEnergy:
         return value.value, ""
 
 
-class NvidiaPower(PolledSource):
+class NvidiaPower(CommandSource):
     """``power.draw`` of every GPU (nvidia-smi) and its cumulative energy counter, raw in mJ:
     from the same query where the driver's nvidia-smi has the field, else from NVML itself.
     Both run off the sampling path."""
@@ -785,7 +779,7 @@ class NvidiaPower(PolledSource):
     failed_sensor = "gpu_power_error"
 
     def __init__(self, *args, **kwargs):
-        PolledSource.__init__(self, *args, **kwargs)
+        CommandSource.__init__(self, *args, **kwargs)
         self.fields = GPU_POWER_QUERY
         self.nvml = None
         self.nvml_error = ""
@@ -815,7 +809,7 @@ class NvidiaPower(PolledSource):
         return parse_gpu_power(stdout, self.fields)
 
     def measure(self):
-        rows = PolledSource.measure(self)
+        rows = CommandSource.measure(self)
         if len(self.fields) == 3:
             return rows
         # the counter from NVML, each read stamped with its own time (Δenergy/Δt needs it)
@@ -840,7 +834,7 @@ def parse_dcmi_power(text):
 IPMI_DEVICES = ("/dev/ipmi0", "/dev/ipmi/0", "/dev/ipmidev/0")
 
 
-class IpmiPower(PolledSource):
+class IpmiPower(CommandSource):
     """The node's power from its BMC, ``ipmitool dcmi power reading``, as domain ``node``;
     where ipmitool is installed and this user may open the IPMI device.  Off the sampling
     path, with a timeout: a BMC can take seconds to answer."""
@@ -962,6 +956,8 @@ class Agent:
         self._append("agent_events", [(time.time(), name, "", json.dumps(detail, sort_keys=True))])
 
     def _append(self, stem, rows):
+        if not rows:  # a command source between measurements: no file with only a header
+            return
         path = os.path.join(self.out_dir, stem + ".csv")
         new = not os.path.exists(path)
         with open(path, "a", newline="") as handle:
@@ -990,13 +986,6 @@ class Agent:
         stop_file = self.settings.get("stop_file")
         return self.stopping or bool(stop_file and os.path.exists(stop_file))
 
-    def _run_alone(self, source, interval):
-        while not self.stop_requested():
-            due = time.time() + interval
-            self.record(source)
-            while not self.stop_requested() and time.time() < due:
-                time.sleep(min(0.5, max(0.05, due - time.time())))
-
     def run(self):
         discovered = {}
         for source, _ in self.sources:
@@ -1011,23 +1000,17 @@ class Agent:
             json.dump(meta, handle, indent=1, sort_keys=True)
         os.replace(meta_path + ".tmp", meta_path)  # whole or absent, for whoever waits on it
         self.event("agent_start", meta)
-        inline = []
-        for source, interval in self.sources:
-            if getattr(source, "threaded", False):
-                threading.Thread(target=self._run_alone, args=(source, interval), daemon=True).start()
-            else:
-                inline.append((source, interval))
-        due = {source.name: time.time() for source, _ in inline}
+        due = {source.name: time.time() for source, _ in self.sources}
         while not self.stop_requested():
             now = time.time()
-            for source, interval in inline:
+            for source, interval in self.sources:
                 if now >= due[source.name]:
                     due[source.name] = now + interval
                     self.record(source)
             time.sleep(max(0.05, min([d - time.time() for d in due.values()] + [0.5])))
         for source, _ in self.sources:
-            if getattr(source, "running", None) is not None:
-                source.running.kill()  # a command still in flight does not outlive the agent
+            if isinstance(source, CommandSource):
+                source.close()  # a command still in flight does not outlive the agent
         self.event("agent_stop", {"pid": os.getpid()})
 
 
