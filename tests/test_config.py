@@ -377,3 +377,18 @@ def test_debug_shows_the_traceback(tmp_path):
     result = subprocess.run([sys.executable, "-m", "thermab", "--debug", "check-config", str(path)],
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_nested_keys_on_the_command_line_are_typed(tmp_path):
+    """`--config 'timings={load_s: 5}'`: Snakemake reads the mapping as text ('5'), which the
+    schema would refuse as not an integer; the run takes the number, or names the key."""
+    def dry_run(*override):
+        return subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+                               "--directory", str(tmp_path), "--cores", "1", "-n", "-p", "all", "--config", *override],
+                              capture_output=True, text=True, timeout=300)
+
+    result = dry_run("timings={load_s: 5, baseline_s: 2.5}", "safety={abort_at_c: null}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    result = dry_run("timings={load_s: five}")
+    assert result.returncode == 2 and "config key 'timings.load_s': 'five' is not of type 'integer'" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from thermab.config import ConfigError, cluster_spec, validate
+from thermab.config import ConfigError, cluster_spec, load_schema, typed_overrides, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 RAW = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
@@ -128,3 +128,67 @@ def test_any_value_of_any_type_anywhere(path, value):
     config = copy.deepcopy(RAW)
     put(config, path, value)
     check(config)
+
+
+# -- `--config` mappings: Snakemake hands them over as text ----------------------------------------
+
+def admitted(path, value) -> bool:
+    """Whether the schema's type at ``path`` takes ``value``'s type."""
+    schema = load_schema()
+    for part in path:
+        if isinstance(part, int):
+            schema = schema["items"]
+        else:
+            schema = schema.get("properties", {}).get(part) or schema["additionalProperties"]
+    types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+    if value is None:
+        return "null" in types
+    return "number" in types or ("integer" in types and isinstance(value, int))
+
+
+def as_snakemake_text(value):
+    """What Snakemake's `--config KEY={...}` makes of a value: YAML's base loader, all text."""
+    if isinstance(value, dict):
+        return {name: as_snakemake_text(item) for name, item in value.items()}
+    if isinstance(value, list):
+        return [as_snakemake_text(item) for item in value]
+    return yaml.load(yaml.safe_dump(value), Loader=yaml.BaseLoader)
+
+
+@PROFILE
+@given(path=st.sampled_from([p for p in NUMBER_PATHS if len(p) > 1]),
+       value=st.one_of(st.integers(-10 ** 6, 10 ** 6), st.floats(allow_nan=True, allow_infinity=True), st.none()))
+def test_a_number_in_a_config_mapping_keeps_its_type(path, value):
+    """`--config timings={load_s: 30}`: the number given is the number validated."""
+    override = {}
+    put(override, path, value)
+    typed = typed_overrides(as_snakemake_text(override))
+    got = typed
+    for part in path:
+        got = got[part]
+    if admitted(path, value):
+        assert got == value or (value != value and got != got), (value, got)
+        assert type(got) is type(value)
+    else:
+        assert isinstance(got, str), "a value of a type the key does not take stays text, for validation to name"
+    config = copy.deepcopy(RAW)
+    put(config, path, got)
+    check(config, ".".join(str(p) for p in path))
+
+
+@PROFILE
+@given(path=st.sampled_from([p for p in STRING_PATHS if len(p) > 1]),
+       value=st.sampled_from(["0.002", "1", "true", "null", "1e3", "[1]", "{a: 1}", "x"]))
+def test_text_in_a_config_mapping_stays_text_where_text_is_asked(path, value):
+    """An arm value of 0.002 is the text the file gets, not a float."""
+    override = {}
+    put(override, path, value)
+    got = typed_overrides(as_snakemake_text(override))
+    for part in path:
+        got = got[part]
+    assert got == value
+
+
+def test_text_that_is_not_the_wanted_type_is_left_for_validation_to_name():
+    typed = typed_overrides({"timings": {"load_s": "five", "baseline_s": "1.5"}, "load": {"probe": "0"}})
+    assert typed == {"timings": {"load_s": "five", "baseline_s": 1.5}, "load": {"probe": "0"}}

@@ -2,6 +2,8 @@ import os
 import sys
 from pathlib import Path
 
+from snakemake.utils import update_config
+
 # The Snakefile imports the package from the checkout; jobs import the installed one
 # (`pip install -e .`, or the `-e ..` line of each conda env) and stop if it is another.
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
@@ -17,9 +19,11 @@ os.environ[jobs.CHECKOUT_ENV] = str(Path(workflow.basedir) / "workflow" / "therm
 # again strictly (Snakemake's own reader keeps the last of a key given twice), then the
 # merged config is validated with defaults filled in. An error is one line naming the file
 # or key, and exit status 2.
+# Mappings and lists given with --config are typed by the schema (Snakemake reads them as text).
 try:
     for path in workflow.configfiles:
         thermab_config.read_file(path)
+    update_config(config, thermab_config.typed_overrides(workflow.config_settings.config))
     config.update(thermab_config.validate(config))
 except thermab_config.ConfigError as error:
     print(f"thermab: {error}", file=sys.stderr)

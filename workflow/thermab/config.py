@@ -204,6 +204,48 @@ def validate(raw: dict, workdir: str | Path | None = None) -> dict:
     return config
 
 
+# -- `--config` on the command line ----------------------------------------------------------
+
+SCALAR_TYPES = {"integer": int, "number": (int, float), "boolean": bool, "null": type(None)}
+
+
+def _subschema(schema: dict, name) -> dict:
+    if isinstance(name, int):
+        return schema.get("items", {})
+    properties = schema.get("properties", {})
+    if name in properties:
+        return properties[name]
+    extra = schema.get("additionalProperties", {})
+    return extra if isinstance(extra, dict) else {}
+
+
+def _typed(value, schema: dict):
+    if isinstance(value, dict):
+        return {name: _typed(item, _subschema(schema, name)) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_typed(item, _subschema(schema, index)) for index, item in enumerate(value)]
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    if not isinstance(value, str) or "string" in types or not any(t in SCALAR_TYPES for t in types):
+        return value
+    try:
+        parsed = yaml.load(value, Loader=StrictLoader)
+    except yaml.YAMLError:
+        return value
+    wanted = tuple(SCALAR_TYPES[t] for t in types if t in SCALAR_TYPES)
+    if isinstance(parsed, bool) and "boolean" not in types:
+        return value
+    return parsed if isinstance(parsed, wanted) else value
+
+
+def typed_overrides(overrides: dict) -> dict:
+    """``--config`` values with their types.  Snakemake reads a scalar as an int, float or
+    bool, but a mapping or list (``timings={load_s: 30}``) with YAML's base loader, all text;
+    here text where the schema wants a number, a boolean or null is read as YAML.  Text that
+    does not read as the wanted type is left as it is, for validation to name."""
+    return _typed(dict(overrides), load_schema())
+
+
 # -- what a schema cannot express ---------------------------------------------------------------
 
 SERVER_PLACEHOLDERS = ("root", "python", "env")
@@ -388,12 +430,12 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
     cap = safety["max_load_minutes"]
     if cap is not None and timings["load_s"] > cap * 60:
         problems.append(f"config key 'timings.load_s': {timings['load_s']} s is longer than "
-                        f"safety.max_load_minutes ({cap} min)")
+                        f"'safety.max_load_minutes' ({cap} min)")
     thermal_interval = config["monitor"]["intervals"]["thermal"]
     silence = safety["max_sensor_silence_s"]
     if silence is not None and silence < 2 * thermal_interval:
         problems.append(f"config key 'safety.max_sensor_silence_s': {silence} s is shorter than two thermal "
-                        f"sample intervals (monitor.intervals.thermal = {thermal_interval} s)")
+                        f"sample intervals ('monitor.intervals.thermal' = {thermal_interval} s)")
     for name, cluster in config["clusters"].items():
         hosts = cluster["hosts"]
         if cluster["head"] not in hosts:
