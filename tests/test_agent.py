@@ -129,9 +129,12 @@ def test_ingest_counts_malformed_rows_and_events_out_of_order(tmp_path):
         "102.0,TSOC,not-a-number\n"   # a row cut short by a crash
         "103.0,TSOC,81.0,,extra,fields\n"
         "xx,TSOC,82.0,\n"
+        "103.5,TSOC,inf,\n"
+        "inf,TSOC,82.0,\n"
         "104.0,TSOC,82.5,\n")
     tidy, dropped = ingest.telemetry(tmp_path / "monitor", {"head": 10.0})
     assert list(tidy["value"]) == [80.5, 82.5] and list(tidy["t"]) == [90.0, 94.0]
+    assert dropped["head/thermal: not a finite number"] == 2
     assert dropped["head/thermal: unreadable: Permission denied"] == 1
     assert dropped["head/thermal: wrong number of fields"] == 1
     assert dropped["head/thermal: malformed row"] == 2

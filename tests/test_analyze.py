@@ -9,6 +9,7 @@ import pytest
 
 from conftest_analysis import PHASE_S, write_synthetic_run
 from thermab.analysis import PHASE_TABLES, analyze, chart_import, html_report, model, plots
+from thermab.analysis.completeness import completeness
 
 CHART = Path(__file__).parent / "data" / "seed-repro-chart-data.json"
 STUDY_ARMS = {"stock": "1", "patched": "0.002"}
@@ -200,3 +201,66 @@ def test_bursty_probe_and_half_open_loop_are_stated_not_measured(tmp_path):
     html_report.write_report(run_dir, run_dir / "report.html")
     page = (run_dir / "report.html").read_text()
     assert "<h2>Load validity</h2>" in page and "<strong>short</strong>: 3.20 of 4 requests in flight" in page
+
+
+# -- runs written by other tools: only the contract's files ---------------------------------------
+
+CONTRACT_REQUEST_COLUMNS = ["order", "rep", "arm", "kind", "user", "tag", "t_start", "t_first_token", "t_end",
+                            "prompt_tokens", "completion_tokens", "cached_tokens", "ok", "error"]
+
+
+@pytest.mark.parametrize("run_json", [True, False])
+def test_a_loop_not_closed_is_found_without_validity_json(tmp_path, run_json):
+    """tidy/requests.parquet with only docs/design.md's columns and no phases/*/validity.json:
+    the load of each phase is judged from the requests by the same rule, users from run.json or,
+    without it, the load's distinct users."""
+    run_dir = write_synthetic_run(tmp_path / "AB", loop_share={"B": 0.5})
+    for report in run_dir.glob("phases/*/validity.json"):
+        report.unlink()
+    requests = pd.read_parquet(run_dir / "tidy/requests.parquet")[CONTRACT_REQUEST_COLUMNS]
+    requests.to_parquet(run_dir / "tidy/requests.parquet")
+    if not run_json:
+        (run_dir / "run.json").unlink(missing_ok=True)
+    result = analyze.compute(run_dir)
+    validity = result.tables["validity"].set_index("arm")
+    assert validity.at["A", "inflight_mean"] == pytest.approx(4.0, abs=0.01) and validity.at["A", "load_valid"]
+    assert validity.at["B", "inflight_mean"] == pytest.approx(2.0, abs=0.05) and not validity.at["B", "load_valid"]
+    assert validity.at["B", "shortfalls"].endswith("of 4 requests in flight")
+    assert all(w.startswith("no validity.json: judged from tidy/requests.parquet") for w in validity["warnings"])
+    variance = result.tables["variance"]
+    assert set(variance.loc[variance["arm"] == "B", "load_short"]) == {"AB rep1-B"}
+
+
+def test_a_written_validity_json_wins_over_the_requests(tmp_path):
+    run_dir = write_synthetic_run(tmp_path / "AB", loop_share={"B": 0.5})
+    validity = analyze.compute(run_dir).tables["validity"]
+    assert not validity["warnings"].str.contains("no validity.json").any()
+
+
+def test_samples_that_are_not_finite_are_no_readings(tmp_path):
+    """A file ingest did not write may hold NaN or ±inf: the tables leave them out."""
+    run_dir = write_synthetic_run(tmp_path / "AB")
+    path = run_dir / "tidy/telemetry.parquet"
+    clean = pd.read_parquet(path)
+    expected = analyze.compute(run_dir).tables["zones"]
+    damaged = clean.copy()
+    extra = damaged[damaged["sensor"] == "TSOC"].copy()
+    extra["value"] = [math.inf, -math.inf, math.nan] * (len(extra) // 3) + [math.inf] * (len(extra) % 3)
+    pd.concat([damaged, extra], ignore_index=True).to_parquet(path)
+    zones = analyze.compute(run_dir).tables["zones"]
+    pd.testing.assert_frame_equal(zones, expected)
+
+
+def test_a_sample_given_twice_is_no_interval(tmp_path):
+    """Every sample written twice (equal times): the completeness table keeps the run's
+    spacing and the summary is written."""
+    run_dir = write_synthetic_run(tmp_path / "AB")
+    (run_dir / "run.json").unlink(missing_ok=True)  # no configured intervals: inferred from the samples
+    path = run_dir / "tidy/telemetry.parquet"
+    once = pd.read_parquet(path)
+    pd.concat([once, once], ignore_index=True).to_parquet(path)
+    result = analyze.compute(run_dir)
+    analyze.write_outputs(result)
+    table = completeness(result.run.telemetry, result.tables["windows"], ["head", "worker"])
+    assert table.set_index(["host", "source"]).at[("head", "thermal"), "interval_s"] == pytest.approx(15.0)
+    assert "## Telemetry completeness" in (run_dir / "summary.md").read_text()

@@ -9,7 +9,7 @@ a frame out; summary.md shows it, so a hole is never silent.
   source, the window's edges included (a sensor silent for a whole window gives its length).
 
 The source's interval is the run's configured one where known, else the median spacing of
-its samples over the whole run."""
+its distinct samples over the whole run."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ ALWAYS = ("thermal", "cpu")  # a host reports these unless the run says it has n
 
 
 def _median_spacing(times: list[np.ndarray]) -> float:
+    """Of the steps between distinct times: a sample given twice (equal times) is no interval."""
     steps = np.concatenate([np.diff(t) for t in times]) if times else np.array([])
+    steps = steps[steps > 0]
     return float(np.median(steps)) if len(steps) else math.nan
 
 

@@ -3,7 +3,9 @@
 ``validity_table`` turns each phase's ``validity.json`` into one row of
 ``tables/validity.csv``: a phase whose load fell short of its configuration
 (``load.validity.shortfalls``) has ``load_valid`` False, a phase without load records
-(imported runs) NA. ``mark`` carries ``load_valid`` into every per-phase table and the
+(imported runs) NA.  A phase with request rows in ``tidy/requests.parquet`` but no
+``validity.json`` (a run written by another tool) is judged from those rows by the same
+rule (``derived_reports``), so a loop that was not closed never passes unnoticed. ``mark`` carries ``load_valid`` into every per-phase table and the
 pooled metrics, ``note_verdicts`` makes each verdict built on such a phase say so.
 Pure functions over frames; ``model.read_validity`` reads the files.
 """
@@ -12,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from thermab.analysis.metrics import PHASE_KEYS
-from thermab.load.validity import shortfalls
+from thermab.load.validity import COLUMNS as REQUEST_COLUMNS, shortfalls, validity_report
 
 VALIDITY_COLUMNS = PHASE_KEYS + [
     "users", "inflight_mean", "share_at_users", "ok_load", "full_length_share", "reporting_cached",
@@ -22,6 +24,46 @@ DTYPES = {**dict.fromkeys(["users", "ok_load", "reporting_cached", "requests", "
           **dict.fromkeys(["inflight_mean", "share_at_users", "full_length_share", "cached_share"], "float64"),
           "load_valid": "boolean"}
 NO_RECORDS = "no load records"
+DERIVED = "no validity.json: judged from tidy/requests.parquet"
+
+
+def derived_reports(requests: pd.DataFrame | None, windows: pd.DataFrame, events: pd.DataFrame,
+                    plan: dict) -> dict:
+    """The validity report of each window that has request rows, from those rows: the
+    configured users, max_tokens, prompt size and probes where the plan (run.json) has them,
+    else what the rows show (the load's distinct users, its longest ok completion, no prompt
+    target, the probes sent).  An ``abort`` event inside the window marks the load aborted."""
+    if requests is None or requests.empty:
+        return {}
+    # diagnostics another writer may not have are unknown (NA), not zero: counts become nullable
+    dtypes = {column: "Int64" if dtype == "int64" and column != "rep" else dtype
+              for column, dtype in REQUEST_COLUMNS.items()}
+    frame = requests.copy()
+    for column, dtype in dtypes.items():
+        if column not in frame:
+            frame[column] = pd.array([None] * len(frame), dtype=dtype)
+    frame = frame.astype(dtypes)
+    reports = {}
+    for window in windows.itertuples(index=False):
+        rows = frame[(frame["order"] == window.order) & (frame["rep"] == int(window.rep)) & (frame["arm"] == window.arm)]
+        if rows.empty:
+            continue
+        load, probes = rows[rows["kind"] == "load"], rows[rows["kind"] == "probe"]
+        ok_tokens = load.loc[load["ok"], "completion_tokens"].dropna()
+        users = plan.get("users") or int(load["user"].nunique())
+        max_tokens = plan.get("max_tokens") or (int(ok_tokens.max()) if len(ok_tokens) else None)
+        report = validity_report(rows.reset_index(drop=True), (window.load_start, window.load_end), users=users,
+                                 max_tokens=max_tokens, prompt_tokens=plan.get("prompt_tokens"),
+                                 probe_n=plan.get("probe_n", len(probes)), stall_gap_s=plan["stall_gap_s"])
+        aborts = events[(events["event"] == "abort") & (events["order"] == window.order)
+                        & (events["rep"] == window.rep) & (events["arm"] == window.arm)
+                        & events["t"].between(window.load_start, window.load_end)]
+        if len(aborts):
+            detail = aborts["detail"].iloc[0] if "detail" in aborts else None
+            report["aborted"] = (detail.get("reason") if isinstance(detail, dict) else None) or "abort event"
+        report["warnings"] = [DERIVED] + report["warnings"]
+        reports[(window.order, int(window.rep), window.arm)] = report
+    return reports
 
 
 def validity_table(reports: dict, windows: pd.DataFrame) -> pd.DataFrame:

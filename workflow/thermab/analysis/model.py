@@ -83,9 +83,14 @@ class Telemetry:
     def series(self, kind: str | None = None, sensor: str | None = None, host: str | None = None,
                columns=("t", "value")) -> Iterator[tuple[dict, dict[str, np.ndarray]]]:
         """Each matching series as ({host, kind, sensor}, {column: array}), in (host, kind,
-        sensor) order, its samples in time order (stably: equal times keep the file's order)."""
+        sensor) order, its samples in time order (stably: equal times keep the file's order).
+        A sample whose time or value is not a finite number (NaN, ±inf in a file ingest did not
+        write) is no reading and is left out."""
         for row in self.select(kind, sensor, host).itertuples(index=False):
-            arrays = self._read(row.where, sorted(set(columns) | {"t"}))
+            arrays = self._read(row.where, sorted(set(columns) | {"t", "value"}))
+            finite = np.isfinite(arrays["t"]) & np.isfinite(arrays["value"])
+            if not finite.all():
+                arrays = {name: values[finite] for name, values in arrays.items()}
             if np.any(arrays["t"][1:] < arrays["t"][:-1]):
                 order = np.argsort(arrays["t"], kind="stable")
                 arrays = {name: values[order] for name, values in arrays.items()}

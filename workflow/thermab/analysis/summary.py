@@ -105,7 +105,7 @@ def completeness_section(frame: pd.DataFrame) -> str:
         note = ""
         if row.got == 0:
             note = "no samples"
-        elif not math.isnan(interval) and row.largest_gap_s > 3 * interval:
+        elif interval > 0 and row.largest_gap_s > 3 * interval:  # False for NaN too
             note = f"gap of {row.largest_gap_s / interval:.0f} intervals"
         rows.append({"host": row.host, "source": row.source, "interval": fmt(interval, "s"),
                      "expected": fmt(row.expected, "", 0), "got": fmt(row.got, "", 0),
@@ -131,8 +131,8 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
     windows = tables["windows"]
     if windows.empty:
         return (f"# thermab: {run.get('cluster', '')}\n\nNo complete load phase in this run: a phase is"
-                " measured from its last load_start to the first load_end after it, and no phase has"
-                " both. Nothing to compare.\n")
+                " measured from its last load_start to the first load_end after it, and no phase has a"
+                " load_end later than its load_start. Nothing to compare.\n")
     phases = windows.groupby("arm").size()
     present = [a for a in arms if a in phases.index]
     labels = {a: arms[a]["label"] for a in present}

@@ -179,6 +179,8 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
         setting=config["setting"]["name"], head=run.cluster.head, hosts=[h.name for h in run.hosts],
         analysis=config["analysis"], trip_point_c=trips[0] if trips else None,
         max_tokens=config["load"]["max_tokens"], load_s=config["timings"]["load_s"],
+        users=config["load"]["users"], prompt_tokens=config["load"]["prompt_tokens"],
+        probe_n=config["load"]["probe_n"] if config["load"]["probe"] else 0,
         sample_intervals_s=config["monitor"]["intervals"],
         hosts_without_zones=[name for name, facts in report["hosts"].items() if not facts.get("zones")]))
     return report

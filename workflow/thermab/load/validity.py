@@ -175,7 +175,7 @@ def validity_report(frame, window, *, users, max_tokens, prompt_tokens, probe_n,
             "median": _number(measured_prompt.median()),
             "min": _number(measured_prompt.min()),
             "max": _number(measured_prompt.max()),
-            "median_over_target": _number(measured_prompt.median() / prompt_tokens),
+            "median_over_target": _number(measured_prompt.median() / prompt_tokens) if prompt_tokens else None,
         },
         "usage_source": _counts(frame["usage_source"]),
         "throughput": {
@@ -229,9 +229,10 @@ def warnings(report, probe_n):
     if probe["ok"] < probe_n:
         out.append(f"probe: {probe['ok']} of {probe_n} requests succeeded")
     if probe["ok"] and not probe["measurable"]:
-        out.append(f"probe decode speed not measurable: tokens arrived in {bursts(probe['token_arrivals'])} "
-                   f"(it needs {MIN_TOKEN_ARRIVALS} arrivals spanning {MIN_ARRIVAL_SPAN_SHARE * 100:.0f} % "
-                   "of the decode time)")
+        how = bursts(probe["token_arrivals"])
+        out.append(f"probe decode speed not measurable: tokens arrived in {how} (it needs {MIN_TOKEN_ARRIVALS} "
+                   f"arrivals spanning {MIN_ARRIVAL_SPAN_SHARE * 100:.0f} % of the decode time)" if how else
+                   "probe decode speed not measurable: the records do not say when its tokens arrived")
     if req["started_after_end"]:
         out.append(f"{req['started_after_end']} requests started after the load window ended")
     return out

@@ -79,10 +79,12 @@ def read_agent_csv(path: Path, host: str, kind: str, offset: float) -> tuple[Rea
         code = {name: i for i, name in enumerate(sensors)}
         sensor = np.concatenate([sensor, np.array([code[name] for name in sensor_extra], dtype=np.int32)])
         reasons = pa.chunked_array(reasons.chunks + [pa.array(reason_extra, pa.string())])
-    keep = ~(np.isnan(t) | np.isnan(value))
+    keep = np.isfinite(t) & np.isfinite(value)
     counts = {}
     if not keep.all():
         lost = pd.Series(reasons.filter(pa.array(~keep)).to_pylist(), dtype=object)
+        infinite = (np.isinf(t) | np.isinf(value))[~keep]
+        lost[(lost == "") & infinite] = "not a finite number"
         counts = lost.replace("", "malformed row").value_counts().to_dict()
         t, value, sensor = t[keep], value[keep], sensor[keep]
     if long_rows:
