@@ -119,6 +119,21 @@ def test_agent_runs_detached_appends_on_restart_and_is_ingested(tmp_path):
     assert json.loads((directory / "agent.json").read_text())["pid"] == pid2
 
 
+def test_ingest_follows_a_clock_that_drifts(tmp_path):
+    """Offsets +0 s at preflight (controller t = 1000) and +10 s at the end (t = 2000): a
+    sample between is moved by the offset of its time, not by the mean of the two."""
+    host_dir = tmp_path / "monitor/head"
+    host_dir.mkdir(parents=True)
+    (host_dir / "thermal.csv").write_text("t,sensor,value,reason\n900.0,TSOC,1,\n1505.0,TSOC,2,\n2100.0,TSOC,3,\n")
+    clocks = ingest.host_offsets({"t": 1000.0, "clock_offset_s": {"head": 0.0}},
+                                 {"t": 2000.0, "clock_offset_end_s": {"head": 10.0}})
+    tidy, _dropped = ingest.telemetry(tmp_path / "monitor", clocks)
+    assert list(tidy["t"]) == [900.0, 1500.0, 2090.0], "interpolated between, the nearest held outside"
+    assert clocks["head"].record() == {"at_s": [1000.0, 2000.0], "offset_s": [0.0, 10.0]}
+    without_times = ingest.host_offsets({"clock_offset_s": {"head": 0.0}}, {"clock_offset_end_s": {"head": 10.0}})
+    assert list(ingest.telemetry(tmp_path / "monitor", without_times)[0]["t"]) == [895.0, 1500.0, 2095.0]
+
+
 def test_ingest_counts_malformed_rows_and_events_out_of_order(tmp_path):
     host_dir = tmp_path / "monitor/head"
     host_dir.mkdir(parents=True)

@@ -37,6 +37,7 @@ def awkward_telemetry(run_dir) -> pd.DataFrame:
 
 
 def reference_samples(telemetry: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
+    telemetry = telemetry[np.isfinite(telemetry["value"])]  # a missing value is no sample
     parts = []
     for phase, window in enumerate(windows.itertuples(index=False)):
         inside = telemetry[(telemetry["t"] >= window.load_start) & (telemetry["t"] < window.load_end)]

@@ -1,7 +1,9 @@
 """Agent CSVs and per-phase request files -> the tidy contract files (docs/design.md).
 
-Host timestamps are moved onto the controller's clock with the mean of the offsets
-measured at preflight and at the end.  Rows without a value (the agent records missing
+Host timestamps are moved onto the controller's clock with the offsets measured at
+preflight and at the end, interpolated linearly in between (a clock that drifts during a
+long run is followed, not averaged; before the first and after the last measurement the
+nearest one holds).  Rows without a value (the agent records missing
 readings with a reason) are dropped and counted by reason in ``tidy/ingest.json``.  Power
 files become watts per domain (energy counters turned into Δenergy/Δt: ``power``).
 
@@ -43,25 +45,55 @@ AGENT_COLUMNS = ["t", "sensor", "value", "reason"]  # the agent's CSV header
 CSV_BLOCK_BYTES = 16 << 20
 
 
-def host_offsets(preflight: dict, stopped: dict) -> dict[str, float]:
-    start = preflight.get("clock_offset_s", {})
-    end = stopped.get("clock_offset_end_s", {})
-    return {host: (start.get(host, 0.0) + end.get(host, start.get(host, 0.0))) / 2
-            for host in set(start) | set(end)}
+class ClockMap(NamedTuple):
+    """A host's clock against the controller's: the offsets (host − controller) measured at
+    the host times ``at``, in time order."""
+    at: tuple[float, ...]
+    offset: tuple[float, ...]
+
+    @classmethod
+    def constant(cls, offset: float) -> "ClockMap":
+        return cls((0.0,), (float(offset),))
+
+    def to_controller(self, t: np.ndarray) -> np.ndarray:
+        return t - np.interp(t, self.at, self.offset)
+
+    def record(self) -> dict:
+        """For tidy/ingest.json: each measurement's controller time and offset."""
+        return {"at_s": [a - o for a, o in zip(self.at, self.offset)], "offset_s": list(self.offset)}
+
+
+def host_offsets(preflight: dict, stopped: dict) -> dict[str, ClockMap]:
+    """Each host's clock map from the offsets measured at preflight and at the end (each file's
+    ``t`` is when, on the controller's clock)."""
+    start, end = preflight.get("clock_offset_s", {}), stopped.get("clock_offset_end_s", {})
+    maps = {}
+    for host in sorted(set(start) | set(end)):
+        measured = sorted((t + offsets[host], offsets[host]) for t, offsets in
+                          ((preflight.get("t"), start), (stopped.get("t"), end)) if host in offsets and t is not None)
+        if not measured:  # an older file without its time: the mean holds throughout
+            values = [offsets[host] for offsets in (start, end) if host in offsets]
+            measured = [(0.0, sum(values) / len(values))]
+        maps[host] = ClockMap(tuple(a for a, _ in measured), tuple(o for _, o in measured))
+    return maps
+
+
+def as_clock(offset: float | ClockMap) -> ClockMap:
+    return offset if isinstance(offset, ClockMap) else ClockMap.constant(offset)
 
 
 class Readings(NamedTuple):
     """Rows of one host and kind: t on the host's clock, value, each row's sensor as a code
-    into ``sensors`` (names), and the host's clock offset (``sorted_series`` subtracts it,
-    series by series: a week of one kind is hundreds of MB, not to be copied whole)."""
+    into ``sensors`` (names), and the host's clock map (``sorted_series`` applies it, series
+    by series: a week of one kind is hundreds of MB, not to be copied whole)."""
     t: np.ndarray
     value: np.ndarray
     sensor: np.ndarray
     sensors: list[str]
-    offset: float = 0.0
+    clock: ClockMap = ClockMap.constant(0.0)
 
 
-def read_agent_csv(path: Path, host: str, kind: str, offset: float) -> tuple[Readings, dict]:
+def read_agent_csv(path: Path, host: str, kind: str, clock: ClockMap) -> tuple[Readings, dict]:
     """One source file of one host -> its rows with a value, and the dropped rows counted by
     reason.  A row with too many fields is dropped as "wrong number of fields"; one cut
     short, as a crash mid-write leaves, has its missing fields empty, so it is kept only
@@ -89,7 +121,7 @@ def read_agent_csv(path: Path, host: str, kind: str, offset: float) -> tuple[Rea
         t, value, sensor = t[keep], value[keep], sensor[keep]
     if long_rows:
         counts["wrong number of fields"] = counts.get("wrong number of fields", 0) + long_rows
-    return Readings(t, value, sensor, sensors, offset), {f"{host}/{kind}: {r}": int(n) for r, n in counts.items()}
+    return Readings(t, value, sensor, sensors, clock), {f"{host}/{kind}: {r}": int(n) for r, n in counts.items()}
 
 
 def _read_csv(path: Path) -> tuple[pa.Table, list[list[str]], int]:
@@ -146,10 +178,10 @@ def _ranked(parts: list[Readings]) -> Readings:
     if len(parts) == 1:  # no copy of t and value
         return parts[0]._replace(sensor=codes[0], sensors=sensors)
     return Readings(np.concatenate([part.t for part in parts]), np.concatenate([part.value for part in parts]),
-                    np.concatenate(codes), sensors, parts[0].offset)
+                    np.concatenate(codes), sensors, parts[0].clock)
 
 
-def kind_readings(monitor_dir: Path, offsets: dict[str, float]) -> Iterator[tuple[str, str, Readings, dict]]:
+def kind_readings(monitor_dir: Path, offsets: dict[str, float | ClockMap]) -> Iterator[tuple[str, str, Readings, dict]]:
     """Per host and kind, both in sorted order: (host, kind, the rows of every file of that
     kind with their sensors ranked, the dropped rows counted by reason)."""
     for host_dir in sorted(p for p in Path(monitor_dir).iterdir() if p.is_dir()):
@@ -158,7 +190,8 @@ def kind_readings(monitor_dir: Path, offsets: dict[str, float]) -> Iterator[tupl
             for stem in (stem for stem, of in KIND_OF_FILE.items() if of == kind):
                 path = host_dir / f"{stem}.csv"
                 if path.exists():
-                    readings, counts = read_agent_csv(path, host_dir.name, kind, offsets.get(host_dir.name, 0.0))
+                    clock = as_clock(offsets.get(host_dir.name, 0.0))
+                    readings, counts = read_agent_csv(path, host_dir.name, kind, clock)
                     pa.default_memory_pool().release_unused()  # the parsed CSV: Arrow's allocator keeps freed pages
                     parts.append(readings)
                     for key, n in counts.items():  # two files of one kind may drop rows for one reason
@@ -181,7 +214,7 @@ def _watts(readings: Readings, host: str, dropped: dict) -> Readings:
         dropped[key] = dropped.get(key, 0) + n
     codes, sensors = pd.factorize(watts["sensor"], sort=True)
     return Readings(watts["t"].to_numpy("float64"), watts["value"].to_numpy("float64"), codes.astype(np.int32),
-                    [str(name) for name in sensors], readings.offset)
+                    [str(name) for name in sensors], readings.clock)
 
 
 def sorted_series(readings: Readings) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
@@ -198,7 +231,7 @@ def sorted_series(readings: Readings) -> Iterator[tuple[str, np.ndarray, np.ndar
             rows = rows[np.argsort(t, kind="stable")]
             t = readings.t[rows]
         if len(rows):
-            yield name, t - readings.offset, readings.value[rows]
+            yield name, readings.clock.to_controller(t), readings.value[rows]
 
 
 def write_telemetry(parts, path: Path) -> int:
@@ -238,7 +271,7 @@ def write_frame(frame: pd.DataFrame, path: Path) -> int:
     return write_telemetry(parts(), path)
 
 
-def telemetry(monitor_dir: Path, offsets: dict[str, float]) -> tuple[pd.DataFrame, dict]:
+def telemetry(monitor_dir: Path, offsets: dict[str, float | ClockMap]) -> tuple[pd.DataFrame, dict]:
     """The tidy telemetry of a run as one frame, sorted by (host, kind, sensor, t), and the
     dropped rows counted by reason: for small runs and tests (``ingest`` streams to the file)."""
     frames, dropped = [], {}
@@ -279,6 +312,6 @@ def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, 
     requests(phase_request_files).to_parquet(out_requests, index=False)
     _records, event_problems = jsonl.read_checked(run_dir / "events.jsonl", "t", ("event",))
     report = {"telemetry_rows": rows, "dropped": dropped, "events": event_problems,
-              "clock_offsets_s": offsets}
+              "clock_offsets_s": {host: clock.record() for host, clock in offsets.items()}}
     (out_telemetry.parent / "ingest.json").write_text(json.dumps(report, indent=1))
     return report
