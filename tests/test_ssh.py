@@ -300,6 +300,9 @@ def test_a_preflight_over_ssh_to_a_closed_port_fails_fast_and_cleanly(tmp_path):
     for host in ("worker", "head"):
         assert f"host {host}: cannot reach 127.0.0.1:{closed}: connection refused" in message
     assert output.count("preflight failed") == 1, "said once"
+    retries = [line for line in output.splitlines() if "retrying in" in line]
+    assert retries and all(line.count("[sim/AB] ") == 1 for line in retries), \
+        "retries are shown as the run's progress, a line each though hosts connect side by side"
     assert "zones of worker, head could not be read" in output
     run_dir = tmp_path / "results/sim/AB"
     failed = json.loads((run_dir / "logs/preflight-failed.json").read_text())

@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -22,11 +23,13 @@ from thermab.experiment.preflight import PreflightError
 class _Tee:
     def __init__(self, *streams: TextIO):
         self.streams = streams
+        self.lock = threading.Lock()
 
     def write(self, text: str) -> int:
-        for stream in self.streams:
-            stream.write(text)
-            stream.flush()
+        with self.lock:  # a line written from one thread reaches each stream whole
+            for stream in self.streams:
+                stream.write(text)
+                stream.flush()
         return len(text)
 
     def flush(self) -> None:
@@ -65,7 +68,10 @@ def logged(log_path: str) -> Iterator[None]:
 
 
 def progress(message: str, where: str = "") -> None:
-    print(f"{time.strftime('%H:%M:%S')} {where}{message}", flush=True)
+    # one write of the whole line: hosts are connected from threads, and print() writes the
+    # text and its newline apart, so two hosts' lines could run together
+    sys.stdout.write(f"{time.strftime('%H:%M:%S')} {where}{message}\n")
+    sys.stdout.flush()
 
 
 CHECKOUT_ENV = "THERMAB_CHECKOUT"  # set by workflow/rules/common.smk to the checkout's package

@@ -51,7 +51,7 @@ class ClusterRun:
 
     @cached_property
     def hosts(self) -> list[Host]:
-        return [Host(spec) for spec in self.cluster.hosts]
+        return [Host(spec, progress=self.progress) for spec in self.cluster.hosts]
 
     @property
     def head(self) -> Host:

@@ -15,25 +15,27 @@ from thermab.config import HostSpec
 from thermab.hosts.transport import LocalTransport, Result, Transport
 
 
-def connect(spec: HostSpec) -> Transport:
+def connect(spec: HostSpec, progress=print) -> Transport:
     """The transport for a host: this module sits above both kinds, so neither imports
-    the other."""
+    the other.  ``progress`` hears what the connection does on its own (retries,
+    reconnects, a host key accepted)."""
     if spec.transport == "local":
         return LocalTransport(spec.name)
     from thermab.hosts.ssh import SshTransport  # paramiko is only needed for real clusters
 
-    return SshTransport.from_spec(spec)
+    return SshTransport.from_spec(spec, progress)
 
 
 class Host:
-    def __init__(self, spec: HostSpec, transport: Transport | None = None):
+    def __init__(self, spec: HostSpec, transport: Transport | None = None, progress=print):
         self.spec = spec
         self.name = spec.name
         self._transport = transport
+        self.progress = progress
 
     @cached_property
     def transport(self) -> Transport:
-        return self._transport or connect(self.spec)
+        return self._transport or connect(self.spec, self.progress)
 
     @property
     def agent_python(self) -> str:

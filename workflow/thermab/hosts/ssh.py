@@ -127,12 +127,12 @@ class SshTransport:
         self._jump_client: paramiko.SSHClient | None = None
 
     @classmethod
-    def from_spec(cls, spec) -> "SshTransport":
+    def from_spec(cls, spec, progress=print) -> "SshTransport":
         s = spec.settings
         return cls(spec.name, s["address"], port=s.get("port", 22), user=s.get("user"),
                    key_file=s.get("key_file"), known_hosts=s.get("known_hosts"),
                    host_key_policy=s.get("host_key_policy", "strict"), jump=s.get("jump"),
-                   connect_timeout=s.get("connect_timeout_s", 15))
+                   connect_timeout=s.get("connect_timeout_s", 15), progress=progress)
 
     # -- connection ----------------------------------------------------------------------
 
