@@ -264,3 +264,19 @@ def test_a_sample_given_twice_is_no_interval(tmp_path):
     table = completeness(result.run.telemetry, result.tables["windows"], ["head", "worker"])
     assert table.set_index(["host", "source"]).at[("head", "thermal"), "interval_s"] == pytest.approx(15.0)
     assert "## Telemetry completeness" in (run_dir / "summary.md").read_text()
+
+
+def test_a_head_without_the_timeline_zone_is_told_which_zones_it_has(tmp_path):
+    """An x86 head has no TSOC: the summary says so and names its zones, instead of a table
+    of dashes."""
+    run_dir = write_synthetic_run(tmp_path / "AB")
+    path = run_dir / "tidy/telemetry.parquet"
+    telemetry = pd.read_parquet(path)
+    telemetry["sensor"] = telemetry["sensor"].replace({"TSOC": "x86_pkg_temp"})
+    telemetry.to_parquet(path)
+    result = analyze.compute(run_dir)
+    analyze.write_outputs(result)
+    section = (run_dir / "summary.md").read_text().split("## Time to reach", 1)[1].split("\n## ", 1)[0]
+    assert "The head (head) has no zone TSOC (`analysis.timeline_zone`)" in section
+    assert "its zones are TS0P, x86_pkg_temp" in section and "| 85 °C |" not in section
+    plots.render_figures(result)

@@ -151,7 +151,8 @@ def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -
         samples = head[head["sensor"] == sensor]
         ax.plot(samples["minutes"], samples["value"], color="#9a9a9a", lw=0.7, alpha=0.8,
                 label=f"{config['head']} other zones ({', '.join(others)})" if i == 0 else None)
-    hosts = [config["head"]] + [h for h in zone["host"].unique() if h != config["head"]]
+    # a host without the zone gets no line, and no legend entry for a line that is not there
+    hosts = [h for h in dict.fromkeys([config["head"], *zone["host"].unique()]) if (zone["host"] == h).any()]
     for i, host in enumerate(hosts):
         samples = zone[zone["host"] == host]
         is_head = host == config["head"]

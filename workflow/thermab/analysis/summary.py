@@ -160,13 +160,21 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
             "",
         ]
     else:
+        zones = tables["zones"]
+        head_zones = list(dict.fromkeys(zones.loc[zones["host"] == head, "sensor"]))
+        parts += [f"## Time to reach a temperature after load start ({head} {zone})", ""]
+        if zone in head_zones:
+            parts += [
+                markdown_table(_threshold_table(tables, run, present, marked)),
+                f"First sample at or above the threshold inside the load window; with several phases"
+                f" per arm the phases are listed in time order. Temperatures"
+                f" {_sampling(sample_interval_s, 'thermal')}, so times are that coarse.",
+            ]
+        else:
+            parts.append(f"The head ({head}) has no zone {zone} (`analysis.timeline_zone`), so there are no times"
+                         f" to threshold: its zones are {', '.join(head_zones) or 'none'}; set"
+                         " `analysis.timeline_zone` to one of them and run the analysis again.")
         parts += [
-            f"## Time to reach a temperature after load start ({head} {zone})",
-            "",
-            markdown_table(_threshold_table(tables, run, present, marked)),
-            f"First sample at or above the threshold inside the load window; with several phases"
-            f" per arm the phases are listed in time order. Temperatures {_sampling(sample_interval_s, 'thermal')},"
-            f" so times are that coarse.",
             "",
             "## Zones during load",
             "",
