@@ -163,3 +163,29 @@ def test_repeats_needed_is_the_closed_form_normal_approximation():
             expected = max(2, math.ceil(2 * (z * sd / difference) ** 2))
             assert stats.repeats_needed(sd, difference) == expected
     assert stats.repeats_needed(0.0, 1.0) == 2 and math.isnan(stats.repeats_needed(1.0, 0.0))
+
+
+def long_values(values: dict, metric="stall gaps", unit="gaps") -> pd.DataFrame:
+    return pd.DataFrame([("AB", rep, arm, metric, unit, value) for arm, series in values.items()
+                         for rep, value in enumerate(series, 1)],
+                        columns=["order", "rep", "arm", "metric", "unit", "value"])
+
+
+def test_no_share_of_a_reference_that_cannot_be_told_from_zero():
+    """A stall in one of three stock phases (mean 0.33, its own interval −1.1 to 1.8): "+2900 %"
+    of that would be noise over noise, so there is no %, the finding is judged in gaps and no
+    phases-needed figure rests on it; the difference itself stands."""
+    row = difference_row(long_values({"A": [0, 1, 0], "B": [10, 9, 11]}))
+    assert row["diff"] == pytest.approx(29 / 3)
+    assert math.isnan(row["diff_pct"]) and math.isnan(row["ci_low_pct"]) and math.isnan(row["repeats_needed"])
+    assert row["finding"] == stats.REAL
+    verdict = summary.verdicts(stats.compare(long_values({"A": [0, 1, 0], "B": [10, 9, 11]}), ARMS, "A")).iloc[-1]
+    assert "+10 gaps (no % of stock: its mean cannot be told from zero)" in verdict
+    assert verdict.endswith("beyond restart variance (the larger sd between repeats of an arm): patched is higher than stock.")
+
+
+@pytest.mark.parametrize("reference", [[4, 5, 6], [-5, -5.1, -4.9], [0.01, 0.0101, 0.0099]])
+def test_a_share_of_a_reference_clear_of_zero(reference):
+    """Doubling a reference whose interval is clear of zero, however small or negative: +100 %."""
+    row = difference_row(long_values({"A": reference, "B": [2 * v for v in reference]}, "x", "W"))
+    assert row["diff_pct"] == pytest.approx(100.0)

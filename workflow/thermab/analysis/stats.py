@@ -15,9 +15,11 @@ Two estimates of an arm's effect, both as (arm − reference), also in % of the 
   period effect, each with a t interval on the residual degrees of freedom.  This estimate
   is then the one reported.
 
-The interval in % divides by the reference mean and treats it as fixed; a difference is a
-finding ("real") only when its interval excludes zero AND it is at least as large as the
-restart variance, the larger coefficient of variation between repeats of either arm.
+The interval in % divides by the reference mean and treats it as fixed, so it is given only
+where that mean can be told from zero (``per_cent_of``); a difference is a finding ("real")
+only when its interval excludes zero AND it is at least as large as the restart variance,
+the larger coefficient of variation between repeats of either arm (the larger sd, in the
+metric's unit, where there is no %).
 """
 
 import math
@@ -160,7 +162,7 @@ def _difference(ref: dict, ref_values, arm_stats: dict, values, fit, arm, alpha,
         diff, low, high = welch["diff"], welch["ci_low"], welch["ci_high"]
         period = (math.nan,) * 3
         method = "Welch t" if not math.isnan(low) else "none (n = 1)"
-    scale = 100 / ref["mean"] if ref["mean"] else math.nan
+    scale = per_cent_of(ref)
     pooled_sd = _pooled_sd(ref, arm_stats)
     restart_cv = _restart_cv(ref, arm_stats)
     return {
@@ -168,10 +170,10 @@ def _difference(ref: dict, ref_values, arm_stats: dict, values, fit, arm, alpha,
         "ci_low_pct": low * scale, "ci_high_pct": high * scale, "method": method,
         "period_effect": period[0], "period_ci_low": period[1], "period_ci_high": period[2],
         "restart_cv_pct": restart_cv,
-        "finding": _finding(diff, low, high, ref, arm_stats, restart_cv),
+        "finding": _finding(diff, low, high, ref, arm_stats, restart_cv, scale),
         "repeats_needed_observed": repeats_needed(pooled_sd, diff, alpha, power),
         "detect_pct": detect_pct,
-        "repeats_needed": repeats_needed(pooled_sd, ref["mean"] * detect_pct / 100, alpha, power),
+        "repeats_needed": repeats_needed(pooled_sd, detect_pct / scale, alpha, power),
     }
 
 
@@ -187,17 +189,29 @@ def _restart_cv(ref: dict, arm: dict) -> float:
     return max(known) if known else math.nan
 
 
-def _finding(diff: float, low: float, high: float, ref: dict, arm: dict, restart_cv: float) -> str:
+def per_cent_of(ref: dict) -> float:
+    """100 / the reference mean: the factor to a share of it, or NaN where a share of it says
+    nothing, for a mean of zero or one whose own 95 % interval contains zero (a stall in one
+    of three phases: "+2900 %" of that is noise over noise)."""
+    mean, sd, n = ref["mean"], ref["sd"], ref["n"]
+    if not mean or math.isnan(mean):
+        return math.nan
+    if n >= 2 and not math.isnan(sd) and abs(mean) <= t_quantile(0.975, n - 1) * sd / math.sqrt(n):
+        return math.nan
+    return 100 / mean
+
+
+def _finding(diff: float, low: float, high: float, ref: dict, arm: dict, restart_cv: float, scale: float) -> str:
     if math.isnan(low):
         return UNDEFINED
     if low <= 0 <= high:
         return CONTAINS_ZERO
     if math.isnan(ref["sd"]) or math.isnan(arm["sd"]):
         return VARIANCE_UNKNOWN
-    # restart variance as CV (|diff| in % of the reference vs the larger CV); without a CV
-    # (zero means) compare in the metric's own unit against the larger sd
-    if ref["mean"] and not math.isnan(restart_cv):
-        inside = abs(diff / ref["mean"]) * 100 < restart_cv
+    # restart variance as CV (|diff| in % of the reference vs the larger CV); without a CV,
+    # or a reference that cannot be told from zero, in the metric's own unit against the larger sd
+    if not math.isnan(scale) and not math.isnan(restart_cv):
+        inside = abs(diff * scale) < restart_cv
     else:
         inside = abs(diff) < max(ref["sd"], arm["sd"])
     return INSIDE_VARIANCE if inside else REAL

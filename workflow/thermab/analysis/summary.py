@@ -64,7 +64,10 @@ def _verdict(row: pd.Series, labels: dict) -> str:
     if pd.isna(row["reference"]):
         return f"reference arm ({fmt(row['mean'], row['unit'])}, n = {row['n']} phases)"
     unit, ref_label = row["unit"], labels.get(row["reference"], row["reference"])
-    pct = "" if pd.isna(row["diff_pct"]) else f" ({fmt(row['diff_pct'], '%', 1, sign=True)} of {ref_label})"
+    if not pd.isna(row["diff_pct"]):
+        pct = f" ({fmt(row['diff_pct'], '%', 1, sign=True)} of {ref_label})"
+    else:  # stats.per_cent_of: a share of a mean that cannot be told from zero says nothing
+        pct = "" if pd.isna(row["diff"]) else f" (no % of {ref_label}: its mean cannot be told from zero)"
     ref_n = f"n = {row['ref_n']:.0f} ({ref_label}) / {row['n']} ({row['label']}) phases"
     text = f"{row['metric']}: {row['label']} vs {ref_label} {fmt(row['diff'], unit, sign=True)}{pct}, {ref_n}"
     interval = (f"95 % CI {fmt(row['ci_low'], unit, sign=True)} to {fmt(row['ci_high'], unit, sign=True)}"
@@ -80,10 +83,10 @@ def _verdict(row: pd.Series, labels: dict) -> str:
                  " unknown: not claimed")
     elif finding == stats.INSIDE_VARIANCE:
         text += (f"; {interval} excludes zero, but the difference is inside restart variance"
-                 f" (CV {fmt(row['restart_cv_pct'], '%', 1)} between repeats of an arm): not claimed")
+                 f" ({_restart_variance(row)}): not claimed")
     else:
         direction = "higher" if row["diff"] > 0 else "lower"
-        text += (f"; {interval}, beyond restart variance (CV {fmt(row['restart_cv_pct'], '%', 1)}):"
+        text += (f"; {interval}, beyond restart variance ({_restart_variance(row)}):"
                  f" {row['label']} is {direction} than {ref_label}")
     if not pd.isna(row["period_effect"]):
         low, high = (fmt(row[c], unit, sign=True) for c in ("period_ci_low", "period_ci_high"))
@@ -95,6 +98,14 @@ def _verdict(row: pd.Series, labels: dict) -> str:
         if not pd.isna(row["repeats_needed_observed"]):
             text += f", the observed one {row['repeats_needed_observed']:.0f}"
     return text + "."
+
+
+def _restart_variance(row: pd.Series) -> str:
+    """What the difference was weighed against (``stats._finding``): the larger CV between
+    repeats, or, where there is no share of the reference, the larger sd."""
+    if pd.isna(row["diff_pct"]) or pd.isna(row["restart_cv_pct"]):
+        return "the larger sd between repeats of an arm"
+    return f"CV {fmt(row['restart_cv_pct'], '%', 1)} between repeats of an arm"
 
 
 def completeness_section(frame: pd.DataFrame) -> str:
@@ -469,8 +480,10 @@ def _definitions(run: dict, tables: dict, sample_interval_s: dict) -> str:
         " A domain without samples in a window is empty, never zero.",
         "- Statistics: per arm mean, sd and CV over phases; arm − reference by Welch t (one order) or"
         " OLS value ~ arm + position (several orders, separating the period effect), 95 % intervals,"
-        " also in % of the reference mean. A difference is called real only when its interval"
-        " excludes zero and it exceeds restart variance (the larger CV between repeats of an arm)."
+        " also in % of the reference mean where that mean can be told from zero (its own 95 % interval"
+        " excludes zero). A difference is called real only when its interval excludes zero and it"
+        " exceeds restart variance (the larger CV between repeats of an arm; the larger sd where there"
+        " is no %)."
         " Phases per arm needed: 2 (z0.975 + z0.8)² sd² / Δ² (normal approximation, 80 % power,"
         " α = 0.05, pooled sd).",
     ])
