@@ -337,19 +337,23 @@ def hwmon_chips(base):
     return chips
 
 
-class Hwmon(Source):
-    """``hwmon*/temp*_input`` with their labels (coretemp, k10temp, nvme, ...): the
-    temperatures of hosts without ACPI thermal zones.  Sensor ``<chip>/<label>``."""
-
-    name = "hwmon"
-    kind = "thermal"  # the kind of its rows in tidy/telemetry.parquet
-    default_interval_s = 15.0
+class HwmonSource(Source):
+    """A source that reads the chips of ``/sys/class/hwmon`` (:func:`hwmon_chips`)."""
 
     def base(self):
         return self.sys_path("class", "hwmon")
 
     def available(self):
         return os.path.isdir(self.base()) and bool(os.listdir(self.base()))
+
+
+class Hwmon(HwmonSource):
+    """``hwmon*/temp*_input`` with their labels (coretemp, k10temp, nvme, ...): the
+    temperatures of hosts without ACPI thermal zones.  Sensor ``<chip>/<label>``."""
+
+    name = "hwmon"
+    kind = "thermal"  # the kind of its rows in tidy/telemetry.parquet
+    default_interval_s = 15.0
 
     def discover(self):
         self.inputs = {}
@@ -661,7 +665,7 @@ class RaplPower(Source):
         return [(sensor, ) + read_int(path) for sensor, path in sorted(self.counters.items())]
 
 
-class HwmonPower(Source):
+class HwmonPower(HwmonSource):
     """hwmon ``power*_input`` (µW; ``power*_average`` where a channel has no input, as the ACPI
     power meter) and ``energy*_input`` (µJ counters, raw) with their labels, as domains
     ``hwmon/<chip>/<label>``.  What such a channel covers differs by driver (a socket, a
@@ -677,12 +681,6 @@ class HwmonPower(Source):
     def __init__(self, *args, **kwargs):
         Source.__init__(self, *args, **kwargs)
         self.channels = {}
-
-    def base(self):
-        return self.sys_path("class", "hwmon")
-
-    def available(self):
-        return os.path.isdir(self.base()) and bool(os.listdir(self.base()))
 
     def discover(self):
         self.channels = {}
