@@ -390,8 +390,15 @@ class Poller:
         self.lock = threading.Lock()
         self.wanted = threading.Event()
         self.rows = []
+        self.stopping = False
         self.thread = threading.Thread(target=self._loop, name="poll " + name, daemon=True)
         self.thread.start()
+
+    def stop(self, timeout_s):
+        """End the thread after the measurement under way (if it ends within ``timeout_s``)."""
+        self.stopping = True
+        self.wanted.set()
+        self.thread.join(timeout_s)
 
     def request(self):
         self.wanted.set()  # a request while a run is under way starts one more after it, not two
@@ -405,6 +412,8 @@ class Poller:
         while True:
             self.wanted.wait()
             self.wanted.clear()
+            if self.stopping:
+                return
             try:
                 rows = self.measure()
             except Exception as error:  # the thread must outlive any one bad reading
@@ -469,6 +478,8 @@ class CommandSource(Source):
             process.kill()
 
     def measure(self):
+        if self.closed:
+            return []
         t, returncode, stdout, error = run_command(self.command(), self.timeout_s, self._started)
         self.running = None
         parsed = self.parse(stdout) if returncode == 0 else [(self.failed_sensor, None, error)]
@@ -482,10 +493,14 @@ class CommandSource(Source):
         return rows
 
     def close(self):
+        """Kill the command in flight and wait for the poller to end: a daemon thread left
+        between starting a command and hearing of it would leave the command behind."""
         self.closed = True
         process = self.running
         if process is not None and process.poll() is None:
             process.kill()
+        if self.poller is not None:
+            self.poller.stop(timeout_s=2.0)
 
 
 GPU_QUERY = ("index", "temperature.gpu", "clocks.sm", "power.draw", "utilization.gpu")
