@@ -3,8 +3,8 @@
 Writes synthetic run directories as the workflow leaves them before ingest: the agent's
 CSVs (``t,sensor,value,reason`` per source under ``monitor/{host}/``, rows in sampling
 order, 1 Hz for 2 hosts x 20 sensors: 7 zones, the vLLM CPU and 12 core clocks), the
-per-phase request files (50 000 requests per 24 h), events (AB phases of 30 min load +
-30 min rest) and run.json.  Then, each in a child process of its own, ingest
+per-phase request files (50 000 requests per 24 h) with each phase's validity.json, events
+(AB phases of 30 min load + 30 min rest) and run.json.  Then, each in a child process of its own, ingest
 (``telemetry.ingest.ingest``) and ``python -m thermab analyze`` on what ingest wrote; it
 prints their wall time, CPU time and peak memory: the child's own high-water mark of
 resident memory (VmHWM, read by the child as it exits), since the maximum resident set
@@ -36,6 +36,9 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "workflow"))
+
+from thermab.load import validity  # noqa: E402  (the checkout's, as the children use)
 ZONES = ["TSOC", "TS0E", "TS0P", "TS1E", "TS1P", "TGPU", "TUNC"]
 # agent source file -> its sensors (the kinds follow from the agent's registry at ingest)
 SOURCES = {"thermal": ZONES, "cpu": ["vllm_cpu_pct"], "freq": [f"cpu{i}" for i in range(12)]}
@@ -100,14 +103,21 @@ def write_run(run_dir: Path, hours: float, requests_total: int, seed: int = 1) -
     per_window = max(requests_total // max(len(windows), 1), 1)
     for index, (start, end, arm, rep) in enumerate(windows):
         starts = np.sort(rng.uniform(start, end, per_window))
-        pd.DataFrame({
+        requests = pd.DataFrame({
             "order": "AB", "rep": rep, "arm": arm, "kind": "load", "user": rng.integers(1, 5, per_window),
             "tag": [f"r{rep}{arm}{i}" for i in range(per_window)], "t_start": starts,
             "t_first_token": starts + 0.3, "t_end": starts + 18.0, "prompt_tokens": 1400,
             "completion_tokens": 400, "cached_tokens": 0, "ok": True, "error": "",
-            "max_gap_s": rng.uniform(0.02, 0.2, per_window), "stall_gaps": 0,
-        }).astype({"prompt_tokens": "Int64", "completion_tokens": "Int64", "cached_tokens": "Int64"}).to_parquet(
-            run_dir / "phases" / f"{index:04d}.parquet")
+            "max_gap_s": rng.uniform(0.02, 0.2, per_window), "stall_gaps": 0, "usage_source": "usage",
+            "token_arrivals": 400, "token_span_s": 17.6,
+        }).astype(validity.COLUMNS)
+        requests.to_parquet(run_dir / "phases" / f"{index:04d}.parquet")
+        # and its validity.json, as the load stage writes it beside the records
+        report = validity.validity_report(requests, (start, end), users=4, max_tokens=400, prompt_tokens=1400,
+                                          probe_n=0, stall_gap_s=1.0)
+        (run_dir / "phases" / f"{index:04d}").mkdir()
+        (run_dir / "phases" / f"{index:04d}" / "validity.json").write_text(
+            json.dumps({"order": "AB", "rep": rep, "arm": arm, **report}))
     (run_dir / "run.json").write_text(json.dumps({
         "cluster": "bench", "order": "AB", "repeats": len(windows) // 2,
         "arms": {"A": {"label": "stock", "value": "1"}, "B": {"label": "patched", "value": "0.002"}},

@@ -32,7 +32,8 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
     """The load windows and the per-phase tables of one run, every row marked with whether
     its phase's load was the configured one (``load_valid``)."""
     windows = metrics.load_windows(run.events)
-    reports = {**load_validity.derived_reports(run.requests, windows, run.events, run.config), **run.validity}
+    reports = {**load_validity.derived_reports(run.requests, windows, run.events, run.config, run.validity),
+               **run.validity}
     validity = load_validity.validity_table(reports, windows)
     performance = metrics.performance(run.requests, windows)
     tables = {

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from thermab.analysis.metrics import PHASE_KEYS
+from thermab.config import UserError
 from thermab.load.validity import COLUMNS as REQUEST_COLUMNS, shortfalls, validity_report
 
 VALIDITY_COLUMNS = PHASE_KEYS + [
@@ -28,12 +29,14 @@ DERIVED = "no validity.json: judged from tidy/requests.parquet"
 
 
 def derived_reports(requests: pd.DataFrame | None, windows: pd.DataFrame, events: pd.DataFrame,
-                    plan: dict) -> dict:
-    """The validity report of each window that has request rows, from those rows: the
+                    plan: dict, written: dict) -> dict:
+    """The validity report of each window that has request rows but no report ``written``
+    (validity.json), from those rows: the
     configured users, max_tokens, prompt size and probes where the plan (run.json) has them,
     else what the rows show (the load's distinct users, its longest ok completion, no prompt
     target, the probes sent).  An ``abort`` event inside the window marks the load aborted."""
-    if requests is None or requests.empty:
+    windows = windows[[(w.order, int(w.rep), w.arm) not in written for w in windows.itertuples(index=False)]]
+    if requests is None or requests.empty or windows.empty:
         return {}
     # diagnostics another writer may not have are unknown (NA), not zero: counts become nullable
     dtypes = {column: "Int64" if dtype == "int64" and column != "rep" else dtype
@@ -42,11 +45,16 @@ def derived_reports(requests: pd.DataFrame | None, windows: pd.DataFrame, events
     for column, dtype in dtypes.items():
         if column not in frame:
             frame[column] = pd.array([None] * len(frame), dtype=dtype)
-    frame = frame.astype(dtypes)
+    try:
+        frame = frame.astype({column: dtype for column, dtype in dtypes.items() if str(frame[column].dtype) != dtype})
+    except (ValueError, TypeError) as error:
+        raise UserError(f"tidy/requests.parquet: a column is not of the type docs/design.md gives it: "
+                        f"{' '.join(str(error).split())[:160]}") from None
+    phases = dict(tuple(frame.groupby(PHASE_KEYS, sort=False)))  # a week holds hundreds of phases
     reports = {}
     for window in windows.itertuples(index=False):
-        rows = frame[(frame["order"] == window.order) & (frame["rep"] == int(window.rep)) & (frame["arm"] == window.arm)]
-        if rows.empty:
+        rows = phases.get((window.order, int(window.rep), window.arm))
+        if rows is None:
             continue
         load, probes = rows[rows["kind"] == "load"], rows[rows["kind"] == "probe"]
         ok_tokens = load.loc[load["ok"], "completion_tokens"].dropna()
