@@ -280,3 +280,31 @@ def test_a_head_without_the_timeline_zone_is_told_which_zones_it_has(tmp_path):
     assert "The head (head) has no zone TSOC (`analysis.timeline_zone`)" in section
     assert "its zones are TS0P, x86_pkg_temp" in section and "| 85 °C |" not in section
     plots.render_figures(result)
+
+
+def test_any_value_in_run_json_is_analysed_or_named(tmp_path_factory):
+    """Whatever a hand-edited or foreign run.json holds in the keys the analysis computes
+    with, `analyze` answers with tables or with one line naming the file and key."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from thermab.config import UserError
+
+    template = write_synthetic_run(tmp_path_factory.mktemp("template") / "AB")
+    for report in template.glob("phases/*/validity.json"):
+        report.unlink()  # so that users, max_tokens, prompt_tokens and probe_n are used
+    plan = json.loads((template / "run.json").read_text())
+    keys = sorted(set(model.PLAN_NUMBERS) | {"thresholds_c", "reference_lines_c"})
+    values = st.one_of(st.none(), st.booleans(), st.integers(-5, 10 ** 6), st.text(max_size=5),
+                       st.floats(allow_nan=True, allow_infinity=True), st.lists(st.one_of(st.none(), st.floats(),
+                                                                                          st.text(max_size=3)), max_size=3))
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(key=st.sampled_from(keys), value=values)
+    def check(key, value):
+        (template / "run.json").write_text(json.dumps({**plan, key: value}))
+        try:
+            analyze.compute(template)
+        except UserError as error:
+            assert "\n" not in str(error) and f"key '{key}'" in str(error)
+
+    check()

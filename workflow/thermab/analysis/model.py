@@ -6,6 +6,7 @@ of a run show."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -220,6 +221,21 @@ def inferred_plan(path: Path, events: pd.DataFrame, telemetry: Telemetry) -> dic
                          setting="setting", head=hosts[0] if hosts else "", hosts=hosts, inferred=True)
 
 
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# run.json's numbers the analysis computes with, each: (what it must be, the test)
+PLAN_NUMBER_KINDS = {
+    "count": ("a whole number of at least 1", lambda v: _finite(v) and isinstance(v, int) and v >= 1),
+    "whole": ("a whole number of at least 0", lambda v: _finite(v) and isinstance(v, int) and v >= 0),
+    "positive": ("a finite number above 0", lambda v: _finite(v) and v > 0),
+    "number or null": ("a finite number or null", lambda v: v is None or _finite(v)),
+}
+PLAN_NUMBERS = {"users": "count", "max_tokens": "count", "prompt_tokens": "count", "repeats": "count",
+                "probe_n": "whole", "stall_gap_s": "positive", "load_s": "positive", "trip_point_c": "number or null"}
+
+
 def _check_plan(path: Path, config: dict) -> dict:
     """What the analysis needs of a run.json, with the defaults for what an older one lacks."""
     arms = config.get("arms")
@@ -230,6 +246,14 @@ def _check_plan(path: Path, config: dict) -> dict:
     for key, kind in (("head", str), ("hosts", list), ("thresholds_c", list), ("timeline_zone", str)):
         if key in config and not isinstance(config[key], kind):
             raise UserError(f"{path}: key '{key}' must be a {kind.__name__}")
+    for key, kind in PLAN_NUMBERS.items():
+        what, test = PLAN_NUMBER_KINDS[kind]
+        if key in config and not test(config[key]):
+            shown = repr(config[key])
+            raise UserError(f"{path}: key '{key}' must be {what}, not {shown if len(shown) <= 40 else shown[:39] + '…'}")
+    for key in ("thresholds_c", "reference_lines_c"):
+        if not all(_finite(value) for value in config.get(key) or []):
+            raise UserError(f"{path}: key '{key}' must be a list of finite numbers")
     return plan.run_plan(**{"cluster": "", "order": "".join(arms), "repeats": 1, "setting": "setting", "head": "",
                             "hosts": [], **{key: value for key, value in config.items()
                                             if key not in plan.DEFAULT_ANALYSIS}},
