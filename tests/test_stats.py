@@ -189,3 +189,15 @@ def test_a_share_of_a_reference_clear_of_zero(reference):
     """Doubling a reference whose interval is clear of zero, however small or negative: +100 %."""
     row = difference_row(long_values({"A": reference, "B": [2 * v for v in reference]}, "x", "W"))
     assert row["diff_pct"] == pytest.approx(100.0)
+
+
+def test_a_gain_over_a_reference_near_zero_is_no_throughput_loss():
+    """The reference barely served (its throughput cannot be told from zero, so there is no
+    %): the arm that serves is not excluded from the best setting as a "loss"."""
+    temperature = phases({"A": 90, "B": 80}, 0.3, 3, 1)
+    throughput = long_values({"A": [0.0, 0.2, 0.0], "B": [80.0, 81.0, 79.0]}, "output throughput", "tok/s")
+    variance = stats.compare(pd.concat([temperature, throughput]), ARMS, "A")
+    row = variance[(variance["metric"] == "output throughput") & (variance["arm"] == "B")].iloc[0]
+    assert math.isnan(row["diff_pct"]) and row["finding"] == stats.REAL
+    best = stats.best_setting(variance, ARMS, "A", "head TSOC mean")
+    assert best["arm"] == "B" and best["excluded"] == {}

@@ -239,7 +239,9 @@ def best_setting(variance: pd.DataFrame, arms: dict, reference: str, temperature
             excluded[arm] = (f"more stall gaps than {reference} "
                              f"({stalls.at[arm, 'mean']:.1f} vs {stalls.at[reference, 'mean']:.1f})")
         elif arm in throughput.index and _throughput_loss(throughput.loc[arm], tolerance_pct):
-            excluded[arm] = f"throughput loss {throughput.at[arm, 'diff_pct']:+.1f} %"
+            loss = throughput.loc[arm]
+            excluded[arm] = ("throughput loss " + (f"{loss['diff_pct']:+.1f} %" if not math.isnan(loss["diff_pct"])
+                                                   else f"{loss['diff']:+.1f} {loss['unit']}"))
     candidates = temperature.drop(index=list(excluded))
     best = candidates["mean"].idxmin()
     return {"arm": best, "label": arms[best].get("label", best), "value": arms[best].get("value"),
@@ -249,7 +251,7 @@ def best_setting(variance: pd.DataFrame, arms: dict, reference: str, temperature
 
 
 def _throughput_loss(row: pd.Series, tolerance_pct: float) -> bool:
-    if row["diff_pct"] >= 0:
+    if not row["diff"] < 0:  # a gain, no change, or no difference known
         return False
     if row["finding"] in (UNDEFINED, VARIANCE_UNKNOWN):
         return abs(row["diff_pct"]) > tolerance_pct
