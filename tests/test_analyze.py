@@ -308,3 +308,16 @@ def test_any_value_in_run_json_is_analysed_or_named(tmp_path_factory):
             assert "\n" not in str(error) and f"key '{key}'" in str(error)
 
     check()
+
+
+def test_no_thresholds_asked_for(tmp_path):
+    """`analysis.thresholds_c: []` is a valid config: the tables, summary and figures are
+    written, and the summary says there was nothing to time."""
+    run_dir = write_synthetic_run(tmp_path / "AB")
+    plan = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**plan, "thresholds_c": []}))
+    result = analyze.compute(run_dir)
+    analyze.write_outputs(result)
+    plots.render_figures(result)
+    assert result.tables["thresholds"].empty
+    assert "No threshold was asked for (`analysis.thresholds_c` is empty)." in (run_dir / "summary.md").read_text()

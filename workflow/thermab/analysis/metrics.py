@@ -158,10 +158,12 @@ def time_to_threshold(telemetry, windows: pd.DataFrame, thresholds_c) -> pd.Data
             first = pd.Series(t_rel[above]).groupby(phase[above]).min()
             reached.append(first.reindex(phases).to_numpy("float64"))
             count.append(np.bincount(phase[above], minlength=phases.max() + 1)[phases])
+        shape = (len(phases), 0)  # no thresholds asked: no rows
         return pd.DataFrame({"phase": np.repeat(phases, len(thresholds)),
                              "threshold_c": np.tile(thresholds, len(phases)),
-                             "reached_s": np.column_stack(reached).ravel(),
-                             "samples_at_or_above": np.column_stack(count).ravel()})
+                             "reached_s": (np.column_stack(reached) if reached else np.zeros(shape)).ravel(),
+                             "samples_at_or_above": (np.column_stack(count) if count else
+                                                     np.zeros(shape, int)).ravel()})
 
     return per_window(telemetry, windows, ["host", "sensor"], aggregate, THRESHOLD_COLUMNS, kind="thermal")
 

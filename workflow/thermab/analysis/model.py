@@ -252,7 +252,8 @@ def _check_plan(path: Path, config: dict) -> dict:
             shown = repr(config[key])
             raise UserError(f"{path}: key '{key}' must be {what}, not {shown if len(shown) <= 40 else shown[:39] + '…'}")
     for key in ("thresholds_c", "reference_lines_c"):
-        if not all(_finite(value) for value in config.get(key) or []):
+        values = config.get(key, [])
+        if not (isinstance(values, list) and all(_finite(value) for value in values)):
             raise UserError(f"{path}: key '{key}' must be a list of finite numbers")
     return plan.run_plan(**{"cluster": "", "order": "".join(arms), "repeats": 1, "setting": "setting", "head": "",
                             "hosts": [], **{key: value for key, value in config.items()

@@ -174,7 +174,9 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
         zones = tables["zones"]
         head_zones = list(dict.fromkeys(zones.loc[zones["host"] == head, "sensor"]))
         parts += [f"## Time to reach a temperature after load start ({head} {zone})", ""]
-        if zone in head_zones:
+        if not run["thresholds_c"]:
+            parts.append("No threshold was asked for (`analysis.thresholds_c` is empty).")
+        elif zone in head_zones:
             parts += [
                 markdown_table(_threshold_table(tables, run, present, marked)),
                 f"First sample at or above the threshold inside the load window; with several phases"
