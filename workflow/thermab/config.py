@@ -243,7 +243,7 @@ def typed_overrides(overrides: dict) -> dict:
     bool, but a mapping or list (``timings={load_s: 30}``) with YAML's base loader, all text;
     here text where the schema wants a number, a boolean or null is read as YAML.  Text that
     does not read as the wanted type is left as it is, for validation to name."""
-    return _typed(dict(overrides), load_schema())
+    return _typed(dict(overrides), _validator().schema)  # the schema validation reads, read once
 
 
 # -- what a schema cannot express ---------------------------------------------------------------

@@ -44,6 +44,19 @@ def read_text(path):
         return handle.read().strip()
 
 
+def read_parsed(path, parse):
+    """(``parse(text)`` or None, reason) of a file: one that cannot be read, or whose text
+    does not parse, is a missing value with the reason."""
+    try:
+        text = read_text(path)
+    except OSError as error:
+        return None, "unreadable: %s" % (error.strerror or error)
+    try:
+        return parse(text), ""
+    except (ValueError, IndexError):
+        return None, "not a number: %r" % text[:40]
+
+
 class Source:
     """One kind of telemetry: ``available()``, ``discover()`` then ``sample()`` repeatedly.
     Each source declares its file stem (``name``), the ``kind`` its rows have in
@@ -78,6 +91,9 @@ class Source:
     def sample(self):
         """Return a list of (sensor, value or None, reason)."""
         raise NotImplementedError
+
+    def close(self):
+        """End what the source left running (see CommandSource); most leave nothing."""
 
 
 def zone_name(raw_path, zone_type, index, taken):
@@ -556,23 +572,25 @@ class SystemCpu(Source):
 
     def sample(self):
         rows = []
-        try:
-            fields = [int(x) for x in read_text(self.proc_path("stat")).splitlines()[0].split()[1:]]
-            idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-            total = sum(fields[:8])
-        except (OSError, ValueError, IndexError) as error:
-            rows.append(("busy_pct", None, "unreadable /proc/stat: %s" % (getattr(error, "strerror", None) or error)))
+        times, reason = read_parsed(self.proc_path("stat"), cpu_times)
+        if times is None:
+            rows.append(("busy_pct", None, "unreadable /proc/stat: %s" % reason))
         else:
+            total, idle = times
             if self.previous is not None:
                 d_total = total - self.previous[0]
                 if d_total > 0:
                     rows.append(("busy_pct", 100.0 * (d_total - (idle - self.previous[1])) / d_total, ""))
-            self.previous = (total, idle)
-        try:
-            rows.append(("loadavg_1m", float(read_text(self.proc_path("loadavg")).split()[0]), ""))
-        except (OSError, ValueError, IndexError) as error:
-            rows.append(("loadavg_1m", None, "unreadable /proc/loadavg: %s" % (getattr(error, "strerror", None) or error)))
+            self.previous = times
+        load, reason = read_parsed(self.proc_path("loadavg"), lambda text: float(text.split()[0]))
+        rows.append(("loadavg_1m", load, "" if reason == "" else "unreadable /proc/loadavg: %s" % reason))
         return rows
+
+
+def cpu_times(stat_text):
+    """(total, idle) jiffies of all CPUs from /proc/stat's first line."""
+    fields = [int(x) for x in stat_text.splitlines()[0].split()[1:]]
+    return sum(fields[:8]), fields[3] + (fields[4] if len(fields) > 4 else 0)
 
 
 # ---- power ----------------------------------------------------------------------------
@@ -603,14 +621,7 @@ def power_sensor(domain, unit, wrap_max=None):
 
 def read_int(path):
     """(integer or None, reason) from a sysfs file: the counters are kept raw."""
-    try:
-        text = read_text(path)
-    except OSError as error:
-        return None, "unreadable: %s" % (error.strerror or error)
-    try:
-        return int(text), ""
-    except ValueError:
-        return None, "not a number: %r" % text[:40]
+    return read_parsed(path, int)
 
 
 RAPL_ZONE = re.compile(r"^intel-rapl:(\d+)(?::(\d+))?$")
@@ -1022,8 +1033,7 @@ class Agent:
                     self.record(source)
             time.sleep(max(0.05, min([d - time.time() for d in due.values()] + [0.5])))
         for source, _ in self.sources:
-            if isinstance(source, CommandSource):
-                source.close()  # a command still in flight does not outlive the agent
+            source.close()  # a command still in flight does not outlive the agent
         self.event("agent_stop", {"pid": os.getpid()})
 
 
