@@ -7,4 +7,4 @@ from thermab.analysis.fleet import write_fleet
 with jobs.logged(snakemake.log[0]):
     run_dirs = {Path(p).parents[2].name: Path(p).parents[1] for p in snakemake.input}  # results/C/O/tables
     write_fleet(run_dirs, snakemake.wildcards.order, Path(snakemake.output.csv),
-                Path(snakemake.output.markdown), Path(snakemake.output.figure))
+                Path(snakemake.output.markdown), Path(snakemake.output.figure), dict(snakemake.params.analysis))

@@ -9,7 +9,7 @@ from thermab.analysis.html_report import write_report
 
 with jobs.logged(snakemake.log[0]):
     run_dir = Path(snakemake.output.html).parent
-    render_figures(compute(run_dir))
+    render_figures(compute(run_dir, analysis=dict(snakemake.params.analysis)))
     write_report(run_dir, Path(snakemake.output.html))
     provenance.write(run_dir, Path(snakemake.output.provenance), dict(snakemake.config),
                      Path(snakemake.params.snakefile), Path.cwd(), snakemake.output.html)

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from thermab.analysis.completeness import completeness
-from thermab.analysis.summary import completeness_section
+from thermab.analysis.completeness import completeness, measured_intervals
+from thermab.analysis.summary import _sampling, completeness_section
 
 WINDOWS = pd.DataFrame({"order": ["AB", "AB"], "rep": [1, 1], "arm": ["A", "B"], "load_start": [100.0, 300.0],
                         "load_end": [160.0, 360.0], "window_s": [60.0, 60.0]})
@@ -57,3 +57,19 @@ def test_the_summary_section_flags_holes():
 def test_no_windows_no_expectations():
     table = completeness(telemetry(), WINDOWS.iloc[:0], ["head"], {"thermal": 1})
     assert (table["expected"] == 0).all() and table["largest_gap_s"].map(math.isnan).all()
+
+
+def test_intervals_as_measured_with_their_precision():
+    """Zones every 0.5 s read "0.5 s", not "0 s"; the CPU source is its sum, sampled every
+    second, not the median over the busiest threads' series, which come and go."""
+    half = np.arange(0, 100, 0.5)
+    threads = [series("head", "cpu", f"thread vllm {tid} cpu0", [10.0 * tid, 10.0 * tid + 2, 10.0 * tid + 4])
+               for tid in range(1, 9)]
+    frame = pd.concat([series("head", "thermal", "TSOC", half), series("head", "thermal", "TS0P", half),
+                       series("head", "cpu", "vllm_cpu_pct", np.arange(0, 100, 1.0)), *threads], ignore_index=True)
+    intervals = measured_intervals(frame, "head")
+    assert intervals == {"thermal": 0.5, "cpu": 1.0}
+    assert _sampling(intervals, "thermal") == "sampled every 0.5 s (median)"
+    assert _sampling(intervals, "cpu") == "sampled every 1 s (median)"
+    assert _sampling({"power": 0.25}, "power") == "sampled every 0.25 s (median)"
+    assert _sampling(intervals, "gpu") == "not sampled in this run"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -159,6 +160,29 @@ def test_report_figures_and_provenance(ab_run):
         assert (ab_run / name).stat().st_size > 0, name
     assert "rule_phase" in (ab_run / "provenance/dag.dot").read_text() or \
         "phase" in (ab_run / "provenance/dag.dot").read_text()
+
+
+def test_changed_analysis_settings_analyse_again(ab_run, workdir, tmp_path):
+    """analysis.* reach analyze and report through params: changed, `all` analyses again with
+    them (nothing else runs), while run.json keeps the values the run was made with."""
+    copy = tmp_path / "copy"  # the module's run stays as it is for the tests after this one
+    shutil.copytree(workdir, copy, symlinks=True, ignore=shutil.ignore_patterns(".thermab"))
+    run = copy / "results/sim/AB"
+    made_with = (run / "run.json").read_text()
+    changed = ("--config", "analysis={thresholds_c: [30, 31], timeline_zone: TS1P}")
+    dry = snakemake(copy, "all", "-n", *changed)
+    assert dry.returncode == 0, dry.stderr[-4000:]
+    jobs = dry.stdout + dry.stderr
+    assert "rule analyze:" in jobs and "rule report:" in jobs and "rule phase:" not in jobs, jobs[-4000:]
+    assert "params" in jobs.lower()  # Snakemake names the changed params as the reason
+    result = snakemake(copy, "all", *changed)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert set(pd.read_csv(run / "tables/thresholds.csv")["threshold_c"]) == {30, 31}
+    assert set(pd.read_csv(ab_run / "tables/thresholds.csv")["threshold_c"]) == {85, 90, 92, 95}
+    assert "head TS1P mean" in set(pd.read_csv(run / "tables/variance.csv")["metric"])
+    assert (run / "run.json").read_text() == made_with
+    again = snakemake(copy, "all", "-n", *changed)
+    assert "Nothing to be done" in again.stdout + again.stderr
 
 
 def test_nothing_left_running_or_patched_after_success(ab_run, workdir):

@@ -14,6 +14,7 @@ import pytest
 
 from conftest_analysis import write_synthetic_run
 from thermab.analysis import TABLES, analyze, metrics, model
+from thermab.analysis.completeness import measured_intervals
 from thermab.telemetry import ingest
 
 
@@ -116,10 +117,11 @@ def test_window_tables_agree_with_the_straightforward_computation(runs, layout):
 
 def test_sample_interval_is_the_median_step_of_each_kind(runs):
     telemetry, _, by_series = runs
-    own = telemetry[telemetry["host"] == "head"].sort_values("t")
+    own = telemetry[(telemetry["host"] == "head") & ((telemetry["kind"] != "cpu")
+                                                      | (telemetry["sensor"] == metrics.CPU_SENSOR))].sort_values("t")
     steps = own.groupby(["kind", "sensor"])["t"].diff()
     expected = steps.groupby(own["kind"]).median().dropna().to_dict()
-    assert analyze.sample_interval_s(model.Telemetry.open(by_series / "tidy" / "telemetry.parquet"), "head") \
+    assert measured_intervals(model.Telemetry.open(by_series / "tidy" / "telemetry.parquet"), "head") \
         == expected == {"cpu": 6.0, "thermal": 15.0}
 
 

@@ -1,35 +1,37 @@
+# ingest reads preflight.json for the clock offsets at the start
 rule ingest:
     input:
-        stopped="results/{cluster}/{order}/monitor/stopped.json",
-        requests=get_phase_files("requests.parquet"),
+        stopped=RUN.stopped,
+        preflight=RUN.preflight,
+        requests=get_phase_files("requests"),
     output:
-        telemetry="results/{cluster}/{order}/tidy/telemetry.parquet",
-        requests="results/{cluster}/{order}/tidy/requests.parquet",
+        telemetry=RUN.tidy_telemetry,
+        requests=RUN.tidy_requests,
     log:
-        "results/{cluster}/{order}/logs/ingest.log",
+        RUN.log("ingest.log"),
     conda:
         "../../envs/analysis.yaml"
     script:
         "../../scripts/ingest.py"
 
 
-# analyze also reads phases/*/validity.json: each is written by the phase job whose
-# requests.parquet tidy/requests.parquet already waits for.
+# The analysis settings come through params (not from run.json, which keeps the values the
+# run was made with): changing analysis.* in the config and running `all` again analyses
+# again with them, Snakemake's params trigger reruns this job.
 rule analyze:
     input:
-        run="results/{cluster}/{order}/run.json",
-        telemetry="results/{cluster}/{order}/tidy/telemetry.parquet",
-        requests="results/{cluster}/{order}/tidy/requests.parquet",
+        run=RUN.run_json,
+        telemetry=RUN.tidy_telemetry,
+        requests=RUN.tidy_requests,
+        validity=get_phase_files("validity"),
     output:
-        tables=report(
-            expand("results/{cluster}/{order}/tables/{table}.csv", table=TABLES, allow_missing=True),
-            caption="../report/tables.rst",
-            category="Tables",
-        ),
-        markdown=expand("results/{cluster}/{order}/tables/{table}.md", table=TABLES, allow_missing=True),
-        summary="results/{cluster}/{order}/summary.md",
+        tables=report(tables("csv"), caption="../report/tables.rst", category="Tables"),
+        markdown=tables("md"),
+        summary=RUN.summary,
+    params:
+        analysis=plan.reanalysis(config["analysis"]),
     log:
-        "results/{cluster}/{order}/logs/analyze.log",
+        RUN.log("analyze.log"),
     conda:
         "../../envs/analysis.yaml"
     script:
@@ -43,8 +45,9 @@ rule analyze:
 rule compare:
     params:
         clusters=list(config["clusters"]),
+        analysis=plan.reanalysis(config["analysis"]),
     log:
-        "results/logs/compare.log",
+        layout.results_log("compare.log"),
     conda:
         "../../envs/analysis.yaml"
     script:

@@ -9,7 +9,7 @@ from snakemake.utils import update_config
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from thermab import config as thermab_config
-from thermab import jobs
+from thermab import jobs, layout
 from thermab.analysis import TABLES
 from thermab.experiment import plan
 
@@ -37,34 +37,41 @@ wildcard_constraints:
     arm="|".join(config["arms"]),
 
 
+# Every path a rule names comes from thermab.layout, with the wildcards left in.
+RUN = layout.RunDir(layout.RUN_PATTERN)
+PHASE = RUN.phase(layout.PHASE_PATTERN)
+FLEET = layout.fleet_dir("{order}")
+
+
 def get_final_outputs(wildcards):
     outputs = [
-        f"results/{cluster}/{config['order']}/{name}"
+        path
         for cluster in config["clusters"]
-        for name in ("summary.md", "report.html")
+        for path in (layout.run_dir(cluster, config["order"]).summary, layout.run_dir(cluster, config["order"]).report)
     ]
     if len(config["clusters"]) > 1:
-        outputs.append(f"results/fleet/{config['order']}/fleet.md")
+        outputs.append(layout.fleet_dir(config["order"]) / "fleet.md")
     return outputs
 
 
 def get_fleet_inputs(wildcards):
-    return [
-        f"results/{cluster}/{wildcards.order}/tables/variance.csv"
-        for cluster in config["clusters"]
-    ]
+    return [layout.run_dir(cluster, wildcards.order).table("variance") for cluster in config["clusters"]]
 
 
 def get_previous_phase(wildcards):
     previous = plan.previous(wildcards.order, int(wildcards.rep), wildcards.arm)
-    return f"results/{wildcards.cluster}/{wildcards.order}/phases/{previous}/phase.json"
+    return layout.run_dir(wildcards.cluster, wildcards.order).phase(previous).phase_json
 
 
 def get_phase_files(name):
+    """A file of every phase of the run (a PhaseDir property: "requests", "validity", …)."""
+
     def phase_files(wildcards):
-        return [
-            f"results/{wildcards.cluster}/{wildcards.order}/phases/{phase.id}/{name}"
-            for phase in plan.phases(wildcards.order, config["repeats"])
-        ]
+        run = layout.run_dir(wildcards.cluster, wildcards.order)
+        return [getattr(run.phase(phase.id), name) for phase in plan.phases(wildcards.order, config["repeats"])]
 
     return phase_files
+
+
+def tables(suffix):
+    return expand(str(RUN.table("{table}", suffix)), table=TABLES, allow_missing=True)

@@ -3,11 +3,13 @@ rule fleet_report:
     input:
         get_fleet_inputs,
     output:
-        csv="results/fleet/{order}/fleet.csv",
-        markdown="results/fleet/{order}/fleet.md",
-        figure=report("results/fleet/{order}/fleet.png", caption="../report/fleet.rst", category="Fleet"),
+        csv=FLEET / "fleet.csv",
+        markdown=FLEET / "fleet.md",
+        figure=report(FLEET / "fleet.png", caption="../report/fleet.rst", category="Fleet"),
+    params:
+        analysis=plan.reanalysis(config["analysis"]),  # as the runs were analysed (their metric names)
     log:
-        "results/fleet/{order}/logs/fleet_report.log",
+        FLEET / "logs" / "fleet_report.log",
     conda:
         "../../envs/analysis.yaml"
     script:

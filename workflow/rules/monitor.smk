@@ -1,23 +1,25 @@
 rule monitor_start:
     input:
-        "results/{cluster}/{order}/preflight.json",
+        preflight=RUN.preflight,
     output:
-        "results/{cluster}/{order}/monitor/started.json",
+        RUN.started,
     log:
-        "results/{cluster}/{order}/logs/monitor_start.log",
+        RUN.log("monitor_start.log"),
     conda:
         "../../envs/control.yaml"
     script:
         "../../scripts/monitor_start.py"
 
 
+# reads preflight.json for the clock offsets at the start (the drift is measured against them)
 rule monitor_stop:
     input:
-        get_phase_files("phase.json"),
+        phases=get_phase_files("phase_json"),
+        preflight=RUN.preflight,
     output:
-        "results/{cluster}/{order}/monitor/stopped.json",
+        RUN.stopped,
     log:
-        "results/{cluster}/{order}/logs/monitor_stop.log",
+        RUN.log("monitor_stop.log"),
     conda:
         "../../envs/control.yaml"
     script:

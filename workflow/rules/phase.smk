@@ -1,10 +1,10 @@
 rule baseline:
     input:
-        "results/{cluster}/{order}/monitor/started.json",
+        RUN.started,
     output:
-        "results/{cluster}/{order}/phases/baseline/phase.json",
+        RUN.phase(layout.BASELINE).phase_json,
     log:
-        "results/{cluster}/{order}/logs/baseline.log",
+        RUN.log("baseline.log"),
     conda:
         "../../envs/control.yaml"
     script:
@@ -12,17 +12,24 @@ rule baseline:
 
 
 # Phases form a chain: each waits for the one before it (plan.previous), so they never
-# overlap on a cluster even with --cores N.
+# overlap on a cluster even with --cores N. A phase reads preflight.json (the interlock's
+# limits, the hosts expected to report, the clock offsets). The load's raw records and
+# marks are logs, not outputs: Snakemake deletes the outputs of a failed job, and these
+# are what is left to read when a phase fails.
 rule phase:
     input:
-        get_previous_phase,
+        previous=get_previous_phase,
+        preflight=RUN.preflight,
     retries: config["phase_retries"]
     output:
-        phase="results/{cluster}/{order}/phases/rep{rep}-{arm}/phase.json",
-        requests="results/{cluster}/{order}/phases/rep{rep}-{arm}/requests.parquet",
+        phase=PHASE.phase_json,
+        requests=PHASE.requests,
+        validity=PHASE.validity,
     log:
-        phase="results/{cluster}/{order}/logs/rep{rep}-{arm}.log",
-        locust="results/{cluster}/{order}/logs/rep{rep}-{arm}.locust.log",
+        phase=RUN.log("rep{rep}-{arm}.log"),
+        locust=RUN.log("rep{rep}-{arm}.locust.log"),
+        records=PHASE.records,
+        marks=PHASE.marks,
     conda:
         "../../envs/control.yaml"
     script:

@@ -1,9 +1,9 @@
 rule preflight:
     output:
-        preflight="results/{cluster}/{order}/preflight.json",
-        run="results/{cluster}/{order}/run.json",
+        preflight=RUN.preflight,
+        run=RUN.run_json,
     log:
-        "results/{cluster}/{order}/logs/preflight.log",
+        RUN.log("preflight.log"),
     conda:
         "../../envs/control.yaml"
     script:
@@ -14,7 +14,7 @@ rule preflight:
 # (after a crash of the controller itself); the same as `python -m thermab restore`.
 rule restore:
     log:
-        "results/logs/restore.log",
+        layout.results_log("restore.log"),
     conda:
         "../../envs/control.yaml"
     script:

@@ -1,21 +1,50 @@
+# Every figure is an output (thermab.layout.FIGURES), so --report, --summary and reruns see
+# them; a sweep (more than two arms in the order, which names each arm once) also draws
+# the dose response, in report_sweep below.
+# (the arm letters spelled out: a {m,n} quantifier would read as a wildcard)
+ARM = "[" + "".join(config["arms"]) + "]"
+CAPTIONS = {"timeline.png": "../report/timeline.rst", "timeline.html": "../report/timeline_html.rst"}
+
+
+def figure_outputs(names):
+    outputs = {}
+    for name in names:
+        path = RUN.figure(name)
+        if name.endswith(".svg"):  # the PNG's twin, for print: not shown twice in the report
+            outputs[name.replace(".", "_")] = path
+        elif name in CAPTIONS:
+            outputs[name.replace(".", "_")] = report(path, caption=CAPTIONS[name], category="Figures")
+        else:
+            outputs[name.replace(".", "_")] = report(path, category="Figures")
+    return outputs
+
+
 rule report:
     input:
-        summary="results/{cluster}/{order}/summary.md",
-        tables=expand("results/{cluster}/{order}/tables/{table}.csv", table=TABLES, allow_missing=True),
+        summary=RUN.summary,
+        tables=tables("csv"),
     output:
-        timeline=report("results/{cluster}/{order}/figures/timeline.png", caption="../report/timeline.rst", category="Figures"),
-        timeline_svg="results/{cluster}/{order}/figures/timeline.svg",
-        timeline_html=report(
-            "results/{cluster}/{order}/figures/timeline.html", caption="../report/timeline_html.rst", category="Figures"
-        ),
-        html="results/{cluster}/{order}/report.html",
-        provenance=directory("results/{cluster}/{order}/provenance"),
+        **figure_outputs(layout.FIGURES),
+        html=RUN.report,
+        provenance=directory(RUN.provenance),
     params:
         # the DAG archived in provenance/ is drawn by running this Snakefile with --dag
         snakefile=workflow.main_snakefile,
+        analysis=plan.reanalysis(config["analysis"]),
+    wildcard_constraints:
+        order=ARM + ARM + "?",
     log:
-        "results/{cluster}/{order}/logs/report.log",
+        RUN.log("report.log"),
     conda:
         "../../envs/analysis.yaml"
     script:
         "../../scripts/report.py"
+
+
+use rule report as report_sweep with:
+    output:
+        **figure_outputs(layout.FIGURES + layout.SWEEP_FIGURES),
+        html=RUN.report,
+        provenance=directory(RUN.provenance),
+    wildcard_constraints:
+        order=ARM * 3 + "+",

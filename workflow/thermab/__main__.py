@@ -8,7 +8,8 @@
     discover NAME=URL ...       read real nodes (read-only) and write a config that fits them
 
 A mistake in what was given (a config key, a file, an argument) is answered with one line
-naming it and exit status 2; ``--debug`` shows the traceback as well.
+naming it and exit status 2, a host or stage that failed (``thermab.errors``) with its
+message and exit status 1; ``--debug`` shows the traceback as well.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from thermab.config import UserError
+from thermab.errors import USER_ERROR, ThermabError, exit_status
 
 COMMANDS = {
     "analyze": "thermab.analysis.analyze",
@@ -26,7 +27,6 @@ COMMANDS = {
     "restore": "thermab.experiment.restore",
     "discover": "thermab.experiment.discover",
 }
-USER_ERROR = 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,10 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[argv[0]])
     try:
         return module.main(argv[1:]) or 0
-    except UserError as error:
+    except ThermabError as error:  # a user's mistake (2), or a host or stage that failed (1)
         if debug:
             raise
         print(f"thermab {argv[0]}: {error}", file=sys.stderr)
+        return exit_status(error)
     except OSError as error:
         if debug or error.filename is None:
             raise

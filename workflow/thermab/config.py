@@ -23,16 +23,12 @@ from urllib.parse import urlsplit
 import jsonschema
 import yaml
 
+from thermab.errors import UserError  # noqa: F401 (imported from here by much of the package)
+
 # package data, so a non-editable install validates the same way (workflow/schemas/ links here)
 SCHEMA = resources.files("thermab") / "config.schema.yaml"
 MAX_VALUES = 100_000  # values in one config, counted through YAML aliases (a billion laughs stops here)
 MAX_MESSAGE = 300  # characters of a value shown in an error
-
-
-class UserError(Exception):
-    """Something the user gave is wrong (a config key, a file, an argument); the message,
-    one line, names it.  ``python -m thermab`` answers it with exit status 2 and no
-    traceback; anything else is a bug and keeps its traceback."""
 
 
 class ConfigError(UserError, ValueError):

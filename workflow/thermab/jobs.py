@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Iterator, TextIO
 
 import thermab
+from thermab import layout
+from thermab.errors import ThermabError, exit_status
 from thermab.experiment.cluster import ClusterRun
-from thermab.experiment.preflight import PreflightError
 
 
 class _Tee:
@@ -44,8 +45,9 @@ def _exit_on_signal(signum, frame):
 @contextlib.contextmanager
 def logged(log_path: str) -> Iterator[None]:
     """Send stdout and stderr to the log and the terminal; a failure's traceback too,
-    once.  A failure whose message says it all (a preflight naming each host's problem)
-    is printed without a traceback."""
+    once.  A failure of the package's own (``thermab.errors``: a preflight naming each
+    host's problem, a phase that failed and why) says it all in its message and is printed
+    without a traceback; anything else is a bug and keeps it."""
     check_checkout()
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     # Snakemake stops jobs with SIGTERM: turn it into an exception so every `finally`
@@ -56,9 +58,9 @@ def logged(log_path: str) -> Iterator[None]:
         with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(tee):
             try:
                 yield
-            except PreflightError as error:
+            except ThermabError as error:
                 print(error)
-                raise SystemExit(1) from None
+                raise SystemExit(exit_status(error)) from None
             except SystemExit:
                 raise
             except BaseException:
@@ -91,7 +93,7 @@ def run_for(snakemake) -> ClusterRun:
     """The cluster run of this job's ``{cluster}`` and ``{order}`` wildcards; its progress
     lines name the run, since several clusters may print at once."""
     wildcards = snakemake.wildcards
-    run_dir = Path("results") / wildcards.cluster / wildcards.order
+    run_dir = layout.run_dir(wildcards.cluster, wildcards.order).path
     where = f"[{wildcards.cluster}/{wildcards.order}] "
     return ClusterRun(snakemake.config, wildcards.cluster, wildcards.order, run_dir, Path.cwd(),
                       lambda message: progress(message, where))

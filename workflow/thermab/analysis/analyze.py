@@ -16,13 +16,13 @@ import argparse
 import logging
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from thermab.analysis import TABLES, energy, load_validity, metrics, stats, summary
-from thermab.analysis.completeness import completeness
-from thermab.analysis.model import Analysis, RunData, Telemetry, load_run, ordered_hosts, sibling_runs
+from thermab.analysis.completeness import completeness, measured_intervals
+from thermab.analysis.model import Analysis, RunData, load_run, ordered_hosts, sibling_runs
 from thermab.config import UserError
+from thermab.layout import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -58,22 +58,6 @@ def run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                               tables["validity"])
 
 
-def sample_interval_s(telemetry: Telemetry, host: str) -> dict[str, float]:
-    """Median sampling interval per telemetry kind on ``host`` (for the summary's n and units):
-    the median of the steps between consecutive samples of each of its series."""
-    steps = {}
-    for key, arrays in telemetry.series(host=host, columns=("t",)):
-        steps.setdefault(key["kind"], []).append(np.diff(arrays["t"]))
-    medians = {kind: _median(np.concatenate(parts)) for kind, parts in sorted(steps.items())}
-    return {kind: median for kind, median in medians.items() if not np.isnan(median)}
-
-
-def _median(values: np.ndarray) -> float:
-    """Median without NaN (as pandas' median, but without its copies: millions of steps)."""
-    values = values[~np.isnan(values)]
-    return float(np.median(values)) if len(values) else np.nan
-
-
 def _check_poolable(runs: list[RunData]) -> None:
     first = runs[0].config
     for run in runs[1:]:
@@ -82,9 +66,10 @@ def _check_poolable(runs: list[RunData]) -> None:
                 raise UserError(f"cannot pool {run.path} with {runs[0].path}: {key} differs")
 
 
-def compute(run_dir, also=(), detect_pct: float = 5.0) -> Analysis:
-    """Everything the tables, summary and figures show, without writing anything."""
-    runs = [load_run(run_dir)] + [load_run(other) for other in also]
+def compute(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = None) -> Analysis:
+    """Everything the tables, summary and figures show, without writing anything.
+    ``analysis``: settings in place of run.json's (``model.load_run``), for every run pooled."""
+    runs = [load_run(run_dir, analysis)] + [load_run(other, analysis) for other in also]
     _check_poolable(runs)
     run = runs[0]
     config = run.config
@@ -103,30 +88,31 @@ def compute(run_dir, also=(), detect_pct: float = 5.0) -> Analysis:
     return Analysis(run, [str(r.path) for r in runs], tables, pooled, best)
 
 
-def analyze(run_dir, also=(), detect_pct: float = 5.0) -> dict[str, pd.DataFrame]:
+def analyze(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = None) -> dict[str, pd.DataFrame]:
     """Write RUN_DIR/tables/{thresholds,zones,cpu,performance,validity,energy,variance}.{csv,md} and
     RUN_DIR/summary.md; return the frames (plus ``windows``)."""
-    return write_outputs(compute(run_dir, also, detect_pct))
+    return write_outputs(compute(run_dir, also, detect_pct, analysis))
 
 
 def write_outputs(result: Analysis) -> dict[str, pd.DataFrame]:
     run = result.run
-    _write_tables(run.path / "tables", result.tables)
+    files = RunDir(run.path)
+    _write_tables(files.tables, result.tables)
     text = summary.summary_markdown(
         run.config, result.tables, result.tables["variance"],
-        sample_interval_s=sample_interval_s(run.telemetry, run.config["head"]),
+        sample_interval_s=measured_intervals(run.telemetry, run.config["head"]),
         sources=result.sources, best=result.best,
         completeness=completeness(run.telemetry, result.tables["windows"], ordered_hosts(run.config),
                                   run.config.get("sample_intervals_s"), run.config.get("hosts_without_zones", [])))
-    (run.path / "summary.md").write_text(text, encoding="utf-8")
+    files.summary.write_text(text, encoding="utf-8")
     return result.tables
 
 
-def compare_runs(run_dirs: list[Path], out_dir: Path) -> pd.DataFrame:
+def compare_runs(run_dirs: list[Path], out_dir: Path, analysis: dict | None = None) -> pd.DataFrame:
     """Pool every run of a cluster (AB and BA, all repeats) into one variance table and
     its verdicts: ``out_dir/variance.{csv,md}`` and ``out_dir/summary.md``. With both
     orders present the period effect is separated from the arm effect (stats.compare)."""
-    result = compute(run_dirs[0], also=run_dirs[1:])
+    result = compute(run_dirs[0], also=run_dirs[1:], analysis=analysis)
     variance = result.tables["variance"]
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_tables(out_dir, {"variance": variance})
@@ -173,7 +159,7 @@ def main(argv=None) -> int:
     also = list(args.also) + (sibling_runs(args.run_dir) if args.siblings else [])
     result = compute(args.run_dir, also=also, detect_pct=args.detect_pct)
     write_outputs(result)
-    log.info("wrote %s and %s", Path(args.run_dir) / "tables", Path(args.run_dir) / "summary.md")
+    log.info("wrote %s and %s", RunDir(args.run_dir).tables, RunDir(args.run_dir).summary)
     if args.figures:
         from thermab.analysis import plots  # matplotlib and plotly only when figures are asked for
         for path in plots.render_figures(result):

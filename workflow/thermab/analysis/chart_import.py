@@ -31,6 +31,7 @@ import pandas as pd
 
 from thermab.config import UserError
 from thermab.experiment import plan
+from thermab.layout import RunDir
 from thermab.telemetry import ingest
 
 STUDY_LABELS = {"ustock": "stock", "upatched": "patched"}
@@ -117,7 +118,8 @@ def write_run(out_dir, frames: dict, marks: list, load_minutes: float = 30.0, ar
     setting value (e.g. {"stock": "1", "patched": "0.002"}); ``run_options`` override the
     run.json DEFAULTS.  Returns the run directory."""
     out = Path(out_dir)
-    (out / "tidy").mkdir(parents=True, exist_ok=True)
+    files = RunDir(out)
+    files.tidy_telemetry.parent.mkdir(parents=True, exist_ok=True)
     telemetry = telemetry_from_frames(frames, epoch_s, minutes)
     events, letters, order = events_from_marks(marks, load_minutes * 60, telemetry["t"].min(),
                                                telemetry["t"].max(), epoch_s, minutes)
@@ -132,9 +134,9 @@ def write_run(out_dir, frames: dict, marks: list, load_minutes: float = 30.0, ar
               for letter, label in sorted(letters.items())},
         setting=setting, head=hosts[0], hosts=hosts, analysis=analysis, **options,
         imported_from=source, epoch_s=epoch_s))
-    with open(out / "events.jsonl", "w", encoding="utf-8") as handle:
+    with open(files.events, "w", encoding="utf-8") as handle:
         handle.writelines(json.dumps(event) + "\n" for event in events)
-    ingest.write_frame(telemetry, out / "tidy" / "telemetry.parquet")  # the layout ingest writes
+    ingest.write_frame(telemetry, files.tidy_telemetry)  # the layout ingest writes
     return out
 
 

@@ -9,7 +9,8 @@ a frame out; summary.md shows it, so a hole is never silent.
   source, the window's edges included (a sensor silent for a whole window gives its length).
 
 The source's interval is the run's configured one where known, else the median spacing of
-its distinct samples over the whole run."""
+its distinct samples over the whole run (``measured_intervals``, which the summary prints as
+how often each source was sampled)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,22 @@ def _median_spacing(times: list[np.ndarray]) -> float:
     return float(np.median(steps)) if len(steps) else math.nan
 
 
+def _times(telemetry, host: str, kind: str) -> list[np.ndarray]:
+    """The sample times of each series of a source on a host; the CPU source's threads come
+    and go with the load, so its sum stands for it."""
+    sensor = CPU_SENSOR if kind == "cpu" else None
+    return [arrays["t"] for _key, arrays in telemetry.series(kind=kind, sensor=sensor, host=host, columns=("t",))]
+
+
+def measured_intervals(telemetry, host: str) -> dict[str, float]:
+    """How often each source (``kind``) of ``host`` was sampled: the median spacing of its
+    distinct samples over the run; a source with fewer than two samples has none."""
+    telemetry = as_telemetry(telemetry)
+    intervals = {kind: _median_spacing(_times(telemetry, host, kind))
+                 for kind in sorted(set(telemetry.select(host=host)["kind"]))}
+    return {kind: interval for kind, interval in intervals.items() if not math.isnan(interval)}
+
+
 def _largest_gap(t: np.ndarray, start: float, end: float) -> float:
     return float(np.diff(np.concatenate([[start], t, [end]])).max())
 
@@ -50,10 +67,7 @@ def completeness(telemetry, windows: pd.DataFrame, hosts: list[str],
         sent = set(telemetry.select(host=host)["kind"])
         kinds = sorted(sent | {k for k in ALWAYS if not (k == "thermal" and host in hosts_without_zones)})
         for kind in kinds:
-            # the CPU source's threads come and go with the load: its sum is the measure
-            sensor = CPU_SENSOR if kind == "cpu" else None
-            times = [arrays["t"] for _key, arrays in telemetry.series(kind=kind, sensor=sensor, host=host,
-                                                                      columns=("t",))]
+            times = _times(telemetry, host, kind)
             interval = (intervals_s or {}).get(kind) or _median_spacing(times)
             cuts = [window_rows(t, windows) for t in times]
             expected = got = largest = 0.0

@@ -18,6 +18,7 @@ import pandas as pd  # noqa: E402
 
 from thermab.analysis import energy  # noqa: E402
 from thermab.analysis.summary import DIGITS, fmt, markdown_table  # noqa: E402
+from thermab.layout import RunDir  # noqa: E402
 
 COLUMNS = ["cluster", "arm", "label", "n", "metric", "unit", "mean", "diff_pct", "finding", "verdict"]
 
@@ -27,13 +28,14 @@ def metrics_of(run: dict) -> list[str]:
     return [f"{head} {zone} mean", f"{head} vLLM CPU median", "output throughput", energy.METRIC]
 
 
-def fleet_table(run_dirs: dict[str, Path]) -> pd.DataFrame:
+def fleet_table(run_dirs: dict[str, Path], analysis: dict | None = None) -> pd.DataFrame:
     """One row per cluster, arm and headline metric (metric names lose the head's host
-    name, which differs between clusters)."""
+    name, which differs between clusters).  ``analysis``: the settings the runs were analysed
+with, in place of run.json's (their metric names carry the timeline zone)."""
     frames = []
     for cluster, run_dir in run_dirs.items():
-        run = json.loads((Path(run_dir) / "run.json").read_text())
-        variance = pd.read_csv(Path(run_dir) / "tables" / "variance.csv")
+        run = {**json.loads(RunDir(run_dir).run_json.read_text()), **(analysis or {})}
+        variance = pd.read_csv(RunDir(run_dir).table("variance"))
         wanted = metrics_of(run)
         rows = variance[variance["metric"].isin(wanted)].copy()
         rows["metric"] = rows["metric"].replace({wanted[0]: f"head {run['timeline_zone']} mean",
@@ -80,8 +82,9 @@ def fleet_figure(table: pd.DataFrame, out_png: Path) -> None:
     plt.close(figure)
 
 
-def write_fleet(run_dirs: dict[str, Path], order: str, out_csv: Path, out_md: Path, out_png: Path) -> None:
-    table = fleet_table(run_dirs)
+def write_fleet(run_dirs: dict[str, Path], order: str, out_csv: Path, out_md: Path, out_png: Path,
+                analysis: dict | None = None) -> None:
+    table = fleet_table(run_dirs, analysis)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out_csv, index=False)
     out_md.write_text(fleet_markdown(table, order))

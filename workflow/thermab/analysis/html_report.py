@@ -9,6 +9,8 @@ from pathlib import Path
 
 import markdown
 
+from thermab.layout import RunDir
+
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
@@ -27,9 +29,9 @@ def figure_html(path: Path) -> str:
 
 def write_report(run_dir: Path, out_path: Path) -> None:
     run_dir = Path(run_dir)
-    summary = (run_dir / "summary.md").read_text()
+    summary = RunDir(run_dir).summary.read_text()
     body = markdown.markdown(summary, extensions=["tables"])
-    figures = "\n".join(figure_html(p) for p in sorted((run_dir / "figures").glob("*.png")))
+    figures = "\n".join(figure_html(p) for p in sorted(RunDir(run_dir).figures.glob("*.png")))
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>thermab report: {html.escape(str(run_dir))}</title>
 <style>{STYLE}</style></head><body>

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from thermab.config import UserError
 from thermab.experiment import events as events_file
 from thermab.experiment import plan
+from thermab.layout import RunDir
 from thermab.telemetry.ingest import SERIES_KEYS, TELEMETRY_COLUMNS
 
 INDEX_COLUMNS = SERIES_KEYS + ["rows", "t_min", "t_max", "where"]
@@ -261,27 +262,31 @@ def _check_plan(path: Path, config: dict) -> dict:
                          analysis={key: config[key] for key in plan.DEFAULT_ANALYSIS if key in config})
 
 
-def load_run(run_dir) -> RunData:
+def load_run(run_dir, analysis: dict | None = None) -> RunData:
     """A run directory as the analysis reads it; what is wrong with it is a UserError
-    naming the file.  Without run.json the plan is inferred (``inferred_plan``)."""
+    naming the file.  Without run.json the plan is inferred (``inferred_plan``).
+    ``analysis``: settings that replace the plan's (the workflow's current config, through
+    the rule's params); run.json keeps the values the run was made with."""
     path = Path(run_dir)
     if not path.is_dir():
         raise UserError(f"{path}: not a run directory")
-    telemetry_path = path / "tidy" / "telemetry.parquet"
+    files = RunDir(path)
+    telemetry_path = files.tidy_telemetry
     if not telemetry_path.exists():
         raise UserError(f"{telemetry_path}: missing (not a run directory, or ingest has not run)")
     try:
         telemetry = Telemetry.open(telemetry_path)
     except PARQUET_ERRORS as error:
         raise _unreadable(telemetry_path, error) from None
-    requests_path = path / "tidy" / "requests.parquet"
+    requests_path = files.tidy_requests
     requests = _read_parquet(requests_path) if requests_path.exists() else None
     if requests is not None and requests.empty:
         requests = None
-    events = read_events(path / "events.jsonl")
-    run_json = path / plan.RUN_FILE
+    events = read_events(files.events)
+    run_json = files.run_json
     config = (_check_plan(run_json, _read_json(run_json)) if run_json.exists()
               else inferred_plan(path, events, telemetry))
+    config.update(plan.reanalysis(analysis or {}))
     return RunData(path, config, events, telemetry, requests, read_validity(path))
 
 
@@ -289,17 +294,19 @@ def read_validity(path: Path) -> dict:
     """Each phase's validity.json by (order, rep, arm). The load stage writes it even for a
     load that was aborted; tidy/requests.parquet waits for every phase, so when the
     analysis runs they are all there."""
-    reports = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(path.glob("phases/*/validity.json"))]
+    validity = RunDir(path).phase("*").validity.relative_to(path)
+    reports = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(path.glob(str(validity)))]
     return {(r["order"], int(r["rep"]), r["arm"]): r for r in reports}
 
 
 def sibling_runs(run_dir) -> list[Path]:
     """Other run directories next to ``run_dir`` with the same cluster in their run.json."""
     path = Path(run_dir).resolve()
-    cluster = _read_json(path / plan.RUN_FILE).get("cluster") if (path / plan.RUN_FILE).exists() else path.parent.name
+    run_json = RunDir(path).run_json
+    cluster = _read_json(run_json).get("cluster") if run_json.exists() else path.parent.name
     return [other for other in sorted(path.parent.iterdir())
-            if other != path and (other / plan.RUN_FILE).exists()
-            and _read_json(other / plan.RUN_FILE).get("cluster") == cluster]
+            if other != path and RunDir(other).run_json.exists()
+            and _read_json(RunDir(other).run_json).get("cluster") == cluster]
 
 
 def ordered_hosts(config: dict) -> list[str]:

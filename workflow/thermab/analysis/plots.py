@@ -25,6 +25,8 @@ from plotly.subplots import make_subplots  # noqa: E402
 from thermab.analysis.load_validity import is_short  # noqa: E402
 from thermab.analysis import energy  # noqa: E402
 from thermab.analysis.model import Analysis, RunData, ordered_hosts  # noqa: E402
+from thermab import layout  # noqa: E402
+from thermab.layout import RunDir  # noqa: E402
 from thermab.load.validity import bursts  # noqa: E402
 
 ARM_COLORS = ["#e66101", "#5e3c99", "#1b9e77", "#2c7bb6", "#a6611a", "#d01c8b", "#666666"]
@@ -37,16 +39,18 @@ SHORT_LABEL = "load short"
 
 def render_figures(result: Analysis) -> list[Path]:
     """Render every figure of an analysed run (``analyze.compute``); returns the paths written."""
-    out = result.run.path / "figures"
-    out.mkdir(parents=True, exist_ok=True)
+    files = RunDir(result.run.path)
+    files.figures.mkdir(parents=True, exist_ok=True)
+    out = files.figure
     colors = {arm: ARM_COLORS[i % len(ARM_COLORS)] for i, arm in enumerate(result.run.config["arms"])}
-    written = timeline_png(result.run, result.tables["windows"], colors, out)
-    written.append(timeline_html(result.run, result.tables["windows"], colors, out / "timeline.html"))
-    written.append(cpu_png(result.tables["cpu"], result.run.config, colors, out / "cpu.png"))
-    written.append(throughput_png(result.tables["performance"], result.run.config, colors, out / "throughput.png"))
-    written.append(time_to_threshold_png(result.tables, result.run.config, colors, out / "time_to_threshold.png"))
-    if result.pooled["arm"].nunique() > 2:
-        written.append(dose_response_png(result.pooled, result.run.config, result.best, out / "dose_response.png"))
+    written = timeline_png(result.run, result.tables["windows"], colors, files.figures)
+    written.append(timeline_html(result.run, result.tables["windows"], colors, out("timeline.html")))
+    written.append(cpu_png(result.tables["cpu"], result.run.config, colors, out("cpu.png")))
+    written.append(throughput_png(result.tables["performance"], result.run.config, colors, out("throughput.png")))
+    written.append(time_to_threshold_png(result.tables, result.run.config, colors, out("time_to_threshold.png")))
+    # layout.figures names them: the report rule declares each, a sweep's dose response too
+    if set(layout.SWEEP_FIGURES) <= set(layout.figures(len(set(result.run.config["order"])))):
+        written.append(dose_response_png(result.pooled, result.run.config, result.best, out("dose_response.png")))
     return written
 
 

@@ -31,6 +31,12 @@ def fmt(value, unit: str = "", digits: int | None = None, sign: bool = False) ->
     return f"{text} {unit}" if unit else text
 
 
+def fmt_interval(seconds: float) -> str:
+    """A sampling interval with the digits it was measured to (0.5 s, 1 s, 6 s, 0.25 s), never
+    rounded to a whole second."""
+    return "–" if seconds is None or math.isnan(seconds) else f"{seconds:.3g} s"
+
+
 def fmt_duration(seconds: float) -> str:
     """Seconds below two minutes, minutes above, as the study reports them (90 s, 2.3 min)."""
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
@@ -449,7 +455,7 @@ def _cpu_sentence(saver: dict, run: dict, variance: pd.DataFrame) -> str:
 
 def _sampling(sample_interval_s: dict, kind: str) -> str:
     interval = sample_interval_s.get(kind)
-    return "not sampled in this run" if interval is None else f"sampled every {fmt(interval, 's', 0)} (median)"
+    return "not sampled in this run" if interval is None else f"sampled every {fmt_interval(interval)} (median)"
 
 
 def _definitions(run: dict, tables: dict, sample_interval_s: dict) -> str:

@@ -22,10 +22,8 @@ from thermab.experiment.patch import Patcher
 from thermab.hosts import clock
 from thermab.hosts.host import Host
 from thermab.hosts.transport import TransportError
+from thermab.layout import SESSION_FILE, RunDir  # noqa: F401 (restore imports SESSION_FILE from here)
 from thermab.telemetry import deploy
-
-SESSION_FILE = "session.json"
-
 
 class ClusterRun:
     def __init__(self, config: dict, cluster: str, order: str, run_dir: Path,
@@ -34,14 +32,14 @@ class ClusterRun:
         self.cluster: ClusterSpec = cluster_spec(config, cluster, workdir)
         self.order = order
         self.run_dir = Path(run_dir)
-        self.results_dir = self.run_dir.parent  # results/{cluster}
+        self.files = RunDir(run_dir)  # where each of its files lives
         self.workdir = Path(workdir or Path.cwd())
         self.progress = progress
 
     @classmethod
     def from_session(cls, run_dir: Path, progress: Callable[[str], None] = print) -> "ClusterRun":
         """Rebuild a run from the session file its jobs write (used by the guardian)."""
-        session = json.loads((Path(run_dir) / SESSION_FILE).read_text())
+        session = json.loads(RunDir(run_dir).session.read_text())
         return cls(session["config"], session["cluster"], session["order"], Path(run_dir),
                    Path(session["workdir"]), progress)
 
@@ -58,7 +56,7 @@ class ClusterRun:
         return next(h for h in self.hosts if h.name == self.cluster.head)
 
     def patcher(self, host: Host) -> Patcher:
-        return Patcher(host, self.config["setting"], self.results_dir / "patch-state" / host.name)
+        return Patcher(host, self.config["setting"], self.files.patch_state(host.name))
 
     def event(self, name: str, **fields) -> dict:
         return events.append(self.run_dir, name, order=self.order, **fields)
@@ -69,7 +67,7 @@ class ClusterRun:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         session = {"config": self.config, "cluster": self.cluster.name, "order": self.order,
                    "workdir": str(self.workdir)}
-        (self.run_dir / SESSION_FILE).write_text(json.dumps(session, indent=1))
+        self.files.session.write_text(json.dumps(session, indent=1))
 
     def build_simulated(self, host: Host) -> None:
         """A simulated node's tree, if missing: files only, no process started."""
@@ -136,7 +134,7 @@ class ClusterRun:
         for host in self.hosts:
             attempt(f"stop agent on {host.name}", lambda h=host: deploy.stop_agent(h, self.session))
             attempt(f"pull logs of {host.name}",
-                    lambda h=host: deploy.pull(h, self.session, self.run_dir / "monitor" / h.name))
+                    lambda h=host: deploy.pull(h, self.session, self.files.host_monitor(h.name)))
         attempt("power off simulated nodes", self.power_off_simulated)
         return problems
 

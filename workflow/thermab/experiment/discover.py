@@ -40,6 +40,7 @@ import yaml
 
 from thermab import config as thermab_config
 from thermab.config import ConfigError, HostSpec
+from thermab.errors import UserError
 from thermab.experiment import server as server_api
 from thermab.experiment.cluster import clock_offsets
 from thermab.experiment.patch import anchor_count
@@ -56,11 +57,11 @@ VLLM_DEFAULT_PORT = 8000
 STOP_WAIT_S = 60
 
 
-class UsageError(Exception):
+class UsageError(UserError):
     """A wrong flag or argument: one line naming it, exit 2."""
 
 
-class Question(Exception):
+class Question(UserError):
     """A choice only the user can make: the candidates and the flag that picks one, exit 2."""
 
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from thermab import jsonl
+from thermab.layout import RunDir
 
 EVENTS = (
     "run_start", "baseline_start", "baseline_end", "patch_applied", "restart_start",
@@ -20,7 +21,7 @@ def append(run_dir: Path, event: str, t: float | None = None, **fields) -> dict:
         raise ValueError(f"unknown event {event!r}")
     record = {"t": time.time() if t is None else float(t), "event": event}
     record.update({k: v for k, v in fields.items() if v is not None})
-    with open(Path(run_dir) / "events.jsonl", "a") as handle:
+    with open(RunDir(run_dir).events, "a") as handle:
         handle.write(json.dumps(record, sort_keys=True) + "\n")
         handle.flush()
     return record
@@ -33,4 +34,4 @@ def read_checked(path: Path) -> tuple[list[dict], dict[str, int]]:
 
 
 def read(run_dir: Path) -> list[dict]:
-    return read_checked(Path(run_dir) / "events.jsonl")[0]
+    return read_checked(RunDir(run_dir).events)[0]

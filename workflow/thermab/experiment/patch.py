@@ -20,10 +20,11 @@ from functools import cached_property
 from pathlib import Path
 
 from thermab.config import literal_kind
+from thermab.errors import HostError
 from thermab.hosts.host import Host
 
 
-class PatchError(RuntimeError):
+class PatchError(HostError):
     pass
 
 

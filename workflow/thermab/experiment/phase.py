@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 
 from thermab.config import sensor_silence_s
+from thermab.errors import StageFailed
 from thermab.experiment import guardian, server
 from thermab.experiment.cluster import ClusterRun, clock_offsets, offsets_record
 from thermab.hosts import clock
 from thermab.jsonl import JsonlTail
+from thermab.layout import PhaseDir
 from thermab.load.runner import LoadAborted, LoadSpec, run_load
 from thermab.telemetry import deploy
 from thermab.telemetry.agent import ProcessCpu, ThermalZones
@@ -134,7 +136,7 @@ class Interlock:
 
     def __init__(self, run: ClusterRun, marks: MarkForwarder):
         self.run, self.marks = run, marks
-        preflight = json.loads((run.run_dir / "preflight.json").read_text())
+        preflight = json.loads(run.files.preflight.read_text())
         self.abort_at = preflight["safety"]["abort_at_c"]
         self.offsets = preflight.get("clock_offset_s", {})
         self.watched = {name for name, facts in preflight["hosts"].items() if facts.get("zones")}
@@ -215,7 +217,7 @@ class Interlock:
 def telemetry_holes(run: ClusterRun, window: dict) -> list[str]:
     """Hosts expected to report (their agent runs; zones found at preflight for thermal)
     with no sample of a source in the load window: a phase without them has a silent hole."""
-    preflight = json.loads((run.run_dir / "preflight.json").read_text())
+    preflight = json.loads(run.files.preflight.read_text())
     offsets = preflight.get("clock_offset_s", {})
     holes = []
     for host in run.hosts:
@@ -238,7 +240,7 @@ def phase(run: ClusterRun, rep: int, arm: str, out_json: Path, out_requests: Pat
             f"{run.config['arms'][arm]['value']})")
     model = _restart(run, rep, arm)
     run.event("server_ready", rep=rep, arm=arm, detail={"model": model})
-    marks = MarkForwarder(run, out_requests.parent / "load_events.jsonl", rep, arm)
+    marks = MarkForwarder(run, PhaseDir(out_requests.parent).marks, rep, arm)
     interlock = Interlock(run, marks)
     try:
         validity = _load(run, rep, arm, out_requests, load_log, model, interlock)
@@ -247,21 +249,21 @@ def phase(run: ClusterRun, rep: int, arm: str, out_json: Path, out_requests: Pat
         run.progress(f"ABORT {error}: restoring and stopping every host now")
         run.shutdown(str(error), t=interlock.fired_at, rep=rep, arm=arm)
         guardian.release(run.run_dir)  # everything is already put back
-        raise RuntimeError(f"phase rep{rep}-{arm} aborted: {error}") from None
+        raise StageFailed(f"phase rep{rep}-{arm} aborted: {error}") from None
     marks.poll()
     failed = validity["requests"]["load"] - validity["requests"]["load_ok"]
     if failed > run.config["load"]["max_failed"] or not validity["requests"]["load_ok"]:
         reason = (f"{failed} of {validity['requests']['load']} load requests failed (load.max_failed = "
                   f"{run.config['load']['max_failed']}), first: {validity['errors']['first']}")
         run.event("abort", rep=rep, arm=arm, detail={"reason": reason})
-        raise RuntimeError(f"phase rep{rep}-{arm} failed: {reason}; records kept in "
-                           f"{out_requests.with_suffix('.jsonl')}, Locust's log in {load_log}")
+        raise StageFailed(f"phase rep{rep}-{arm} failed: {reason}; records kept in "
+                           f"{PhaseDir(out_requests.parent).records}, Locust's log in {load_log}")
     window = validity["window"]
     holes = telemetry_holes(run, window)
     if holes:
         reason = "; ".join(holes)
         run.event("abort", rep=rep, arm=arm, detail={"reason": reason})
-        raise RuntimeError(f"phase rep{rep}-{arm} failed: {reason} (see the agent's log on that host)")
+        raise StageFailed(f"phase rep{rep}-{arm} failed: {reason} (see the agent's log on that host)")
     cooldown = _cooldown(run, rep, arm)
     result = {"phase": f"rep{rep}-{arm}", "order": run.order, "rep": rep, "arm": arm, "label": label,
               "value": run.config["arms"][arm]["value"], "model": model, "load_start": window["start"],
@@ -280,7 +282,7 @@ def _load(run: ClusterRun, rep: int, arm: str, out_requests: Path, load_log: Pat
 def clock_drift(run: ClusterRun, offsets_end: dict[str, clock.Offset]) -> dict[str, float]:
     """Hosts whose clock moved against the controller's during the run by more than the
     two measurements' uncertainties explain (ingest corrects with the mean of the two)."""
-    start = json.loads((run.run_dir / "preflight.json").read_text())
+    start = json.loads(run.files.preflight.read_text())
     uncertainty = start.get("clock_offset_uncertainty_s", {})
     drifts = {}
     for name, end in offsets_end.items():
@@ -306,4 +308,4 @@ def monitor_stop(run: ClusterRun, out_path: Path) -> None:
                                     "clock_drift_s": clock_drift(run, offsets_end),
                                     "problems": problems}, indent=1))
     if problems:
-        raise RuntimeError("the run ended with problems (see above); logs pulled where possible")
+        raise StageFailed("the run ended with problems (see above); logs pulled where possible")

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
-BASELINE = "baseline"
+from thermab.layout import BASELINE, PHASE_PATTERN, RunDir
 
 
 class Phase(NamedTuple):
@@ -16,7 +16,7 @@ class Phase(NamedTuple):
 
     @property
     def id(self) -> str:
-        return f"rep{self.rep}-{self.arm}"
+        return PHASE_PATTERN.format(rep=self.rep, arm=self.arm)
 
 
 def phases(order: str, repeats: int) -> list[Phase]:
@@ -33,11 +33,19 @@ def previous(order: str, rep: int, arm: str) -> str:
     return BASELINE if index == 0 else sequence[index - 1].id
 
 
-RUN_FILE = "run.json"
 # the analysis settings a plan falls back on when nothing says otherwise (the config
 # schema's defaults say the same; a test keeps them in step)
 DEFAULT_ANALYSIS = {"thresholds_c": [85, 90, 92, 95], "reference_lines_c": [96, 87], "stall_gap_s": 1.0,
                     "timeline_zone": "TSOC"}
+# counted by the load as the tokens arrive (the gaps themselves are not kept): a new value
+# takes effect in the phases run after it, never by analysing again
+LOAD_TIME_ANALYSIS = ("stall_gap_s",)
+
+
+def reanalysis(analysis: dict) -> dict:
+    """The analysis settings that analysing a run again applies (the analyze and report
+    rules' params): every one but those the load applied as it ran."""
+    return {key: value for key, value in analysis.items() if key not in LOAD_TIME_ANALYSIS}
 
 
 def run_plan(*, cluster: str, order: str, repeats: int, arms: dict, setting: str, head: str,
@@ -53,6 +61,6 @@ def run_plan(*, cluster: str, order: str, repeats: int, arms: dict, setting: str
 
 def write_run_json(run_dir: Path, plan: dict) -> Path:
     """The one writer of ``run.json`` (preflight and the chart importer both call it)."""
-    path = Path(run_dir) / RUN_FILE
+    path = RunDir(run_dir).run_json
     path.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
     return path

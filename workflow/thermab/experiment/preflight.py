@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from thermab.config import ConfigError, abort_threshold
+from thermab.errors import StageFailed
 from thermab.experiment import plan, server
 from thermab.experiment.cluster import ClusterRun, clock_offsets, offsets_record
 from thermab.experiment.patch import PatchError, anchor_count, patch_problems, sha256
@@ -22,8 +23,8 @@ from thermab.hosts.transport import TransportError
 from thermab.telemetry import deploy
 
 
-class PreflightError(RuntimeError):
-    pass
+class PreflightError(StageFailed):
+    """A host is not fit for the run; the message names each host and cause."""
 
 
 def _zones(run: ClusterRun, host) -> list[dict]:
@@ -102,9 +103,6 @@ def _endpoint_model(endpoint: str) -> str | None:
         return None
 
 
-FAILED_RECORD = "logs/preflight-failed.json"
-
-
 def _interlock_line(abort_at: float | None, unread: list[str]) -> str:
     if abort_at is not None:
         return f"thermal interlock: load stops at {abort_at:.1f} °C on any zone of any host"
@@ -122,7 +120,7 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
     failed preflight leaves nothing to undo and no host is touched again.  The guardian
     starts with the first job that does change something (``phase.bring_up``)."""
     run.write_session()
-    failed_record = run.run_dir / FAILED_RECORD
+    failed_record = run.files.preflight_failed
     report: dict = {"cluster": run.cluster.name, "order": run.order, "t": time.time(), "hosts": {}}
     problems: list[str] = []
     # hosts checked side by side, so unreachable ones wait out their timeouts together

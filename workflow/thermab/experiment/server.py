@@ -9,10 +9,11 @@ import urllib.error
 import urllib.request
 from typing import Callable
 
+from thermab.errors import StageFailed
 from thermab.hosts.host import Host
 
 
-class NotReady(RuntimeError):
+class NotReady(StageFailed):
     pass
 
 

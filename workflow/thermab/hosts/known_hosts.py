@@ -26,6 +26,8 @@ from pathlib import Path
 import paramiko
 from paramiko.pkey import UnknownKeyType
 
+from thermab.errors import HostError
+
 CA = "@cert-authority"
 REVOKED = "@revoked"
 CERT_SUFFIX = "-cert-v01@openssh.com"
@@ -38,7 +40,7 @@ HOST_CERT = 2
 NEGOTIABLE = {"ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521"}
 
 
-class HostKeyError(Exception):
+class HostKeyError(HostError):
     """The presented key must not be used (revoked, or certified wrongly and not pinned)."""
 
 

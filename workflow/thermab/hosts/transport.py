@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from thermab.errors import HostError
+
 
 @dataclass(frozen=True)
 class Result:
@@ -29,7 +31,7 @@ class Result:
         return self.exited == 0
 
 
-class TransportError(RuntimeError):
+class TransportError(HostError):
     """The host could not be reached or did not answer in time."""
 
     def __init__(self, host: str, message: str):

@@ -30,6 +30,8 @@ from importlib import resources
 from pathlib import Path
 
 from thermab.jsonl import JsonlTail
+from thermab.errors import StageFailed
+from thermab.layout import PhaseDir
 from thermab.load.validity import load_window, summary_line, to_frame, validity_report
 
 # shipped inside the package, so a non-editable install runs the same load
@@ -115,8 +117,8 @@ def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None
     """
     out_parquet = Path(out_parquet)
     out_parquet.parent.mkdir(parents=True, exist_ok=True)
-    records_path = out_parquet.with_suffix(".jsonl")
-    events_path = out_parquet.parent / "load_events.jsonl"
+    files = PhaseDir(out_parquet.parent)
+    records_path, events_path = files.records, files.marks
     log_path = Path(log_path) if log_path else out_parquet.parent / "locust.log"
     for stale in (records_path, events_path):
         stale.unlink(missing_ok=True)  # the locustfile appends; a rerun must not mix attempts
@@ -132,7 +134,7 @@ def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None
         progress_every_s, interlock, interlock_every_s)
     records, events = tail.poll(), JsonlTail(events_path).poll()
     if not records and exit_code != 0:
-        raise RuntimeError(f"locust exited with code {exit_code} and recorded nothing; see {log_path}:\n"
+        raise StageFailed(f"locust exited with code {exit_code} and recorded nothing; see {log_path}:\n"
                            + _log_tail(log_path))
 
     frame = to_frame(records, order=order, rep=rep, arm=arm)
@@ -149,7 +151,7 @@ def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None
         report["warnings"].append(f"load aborted: {aborted}")
     elif exit_code != 0:
         report["warnings"].append(f"locust exited with code {exit_code}; see {log_path}")
-    (out_parquet.parent / "validity.json").write_text(json.dumps(report, indent=2) + "\n")
+    files.validity.write_text(json.dumps(report, indent=2) + "\n")
     progress(summary_line(report))
     for warning in report["warnings"]:
         progress(f"  warning: {warning}")
@@ -157,7 +159,7 @@ def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None
         raise LoadAborted(aborted)
     return report
 
-class LoadAborted(RuntimeError):
+class LoadAborted(StageFailed):
     """The interlock stopped the load; the message says why."""
 
 
@@ -178,7 +180,7 @@ def _supervise(command, log_path, limit_s, tick, every_s, interlock=None, interl
                 except subprocess.TimeoutExpired:
                     elapsed = time.monotonic() - started
                     if elapsed > limit_s:
-                        raise RuntimeError(f"locust (pid {process.pid}) still running after {elapsed:.0f} s, "
+                        raise StageFailed(f"locust (pid {process.pid}) still running after {elapsed:.0f} s, "
                                            f"past its {limit_s:.0f} s bound; stopped it. See {log_path}")
                     reason = interlock() if interlock else None
                     if reason:

@@ -8,6 +8,8 @@ import time
 
 import orjson
 
+from thermab.errors import HostError
+
 # Text lines handled closer together than this were read from one buffer (handling a line
 # takes microseconds): they are one arrival of tokens, not several.
 ARRIVAL_GAP_S = 0.001
@@ -17,8 +19,9 @@ ARRIVAL_GAP_S = 0.001
 TEXT_FIELDS = ("content", "reasoning_content", "reasoning")
 
 
-class StreamFailure(Exception):
-    """A request that did not deliver a complete stream; its text is the record's error."""
+class StreamFailure(HostError):
+    """A request the server did not deliver a complete stream for; its text is the record's
+    error (it never leaves the load)."""
 
 
 class StreamReader:

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from thermab.errors import HostError
 from thermab.telemetry import agent as agent_module
 from thermab.hosts.host import Host
 
@@ -71,7 +72,7 @@ def discover_read_only(host: Host) -> dict:
     return json.loads(result.stdout)
 
 
-class AgentError(RuntimeError):
+class AgentError(HostError):
     """The agent stopped as soon as it started; the message is its own last word."""
 
 

@@ -28,6 +28,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from thermab import jsonl
+from thermab.layout import RunDir
 from thermab.telemetry import power
 from thermab.telemetry.agent import SOURCES
 
@@ -297,23 +298,23 @@ def requests(phase_files: list[Path]) -> pd.DataFrame:
 
 
 def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, out_requests: Path) -> dict:
-    run_dir = Path(run_dir)
-    preflight = json.loads((run_dir / "preflight.json").read_text())
-    stopped_path = run_dir / "monitor" / "stopped.json"
+    files = RunDir(run_dir)
+    preflight = json.loads(files.preflight.read_text())
+    stopped_path = files.stopped
     stopped = json.loads(stopped_path.read_text()) if stopped_path.exists() else {}
     offsets = host_offsets(preflight, stopped)
     dropped = {}
 
     def parts():
-        for host, kind, readings, counts in kind_readings(run_dir / "monitor", offsets):
+        for host, kind, readings, counts in kind_readings(files.monitor, offsets):
             dropped.update(counts)
             yield host, kind, readings
 
     out_telemetry.parent.mkdir(parents=True, exist_ok=True)
     rows = write_telemetry(parts(), out_telemetry)
     requests(phase_request_files).to_parquet(out_requests, index=False)
-    _records, event_problems = jsonl.read_checked(run_dir / "events.jsonl", "t", ("event",))
+    _records, event_problems = jsonl.read_checked(files.events, "t", ("event",))
     report = {"telemetry_rows": rows, "dropped": dropped, "events": event_problems,
               "clock_offsets_s": {host: clock.record() for host, clock in offsets.items()}}
-    (out_telemetry.parent / "ingest.json").write_text(json.dumps(report, indent=1))
+    files.ingest_report.write_text(json.dumps(report, indent=1))
     return report

@@ -1,0 +1,180 @@
+"""Where every file of a run lives (docs/design.md, "Stages and their files"): the one
+owner of the paths under ``results/``.
+
+The rules build their ``input:``/``output:``/``log:`` from it with the wildcards left in
+(``RunDir(RUN_PATTERN).preflight`` is ``results/{cluster}/{order}/preflight.json``), the
+jobs and the package with a real run directory, so a rule and the code it calls can never
+name two different files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS = "results"
+RUN_PATTERN = f"{RESULTS}/{{cluster}}/{{order}}"  # a run directory, as the rules name it
+PHASE_PATTERN = "rep{rep}-{arm}"  # plan.Phase.id with the wildcards left in
+BASELINE = "baseline"  # the idle phase's directory under phases/
+SESSION_FILE = "session.json"  # restore finds the runs to put back by it
+
+# The figures of a run (analysis/plots.py draws them): always these, and for a sweep of
+# more than two arms also SWEEP_FIGURES.
+FIGURES = ("timeline.png", "timeline.svg", "timeline.html", "cpu.png", "throughput.png",
+           "time_to_threshold.png")
+SWEEP_FIGURES = ("dose_response.png",)
+
+
+def figures(arms_in_order: int) -> tuple[str, ...]:
+    """The figure names a run with this many distinct arms in its order gets."""
+    return FIGURES + (SWEEP_FIGURES if arms_in_order > 2 else ())
+
+
+@dataclass(frozen=True)
+class PhaseDir:
+    """``phases/{phase}/``: what one phase (or the baseline) writes."""
+
+    path: Path
+
+    @property
+    def phase_json(self) -> Path:
+        return self.path / "phase.json"
+
+    @property
+    def requests(self) -> Path:  # the load's requests, one row each (tidy/requests.parquet's parts)
+        return self.path / "requests.parquet"
+
+    @property
+    def records(self) -> Path:  # the locustfile's raw records, kept when the phase fails
+        return self.path / "requests.jsonl"
+
+    @property
+    def marks(self) -> Path:  # the load's own marks (load_start, probe_*, load_end)
+        return self.path / "load_events.jsonl"
+
+    @property
+    def validity(self) -> Path:
+        return self.path / "validity.json"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """``results/{cluster}/{order}/`` (or any run directory, an imported one included)."""
+
+    path: Path
+
+    def __init__(self, path):
+        object.__setattr__(self, "path", Path(path))
+
+    @property
+    def events(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def preflight(self) -> Path:
+        return self.path / "preflight.json"
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def session(self) -> Path:  # what the guardian needs to rebuild the run
+        return self.path / SESSION_FILE
+
+    @property
+    def monitor(self) -> Path:
+        return self.path / "monitor"
+
+    def host_monitor(self, host: str) -> Path:  # the agent logs pulled from a host
+        return self.monitor / host
+
+    @property
+    def started(self) -> Path:
+        return self.monitor / "started.json"
+
+    @property
+    def stopped(self) -> Path:
+        return self.monitor / "stopped.json"
+
+    @property
+    def phases(self) -> Path:
+        return self.path / "phases"
+
+    def phase(self, phase_id: str) -> PhaseDir:
+        return PhaseDir(self.phases / phase_id)
+
+    @property
+    def tidy_telemetry(self) -> Path:
+        return self.path / "tidy" / "telemetry.parquet"
+
+    @property
+    def tidy_requests(self) -> Path:
+        return self.path / "tidy" / "requests.parquet"
+
+    @property
+    def ingest_report(self) -> Path:
+        return self.path / "tidy" / "ingest.json"
+
+    @property
+    def tables(self) -> Path:
+        return self.path / "tables"
+
+    def table(self, name: str, suffix: str = "csv") -> Path:
+        return self.tables / f"{name}.{suffix}"
+
+    @property
+    def summary(self) -> Path:
+        return self.path / "summary.md"
+
+    @property
+    def figures(self) -> Path:
+        return self.path / "figures"
+
+    def figure(self, name: str) -> Path:
+        return self.figures / name
+
+    @property
+    def report(self) -> Path:
+        return self.path / "report.html"
+
+    @property
+    def provenance(self) -> Path:
+        return self.path / "provenance"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    def log(self, name: str) -> Path:
+        return self.logs / name
+
+    @property
+    def preflight_failed(self) -> Path:  # the preflight report, kept when Snakemake deletes preflight.json
+        return self.log("preflight-failed.json")
+
+    @property
+    def cluster_dir(self) -> Path:  # results/{cluster}: what every run of the cluster shares
+        return self.path.parent
+
+    def patch_state(self, host: str) -> Path:  # a host's original bytes while it is patched
+        return patch_state(self.cluster_dir, host)
+
+    @property
+    def compare(self) -> Path:
+        return self.cluster_dir / "compare"
+
+
+def run_dir(cluster: str, order: str) -> RunDir:
+    return RunDir(RUN_PATTERN.format(cluster=cluster, order=order))
+
+
+def patch_state(cluster_dir: Path, host: str) -> Path:
+    return Path(cluster_dir) / "patch-state" / host
+
+
+def fleet_dir(order: str) -> Path:
+    return Path(RESULTS) / "fleet" / order
+
+
+def results_log(name: str) -> Path:  # logs of the rules that span clusters (compare, restore)
+    return Path(RESULTS) / "logs" / name
