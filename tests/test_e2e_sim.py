@@ -13,12 +13,15 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from processes import processes_in
+from thermab import layout
+from thermab.analysis import TABLES
 
 REPO = Path(__file__).resolve().parents[1]
 # the default config with the test's short timings over it (a --configfile replaces the default)
@@ -183,6 +186,23 @@ def test_changed_analysis_settings_analyse_again(ab_run, workdir, tmp_path):
     assert (run / "run.json").read_text() == made_with
     again = snakemake(copy, "all", "-n", *changed)
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_snakemake_lint_finds_nothing(tmp_path):
+    """As the Snakemake workflows' CI does: the linter's advice is taken, or it fails here."""
+    result = snakemake(tmp_path, "--lint")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr
+
+
+def test_snakemake_report_holds_every_figure_and_table(ab_run, workdir):
+    result = snakemake(workdir, "--report", "report.zip")
+    assert result.returncode == 0, result.stderr[-4000:]
+    with zipfile.ZipFile(workdir / "report.zip") as archive:
+        names = "\n".join(archive.namelist())
+    for name in [*layout.FIGURES, *(f"{table}.csv" for table in TABLES)]:
+        if not name.endswith(".svg"):  # the PNG's twin is an output, not a report item
+            assert name in names, name
 
 
 def test_nothing_left_running_or_patched_after_success(ab_run, workdir):

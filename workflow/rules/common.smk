@@ -75,3 +75,23 @@ def get_phase_files(name):
 
 def tables(suffix):
     return expand(str(RUN.table("{table}", suffix)), table=TABLES, allow_missing=True)
+
+
+# One arm letter, for the report rules' order constraints (a {m,n} quantifier there would
+# read as a wildcard, so the letters are repeated instead).
+ARM = "[" + "".join(config["arms"]) + "]"
+CAPTIONS = {"timeline.png": "../report/timeline.rst", "timeline.html": "../report/timeline_html.rst"}
+
+
+def figure_outputs(names):
+    """The named figures of a run as report outputs, keyed by name (timeline_png, …)."""
+    outputs = {}
+    for name in names:
+        path = RUN.figure(name)
+        if name.endswith(".svg"):  # the PNG's twin, for print: not shown twice in the report
+            outputs[name.replace(".", "_")] = path
+        elif name in CAPTIONS:
+            outputs[name.replace(".", "_")] = report(path, caption=CAPTIONS[name], category="Figures")
+        else:
+            outputs[name.replace(".", "_")] = report(path, category="Figures")
+    return outputs

@@ -1,24 +1,6 @@
 # Every figure is an output (thermab.layout.FIGURES), so --report, --summary and reruns see
 # them; a sweep (more than two arms in the order, which names each arm once) also draws
 # the dose response, in report_sweep below.
-# (the arm letters spelled out: a {m,n} quantifier would read as a wildcard)
-ARM = "[" + "".join(config["arms"]) + "]"
-CAPTIONS = {"timeline.png": "../report/timeline.rst", "timeline.html": "../report/timeline_html.rst"}
-
-
-def figure_outputs(names):
-    outputs = {}
-    for name in names:
-        path = RUN.figure(name)
-        if name.endswith(".svg"):  # the PNG's twin, for print: not shown twice in the report
-            outputs[name.replace(".", "_")] = path
-        elif name in CAPTIONS:
-            outputs[name.replace(".", "_")] = report(path, caption=CAPTIONS[name], category="Figures")
-        else:
-            outputs[name.replace(".", "_")] = report(path, category="Figures")
-    return outputs
-
-
 rule report:
     input:
         summary=RUN.summary,
@@ -32,7 +14,7 @@ rule report:
         snakefile=workflow.main_snakefile,
         analysis=plan.reanalysis(config["analysis"]),
     wildcard_constraints:
-        order=ARM + ARM + "?",
+        order=f"{ARM}{ARM}?",
     log:
         RUN.log("report.log"),
     conda:
@@ -47,4 +29,4 @@ use rule report as report_sweep with:
         html=RUN.report,
         provenance=directory(RUN.provenance),
     wildcard_constraints:
-        order=ARM * 3 + "+",
+        order=f"{ARM}{ARM}{ARM}+",

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from thermab.layout import RunDir
+
 PID_FILE = "guardian.json"
 
 
@@ -71,8 +73,9 @@ def ensure(run_dir: Path, watch: int | None = None) -> int:
         return current["pid"]
     if current and alive(current["pid"]) and "thermab.experiment.guardian" in _cmdline(current["pid"]):
         os.kill(current["pid"], signal.SIGTERM)  # it watches a controller that has gone
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "logs" / "guardian.log", "a") as log:
+    guardian_log = RunDir(run_dir).log("guardian.log")
+    guardian_log.parent.mkdir(parents=True, exist_ok=True)
+    with open(guardian_log, "a") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "thermab.experiment.guardian", "--run-dir", str(run_dir), "--watch", str(watch)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from thermab.config import UserError
 from thermab.experiment import guardian
 from thermab.experiment.cluster import SESSION_FILE, ClusterRun, exit_status
+from thermab.layout import RunDir
 
 
 def restore_all(results: Path, progress=print) -> tuple[list[str], list[str]]:
@@ -34,7 +35,7 @@ def restore_all(results: Path, progress=print) -> tuple[list[str], list[str]]:
         except Exception as error:  # one unreadable run must not keep the others patched
             problems.append(f"{run_dir}: cannot rebuild the run from {SESSION_FILE}: {type(error).__name__}: {error}")
             patched += [f"{run_dir.parent.name}/{p.parent.name}"
-                        for p in sorted((run_dir.parent / "patch-state").glob("*/state.json"))]
+                        for p in sorted(RunDir(run_dir).patch_state("*").parent.glob("*/state.json"))]
             continue
         progress(f"{run_dir}: hosts patched: {', '.join(run.still_patched()) or 'none'}")
         problems += run.shutdown("manual restore")
