@@ -1,4 +1,6 @@
 rule monitor_start:
+    # touches hosts: never a batch job the scheduler could kill (docs/fleet.md)
+    localrule: True
     input:
         "results/{cluster}/{order}/preflight.json",
     output:
@@ -12,6 +14,8 @@ rule monitor_start:
 
 
 rule monitor_stop:
+    # touches hosts: never a batch job the scheduler could kill (docs/fleet.md)
+    localrule: True
     input:
         get_phase_files("phase.json"),
     output:

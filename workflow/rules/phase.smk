@@ -1,4 +1,6 @@
 rule baseline:
+    # touches hosts: never a batch job the scheduler could kill (docs/fleet.md)
+    localrule: True
     input:
         "results/{cluster}/{order}/monitor/started.json",
     output:
@@ -14,6 +16,8 @@ rule baseline:
 # Phases form a chain: each waits for the one before it (plan.previous), so they never
 # overlap on a cluster even with --cores N.
 rule phase:
+    # touches hosts: never a batch job the scheduler could kill (docs/fleet.md)
+    localrule: True
     input:
         get_previous_phase,
     retries: config["phase_retries"]
