@@ -23,7 +23,7 @@ from pathlib import Path
 
 PID_FILE = "guardian.json"
 RELEASE = signal.SIGUSR1
-TERM_WAIT_S = 5.0  # after a SIGTERM, how long the controller may take to exit first
+TERM_WAIT_S = 10.0  # after a SIGTERM, how long the controller may take to exit first
 
 
 def _cmdline(pid: int) -> str:
