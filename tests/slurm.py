@@ -20,6 +20,10 @@ from sshd import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 PARTITION = "thermab-test"  # not `debug` or another stock name: the profile must find the default itself
+# The executor plugin drops SLURM_* from what its nested srun and sbatch inherit
+# (SLURM_CONF included), so they read SLURM's default config: that path links to ours
+# while the tier runs, and only where the machine has no config of its own.
+DEFAULT_CONF = Path("/etc/slurm/slurm.conf")
 
 
 def _binary(name: str) -> str | None:
@@ -50,6 +54,8 @@ class Slurm:
     def stop(self) -> None:
         for process in reversed(self.processes):  # slurmd, slurmctld, then munged
             stop_process(process, grace_s=15)
+        if DEFAULT_CONF.is_symlink() and DEFAULT_CONF.resolve() == self.conf.resolve():
+            DEFAULT_CONF.unlink()
 
 
 def _wait(what: str, process: subprocess.Popen, log: Path, ready, timeout: float = 30) -> None:
@@ -71,6 +77,10 @@ def start_slurm(directory: Path, cpus: int = 2) -> Slurm:
         pytest.skip(f"no {', '.join(missing)}: install slurmctld slurmd slurm-client munge to run the SLURM tier")
     if os.geteuid() != 0:
         pytest.skip("the SLURM tier runs its daemons as root (slurmd starts jobs as their user)")
+    if DEFAULT_CONF.is_symlink() and not DEFAULT_CONF.exists():
+        DEFAULT_CONF.unlink()  # left by a tier that was killed: its directory has gone
+    if DEFAULT_CONF.exists() or DEFAULT_CONF.is_symlink():
+        pytest.skip(f"{DEFAULT_CONF} exists: the tier does not run beside this machine's own SLURM config")
     directory.mkdir(parents=True, exist_ok=True)
     for sub in ("state", "spool", "munge"):
         (directory / sub).mkdir(exist_ok=True)
@@ -123,6 +133,8 @@ SlurmdTimeout=60
 NodeName={slurm.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=8000 State=UNKNOWN
 PartitionName={PARTITION} Nodes={slurm.node} Default=YES MaxTime=INFINITE State=UP
 """)
+        DEFAULT_CONF.parent.mkdir(parents=True, exist_ok=True)
+        DEFAULT_CONF.symlink_to(slurm.conf)
         for daemon in ("slurmctld", "slurmd"):
             log = directory / f"{daemon}.log"
             process = subprocess.Popen([binaries[daemon], "-D", "-f", str(slurm.conf)], env=slurm.env,
