@@ -4,5 +4,5 @@ from pathlib import Path
 from thermab import jobs
 from thermab.experiment import phase
 
-with jobs.logged(snakemake.log[0]):
-    phase.monitor_start(jobs.run_for(snakemake), Path(snakemake.output[0]))
+with jobs.logged(snakemake.log[0]), jobs.put_back_if_terminated(jobs.run_for(snakemake)) as run:
+    phase.monitor_start(run, Path(snakemake.output[0]))

@@ -1,6 +1,7 @@
 """The dead-man switch: when the controller dies mid-run, every host is restored."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,63 @@ def test_restore_command_says_what_failed_in_its_exit_status(tmp_path):
         target.parent.chmod(0o755)
         target.chmod(0o644)
     assert result.returncode == 3 and "STILL PATCHED t/head" in result.stderr
+
+
+def test_a_terminated_guardian_restores_at_once(tmp_path):
+    """SIGTERM is what a scheduler sends every process of a job it cancels or times out,
+    the guardian included, SIGKILL following: the guardian restores within that grace,
+    even while its controller lives on."""
+    target = tmp_path / "head" / FILE.lstrip("/")
+    target.parent.mkdir(parents=True)
+    target.write_text(STOCK)
+    run = ClusterRun(local_cluster_config(tmp_path), "t", "AB", tmp_path / "results/t/AB", tmp_path)
+    run.write_session()
+    controller = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                   "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+    try:
+        pid = guardian.ensure(run.run_dir, watch=controller.pid)
+        run.patcher(run.hosts[0]).apply("0.002")
+        os.kill(pid, signal.SIGTERM)
+        assert wait_until(lambda: not guardian.alive(pid), timeout=guardian.TERM_WAIT_S + 20)
+        assert controller.poll() is None, "the controller still runs"
+    finally:
+        controller.kill()
+        controller.wait()
+    assert target.read_text() == STOCK
+    aborts = [e for e in events.read(run.run_dir) if e["event"] == "abort"]
+    assert len(aborts) == 1 and "SIGTERM" in aborts[0]["detail"]["reason"]
+    assert [e["host"] for e in events.read(run.run_dir) if e["event"] == "restored"] == ["head"]
+    assert not (run.run_dir / guardian.PID_FILE).exists()
+
+
+def test_restore_puts_back_the_interrupted_run_of_a_cluster_with_several(tmp_path):
+    """AB ended cleanly; BA was interrupted mid-phase, its guardian killed with the
+    controller (its file left): restore puts the hosts back and writes the abort and
+    restored events into BA's own events.jsonl, none into AB's."""
+    target = tmp_path / "head" / FILE.lstrip("/")
+    target.parent.mkdir(parents=True)
+    target.write_text(STOCK)
+    config = local_cluster_config(tmp_path)
+    ab = ClusterRun(config, "t", "AB", tmp_path / "results/t/AB", tmp_path)
+    ab.write_session()
+    ab.event("run_start")
+    ab.event("patch_applied", rep=1, arm="B", host="head", detail=ab.patcher(ab.hosts[0]).apply("0.002"))
+    assert ab.shutdown("completed") == []
+    ab.event("run_end", detail={"problems": []})
+    ba = ClusterRun(config, "t", "BA", tmp_path / "results/t/BA", tmp_path)
+    ba.write_session()
+    ba.event("run_start")
+    agent = deploy.start_agent(ba.hosts[0], ba.session, ba.agent_settings(ba.hosts[0]))
+    ba.event("patch_applied", rep=1, arm="B", host="head", detail=ba.patcher(ba.hosts[0]).apply("0.002"))
+    (ba.run_dir / guardian.PID_FILE).write_text('{"pid": 999999999, "watch": 999999998}')  # killed with it
+    before_ab = (ab.run_dir / "events.jsonl").read_text()
+    result = subprocess.run([sys.executable, "-m", "thermab", "restore", str(tmp_path / "results")],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert target.read_text() == STOCK
+    assert wait_until(lambda: not guardian.alive(agent)), "BA's agent is stopped"
+    assert (ab.run_dir / "events.jsonl").read_text() == before_ab, "the finished run is left as it was"
+    names = [e["event"] for e in events.read(ba.run_dir)]
+    assert names[-2:] == ["abort", "restored"] or names.index("abort") < names.index("restored"), names
+    assert "ended cleanly" in result.stdout and str(ab.run_dir) in result.stdout
+    assert not (ba.run_dir / guardian.PID_FILE).exists()

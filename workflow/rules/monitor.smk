@@ -1,4 +1,6 @@
 rule monitor_start:
+    # touches hosts: never a batch job the scheduler could kill (docs/fleet.md)
+    localrule: True
     input:
         preflight=RUN.preflight,
     output:
@@ -13,6 +15,8 @@ rule monitor_start:
 
 # reads preflight.json for the clock offsets at the start (the drift is measured against them)
 rule monitor_stop:
+    # touches hosts: never a batch job the scheduler could kill (docs/fleet.md)
+    localrule: True
     input:
         phases=get_phase_files("phase_json"),
         preflight=RUN.preflight,

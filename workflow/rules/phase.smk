@@ -1,4 +1,6 @@
 rule baseline:
+    # touches hosts: never a batch job the scheduler could kill (docs/fleet.md)
+    localrule: True
     input:
         RUN.started,
     output:
@@ -17,6 +19,8 @@ rule baseline:
 # marks are logs, not outputs: Snakemake deletes the outputs of a failed job, and these
 # are what is left to read when a phase fails.
 rule phase:
+    # touches hosts: never a batch job the scheduler could kill (docs/fleet.md)
+    localrule: True
     input:
         previous=get_previous_phase,
         preflight=RUN.preflight,

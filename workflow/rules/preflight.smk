@@ -1,4 +1,6 @@
 rule preflight:
+    # touches hosts: never a batch job the scheduler could kill (docs/fleet.md)
+    localrule: True
     output:
         preflight=RUN.preflight,
         run=RUN.run_json,
@@ -13,6 +15,8 @@ rule preflight:
 # `snakemake --cores 1 restore`: put every host back from the kept originals by hand
 # (after a crash of the controller itself); the same as `python -m thermab restore`.
 rule restore:
+    # touches hosts: never a batch job the scheduler could kill (docs/fleet.md)
+    localrule: True
     log:
         layout.results_log("restore.log"),
     conda:

@@ -18,6 +18,7 @@ from typing import Iterator, TextIO
 import thermab
 from thermab import layout
 from thermab.errors import ThermabError, exit_status
+from thermab.experiment import guardian
 from thermab.experiment.cluster import ClusterRun
 
 
@@ -36,6 +37,9 @@ class _Tee:
     def flush(self) -> None:
         for stream in self.streams:
             stream.flush()
+
+
+TERMINATED = 128 + signal.SIGTERM  # the exit status a job stopped by SIGTERM ends with
 
 
 def _exit_on_signal(signum, frame):
@@ -97,3 +101,26 @@ def run_for(snakemake) -> ClusterRun:
     where = f"[{wildcards.cluster}/{wildcards.order}] "
     return ClusterRun(snakemake.config, wildcards.cluster, wildcards.order, run_dir, Path.cwd(),
                       lambda message: progress(message, where))
+
+
+@contextlib.contextmanager
+def put_back_if_terminated(run: ClusterRun) -> Iterator[ClusterRun]:
+    """A job that has hosts up (monitor start, baseline, phase), stopped by SIGTERM, puts
+    every host back itself before it exits: Snakemake stops its jobs so when it is stopped,
+    and a scheduler cancelling or timing out the job sends it to every process of the job,
+    with SIGKILL after a grace (KillWait); the guardian, which acts once the controller has
+    gone, may not outlive that. Used inside ``logged``, which turns SIGTERM into SystemExit."""
+    try:
+        yield run
+    except SystemExit as stop:
+        if stop.code != TERMINATED:
+            raise
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the shutdown short
+        run.progress("terminated (SIGTERM): restoring and stopping every host now")
+        problems = run.shutdown("job terminated (SIGTERM: its controller stopping, or a scheduler cancelling "
+                                "or timing out its batch job)")
+        if not run.still_patched():
+            guardian.release(run.run_dir)  # everything is put back; else the guardian tries again
+        for problem in problems:
+            run.progress(f"WARNING {problem}")
+        raise

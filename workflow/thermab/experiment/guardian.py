@@ -3,7 +3,12 @@ run and, if it goes away before the run has shut down cleanly (failure, Ctrl-C, 
 performs the shutdown itself: restore every patched file, stop servers and agents.
 
 Snakemake's ``onerror`` is not called on every kind of exit (an interrupt, a killed
-controller), so the guarantee "no host left patched" cannot live inside Snakemake."""
+controller), so the guarantee "no host left patched" cannot live inside Snakemake.
+
+SIGTERM is not a release: it is what a batch scheduler sends every process of a job it
+cancels or times out (SIGKILL follows after its KillWait, 30 s by default), controller and
+guardian alike.  The guardian then gives the controller a moment to exit and does the
+shutdown at once, inside that grace.  The run releases its guardian with SIGUSR1."""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from pathlib import Path
 from thermab.layout import RunDir
 
 PID_FILE = "guardian.json"
+RELEASE = signal.SIGUSR1
+TERM_WAIT_S = 10.0  # after a SIGTERM, how long the controller may take to exit first
 
 
 def _cmdline(pid: int) -> str:
@@ -62,6 +69,12 @@ def _read(run_dir: Path) -> dict | None:
         return None
 
 
+def _block_signals() -> None:
+    """In the child before exec: hold SIGTERM and the release until the guardian has its
+    handlers (a mask survives exec), so one sent while it starts is kept, not fatal."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, RELEASE})
+
+
 def ensure(run_dir: Path, watch: int | None = None) -> int:
     """Make sure a guardian watches the controller (by default the Snakemake process
     running this job); returns the guardian's pid."""
@@ -72,13 +85,14 @@ def ensure(run_dir: Path, watch: int | None = None) -> int:
             and "thermab.experiment.guardian" in _cmdline(current["pid"]):
         return current["pid"]
     if current and alive(current["pid"]) and "thermab.experiment.guardian" in _cmdline(current["pid"]):
-        os.kill(current["pid"], signal.SIGTERM)  # it watches a controller that has gone
+        os.kill(current["pid"], RELEASE)  # it watches another controller: this one takes over
     guardian_log = RunDir(run_dir).log("guardian.log")
     guardian_log.parent.mkdir(parents=True, exist_ok=True)
     with open(guardian_log, "a") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "thermab.experiment.guardian", "--run-dir", str(run_dir), "--watch", str(watch)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=_block_signals)
     (run_dir / PID_FILE).write_text(json.dumps({"pid": process.pid, "watch": watch}))
     return process.pid
 
@@ -87,7 +101,7 @@ def release(run_dir: Path) -> None:
     """The run shut down cleanly: the guardian is no longer needed."""
     current = _read(Path(run_dir))
     if current and alive(current["pid"]) and "thermab.experiment.guardian" in _cmdline(current["pid"]):
-        os.kill(current["pid"], signal.SIGTERM)
+        os.kill(current["pid"], RELEASE)
     (Path(run_dir) / PID_FILE).unlink(missing_ok=True)
 
 
@@ -96,16 +110,25 @@ def main(argv=None) -> int:
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--watch", required=True, type=int)
     args = parser.parse_args(argv)
-    released = False
+    released, terminated = False, False
 
     def on_release(signum, frame):
         nonlocal released
         released = True
 
-    signal.signal(signal.SIGTERM, on_release)
+    def on_terminate(signum, frame):
+        nonlocal terminated
+        terminated = True
+
+    signal.signal(RELEASE, on_release)
+    signal.signal(signal.SIGTERM, on_terminate)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal is for Snakemake
-    while not released and alive(args.watch):
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, RELEASE})
+    while not released and not terminated and alive(args.watch):
         time.sleep(0.5)
+    deadline = time.monotonic() + TERM_WAIT_S
+    while terminated and not released and alive(args.watch) and time.monotonic() < deadline:
+        time.sleep(0.1)
     if released:
         return 0
     # imported late: the guardian idles with few modules loaded
@@ -114,9 +137,11 @@ def main(argv=None) -> int:
     def progress(message: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} guardian: {message}", flush=True)
 
-    progress(f"controller {args.watch} exited before the run shut down: restoring and stopping")
+    reason = (f"SIGTERM to the guardian of controller {args.watch} (a scheduler cancelling or timing out "
+              "its job, or a system shutdown)" if terminated else f"controller {args.watch} exited")
+    progress(f"{reason} before the run shut down: restoring and stopping")
     run = ClusterRun.from_session(args.run_dir, progress)
-    problems = run.shutdown(f"controller {args.watch} exited")
+    problems = run.shutdown(reason)
     patched = run.still_patched()
     progress("shutdown complete" if not problems else f"shutdown finished with {len(problems)} problem(s): "
              + "; ".join(problems))

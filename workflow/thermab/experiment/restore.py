@@ -1,9 +1,12 @@
 """``python -m thermab restore [RESULTS_DIR]``: put every host back by hand, e.g. after
 the controller itself crashed (power loss, OOM) and no guardian was left to do it.
 
-Every run directory with a session is visited; each cluster's hosts get their original
-files back from the kept copies (verified by sha256), their servers, agents and
-simulated nodes stopped, and their logs pulled."""
+Every run directory with a session is visited.  One that was not shut down (its guardian's
+file is left: the guardian never released, or killed with the controller) or that holds its
+cluster's patch (the newest unrestored ``patch_applied``) is put back: the hosts' original
+files from the kept copies (verified by sha256), servers, agents and simulated nodes stopped,
+logs pulled, and the abort and restored events written into that run's own
+``events.jsonl``.  A run that ended cleanly is left as it is."""
 
 from __future__ import annotations
 
@@ -12,37 +15,66 @@ import sys
 from pathlib import Path
 
 from thermab.config import UserError
-from thermab.experiment import guardian
+from thermab.experiment import events, guardian
 from thermab.experiment.cluster import SESSION_FILE, ClusterRun, exit_status
-from thermab.layout import RunDir
+from thermab import layout
+
+
+def patch_holder(run_dirs: list[Path]) -> Path | None:
+    """Of one cluster's runs, the one whose newest ``patch_applied`` no ``restored`` followed
+    (the newest such, if several): the run that left the cluster's files patched."""
+    def unrestored(run_dir: Path) -> float | None:
+        latest = None
+        for event in events.read(run_dir):
+            if event["event"] == "patch_applied":
+                latest = event["t"]
+            elif event["event"] in ("restored", "run_end"):
+                latest = None
+        return latest
+
+    held = [(t, run_dir) for run_dir in run_dirs if (t := unrestored(run_dir)) is not None]
+    return max(held)[1] if held else None
+
+
+def interrupted_runs(cluster_dir: Path) -> list[Path]:
+    """The runs of ``results/{cluster}`` to put back, the one holding the patch first (its
+    events say the files were restored); the others ended cleanly."""
+    run_dirs = sorted(session.parent for session in Path(cluster_dir).glob(f"*/{SESSION_FILE}"))
+    patched = any(layout.patch_state(Path(cluster_dir), "*").parent.glob("*/state.json"))
+    holder = patch_holder(run_dirs) if patched else None
+    if patched and holder is None and run_dirs:  # patched outside a phase's events: the newest session
+        holder = max(run_dirs, key=lambda r: (r / SESSION_FILE).stat().st_mtime)
+    unfinished = [r for r in run_dirs if (r / guardian.PID_FILE).exists() and r != holder]
+    return ([holder] if holder else []) + unfinished
 
 
 def restore_all(results: Path, progress=print) -> tuple[list[str], list[str]]:
-    """Shut down every run with a session under ``results``; returns the problems met and
-    the hosts still patched (``cluster/host``)."""
+    """Put back every interrupted run with a session under ``results``; returns the problems
+    met and the hosts still patched (``cluster/host``)."""
     problems: list[str] = []
     patched: list[str] = []
-    done_clusters: set[Path] = set()
-    for session in sorted(Path(results).glob(f"*/*/{SESSION_FILE}")):
-        run_dir = session.parent
-        if run_dir.parent in done_clusters:
-            guardian.release(run_dir)
-            continue
-        done_clusters.add(run_dir.parent)
-        try:
-            guardian.release(run_dir)  # we are doing its work now
-            run = ClusterRun.from_session(run_dir, progress)
-        except Exception as error:  # one unreadable run must not keep the others patched
-            problems.append(f"{run_dir}: cannot rebuild the run from {SESSION_FILE}: {type(error).__name__}: {error}")
-            patched += [f"{run_dir.parent.name}/{p.parent.name}"
-                        for p in sorted(RunDir(run_dir).patch_state("*").parent.glob("*/state.json"))]
-            continue
-        progress(f"{run_dir}: hosts patched: {', '.join(run.still_patched()) or 'none'}")
-        problems += run.shutdown("manual restore")
-        patched += [f"{run.cluster.name}/{host}" for host in run.still_patched()]
-    if not done_clusters:
+    clusters = sorted({session.parent.parent for session in Path(results).glob(f"*/*/{SESSION_FILE}")})
+    for cluster_dir in clusters:
+        interrupted = interrupted_runs(cluster_dir)
+        for run_dir in sorted(r.parent for r in cluster_dir.glob(f"*/{SESSION_FILE}")):
+            if run_dir not in interrupted:
+                progress(f"{run_dir}: ended cleanly, nothing to put back")
+        for run_dir in interrupted:
+            try:
+                guardian.release(run_dir)  # we are doing its work now
+                run = ClusterRun.from_session(run_dir, progress)
+            except Exception as error:  # one unreadable run must not keep the others patched
+                problems.append(f"{run_dir}: cannot rebuild the run from {SESSION_FILE}: "
+                                f"{type(error).__name__}: {error}")
+                patched += [f"{cluster_dir.name}/{p.parent.name}"
+                            for p in sorted(layout.patch_state(cluster_dir, "*").parent.glob("*/state.json"))]
+                continue
+            progress(f"{run_dir}: hosts patched: {', '.join(run.still_patched()) or 'none'}")
+            problems += run.shutdown("manual restore")
+            patched += [f"{run.cluster.name}/{host}" for host in run.still_patched()]
+    if not clusters:
         progress(f"no run with a session under {results}: nothing to restore")
-    return problems, patched
+    return problems, sorted(set(patched))
 
 
 def main(argv: list[str] | None = None) -> int:
