@@ -137,10 +137,25 @@ def test_both_layouts_give_the_same_files(runs):
         == (by_series / "summary.md").read_text().replace(str(by_series), "RUN")
 
 
+def window_samples(telemetry, windows: pd.DataFrame, **selection) -> pd.DataFrame:
+    """(What metrics.series_in_windows yields, gathered.) The samples inside each load window as one long frame: the telemetry columns, tagged
+    with the phase keys, the window's position (``phase``) and ``t_rel`` = t − load_start; in
+    window order, then series (host, kind, sensor), then time.  For tables of few rows: the
+    phase tables aggregate per series instead (``per_window``)."""
+    parts = [samples.assign(**key) for key, samples in metrics.series_in_windows(telemetry, windows, **selection)]
+    columns = ["t", "host", "kind", "sensor", "value", "phase", "order", "rep", "arm", "t_rel"]
+    if not parts:
+        return pd.DataFrame(columns=columns)
+    samples = pd.concat(parts, ignore_index=True)
+    samples = samples.iloc[np.argsort(samples["phase"].to_numpy(), kind="stable")].reset_index(drop=True)
+    keys = windows[metrics.PHASE_KEYS].iloc[samples["phase"]].reset_index(drop=True)
+    return samples.assign(order=keys["order"], rep=keys["rep"], arm=keys["arm"])[columns]
+
+
 def test_window_samples_are_the_rows_inside_each_window(runs):
     telemetry, by_time, by_series = runs
     windows = metrics.load_windows(model.read_events(by_time / "events.jsonl"))
-    got = metrics.window_samples(model.Telemetry.open(by_series / "tidy" / "telemetry.parquet"), windows,
+    got = window_samples(model.Telemetry.open(by_series / "tidy" / "telemetry.parquet"), windows,
                                  kind="thermal")
     expected = reference_samples(telemetry[telemetry["kind"] == "thermal"], windows).sort_values(
         ["phase", "host", "kind", "sensor", "t"], kind="stable", ignore_index=True)
@@ -158,4 +173,4 @@ def test_no_telemetry_gives_empty_well_formed_tables(tmp_path, layout):
     assert metrics.zone_stats(source, windows).columns.tolist() == metrics.ZONE_COLUMNS
     assert metrics.time_to_threshold(source, windows, [90]).empty
     assert metrics.cpu_stats(source, windows).empty
-    assert metrics.window_samples(source, windows).empty
+    assert window_samples(source, windows).empty

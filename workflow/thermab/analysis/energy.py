@@ -39,7 +39,6 @@ NODE_DOMAIN = "node"
 # packages, DRAM and GPUs as the agent names them (package-0, dram-0, gpu0), and as other
 # importers may (gpu-0, package)
 TOP_LEVEL_DOMAIN = re.compile(r"^(package|dram|gpu)(-?\d+)?$")
-SUMMED = ["mean_w", "energy_j", "idle_w", "energy_above_idle_j"]
 METRIC = "cluster energy per token"
 METRIC_UNIT = "J/token"
 

@@ -87,21 +87,6 @@ def series_in_windows(telemetry, windows: pd.DataFrame, **selection) -> Iterator
         yield key, pd.DataFrame({"phase": phase, "t": t, "t_rel": t - load_start[phase], "value": arrays["value"][rows]})
 
 
-def window_samples(telemetry, windows: pd.DataFrame, **selection) -> pd.DataFrame:
-    """The samples inside each load window as one long frame: the telemetry columns, tagged
-    with the phase keys, the window's position (``phase``) and ``t_rel`` = t − load_start; in
-    window order, then series (host, kind, sensor), then time.  For tables of few rows: the
-    phase tables aggregate per series instead (``per_window``)."""
-    parts = [samples.assign(**key) for key, samples in series_in_windows(telemetry, windows, **selection)]
-    columns = ["t", "host", "kind", "sensor", "value", "phase", "order", "rep", "arm", "t_rel"]
-    if not parts:
-        return pd.DataFrame(columns=columns)
-    samples = pd.concat(parts, ignore_index=True)
-    samples = samples.iloc[np.argsort(samples["phase"].to_numpy(), kind="stable")].reset_index(drop=True)
-    keys = windows[PHASE_KEYS].iloc[samples["phase"]].reset_index(drop=True)
-    return samples.assign(order=keys["order"], rep=keys["rep"], arm=keys["arm"])[columns]
-
-
 def per_window(telemetry, windows: pd.DataFrame, by: list[str], aggregate, columns: list[str],
                **selection) -> pd.DataFrame:
     """``aggregate(samples)`` of each selected series inside the windows (samples as of
