@@ -40,7 +40,9 @@ def make_gb10(root: Path, temps=None) -> None:
 def test_zone_names_follow_the_device_path():
     assert zone_name("\\_TZ_.TSOC", "acpitz", 0, {}) == "TSOC"
     assert zone_name("", "x86_pkg_temp", 3, {}) == "x86_pkg_temp"
-    assert zone_name("", "acpitz", 4, {"acpitz": "..."}) == "acpitz_4"
+    assert zone_name("", "acpitz", 4, {"acpitz": "..."}) == "acpitz_1", "an ordinal, not the kernel's number"
+    assert zone_name("", "acpitz", 4, {"acpitz": "...", "acpitz_1": "..."}) == "acpitz_2"
+    assert zone_name("", "iwlwifi_1", 9, {"iwlwifi_1": "..."}, "0000:00:14.3") == "iwlwifi_1@0000:00:14.3"
 
 
 @pytest.mark.parametrize("text, value, reason", [

@@ -25,6 +25,7 @@ gap is visible.  ``out_dir/agent.json`` says what each source found at start.
 
 import argparse
 import csv
+import errno
 import json
 import os
 import re
@@ -44,12 +45,20 @@ def read_text(path):
         return handle.read().strip()
 
 
-def read_parsed(path, parse):
+# a read failing with one of these means the file, or the device behind it, went away: the
+# source resolves its paths again (another device may have taken the number)
+GONE = (errno.ENOENT, errno.ENODEV, errno.ENXIO, errno.ESTALE)
+
+
+def read_parsed(path, parse, gone=None):
     """(``parse(text)`` or None, reason) of a file: one that cannot be read, or whose text
-    does not parse, is a missing value with the reason."""
+    does not parse, is a missing value with the reason.  ``gone`` (a list) collects the
+    paths whose file went away."""
     try:
         text = read_text(path)
     except OSError as error:
+        if gone is not None and error.errno in GONE:
+            gone.append(path)
         return None, "unreadable: %s" % (error.strerror or error)
     try:
         return parse(text), ""
@@ -96,14 +105,83 @@ class Source:
         """End what the source left running (see CommandSource); most leave nothing."""
 
 
-def zone_name(raw_path, zone_type, index, taken):
+class ResolvedSource(Source):
+    """A source whose sensors are files under numbered sysfs entries (``thermal_zoneN``,
+    ``hwmonN``, ``policyN``, ``intel-rapl:N``) that the kernel renumbers as devices come and
+    go.  A sensor is named by what identifies its device, never by the number; ``layout()``
+    is a cheap fingerprint of which device each number holds now.  After each round of reads
+    the layout is compared with the one the paths were resolved under: when it changed, or a
+    file went away (:data:`GONE`), the paths are resolved again and read again, so a
+    reading is never written under the name of a device it did not come from."""
+
+    def __init__(self, *args, **kwargs):
+        Source.__init__(self, *args, **kwargs)
+        self.resolved_layout = None
+
+    def layout(self):
+        raise NotImplementedError
+
+    def resolve(self):
+        """Find the sensors' paths (on ``self``); return the facts for agent.json."""
+        raise NotImplementedError
+
+    def read(self, gone):
+        """Rows (sensor, value or None, reason) of one round; ``gone`` collects paths gone."""
+        raise NotImplementedError
+
+    def discover(self):
+        self.resolved_layout = self.layout()
+        return self.resolve()
+
+    def sample(self):
+        if self.resolved_layout is None:
+            self.discover()
+        gone = []
+        rows = self.read(gone)
+        if gone or self.layout() != self.resolved_layout:
+            self.discover()
+            rows = self.read([])
+            if self.layout() != self.resolved_layout:  # changing as we read: nothing is sure
+                rows = [(sensor, None, "devices changed while read") for sensor, _, _ in rows]
+        return rows
+
+
+def link_target(path):
+    """Where a sysfs link leads (``../../devices/pci0000:00/0000:00:18.3/hwmon/hwmon2``), or
+    "" where ``path`` is no link: which device a numbered entry holds, in one system call."""
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def device_identity(directory):
+    """The device behind a sysfs entry, by the last part of where its ``device`` link leads:
+    a PCI address (``0000:03:00.0``), a platform device (``coretemp.0``), a controller
+    (``nvme1``); "" without a link.  It names the device whatever number the entry has."""
+    target = link_target(os.path.join(directory, "device"))
+    return os.path.basename(target.rstrip("/")) if target else ""
+
+
+def unique_name(name, taken, device=""):
+    """``name``, or where another sensor has it, ``name@device`` (the device's identity),
+    else ``name_K`` with the next free K: two sensors must never share a name (one would
+    vanish), and an ordinal among equals is steadier than the kernel's number."""
+    if name not in taken:
+        return name
+    if device and "%s@%s" % (name, device) not in taken:
+        return "%s@%s" % (name, device)
+    k = 1
+    while "%s_%d" % (name, k) in taken:
+        k += 1
+    return "%s_%d" % (name, k)
+
+
+def zone_name(raw_path, zone_type, index, taken, device=""):
     """``\\_TZ_.TSOC`` -> ``TSOC``; without a device path, the zone type; a name already
-    taken gets the zone's index (two zones must never share a name: one would vanish)."""
+    taken is made unique (:func:`unique_name`)."""
     name = re.split(r"[\\.]", raw_path.strip())[-1] if raw_path else ""
-    name = name or zone_type or "zone%d" % index
-    if name in taken:
-        name = "%s_%d" % (name, index)
-    return name
+    return unique_name(name or zone_type or "zone%d" % index, taken, device)
 
 
 def number_in(name):
@@ -122,15 +200,49 @@ def parse_millidegrees(text):
     return value, ""
 
 
-class ThermalZones(Source):
+def read_millidegrees(path, gone=None):
+    text, reason = read_parsed(path, str, gone)
+    return (None, reason) if text is None else parse_millidegrees(text)
+
+
+# Trip points the interlock may stand on: an ``active`` one switches a fan on, far below
+# where the chip is in danger.  0 and -274000 (the kernel's "invalid") are no trip points.
+INTERLOCK_TRIP_TYPES = ("critical", "hot", "passive", "")
+
+
+def trip_points(zone_dir, optional):
+    """(lowest valid trip point in °C or None, the file and type it is read from, the
+    trip points left out with why) of one zone."""
+    valid, ignored = [], []
+    try:
+        names = sorted((n for n in os.listdir(zone_dir) if re.match(r"trip_point_\d+_temp$", n)), key=number_in)
+    except OSError:
+        names = []
+    for name in names:
+        trip_type = optional(os.path.join(zone_dir, name[:-len("temp")] + "type"))
+        text = optional(os.path.join(zone_dir, name))
+        value, why = parse_millidegrees(text)
+        if value == 0:
+            why = "0: unset"
+        elif value is not None and trip_type not in INTERLOCK_TRIP_TYPES:
+            why = "%s (a fan or cooling step, not a limit)" % trip_type
+        label = "%s (%s)" % (name, trip_type) if trip_type else name
+        if why:
+            ignored.append({"trip_point": label, "raw": text[:20], "why": why})
+        else:
+            valid.append((value, label))
+    lowest = min(valid) if valid else (None, None)
+    return lowest[0], lowest[1], ignored
+
+
+class ThermalZones(ResolvedSource):
     name = "thermal"
     kind = "thermal"  # the kind of its rows in tidy/telemetry.parquet
     default_interval_s = 15.0
 
     def __init__(self, *args, **kwargs):
-        Source.__init__(self, *args, **kwargs)
+        ResolvedSource.__init__(self, *args, **kwargs)
         self.zones = {}
-        self.unnamed = []  # zone directories named without a device path (yet)
 
     def base(self):
         return self.sys_path("class", "thermal")
@@ -138,25 +250,24 @@ class ThermalZones(Source):
     def available(self):
         return os.path.isdir(self.base())
 
-    def discover(self):
-        zones, trips, details, unnamed = {}, {}, [], []
-        entries = sorted(self.entries(), key=number_in)
-        for entry in entries:
+    def layout(self):
+        """Each zone's number, type and ACPI path: what its name is made of."""
+        return tuple((entry, self._optional(os.path.join(self.base(), entry, "type")),
+                      self._optional(os.path.join(self.base(), entry, "device", "path")))
+                     for entry in self.entries())
+
+    def resolve(self):
+        zones, trips, details = {}, {}, []
+        for entry, zone_type, raw_path in self.resolved_layout:
             zone_dir = os.path.join(self.base(), entry)
-            index = number_in(entry)
-            raw_path = self._optional(os.path.join(zone_dir, "device", "path"))
-            zone_type = self._optional(os.path.join(zone_dir, "type"))
-            name = zone_name(raw_path, zone_type, index, zones)
+            name = zone_name(raw_path, zone_type, number_in(entry), zones, device_identity(zone_dir))
             zones[name] = zone_dir
-            if not raw_path:
-                unnamed.append(zone_dir)
-            trip = self._optional(os.path.join(zone_dir, "trip_point_0_temp"))
-            trip_c = parse_millidegrees(trip)[0] if trip else None
+            trip_c, trip_point, ignored = trip_points(zone_dir, self._optional)
             if trip_c is not None:
                 trips[name] = trip_c
             details.append({"zone": entry, "name": name, "device_path": raw_path, "type": zone_type,
-                            "trip_point_c": trip_c})
-        self.zones, self.unnamed = zones, unnamed
+                            "trip_point_c": trip_c, "trip_point": trip_point, "trip_points_ignored": ignored})
+        self.zones = zones
         return {"zones": sorted(zones), "trip_points_c": trips, "details": details}
 
     @staticmethod
@@ -167,31 +278,28 @@ class ThermalZones(Source):
             return ""
 
     def entries(self):
-        return sorted(e for e in os.listdir(self.base()) if e.startswith("thermal_zone"))
+        try:
+            return sorted((e for e in os.listdir(self.base()) if e.startswith("thermal_zone")), key=number_in)
+        except OSError:
+            return []
 
-    def sample(self):
-        if self.entries() != sorted(os.path.basename(d) for d in self.zones.values()) or any(
-                self._optional(os.path.join(d, "device", "path")) for d in self.unnamed):
-            # a zone appeared or vanished (driver reload, hotplug), or its ACPI path
-            # appeared after it did: its name follows the path from now on
-            self.discover()
-        rows = []
-        for name, zone_dir in sorted(self.zones.items()):
-            try:
-                value, reason = parse_millidegrees(read_text(os.path.join(zone_dir, "temp")))
-            except OSError as error:
-                value, reason = None, "unreadable: %s" % error.strerror
-            rows.append((name, value, reason))
-        return rows
+    def read(self, gone):
+        return [(name, ) + read_millidegrees(os.path.join(zone_dir, "temp"), gone)
+                for name, zone_dir in sorted(self.zones.items())]
 
 
-class CpuFrequency(Source):
+class CpuFrequency(ResolvedSource):
     """Every cpufreq policy; ``cpuinfo_avg_freq`` where the kernel has it (GB10's
-    ``scaling_cur_freq`` can over-read), else ``scaling_cur_freq``."""
+    ``scaling_cur_freq`` can over-read), else ``scaling_cur_freq``.  A policy is named by
+    its first CPU (``policy12`` -> ``cpu12``), which stays that CPU through hotplug."""
 
     name = "freq"
     kind = "freq"  # the kind of its rows in tidy/telemetry.parquet
     default_interval_s = 15.0
+
+    def __init__(self, *args, **kwargs):
+        ResolvedSource.__init__(self, *args, **kwargs)
+        self.policies = {}
 
     def base(self):
         return self.sys_path("devices", "system", "cpu", "cpufreq")
@@ -201,31 +309,36 @@ class CpuFrequency(Source):
 
     FILES = ("cpuinfo_avg_freq", "scaling_cur_freq")  # in order of preference
 
-    def discover(self):
+    def layout(self):
+        try:
+            return tuple(sorted((e for e in os.listdir(self.base()) if e.startswith("policy")), key=number_in))
+        except OSError:
+            return ()
+
+    def resolve(self):
         self.policies = {}
-        for entry in sorted(os.listdir(self.base()), key=number_in):
-            if not entry.startswith("policy"):
-                continue
+        for entry in self.resolved_layout:
             policy_dir = os.path.join(self.base(), entry)
             files = [os.path.join(policy_dir, f) for f in self.FILES if os.path.exists(os.path.join(policy_dir, f))]
             if files:
                 self.policies["cpu" + entry[len("policy"):]] = files
         return {"policies": {k: os.path.basename(v[0]) for k, v in self.policies.items()}}
 
-    def sample(self):
+    def read(self, gone):
         """Per policy and per sample, the first file that reads: ``cpuinfo_avg_freq``
         refuses reads now and then (EAGAIN on an idle core), ``scaling_cur_freq`` stands in."""
         rows = []
         for sensor, paths in sorted(self.policies.items(), key=lambda kv: number_in(kv[0])):
-            reasons = []
+            reasons, missing = [], []
             for path in paths:
-                try:
-                    rows.append((sensor, int(read_text(path)) / 1000.0, ""))
+                value, reason = read_parsed(path, int, missing)
+                if value is not None:
+                    rows.append((sensor, value / 1000.0, ""))
                     break
-                except (OSError, ValueError) as error:
-                    reasons.append("%s: %s" % (os.path.basename(path), error))
+                reasons.append("%s: %s" % (os.path.basename(path), reason))
             else:
                 rows.append((sensor, None, "unreadable: " + "; ".join(reasons)))
+                gone.extend(missing)
         return rows
 
 
@@ -340,20 +453,27 @@ class ProcessCpu(Source):
 
 
 def hwmon_chips(base):
-    """(entry, chip directory, chip name, file names) of every hwmon chip under ``base`` that
-    can be listed: a chip that went away, or a dangling or looping link, leaves the others."""
-    chips = []
-    for entry in sorted(os.listdir(base)):
+    """(stable name, chip directory, file names) of every hwmon chip under ``base`` that can
+    be listed (a chip that went away, or a dangling or looping link, leaves the others).  A
+    chip is named ``<driver>@<device>`` (``nvme@nvme1``, ``k10temp@0000:00:18.3``,
+    ``coretemp@coretemp.0``) where its entry has a ``device`` link, by its driver alone where
+    it has none; never by ``hwmonN``, which the kernel hands to whichever chip registers."""
+    chips, taken = [], set()
+    for entry in sorted(os.listdir(base), key=number_in):
         chip_dir = os.path.join(base, entry)
         try:
             names = sorted(os.listdir(chip_dir))
         except OSError:
             continue
-        chips.append((entry, chip_dir, ThermalZones._optional(os.path.join(chip_dir, "name")) or entry, names))
+        driver = ThermalZones._optional(os.path.join(chip_dir, "name")) or "hwmon"
+        device = device_identity(chip_dir)
+        chip = unique_name("%s@%s" % (driver, device) if device else driver, taken)
+        taken.add(chip)
+        chips.append((chip, chip_dir, names))
     return chips
 
 
-class HwmonSource(Source):
+class HwmonSource(ResolvedSource):
     """A source that reads the chips of ``/sys/class/hwmon`` (:func:`hwmon_chips`)."""
 
     def base(self):
@@ -361,6 +481,16 @@ class HwmonSource(Source):
 
     def available(self):
         return os.path.isdir(self.base()) and bool(os.listdir(self.base()))
+
+    def layout(self):
+        """Each entry with where it and its device link lead: on a real host ``hwmonN`` is a
+        link into the device's own directory, so another device under the number shows."""
+        try:
+            entries = sorted(os.listdir(self.base()))
+        except OSError:
+            return ()
+        return tuple((e, link_target(os.path.join(self.base(), e)),
+                      link_target(os.path.join(self.base(), e, "device"))) for e in entries)
 
 
 class Hwmon(HwmonSource):
@@ -371,28 +501,23 @@ class Hwmon(HwmonSource):
     kind = "thermal"  # the kind of its rows in tidy/telemetry.parquet
     default_interval_s = 15.0
 
-    def discover(self):
+    def __init__(self, *args, **kwargs):
+        HwmonSource.__init__(self, *args, **kwargs)
         self.inputs = {}
-        for entry, chip_dir, chip, names in hwmon_chips(self.base()):
+
+    def resolve(self):
+        self.inputs = {}
+        for chip, chip_dir, names in hwmon_chips(self.base()):
             for name in names:
                 match = re.match(r"(temp\d+)_input$", name)
                 if match:
                     label = ThermalZones._optional(os.path.join(chip_dir, match.group(1) + "_label"))
-                    sensor = "%s/%s" % (chip, label or match.group(1))
-                    if sensor in self.inputs:
-                        sensor = "%s/%s" % (entry, label or match.group(1))
+                    sensor = unique_name("%s/%s" % (chip, label or match.group(1)), self.inputs)
                     self.inputs[sensor] = os.path.join(chip_dir, name)
         return {"sensors": sorted(self.inputs)}
 
-    def sample(self):
-        rows = []
-        for sensor, path in sorted(self.inputs.items()):
-            try:
-                value, reason = parse_millidegrees(read_text(path))
-            except OSError as error:
-                value, reason = None, "unreadable: %s" % error.strerror
-            rows.append((sensor, value, reason))
-        return rows
+    def read(self, gone):
+        return [(sensor, ) + read_millidegrees(path, gone) for sensor, path in sorted(self.inputs.items())]
 
 
 class Poller:
@@ -629,20 +754,24 @@ RAPL_ZONE = re.compile(r"^intel-rapl:(\d+)(?::(\d+))?$")
 
 def rapl_domain(parent_name, name, index):
     """Domain of a RAPL zone from its ``name`` file: top-level zones keep theirs (package-N,
-    psys), a ``dram`` zone is ``dram-N`` after its package, ``core``/``uncore`` and any other
-    sub-zone are sub-domains ``<package>/<name>`` (their energy is inside the package's)."""
+    package-N-die-D on a multi-die CPU, each die its own counter; psys), a ``dram`` zone is
+    its package's name with ``dram`` for ``package`` (dram-N, dram-N-die-D), ``core``/``uncore``
+    and any other sub-zone are sub-domains ``<package>/<name>`` (inside the package's energy)."""
     if name == "dram":
-        package = re.search(r"(\d+)$", parent_name or "")
-        return "dram-%s" % (package.group(1) if package else index)
+        if parent_name and parent_name.startswith("package-"):
+            return "dram" + parent_name[len("package"):]
+        return "dram-%d" % index
     if parent_name is None:
         return name or "zone-%d" % index
     return "%s/%s" % (parent_name, name or "zone-%d" % index)
 
 
-class RaplPower(Source):
+class RaplPower(ResolvedSource):
     """RAPL through powercap: ``intel-rapl:N`` zones (package-N, psys) and their ``intel-rapl:N:M``
     sub-zones (core, uncore, dram); each zone's ``energy_uj`` counter, raw, wrapping at its
-    ``max_energy_range_uj``.  Only the MSR zones: ``intel-rapl-mmio`` repeats the package."""
+    ``max_energy_range_uj``.  Only the MSR zones: ``intel-rapl-mmio`` repeats the package.
+    A zone is named by its ``name`` file, which stays with the package when the zones are
+    numbered anew (a driver reload)."""
 
     name = "rapl"
     kind = "power"  # the kind of its rows in tidy/telemetry.parquet (counters become watts at ingest)
@@ -651,7 +780,7 @@ class RaplPower(Source):
     default_interval_s = 5.0
 
     def __init__(self, *args, **kwargs):
-        Source.__init__(self, *args, **kwargs)
+        ResolvedSource.__init__(self, *args, **kwargs)
         self.counters = {}
 
     def base(self):
@@ -669,16 +798,18 @@ class RaplPower(Source):
     def available(self):
         return bool(self.zone_entries())
 
-    def discover(self):
+    def layout(self):
+        return tuple((key, entry, ThermalZones._optional(os.path.join(self.base(), entry, "name")))
+                     for key, entry in self.zone_entries())
+
+    def resolve(self):
         self.counters, names, details = {}, {}, []
-        for (top, sub), entry in self.zone_entries():
+        for (top, sub), entry, name in self.resolved_layout:
             zone_dir = os.path.join(self.base(), entry)
-            name = ThermalZones._optional(os.path.join(zone_dir, "name"))
             domain = rapl_domain(None if sub < 0 else names.get(top), name, top)
             if sub < 0:
                 names[top] = domain
-            if domain in self.counters.values():
-                domain = "%s/%s" % (domain, entry)
+            domain = unique_name(domain, {d["domain"] for d in details})
             wrap_max, why = read_int(os.path.join(zone_dir, "max_energy_range_uj"))
             sensor = power_sensor(domain, "uJ", wrap_max)
             self.counters[sensor] = os.path.join(zone_dir, "energy_uj")
@@ -687,8 +818,8 @@ class RaplPower(Source):
                             "readable": readable, "reason": why})
         return {"domains": [d["domain"] for d in details], "details": details}
 
-    def sample(self):
-        return [(sensor, ) + read_int(path) for sensor, path in sorted(self.counters.items())]
+    def read(self, gone):
+        return [(sensor, ) + read_parsed(path, int, gone) for sensor, path in sorted(self.counters.items())]
 
 
 class HwmonPower(HwmonSource):
@@ -705,12 +836,12 @@ class HwmonPower(HwmonSource):
     default_interval_s = 1.0
 
     def __init__(self, *args, **kwargs):
-        Source.__init__(self, *args, **kwargs)
+        HwmonSource.__init__(self, *args, **kwargs)
         self.channels = {}
 
-    def discover(self):
-        self.channels = {}
-        for entry, chip_dir, chip, names in hwmon_chips(self.base()):
+    def resolve(self):
+        self.channels, domains = {}, set()
+        for chip, chip_dir, names in hwmon_chips(self.base()):
             files = set(names)
             for name in names:
                 match = re.match(r"(power|energy)(\d+)_(input|average)$", name)
@@ -722,18 +853,15 @@ class HwmonPower(HwmonSource):
                 if kind == "energy" and reading == "average":
                     continue
                 label = ThermalZones._optional(os.path.join(chip_dir, "%s%s_label" % (kind, channel)))
-                label = label or kind + channel
-                unit = "W" if kind == "power" else "uJ"
-                sensor = power_sensor("hwmon/%s/%s" % (chip, label), unit)
-                if sensor in self.channels:  # two chips of one driver: told apart by their entry
-                    sensor = power_sensor("hwmon/%s/%s" % (entry, label), unit)
-                self.channels[sensor] = os.path.join(chip_dir, name)
+                domain = unique_name("hwmon/%s/%s" % (chip, label or kind + channel), domains)
+                domains.add(domain)
+                self.channels[power_sensor(domain, "W" if kind == "power" else "uJ")] = os.path.join(chip_dir, name)
         return {"sensors": sorted(self.channels)}
 
-    def sample(self):
+    def read(self, gone):
         rows = []
         for sensor, path in sorted(self.channels.items()):
-            value, reason = read_int(path)
+            value, reason = read_parsed(path, int, gone)
             if value is not None and sensor.endswith(" W"):
                 value = value / 1e6  # µW
             rows.append((sensor, value, reason))
