@@ -159,8 +159,8 @@ def device_identity(directory):
     """The device behind a sysfs entry, by the last part of where its ``device`` link leads:
     a PCI address (``0000:03:00.0``), a platform device (``coretemp.0``), a controller
     (``nvme1``); "" without a link.  It names the device whatever number the entry has."""
-    target = link_target(os.path.join(directory, "device"))
-    return os.path.basename(target.rstrip("/")) if target else ""
+    link = os.path.join(directory, "device")
+    return os.path.basename(os.path.realpath(link)) if link_target(link) else ""
 
 
 def unique_name(name, taken, device=""):
