@@ -241,32 +241,85 @@ def csv_rows(path: Path) -> list[dict]:
 
 
 
-def test_a_hanging_nvidia_smi_is_a_missing_value_and_delays_nothing(tmp_path, monkeypatch):
-    """A GB10-like tree whose nvidia-smi hangs: the GPU rows say so after the timeout while
-    the thermal zones keep being sampled beside it."""
-    root = tmp_path / "node"
-    make_gb10(root)
+def fake_nvidia_smi(tmp_path, monkeypatch, script: str) -> None:
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 600\n")
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + script)
     (bin_dir / "nvidia-smi").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    host = Host(HostSpec("head", "t", "local", {}, root, simulated="head"))
-    deploy.start_agent(host, "t-gpu", {"process_pattern": "no-such-process-xyz",
-                                        "intervals": {"thermal": 0.2, "gpu": 0.2, "cpu": 1, "freq": 1}})
-    directory = Path(deploy.session_dir(host, "t-gpu"))
+
+
+def test_a_hanging_nvidia_smi_is_a_missing_value_and_delays_nothing(tmp_path, monkeypatch):
+    """This machine's agent (GPUs are read only where the agent reads the machine itself)
+    with an nvidia-smi that hangs: the GPU rows say so after the timeout while /proc/stat
+    keeps being sampled beside it."""
+    fake_nvidia_smi(tmp_path, monkeypatch, "exec sleep 600\n")
+    out = tmp_path / "out"
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"out_dir": str(out), "stop_file": str(tmp_path / "stop"),
+                                    "process_pattern": "no-such-process-xyz",
+                                    "intervals": {"gpu": 0.2, "gpu_power": 0.2, "system": 0.2}}))
+    agent = subprocess.Popen([sys.executable, str(deploy.AGENT_SOURCE), "--config", str(settings)],
+                             stderr=subprocess.PIPE, text=True)
     try:
-        assert wait_until(lambda: (directory / "gpu.csv").exists(), timeout=60), "the timeout is recorded"
+        assert wait_until(lambda: (out / "gpu.csv").exists(), timeout=60), "the timeout is recorded"
+        (tmp_path / "stop").touch()
+        assert agent.wait(timeout=30) == 0, agent.stderr.read()
     finally:
-        deploy.stop_agent(host, "t-gpu")
-    gpu = csv_rows(directory / "gpu.csv")
-    assert gpu[0]["value"] == "" and "nvidia-smi timed out" in gpu[0]["reason"]
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    gpu = csv_rows(out / "gpu.csv")
+    assert gpu[0]["value"] == "" and gpu[0]["reason"] == "no result: nvidia-smi timed out after 5 s"
     # a run is stamped with its middle: it hung from 2.5 s before that to 2.5 s after (timeout_s 5)
     hung_from, hung_to = float(gpu[0]["t"]) - 2.5, float(gpu[0]["t"]) + 2.5
-    during = [r for r in csv_rows(directory / "thermal.csv") if hung_from < float(r["t"]) < hung_to]
-    assert len({r["t"] for r in during}) > 1, "the zones were sampled while nvidia-smi hung"
-    assert deploy.agent_pid(host, "t-gpu") is None
+    during = [r for r in csv_rows(out / "system.csv") if hung_from < float(r["t"]) < hung_to]
+    assert len({r["t"] for r in during}) > 1, "/proc/stat was sampled while nvidia-smi hung"
     assert wait_until(lambda: processes_in(tmp_path) == []), "the hung command ends with the agent"
+
+
+LOST_GPU = ("0, 45, 1980, 72.31, 88\n"
+            "Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error\n"
+            "2, 51, 1410, 65.00, 12\n")
+
+
+def test_a_gpu_off_the_bus_keeps_the_others_rows_and_is_named(tmp_path, monkeypatch):
+    from thermab.telemetry.agent import NvidiaGpu, NvidiaPower
+    fake_nvidia_smi(tmp_path, monkeypatch, f"printf '{LOST_GPU}'\nprintf 'see the kernel log\\nline two\\n' >&2\nexit 15\n")
+    rows = {s: (v, r) for _, s, v, r in NvidiaGpu("/").measure()}
+    assert rows["gpu0_temp_c"] == (45.0, "") and rows["gpu2_util_pct"] == (12.0, "")
+    assert rows["gpu_error 0000:3b:00.0"] == (
+        None, "exit 15: Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error")
+    assert not [s for s in rows if "parse_error" in s], "the error line is the failure, not a parse error"
+    power = NvidiaPower("/")
+    power.fields = ("index", "power.draw")
+    fake_nvidia_smi(tmp_path, monkeypatch, "printf '0, 72.31\\nUnable to determine the device handle for "
+                                          "GPU00000000:3B:00.0: GPU is lost\\n'\nexit 15\n")
+    rows = {s: (v, r) for _, s, v, r in power.measure()}
+    assert rows["gpu0 W"] == (72.31, "") and rows["gpu_power_error 00000000:3b:00.0"][0] is None
+
+
+@pytest.mark.parametrize("script, reason", [
+    ("printf 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.\\n"
+     "Make sure that the latest NVIDIA driver is installed and running.\\n'\nexit 9\n",
+     "exit 9: NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver."),
+    ("exit 3\n", "exit 3"),
+])
+def test_a_failed_command_is_one_row_with_a_category_and_its_first_line(tmp_path, monkeypatch, script, reason):
+    from thermab.telemetry.agent import NvidiaGpu
+    fake_nvidia_smi(tmp_path, monkeypatch, script)
+    assert [(s, v, r) for _, s, v, r in NvidiaGpu("/").measure()] == [("gpu_error", None, reason)]
+
+
+def test_a_simulated_node_never_reads_the_machines_gpus(tmp_path, monkeypatch):
+    from thermab.telemetry.agent import SOURCES, CommandSource, discover_all
+    fake_nvidia_smi(tmp_path, monkeypatch, f"printf '{LOST_GPU}'\n")
+    make_gb10(tmp_path / "node")
+    commands = [source(str(tmp_path / "node")) for source in SOURCES if issubclass(source, CommandSource)]
+    assert commands and not [source.name for source in commands if source.available()]
+    found = discover_all(str(tmp_path / "node"))
+    assert found["gpu"] is None and found["gpu_power"] is None
+    assert found["thermal"]["zones"]
 
 
 def test_cpufreq_falls_back_per_sample(tmp_path):

@@ -564,7 +564,8 @@ class Poller:
 
 
 def run_command(argv, timeout_s, started=None):
-    """(t, returncode or None, stdout, error) of one run, t = the midpoint of the run.
+    """(t, returncode or None, stdout, stderr) of one run, t = the midpoint of the run; a run
+    that could not start or timed out has returncode None and says why in stderr.
     ``started(process)`` is told of the process while it runs, so that whoever stops the
     agent can end a command still in flight."""
     start = time.time()
@@ -572,7 +573,7 @@ def run_command(argv, timeout_s, started=None):
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    stdin=subprocess.DEVNULL, universal_newlines=True)
     except OSError as error:
-        return start, None, "", "could not run %s: %s" % (argv[0], error)
+        return start, None, "", "could not run %s: %s" % (argv[0], error.strerror or error)
     if started is not None:
         started(process)
     try:
@@ -580,9 +581,40 @@ def run_command(argv, timeout_s, started=None):
     except subprocess.TimeoutExpired:
         process.kill()  # not waited for: a command stuck in the kernel may never go
         return (start + time.time()) / 2, None, "", "%s timed out after %g s" % (argv[0], timeout_s)
-    error = "" if process.returncode == 0 else (
-        stderr.strip() or stdout.strip() or "exit %d" % process.returncode)[:200]
-    return (start + time.time()) / 2, process.returncode, stdout, error
+    return (start + time.time()) / 2, process.returncode, stdout, stderr
+
+
+def first_line(text):
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def failure_reason(category, text):
+    """A short category and the first line of what the command said: ingest counts missing
+    values by their reason's text, so a reason is never a command's raw output."""
+    line = first_line(text)
+    return ("%s: %s" % (category, line) if line else category)[:160]
+
+
+# a device named in a command's error (nvidia-smi names a GPU off the bus by its PCI address)
+PCI_ADDRESS = re.compile(r"(?<![0-9a-fA-F:])(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7](?![0-9a-fA-F])")
+
+
+PARSE_ERROR = "_parse_error"  # the sensor of a line that is not a row: gpu_parse_error
+
+
+def failure_rows(failed_sensor, returncode, stdout, stderr):
+    """The missing values of a run that failed: one per device its output names (``<failed
+    sensor> <PCI address>``, reason the first line naming it), else one under
+    ``failed_sensor``."""
+    category = "no result" if returncode is None else "exit %d" % returncode
+    lines = [line.strip() for line in (stderr + "\n" + stdout).splitlines() if line.strip()]
+    devices = {}
+    for line in lines:
+        for address in PCI_ADDRESS.findall(line):
+            devices.setdefault(address.lower(), failure_reason(category, line))
+    if devices:
+        return [("%s %s" % (failed_sensor, address), None, reason) for address, reason in sorted(devices.items())]
+    return [(failed_sensor, None, failure_reason(category, "\n".join(lines)))]
 
 
 class CommandSource(Source):
@@ -603,7 +635,7 @@ class CommandSource(Source):
 
     def reads_this_machine(self):
         """A command reads the machine it runs on: a simulated node (a tree under another root)
-        must not report the power of the machine that hosts it."""
+        must not report the GPUs or the power of the machine that hosts it as its own."""
         return os.path.abspath(self.sys_root) == "/"
 
     def command(self):
@@ -621,10 +653,19 @@ class CommandSource(Source):
     def measure(self):
         if self.closed:
             return []
-        t, returncode, stdout, error = run_command(self.command(), self.timeout_s, self._started)
+        t, returncode, stdout, stderr = run_command(self.command(), self.timeout_s, self._started)
         self.running = None
-        parsed = self.parse(stdout) if returncode == 0 else [(self.failed_sensor, None, error)]
-        return [(t, sensor, value, reason) for sensor, value, reason in parsed]
+        return [(t, ) + row for row in self.rows_of(returncode, stdout, stderr)]
+
+    def rows_of(self, returncode, stdout, stderr):
+        """The rows of one run.  One GPU off the bus fails the whole run while the others'
+        rows are valid: those are kept, with the failure in place of the lines that were
+        not rows."""
+        parsed = self.parse(stdout) if returncode is not None else []
+        if returncode != 0:
+            parsed = [row for row in parsed if not row[0].endswith(PARSE_ERROR)]
+            parsed += failure_rows(self.failed_sensor, returncode, stdout, stderr)
+        return parsed
 
     def sample(self):
         if self.poller is None:
@@ -655,7 +696,7 @@ def parse_nvidia_smi(text):
     for line in text.strip().splitlines():
         fields = [f.strip() for f in line.split(",")]
         if len(fields) != len(GPU_QUERY):
-            rows.append(("gpu_parse_error", None, "unexpected line: %r" % line[:80]))
+            rows.append(("gpu" + PARSE_ERROR, None, failure_reason("unexpected line", line)))
             continue
         for sensor, raw in zip(GPU_SENSORS, fields[1:]):
             try:
@@ -672,7 +713,7 @@ class NvidiaGpu(CommandSource):
     failed_sensor = "gpu_error"
 
     def available(self):
-        return shutil.which("nvidia-smi") is not None
+        return self.reads_this_machine() and shutil.which("nvidia-smi") is not None
 
     def command(self):
         return ["nvidia-smi", "--query-gpu=" + ",".join(GPU_QUERY), "--format=csv,noheader,nounits"]
@@ -879,7 +920,7 @@ def parse_gpu_power(text, fields=GPU_POWER_QUERY):
     for line in text.strip().splitlines():
         values = [v.strip() for v in line.split(",")]
         if len(values) != len(fields) or not values[0].isdigit():
-            rows.append(("gpu_parse_error", None, "unexpected line: %r" % line[:80]))
+            rows.append(("gpu" + PARSE_ERROR, None, failure_reason("unexpected line", line)))
             continue
         for field, raw in zip(fields[1:], values[1:]):
             unit = "W" if field == "power.draw" else "mJ"
@@ -944,15 +985,16 @@ class NvidiaPower(CommandSource):
 
     def discover(self):
         """Where the counter comes from: an older or newer nvidia-smi refuses the field outright."""
-        _, returncode, stdout, error = run_command(self.command(), self.timeout_s)
-        if returncode != 0 and "total_energy_consumption" in error:
+        _, returncode, stdout, stderr = run_command(self.command(), self.timeout_s)
+        if returncode != 0 and "total_energy_consumption" in stderr + stdout:
             self.fields = GPU_POWER_QUERY[:2]
             try:
                 self.nvml = NvmlEnergy()
             except (OSError, AttributeError) as nvml_error:
                 self.nvml_error = "no energy counter: nvidia-smi has no field and %s" % nvml_error
-            _, returncode, stdout, error = run_command(self.command(), self.timeout_s)
-        rows = self.parse(stdout) if returncode == 0 else []
+            _, returncode, stdout, stderr = run_command(self.command(), self.timeout_s)
+        rows = self.rows_of(returncode, stdout, stderr)
+        error = "" if returncode == 0 else failure_reason("exit %s" % returncode, stderr + "\n" + stdout)
         counter = "nvidia-smi" if len(self.fields) == 3 else ("NVML" if self.nvml else None)
         return {"fields": list(self.fields), "energy_counter": counter, "error": error or self.nvml_error,
                 "sensors": sorted(s for s, _, _ in rows), "missing": {s: r for s, v, r in rows if v is None}}
