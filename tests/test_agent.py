@@ -532,3 +532,117 @@ def test_every_source_answers_whatever_the_tree_holds(node_tree, tmp_path_factor
                         assert isinstance(value, (int, float)) and math.isfinite(value), (sensor, value)
 
     check()
+
+
+# -- vLLM's processes, by their titles; matched without reading every cmdline each sample ----------
+
+def test_the_default_pattern_matches_vllms_titles_and_commands_only():
+    import yaml
+    from thermab.config import SCHEMA
+    from thermab.experiment.discover import PROCESS_PATTERN
+    from thermab.telemetry.agent import DEFAULT_PROCESS_PATTERN
+    schema = yaml.safe_load(SCHEMA.read_text())
+    assert schema["properties"]["monitor"]["properties"]["process_pattern"]["default"] \
+        == DEFAULT_PROCESS_PATTERN == PROCESS_PATTERN
+    pattern = re.compile(DEFAULT_PROCESS_PATTERN)
+    for command in ("VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1_EP1", "VLLM::APIServer",
+                    "/venv/bin/python3 /venv/bin/vllm serve deepseek-ai/DeepSeek-R1 --tensor-parallel-size 2",
+                    "python -m vllm.entrypoints.openai.api_server --model m", "python -m thermab.sim.vllm serve --node /n"):
+        assert pattern.search(command), command
+    for command in ("snakemake --configfile config/examples/local-vllm-cpu.yaml", "pytest tests/test_vllm_cpu.py",
+                    "vim vllm-notes.md"):
+        assert not pattern.search(command), command
+
+
+def fake_process(proc: Path, pid: int, cmdline: str, ticks: int, start: int = 100) -> None:
+    directory = proc / str(pid)
+    (directory / "task" / str(pid)).mkdir(parents=True, exist_ok=True)
+    (directory / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
+    stat = f"{pid} (python3) S 1 {pid} {pid} 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0 1 0 {start} 0 0"
+    (directory / "stat").write_text(stat + " 0" * 20 + "\n")
+    (directory / "task" / str(pid) / "stat").write_text(stat + " 0" * 20 + "\n")
+
+
+def test_processes_are_matched_when_they_appear_take_a_title_or_exec(tmp_path):
+    """A /proc of its own: the sum is that of every matching process, whether it matched
+    from the start, appeared later, took vLLM's title after it started, or (older than
+    ``young_s``) exec'd into vLLM, counted from the next full scan."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "uptime").write_text("1000000.0 1.0\n")
+    fake_process(proc, 10, "vllm serve m", 0)
+    fake_process(proc, 11, "bash", 0)  # there at start: not young
+    source = ProcessCpu(proc_root=str(proc))
+    source.rescan_s = 3600
+    source.sample()
+    fake_process(proc, 10, "vllm serve m", 100)
+    fake_process(proc, 12, "python -c from multiprocessing.spawn import spawn_main", 0)  # vLLM's child, untitled
+    assert source.matching_pids() == ["10"]
+    fake_process(proc, 12, "VLLM::EngineCore", 50)  # young: its title is seen
+    fake_process(proc, 11, "vllm serve other", 30)  # an old process exec'd: not seen before a full scan
+    assert sorted(source.matching_pids()) == ["10", "12"]
+    source.next_rescan = 0
+    assert sorted(source.matching_pids()) == ["10", "11", "12"]
+    fake_process(proc, 12, "sleep 9", 50)
+    assert sorted(source.matching_pids()) == ["10", "11"], "a match is looked at again every sample"
+
+
+def test_census_lists_the_matched_processes_with_titles_and_cpu(tmp_path):
+    """A busy process titled as vLLM titles its engine: ``--discover --process-pattern``
+    lists it, and describe_processes says so in a line."""
+    marker = f"VLLM::EngineCore_{os.getpid()}"
+    burner = subprocess.Popen(["bash", "-c", f'exec -a {marker} {sys.executable} -c "while True: pass"'])
+    try:
+        assert wait_until(lambda: ProcessCpu(marker).matching_pids(), timeout=10)
+        result = subprocess.run([sys.executable, str(deploy.AGENT_SOURCE), "--discover", "--sys-root", str(tmp_path),
+                                 "--process-pattern", marker], capture_output=True, text=True, timeout=60)
+    finally:
+        burner.kill()
+        burner.wait()
+    found = json.loads(result.stdout)["processes"]
+    assert [p["pid"] for p in found["processes"]] == [burner.pid]
+    assert found["processes"][0]["title"].startswith(marker) and found["processes"][0]["cpu_pct"] > 0
+    line = deploy.describe_processes(found)
+    assert line.startswith("1 match") and f"{burner.pid} {marker}" in line
+    from thermab.experiment.discover import summarize_agent
+    assert dict(summarize_agent({"processes": found})[0])["vLLM processes"] == line
+    assert "none match" in deploy.describe_processes({"pattern": "x", "processes": [], "cpu_pct": 0})
+
+
+# -- values that mean "unset" are not values ----------------------------------------------------
+
+def test_unset_trip_points_are_left_out_and_the_interlock_says_which_it_uses(tmp_path):
+    make_gb10(tmp_path)
+    zone = tmp_path / "sys/class/thermal/thermal_zone2"
+    for index, (millic, kind) in enumerate([("0", "critical"), ("-274000", "hot"), ("95000", "passive"),
+                                            ("45000", "active"), ("99000", "critical")]):
+        (zone / f"trip_point_{index}_temp").write_text(millic + "\n")
+        (zone / f"trip_point_{index}_type").write_text(kind + "\n")
+    details = {z["name"]: z for z in ThermalZones(str(tmp_path)).discover()["details"]}
+    assert details["TS0P"]["trip_point_c"] == 95.0 and details["TS0P"]["trip_point"] == "trip_point_2_temp (passive)"
+    assert [t["trip_point"] for t in details["TS0P"]["trip_points_ignored"]] == [
+        "trip_point_0_temp (critical)", "trip_point_1_temp (hot)", "trip_point_3_temp (active)"]
+    assert details["TSOC"]["trip_point_c"] == 104.8
+    (tmp_path / "sys/class/thermal/thermal_zone0/trip_point_0_temp").write_text("0\n")
+    assert ThermalZones(str(tmp_path)).discover()["details"][0]["trip_point_c"] is None, "0 is no trip point"
+    line = deploy.lowest_trip_point({"head": {"zones": list(details.values())}, "worker": {}})
+    assert line == "95 °C: head TS0P trip_point_2_temp (passive) (3 trip points left out as unset or a fan's step)"
+    assert deploy.lowest_trip_point({"head": {"zones": []}}) is None
+
+
+def test_each_die_keeps_its_counter_and_counts_once_in_the_host_total(tmp_path):
+    from thermab.analysis.energy import host_total_domains
+    from thermab.telemetry.agent import RaplPower
+    for zone, name in [("intel-rapl:0", "package-0-die-0"), ("intel-rapl:0:0", "dram"), ("intel-rapl:0:1", "core"),
+                       ("intel-rapl:1", "package-0-die-1"), ("intel-rapl:1:0", "dram"), ("intel-rapl:2", "psys")]:
+        directory = tmp_path / "sys/class/powercap" / zone
+        directory.mkdir(parents=True)
+        (directory / "name").write_text(name + "\n")
+        (directory / "energy_uj").write_text("1000\n")
+        (directory / "max_energy_range_uj").write_text("262143328850\n")
+    rapl = RaplPower(str(tmp_path))
+    domains = rapl.discover()["domains"]
+    assert domains == ["package-0-die-0", "dram-0-die-0", "package-0-die-0/core", "package-0-die-1",
+                       "dram-0-die-1", "psys"]
+    assert len(rapl.sample()) == 6, "a counter for every zone"
+    assert host_total_domains(domains) == ["dram-0-die-0", "dram-0-die-1", "package-0-die-0", "package-0-die-1"]

@@ -355,18 +355,33 @@ def parse_thread_stat(text):
     return comm, int(fields[11]) + int(fields[12]), int(fields[36])
 
 
+# vLLM's API server by its command (``vllm serve``, ``python -m vllm.entrypoints...``), its
+# engine and workers by the titles vLLM gives them with setproctitle (``VLLM::EngineCore``,
+# ``VLLM::Worker_TP0``), which replace their command lines; plain ``vllm`` would miss none of
+# these but also match any command naming a file after vLLM (a config on Snakemake's line)
+DEFAULT_PROCESS_PATTERN = r"vllm serve|vllm\.entrypoints|VLLM::"
+
+
 class ProcessCpu(Source):
     """Σ Δ(utime+stime) / CLK_TCK / Δt × 100 over every process whose cmdline matches,
     plus the busiest threads (``thread <comm> <tid> cpu<N>``, N = the core it last ran
-    on), so a spinning thread can be attributed to a core and cluster."""
+    on), so a spinning thread can be attributed to a core and cluster.
+
+    A host runs hundreds of processes and few match, so a process's cmdline is read when
+    its pid first shows, at every sample while it matches or is young (vLLM's children
+    take their titles after they start; a wrapper execs into vLLM), and for all processes
+    every ``rescan_s``: a process that turns into a match later than ``young_s`` after
+    it started is counted from the next full scan on."""
 
     name = "cpu"
     kind = "cpu"  # the kind of its rows in tidy/telemetry.parquet
     default_interval_s = 6.0
     top_threads = 5
     sensor = "vllm_cpu_pct"  # the sum over the matching processes
+    young_s = 180.0
+    rescan_s = 60.0
 
-    def __init__(self, pattern="vllm", *args, **kwargs):
+    def __init__(self, pattern=DEFAULT_PROCESS_PATTERN, *args, **kwargs):
         Source.__init__(self, *args, **kwargs)
         self.pattern = re.compile(pattern)
         self.clk_tck = os.sysconf("SC_CLK_TCK")
@@ -374,23 +389,42 @@ class ProcessCpu(Source):
         self.previous_t = None
         self.previous_threads = {}
         self.own_pids = {os.getpid()}
+        self.known = {}  # pid -> (matches, monotonic time first seen; None: there at the first scan)
+        self.next_rescan = None
 
     @classmethod
     def from_settings(cls, settings, sys_root, proc_root):
-        return cls(settings.get("process_pattern", "vllm"), sys_root, proc_root)
+        return cls(settings.get("process_pattern", DEFAULT_PROCESS_PATTERN), sys_root, proc_root)
+
+    def cmdline(self, pid):
+        """The command line (or the title vLLM set) of a process, None once it has gone."""
+        try:
+            with open(self.proc_path(pid, "cmdline"), "rb") as handle:
+                return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except OSError:
+            return None
 
     def matching_pids(self):
-        pids = []
+        now = time.monotonic()
+        first_scan = self.next_rescan is None
+        rescan = first_scan or now >= self.next_rescan
+        if rescan:
+            self.next_rescan = now + self.rescan_s
+        known, pids = {}, []
         for entry in os.listdir(self.proc_root):
             if not entry.isdigit() or int(entry) in self.own_pids:
                 continue
-            try:
-                with open(self.proc_path(entry, "cmdline"), "rb") as handle:
-                    cmdline = handle.read().replace(b"\0", b" ").decode("utf-8", "replace")
-            except OSError:
-                continue
-            if self.pattern.search(cmdline):
+            seen = self.known.get(entry)
+            if seen is None or rescan or seen[0] or (seen[1] is not None and now - seen[1] < self.young_s):
+                cmdline = self.cmdline(entry)
+                if cmdline is None:
+                    continue  # ended between listing and reading
+                seen = (bool(self.pattern.search(cmdline)),
+                        seen[1] if seen else (None if first_scan else now))
+            known[entry] = seen
+            if seen[0]:
                 pids.append(entry)
+        self.known = known
         return pids
 
     def ticks(self):
@@ -401,6 +435,20 @@ class ProcessCpu(Source):
             except (OSError, ValueError, IndexError):
                 continue  # the process ended between listing and reading
         return result
+
+    def census(self, interval_s=0.5):
+        """The matching processes now, each with its title and CPU over ``interval_s``: what
+        discover and preflight show, so a user sees what will be summed."""
+        before, start = self.ticks(), time.time()
+        time.sleep(interval_s)
+        after, elapsed = self.ticks(), time.time() - start
+        rows = []
+        for pid, (ticks, starttime) in sorted(after.items(), key=lambda kv: int(kv[0])):
+            if pid in before and before[pid][1] == starttime:
+                rows.append({"pid": int(pid), "title": (self.cmdline(pid) or "")[:120],
+                             "cpu_pct": round(100.0 * (ticks - before[pid][0]) / self.clk_tck / elapsed, 1)})
+        return {"pattern": self.pattern.pattern, "processes": rows,
+                "cpu_pct": round(sum(r["cpu_pct"] for r in rows), 1)}
 
     def boot_ticks(self, now):
         """Uptime in ticks, to tell whether a new process started after the last sample."""
@@ -414,6 +462,7 @@ class ProcessCpu(Source):
         now = time.time()
         current = self.ticks()
         rows = []
+        busy = set(current)
         if self.previous is not None:
             elapsed = now - self.previous_t
             uptime_ticks = self.boot_ticks(now)
@@ -422,16 +471,21 @@ class ProcessCpu(Source):
             for pid, (ticks, start) in current.items():
                 if pid in self.previous and self.previous[pid][1] == start:
                     delta += ticks - self.previous[pid][0]
+                    if ticks == self.previous[pid][0]:
+                        busy.discard(pid)  # idle since the last sample: so are its threads
                 elif since_ticks is not None and start >= since_ticks:
                     delta += ticks  # born inside this interval: all its ticks are new
             rows.append((self.sensor, 100.0 * delta / self.clk_tck / elapsed, ""))
             rows.append(("vllm_processes", float(len(current)), ""))
-        threads = self.thread_ticks(current)
+        threads = self.thread_ticks(busy)
+        # an idle process's threads have the ticks they had: kept without reading them
+        threads.update((key, value) for key, value in self.previous_threads.items()
+                       if key[0] in current and key[0] not in busy)
         if self.previous is not None:
-            busy = sorted(((ticks - self.previous_threads[key][1], key, comm, cpu)
-                           for key, (comm, ticks, cpu) in threads.items() if key in self.previous_threads),
-                          reverse=True)[:self.top_threads]
-            for ticks, (pid, tid), comm, cpu in busy:
+            top = sorted(((ticks - self.previous_threads[key][1], key, comm, cpu)
+                          for key, (comm, ticks, cpu) in threads.items() if key in self.previous_threads),
+                         reverse=True)[:self.top_threads]
+            for ticks, (pid, tid), comm, cpu in top:
                 if ticks > 0:
                     rows.append(("thread %s %s cpu%d" % (comm, tid, cpu), 100.0 * ticks / self.clk_tck / elapsed, ""))
         self.previous, self.previous_t, self.previous_threads = current, now, threads
@@ -1071,18 +1125,25 @@ SOURCES = (ThermalZones, Hwmon, CpuFrequency, ProcessCpu, SystemCpu, NvidiaGpu,
            RaplPower, HwmonPower, NvidiaPower, IpmiPower)
 
 
-def discover_all(sys_root="/", proc_root="/proc"):
+def discover_all(sys_root="/", proc_root="/proc", process_pattern=None):
     """What each available source finds at start, without sampling: preflight runs this
-    on every host (``agent.py --discover``), so it sees the zones the agent will log."""
+    on every host (``agent.py --discover``), so it sees the zones the agent will log.
+    With ``process_pattern``, also the processes it matches now, with their titles and
+    CPU (``processes``: which processes match is a run-time fact, so only when asked)."""
     found = {}
     for source_class in SOURCES:
         if source_class is ProcessCpu:
-            continue  # which processes match is a run-time fact, not a host fact
+            continue
         source = source_class(sys_root, proc_root)
         try:
             found[source.name] = source.discover() if source.available() else None
         except Exception as error:  # one odd source must not hide what the others found
             found[source.name] = {"error": "%s: %s" % (type(error).__name__, error)}
+    if process_pattern is not None:
+        try:
+            found["processes"] = ProcessCpu(process_pattern, sys_root, proc_root).census()
+        except Exception as error:
+            found["processes"] = {"error": "%s: %s" % (type(error).__name__, error)}
     return found
 
 
@@ -1104,7 +1165,7 @@ def load_settings(path):
         raise SettingsError("not JSON: %s" % error)
     if not isinstance(settings, dict) or not isinstance(settings.get("out_dir"), str):
         raise SettingsError("must be a JSON object with out_dir")
-    pattern = settings.get("process_pattern", "vllm")
+    pattern = settings.get("process_pattern", DEFAULT_PROCESS_PATTERN)
     try:
         re.compile(pattern)
     except (re.error, TypeError) as error:
@@ -1213,9 +1274,12 @@ def main(argv=None):
     parser.add_argument("--discover", action="store_true",
                         help="print what the sources find (JSON) and exit, sampling nothing")
     parser.add_argument("--sys-root", default="/", help="with --discover: the root of /sys")
+    parser.add_argument("--proc-root", default="/proc", help="with --discover: where /proc is")
+    parser.add_argument("--process-pattern", help="with --discover: list the processes it matches, with their CPU")
     args = parser.parse_args(argv)
     if args.discover:
-        json.dump(discover_all(args.sys_root), sys.stdout, indent=1, sort_keys=True)
+        json.dump(discover_all(args.sys_root, args.proc_root, args.process_pattern), sys.stdout, indent=1,
+                  sort_keys=True)
         return 0
     if not args.config:
         parser.error("--config is required")
