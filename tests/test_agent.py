@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -556,6 +557,7 @@ def test_the_default_pattern_matches_vllms_titles_and_commands_only():
 
 def fake_process(proc: Path, pid: int, cmdline: str, ticks: int, start: int = 100) -> None:
     directory = proc / str(pid)
+    (proc / "loadavg").write_text(f"0.1 0.1 0.1 1/100 {pid}\n")  # the last pid handed out
     (directory / "task" / str(pid)).mkdir(parents=True, exist_ok=True)
     (directory / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
     stat = f"{pid} (python3) S 1 {pid} {pid} 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0 1 0 {start} 0 0"
@@ -585,6 +587,10 @@ def test_processes_are_matched_when_they_appear_take_a_title_or_exec(tmp_path):
     assert sorted(source.matching_pids()) == ["10", "11", "12"]
     fake_process(proc, 12, "sleep 9", 50)
     assert sorted(source.matching_pids()) == ["10", "11"], "a match is looked at again every sample"
+    fake_process(proc, 13, "vllm serve third", 0)
+    assert sorted(source.matching_pids()) == ["10", "11", "13"], "a new pid is looked at"
+    shutil.rmtree(proc / "10")
+    assert sorted(source.matching_pids()) == ["11", "13"], "an ended process leaves the sum"
 
 
 def test_census_lists_the_matched_processes_with_titles_and_cpu(tmp_path):

@@ -371,7 +371,8 @@ class ProcessCpu(Source):
     its pid first shows, at every sample while it matches or is young (vLLM's children
     take their titles after they start; a wrapper execs into vLLM), and for all processes
     every ``rescan_s``: a process that turns into a match later than ``young_s`` after
-    it started is counted from the next full scan on."""
+    it started is counted from the next full scan on.  /proc itself is listed only when a
+    process started since the last sample (the last pid in /proc/loadavg moved)."""
 
     name = "cpu"
     kind = "cpu"  # the kind of its rows in tidy/telemetry.parquet
@@ -390,6 +391,8 @@ class ProcessCpu(Source):
         self.previous_threads = {}
         self.own_pids = {os.getpid()}
         self.known = {}  # pid -> (matches, monotonic time first seen; None: there at the first scan)
+        self.watched = []  # the pids that match or are young: looked at every sample
+        self.seen_last_pid = None
         self.next_rescan = None
 
     @classmethod
@@ -404,27 +407,42 @@ class ProcessCpu(Source):
         except OSError:
             return None
 
+    def last_pid(self):
+        """The pid the kernel handed out last (/proc/loadavg): unchanged, no process started."""
+        value, _ = read_parsed(self.proc_path("loadavg"), lambda text: int(text.split()[4]))
+        return value
+
     def matching_pids(self):
         now = time.monotonic()
         first_scan = self.next_rescan is None
         rescan = first_scan or now >= self.next_rescan
+        last_pid = self.last_pid()
+        if rescan or last_pid is None or last_pid != self.seen_last_pid:
+            entries = os.listdir(self.proc_root)  # new pids among them
+        else:
+            entries = self.watched  # no process started: only those watched can have changed
+        self.seen_last_pid = last_pid
         if rescan:
             self.next_rescan = now + self.rescan_s
-        known, pids = {}, []
-        for entry in os.listdir(self.proc_root):
+            self.known = {}  # and pids gone are forgotten
+        known, watched, pids = self.known, [], []
+        for entry in entries:
+            seen = known.get(entry)
+            if seen is not None and not seen[0] and (seen[1] is None or now - seen[1] >= self.young_s):
+                continue  # known, not a match, not young: looked at again at the next full scan
             if not entry.isdigit() or int(entry) in self.own_pids:
+                known[entry] = (False, None)
                 continue
-            seen = self.known.get(entry)
-            if seen is None or rescan or seen[0] or (seen[1] is not None and now - seen[1] < self.young_s):
-                cmdline = self.cmdline(entry)
-                if cmdline is None:
-                    continue  # ended between listing and reading
-                seen = (bool(self.pattern.search(cmdline)),
-                        seen[1] if seen else (None if first_scan else now))
+            cmdline = self.cmdline(entry)
+            if cmdline is None:
+                known.pop(entry, None)  # ended between listing and reading
+                continue
+            seen = (bool(self.pattern.search(cmdline)), seen[1] if seen else (None if first_scan else now))
             known[entry] = seen
+            watched.append(entry)
             if seen[0]:
                 pids.append(entry)
-        self.known = known
+        self.watched = watched
         return pids
 
     def ticks(self):
