@@ -4,6 +4,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -40,7 +41,9 @@ def make_gb10(root: Path, temps=None) -> None:
 def test_zone_names_follow_the_device_path():
     assert zone_name("\\_TZ_.TSOC", "acpitz", 0, {}) == "TSOC"
     assert zone_name("", "x86_pkg_temp", 3, {}) == "x86_pkg_temp"
-    assert zone_name("", "acpitz", 4, {"acpitz": "..."}) == "acpitz_4"
+    assert zone_name("", "acpitz", 4, {"acpitz": "..."}) == "acpitz_1", "an ordinal, not the kernel's number"
+    assert zone_name("", "acpitz", 4, {"acpitz": "...", "acpitz_1": "..."}) == "acpitz_2"
+    assert zone_name("", "iwlwifi_1", 9, {"iwlwifi_1": "..."}, "0000:00:14.3") == "iwlwifi_1@0000:00:14.3"
 
 
 @pytest.mark.parametrize("text, value, reason", [
@@ -239,32 +242,85 @@ def csv_rows(path: Path) -> list[dict]:
 
 
 
-def test_a_hanging_nvidia_smi_is_a_missing_value_and_delays_nothing(tmp_path, monkeypatch):
-    """A GB10-like tree whose nvidia-smi hangs: the GPU rows say so after the timeout while
-    the thermal zones keep being sampled beside it."""
-    root = tmp_path / "node"
-    make_gb10(root)
+def fake_nvidia_smi(tmp_path, monkeypatch, script: str) -> None:
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 600\n")
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + script)
     (bin_dir / "nvidia-smi").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    host = Host(HostSpec("head", "t", "local", {}, root, simulated="head"))
-    deploy.start_agent(host, "t-gpu", {"process_pattern": "no-such-process-xyz",
-                                        "intervals": {"thermal": 0.2, "gpu": 0.2, "cpu": 1, "freq": 1}})
-    directory = Path(deploy.session_dir(host, "t-gpu"))
+
+
+def test_a_hanging_nvidia_smi_is_a_missing_value_and_delays_nothing(tmp_path, monkeypatch):
+    """This machine's agent (GPUs are read only where the agent reads the machine itself)
+    with an nvidia-smi that hangs: the GPU rows say so after the timeout while /proc/stat
+    keeps being sampled beside it."""
+    fake_nvidia_smi(tmp_path, monkeypatch, "exec sleep 600\n")
+    out = tmp_path / "out"
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"out_dir": str(out), "stop_file": str(tmp_path / "stop"),
+                                    "process_pattern": "no-such-process-xyz",
+                                    "intervals": {"gpu": 0.2, "gpu_power": 0.2, "system": 0.2}}))
+    agent = subprocess.Popen([sys.executable, str(deploy.AGENT_SOURCE), "--config", str(settings)],
+                             stderr=subprocess.PIPE, text=True)
     try:
-        assert wait_until(lambda: (directory / "gpu.csv").exists(), timeout=60), "the timeout is recorded"
+        assert wait_until(lambda: (out / "gpu.csv").exists(), timeout=60), "the timeout is recorded"
+        (tmp_path / "stop").touch()
+        assert agent.wait(timeout=30) == 0, agent.stderr.read()
     finally:
-        deploy.stop_agent(host, "t-gpu")
-    gpu = csv_rows(directory / "gpu.csv")
-    assert gpu[0]["value"] == "" and "nvidia-smi timed out" in gpu[0]["reason"]
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    gpu = csv_rows(out / "gpu.csv")
+    assert gpu[0]["value"] == "" and gpu[0]["reason"] == "no result: nvidia-smi timed out after 5 s"
     # a run is stamped with its middle: it hung from 2.5 s before that to 2.5 s after (timeout_s 5)
     hung_from, hung_to = float(gpu[0]["t"]) - 2.5, float(gpu[0]["t"]) + 2.5
-    during = [r for r in csv_rows(directory / "thermal.csv") if hung_from < float(r["t"]) < hung_to]
-    assert len({r["t"] for r in during}) > 1, "the zones were sampled while nvidia-smi hung"
-    assert deploy.agent_pid(host, "t-gpu") is None
+    during = [r for r in csv_rows(out / "system.csv") if hung_from < float(r["t"]) < hung_to]
+    assert len({r["t"] for r in during}) > 1, "/proc/stat was sampled while nvidia-smi hung"
     assert wait_until(lambda: processes_in(tmp_path) == []), "the hung command ends with the agent"
+
+
+LOST_GPU = ("0, 45, 1980, 72.31, 88\n"
+            "Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error\n"
+            "2, 51, 1410, 65.00, 12\n")
+
+
+def test_a_gpu_off_the_bus_keeps_the_others_rows_and_is_named(tmp_path, monkeypatch):
+    from thermab.telemetry.agent import NvidiaGpu, NvidiaPower
+    fake_nvidia_smi(tmp_path, monkeypatch, f"printf '{LOST_GPU}'\nprintf 'see the kernel log\\nline two\\n' >&2\nexit 15\n")
+    rows = {s: (v, r) for _, s, v, r in NvidiaGpu("/").measure()}
+    assert rows["gpu0_temp_c"] == (45.0, "") and rows["gpu2_util_pct"] == (12.0, "")
+    assert rows["gpu_error 0000:3b:00.0"] == (
+        None, "exit 15: Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error")
+    assert not [s for s in rows if "parse_error" in s], "the error line is the failure, not a parse error"
+    power = NvidiaPower("/")
+    power.fields = ("index", "power.draw")
+    fake_nvidia_smi(tmp_path, monkeypatch, "printf '0, 72.31\\nUnable to determine the device handle for "
+                                          "GPU00000000:3B:00.0: GPU is lost\\n'\nexit 15\n")
+    rows = {s: (v, r) for _, s, v, r in power.measure()}
+    assert rows["gpu0 W"] == (72.31, "") and rows["gpu_power_error 00000000:3b:00.0"][0] is None
+
+
+@pytest.mark.parametrize("script, reason", [
+    ("printf 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.\\n"
+     "Make sure that the latest NVIDIA driver is installed and running.\\n'\nexit 9\n",
+     "exit 9: NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver."),
+    ("exit 3\n", "exit 3"),
+])
+def test_a_failed_command_is_one_row_with_a_category_and_its_first_line(tmp_path, monkeypatch, script, reason):
+    from thermab.telemetry.agent import NvidiaGpu
+    fake_nvidia_smi(tmp_path, monkeypatch, script)
+    assert [(s, v, r) for _, s, v, r in NvidiaGpu("/").measure()] == [("gpu_error", None, reason)]
+
+
+def test_a_simulated_node_never_reads_the_machines_gpus(tmp_path, monkeypatch):
+    from thermab.telemetry.agent import SOURCES, CommandSource, discover_all
+    fake_nvidia_smi(tmp_path, monkeypatch, f"printf '{LOST_GPU}'\n")
+    make_gb10(tmp_path / "node")
+    commands = [source(str(tmp_path / "node")) for source in SOURCES if issubclass(source, CommandSource)]
+    assert commands and not [source.name for source in commands if source.available()]
+    found = discover_all(str(tmp_path / "node"))
+    assert found["gpu"] is None and found["gpu_power"] is None
+    assert found["thermal"]["zones"]
 
 
 def test_cpufreq_falls_back_per_sample(tmp_path):
@@ -477,3 +533,122 @@ def test_every_source_answers_whatever_the_tree_holds(node_tree, tmp_path_factor
                         assert isinstance(value, (int, float)) and math.isfinite(value), (sensor, value)
 
     check()
+
+
+# -- vLLM's processes, by their titles; matched without reading every cmdline each sample ----------
+
+def test_the_default_pattern_matches_vllms_titles_and_commands_only():
+    import yaml
+    from thermab.config import SCHEMA
+    from thermab.experiment.discover import PROCESS_PATTERN
+    from thermab.telemetry.agent import DEFAULT_PROCESS_PATTERN
+    schema = yaml.safe_load(SCHEMA.read_text())
+    assert schema["properties"]["monitor"]["properties"]["process_pattern"]["default"] \
+        == DEFAULT_PROCESS_PATTERN == PROCESS_PATTERN
+    pattern = re.compile(DEFAULT_PROCESS_PATTERN)
+    for command in ("VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1_EP1", "VLLM::APIServer",
+                    "/venv/bin/python3 /venv/bin/vllm serve deepseek-ai/DeepSeek-R1 --tensor-parallel-size 2",
+                    "python -m vllm.entrypoints.openai.api_server --model m", "python -m thermab.sim.vllm serve --node /n"):
+        assert pattern.search(command), command
+    for command in ("snakemake --configfile config/examples/local-vllm-cpu.yaml", "pytest tests/test_vllm_cpu.py",
+                    "vim vllm-notes.md"):
+        assert not pattern.search(command), command
+
+
+def fake_process(proc: Path, pid: int, cmdline: str, ticks: int, start: int = 100) -> None:
+    directory = proc / str(pid)
+    (proc / "loadavg").write_text(f"0.1 0.1 0.1 1/100 {pid}\n")  # the last pid handed out
+    (directory / "task" / str(pid)).mkdir(parents=True, exist_ok=True)
+    (directory / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
+    stat = f"{pid} (python3) S 1 {pid} {pid} 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0 1 0 {start} 0 0"
+    (directory / "stat").write_text(stat + " 0" * 20 + "\n")
+    (directory / "task" / str(pid) / "stat").write_text(stat + " 0" * 20 + "\n")
+
+
+def test_processes_are_matched_when_they_appear_take_a_title_or_exec(tmp_path):
+    """A /proc of its own: the sum is that of every matching process, whether it matched
+    from the start, appeared later, took vLLM's title after it started, or (older than
+    ``young_s``) exec'd into vLLM, counted from the next full scan."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "uptime").write_text("1000000.0 1.0\n")
+    fake_process(proc, 10, "vllm serve m", 0)
+    fake_process(proc, 11, "bash", 0)  # there at start: not young
+    source = ProcessCpu(proc_root=str(proc))
+    source.rescan_s = 3600
+    source.sample()
+    fake_process(proc, 10, "vllm serve m", 100)
+    fake_process(proc, 12, "python -c from multiprocessing.spawn import spawn_main", 0)  # vLLM's child, untitled
+    assert source.matching_pids() == ["10"]
+    fake_process(proc, 12, "VLLM::EngineCore", 50)  # young: its title is seen
+    fake_process(proc, 11, "vllm serve other", 30)  # an old process exec'd: not seen before a full scan
+    assert sorted(source.matching_pids()) == ["10", "12"]
+    source.next_rescan = 0
+    assert sorted(source.matching_pids()) == ["10", "11", "12"]
+    fake_process(proc, 12, "sleep 9", 50)
+    assert sorted(source.matching_pids()) == ["10", "11"], "a match is looked at again every sample"
+    fake_process(proc, 13, "vllm serve third", 0)
+    assert sorted(source.matching_pids()) == ["10", "11", "13"], "a new pid is looked at"
+    shutil.rmtree(proc / "10")
+    assert sorted(source.matching_pids()) == ["11", "13"], "an ended process leaves the sum"
+
+
+def test_census_lists_the_matched_processes_with_titles_and_cpu(tmp_path):
+    """A busy process titled as vLLM titles its engine: ``--discover --process-pattern``
+    lists it, and describe_processes says so in a line."""
+    marker = f"VLLM::EngineCore_{os.getpid()}"
+    burner = subprocess.Popen(["bash", "-c", f'exec -a {marker} {sys.executable} -c "while True: pass"'])
+    try:
+        assert wait_until(lambda: ProcessCpu(marker).matching_pids(), timeout=10)
+        result = subprocess.run([sys.executable, str(deploy.AGENT_SOURCE), "--discover", "--sys-root", str(tmp_path),
+                                 "--process-pattern", marker], capture_output=True, text=True, timeout=60)
+    finally:
+        burner.kill()
+        burner.wait()
+    found = json.loads(result.stdout)["processes"]
+    assert [p["pid"] for p in found["processes"]] == [burner.pid]
+    assert found["processes"][0]["title"].startswith(marker) and found["processes"][0]["cpu_pct"] > 0
+    line = deploy.describe_processes(found)
+    assert line.startswith("1 match") and f"{burner.pid} {marker}" in line
+    from thermab.experiment.discover import summarize_agent
+    assert dict(summarize_agent({"processes": found})[0])["vLLM processes"] == line
+    assert "none match" in deploy.describe_processes({"pattern": "x", "processes": [], "cpu_pct": 0})
+
+
+# -- values that mean "unset" are not values ----------------------------------------------------
+
+def test_unset_trip_points_are_left_out_and_the_interlock_says_which_it_uses(tmp_path):
+    make_gb10(tmp_path)
+    zone = tmp_path / "sys/class/thermal/thermal_zone2"
+    for index, (millic, kind) in enumerate([("0", "critical"), ("-274000", "hot"), ("95000", "passive"),
+                                            ("45000", "active"), ("99000", "critical")]):
+        (zone / f"trip_point_{index}_temp").write_text(millic + "\n")
+        (zone / f"trip_point_{index}_type").write_text(kind + "\n")
+    details = {z["name"]: z for z in ThermalZones(str(tmp_path)).discover()["details"]}
+    assert details["TS0P"]["trip_point_c"] == 95.0 and details["TS0P"]["trip_point"] == "trip_point_2_temp (passive)"
+    assert [t["trip_point"] for t in details["TS0P"]["trip_points_ignored"]] == [
+        "trip_point_0_temp (critical)", "trip_point_1_temp (hot)", "trip_point_3_temp (active)"]
+    assert details["TSOC"]["trip_point_c"] == 104.8
+    (tmp_path / "sys/class/thermal/thermal_zone0/trip_point_0_temp").write_text("0\n")
+    assert ThermalZones(str(tmp_path)).discover()["details"][0]["trip_point_c"] is None, "0 is no trip point"
+    line = deploy.lowest_trip_point({"head": {"zones": list(details.values())}, "worker": {}})
+    assert line == "95 °C: head TS0P trip_point_2_temp (passive) (3 trip points left out as unset or a fan's step)"
+    assert deploy.lowest_trip_point({"head": {"zones": []}}) is None
+
+
+def test_each_die_keeps_its_counter_and_counts_once_in_the_host_total(tmp_path):
+    from thermab.analysis.energy import host_total_domains
+    from thermab.telemetry.agent import RaplPower
+    for zone, name in [("intel-rapl:0", "package-0-die-0"), ("intel-rapl:0:0", "dram"), ("intel-rapl:0:1", "core"),
+                       ("intel-rapl:1", "package-0-die-1"), ("intel-rapl:1:0", "dram"), ("intel-rapl:2", "psys")]:
+        directory = tmp_path / "sys/class/powercap" / zone
+        directory.mkdir(parents=True)
+        (directory / "name").write_text(name + "\n")
+        (directory / "energy_uj").write_text("1000\n")
+        (directory / "max_energy_range_uj").write_text("262143328850\n")
+    rapl = RaplPower(str(tmp_path))
+    domains = rapl.discover()["domains"]
+    assert domains == ["package-0-die-0", "dram-0-die-0", "package-0-die-0/core", "package-0-die-1",
+                       "dram-0-die-1", "psys"]
+    assert len(rapl.sample()) == 6, "a counter for every zone"
+    assert host_total_domains(domains) == ["dram-0-die-0", "dram-0-die-1", "package-0-die-0", "package-0-die-1"]

@@ -488,7 +488,7 @@ class HostSpec:
             return self.settings["process_pattern"]
         if self.simulated:
             # simulated nodes share one machine: only this node's processes count
-            return f"{re.escape(default)}.*--node {re.escape(str(self.root))}(\\s|$)"
+            return f"(?:{default}).*--node {re.escape(str(self.root))}(\\s|$)"
         return default
 
 

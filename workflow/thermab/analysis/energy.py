@@ -14,7 +14,7 @@ Definitions (docs/design.md), per host, power domain and phase:
 A domain with no samples in a window has empty values there, never zero; a phase without
 tokens has no J/token.  The rows with host ``all``, domain ``total`` sum each host's total:
 its ``node`` domain where it has one, else its top-level domains (``package-N``, ``dram-N``,
-``gpuN``), never a sub-domain (``package-0/core``) or another reading (``psys``,
+``package-N-die-D``, ``gpuN``), never a sub-domain (``package-0/core``) or another reading (``psys``,
 ``hwmon/...``) that overlaps them.  A host without such domains is left out of the sum (the
 summary names the hosts it covers); a host total with a domain empty in a phase makes that
 phase's total empty, as a partial sum would read as less energy.  Pure functions.
@@ -36,9 +36,9 @@ ENERGY_COLUMNS = PHASE_KEYS + [
 ]
 TOTAL_HOST, TOTAL_DOMAIN = "all", "total"
 NODE_DOMAIN = "node"
-# packages, DRAM and GPUs as the agent names them (package-0, dram-0, gpu0), and as other
-# importers may (gpu-0, package)
-TOP_LEVEL_DOMAIN = re.compile(r"^(package|dram|gpu)(-?\d+)?$")
+# packages, DRAM and GPUs as the agent names them (package-0, dram-0, gpu0; each die of a
+# multi-die package its own counter, package-0-die-1), and as other importers may (gpu-0, package)
+TOP_LEVEL_DOMAIN = re.compile(r"^(package|dram|gpu)(-?\d+)?(-die-\d+)?$")
 METRIC = "cluster energy per token"
 METRIC_UNIT = "J/token"
 

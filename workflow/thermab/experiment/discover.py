@@ -347,6 +347,8 @@ def summarize_agent(found: dict) -> tuple[list[tuple[str, str]], list[tuple[str,
             absent.append((name, "not on this host (the agent's source finds nothing to read)"))
         elif isinstance(facts, dict) and "error" in facts:
             absent.append((name, f"unreadable: {facts['error']}"))
+        elif name == "processes":
+            present.append(("vLLM processes", deploy.describe_processes(facts)))
         elif name == "thermal":
             zones = facts.get("details") or []
             if not zones:
@@ -827,7 +829,7 @@ class HostProbe:
 
     def agent(self) -> tuple[str, ...]:
         try:
-            found = deploy.discover_read_only(self.host)
+            found = deploy.discover_read_only(self.host, PROCESS_PATTERN)
         except TransportError as error:
             result = getattr(error, "result", None)
             self.lack("agent discovery", why(result, "python3") if result else str(error))

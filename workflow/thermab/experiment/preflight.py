@@ -27,9 +27,10 @@ class PreflightError(StageFailed):
     """A host is not fit for the run; the message names each host and cause."""
 
 
-def _zones(run: ClusterRun, host) -> list[dict]:
-    found = deploy.discover(host, run.session).get("thermal") or {}
-    return found.get("details", [])
+def _discovered(run: ClusterRun, host) -> dict:
+    """The zones the agent will log and the processes its vLLM CPU will sum now."""
+    found = deploy.discover(host, run.session, run.agent_settings(host)["process_pattern"])
+    return {"zones": (found.get("thermal") or {}).get("details", []), "processes": found.get("processes")}
 
 
 VLLM_VERSION = "import vllm; print(vllm.__version__)"
@@ -89,7 +90,7 @@ def _check_reachable(run: ClusterRun, host, facts: dict) -> tuple[dict, list[str
             advice.append(f"host {host.name}: vllm does not import with {python} (version not recorded)")
     if not agent_runs:  # the zones are found by the agent itself
         return facts, problems, advice
-    facts["zones"] = _zones(run, host)
+    facts.update(_discovered(run, host))
     if not facts["zones"]:
         advice.append(f"host {host.name}: no thermal zones found: its temperatures will be missing "
                       "(hwmon sensors are sampled where present)")
@@ -137,6 +138,8 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
             run.progress(f"preflight {host.name}: {'ok' if not host_problems else 'PROBLEM'}; file sha256 "
                          f"{str(facts.get('sha256'))[:12]}, anchor x{facts.get('anchor_count')}, "
                          f"zones: {zones or 'none'}, agent Python {facts.get('agent_python')}")
+            if "processes" in facts:
+                run.progress(f"  vLLM CPU of {host.name} sums: {deploy.describe_processes(facts['processes'])}")
         if "restored_leftover" in facts:
             run.progress(f"  restored {host.name}, which an earlier run left patched")
         for line in advice:
@@ -156,13 +159,17 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
              if z["trip_point_c"]]
     all_trips = [z["trip_point_c"] for facts in report["hosts"].values() for z in facts.get("zones", [])
                  if z["trip_point_c"]]
+    lowest = deploy.lowest_trip_point(report["hosts"])
     try:
         abort_at = abort_threshold(run.config, all_trips)
     except ConfigError as error:
         problems.append(str(error))
         abort_at = None
-    report["safety"] = {"abort_at_c": abort_at, "lowest_trip_point_c": min(all_trips, default=None)}
+    report["safety"] = {"abort_at_c": abort_at, "lowest_trip_point_c": min(all_trips, default=None),
+                        "lowest_trip_point": lowest}
     run.progress(_interlock_line(abort_at, [name for name, f in report["hosts"].items() if "zones" not in f]))
+    if lowest:
+        run.progress(f"  lowest trip point: {lowest}")
     if problems:
         # Snakemake deletes a failed job's outputs: the diagnosis is kept beside its log
         failed_record.parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +182,7 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
     plan.write_run_json(run_json.parent, plan.run_plan(
         cluster=run.cluster.name, order=run.order, repeats=config["repeats"], arms=config["arms"],
         setting=config["setting"]["name"], head=run.cluster.head, hosts=[h.name for h in run.hosts],
-        analysis=config["analysis"], trip_point_c=trips[0] if trips else None,
+        analysis=config["analysis"], trip_point_c=min(trips, default=None),
         max_tokens=config["load"]["max_tokens"], load_s=config["timings"]["load_s"],
         users=config["load"]["users"], prompt_tokens=config["load"]["prompt_tokens"],
         probe_n=config["load"]["probe_n"] if config["load"]["probe"] else 0,

@@ -25,6 +25,7 @@ gap is visible.  ``out_dir/agent.json`` says what each source found at start.
 
 import argparse
 import csv
+import errno
 import json
 import os
 import re
@@ -44,12 +45,20 @@ def read_text(path):
         return handle.read().strip()
 
 
-def read_parsed(path, parse):
+# a read failing with one of these means the file, or the device behind it, went away: the
+# source resolves its paths again (another device may have taken the number)
+GONE = (errno.ENOENT, errno.ENODEV, errno.ENXIO, errno.ESTALE)
+
+
+def read_parsed(path, parse, gone=None):
     """(``parse(text)`` or None, reason) of a file: one that cannot be read, or whose text
-    does not parse, is a missing value with the reason."""
+    does not parse, is a missing value with the reason.  ``gone`` (a list) collects the
+    paths whose file went away."""
     try:
         text = read_text(path)
     except OSError as error:
+        if gone is not None and error.errno in GONE:
+            gone.append(path)
         return None, "unreadable: %s" % (error.strerror or error)
     try:
         return parse(text), ""
@@ -96,14 +105,83 @@ class Source:
         """End what the source left running (see CommandSource); most leave nothing."""
 
 
-def zone_name(raw_path, zone_type, index, taken):
+class ResolvedSource(Source):
+    """A source whose sensors are files under numbered sysfs entries (``thermal_zoneN``,
+    ``hwmonN``, ``policyN``, ``intel-rapl:N``) that the kernel renumbers as devices come and
+    go.  A sensor is named by what identifies its device, never by the number; ``layout()``
+    is a cheap fingerprint of which device each number holds now.  After each round of reads
+    the layout is compared with the one the paths were resolved under: when it changed, or a
+    file went away (:data:`GONE`), the paths are resolved again and read again, so a
+    reading is never written under the name of a device it did not come from."""
+
+    def __init__(self, *args, **kwargs):
+        Source.__init__(self, *args, **kwargs)
+        self.resolved_layout = None
+
+    def layout(self):
+        raise NotImplementedError
+
+    def resolve(self):
+        """Find the sensors' paths (on ``self``); return the facts for agent.json."""
+        raise NotImplementedError
+
+    def read(self, gone):
+        """Rows (sensor, value or None, reason) of one round; ``gone`` collects paths gone."""
+        raise NotImplementedError
+
+    def discover(self):
+        self.resolved_layout = self.layout()
+        return self.resolve()
+
+    def sample(self):
+        if self.resolved_layout is None:
+            self.discover()
+        gone = []
+        rows = self.read(gone)
+        if gone or self.layout() != self.resolved_layout:
+            self.discover()
+            rows = self.read([])
+            if self.layout() != self.resolved_layout:  # changing as we read: nothing is sure
+                rows = [(sensor, None, "devices changed while read") for sensor, _, _ in rows]
+        return rows
+
+
+def link_target(path):
+    """Where a sysfs link leads (``../../devices/pci0000:00/0000:00:18.3/hwmon/hwmon2``), or
+    "" where ``path`` is no link: which device a numbered entry holds, in one system call."""
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def device_identity(directory):
+    """The device behind a sysfs entry, by the last part of where its ``device`` link leads:
+    a PCI address (``0000:03:00.0``), a platform device (``coretemp.0``), a controller
+    (``nvme1``); "" without a link.  It names the device whatever number the entry has."""
+    link = os.path.join(directory, "device")
+    return os.path.basename(os.path.realpath(link)) if link_target(link) else ""
+
+
+def unique_name(name, taken, device=""):
+    """``name``, or where another sensor has it, ``name@device`` (the device's identity),
+    else ``name_K`` with the next free K: two sensors must never share a name (one would
+    vanish), and an ordinal among equals is steadier than the kernel's number."""
+    if name not in taken:
+        return name
+    if device and "%s@%s" % (name, device) not in taken:
+        return "%s@%s" % (name, device)
+    k = 1
+    while "%s_%d" % (name, k) in taken:
+        k += 1
+    return "%s_%d" % (name, k)
+
+
+def zone_name(raw_path, zone_type, index, taken, device=""):
     """``\\_TZ_.TSOC`` -> ``TSOC``; without a device path, the zone type; a name already
-    taken gets the zone's index (two zones must never share a name: one would vanish)."""
+    taken is made unique (:func:`unique_name`)."""
     name = re.split(r"[\\.]", raw_path.strip())[-1] if raw_path else ""
-    name = name or zone_type or "zone%d" % index
-    if name in taken:
-        name = "%s_%d" % (name, index)
-    return name
+    return unique_name(name or zone_type or "zone%d" % index, taken, device)
 
 
 def number_in(name):
@@ -122,15 +200,49 @@ def parse_millidegrees(text):
     return value, ""
 
 
-class ThermalZones(Source):
+def read_millidegrees(path, gone=None):
+    text, reason = read_parsed(path, str, gone)
+    return (None, reason) if text is None else parse_millidegrees(text)
+
+
+# Trip points the interlock may stand on: an ``active`` one switches a fan on, far below
+# where the chip is in danger.  0 and -274000 (the kernel's "invalid") are no trip points.
+INTERLOCK_TRIP_TYPES = ("critical", "hot", "passive", "")
+
+
+def trip_points(zone_dir, optional):
+    """(lowest valid trip point in °C or None, the file and type it is read from, the
+    trip points left out with why) of one zone."""
+    valid, ignored = [], []
+    try:
+        names = sorted((n for n in os.listdir(zone_dir) if re.match(r"trip_point_\d+_temp$", n)), key=number_in)
+    except OSError:
+        names = []
+    for name in names:
+        trip_type = optional(os.path.join(zone_dir, name[:-len("temp")] + "type"))
+        text = optional(os.path.join(zone_dir, name))
+        value, why = parse_millidegrees(text)
+        if value == 0:
+            why = "0: unset"
+        elif value is not None and trip_type not in INTERLOCK_TRIP_TYPES:
+            why = "%s (a fan or cooling step, not a limit)" % trip_type
+        label = "%s (%s)" % (name, trip_type) if trip_type else name
+        if why:
+            ignored.append({"trip_point": label, "raw": text[:20], "why": why})
+        else:
+            valid.append((value, label))
+    lowest = min(valid) if valid else (None, None)
+    return lowest[0], lowest[1], ignored
+
+
+class ThermalZones(ResolvedSource):
     name = "thermal"
     kind = "thermal"  # the kind of its rows in tidy/telemetry.parquet
     default_interval_s = 15.0
 
     def __init__(self, *args, **kwargs):
-        Source.__init__(self, *args, **kwargs)
+        ResolvedSource.__init__(self, *args, **kwargs)
         self.zones = {}
-        self.unnamed = []  # zone directories named without a device path (yet)
 
     def base(self):
         return self.sys_path("class", "thermal")
@@ -138,25 +250,24 @@ class ThermalZones(Source):
     def available(self):
         return os.path.isdir(self.base())
 
-    def discover(self):
-        zones, trips, details, unnamed = {}, {}, [], []
-        entries = sorted(self.entries(), key=number_in)
-        for entry in entries:
+    def layout(self):
+        """Each zone's number, type and ACPI path: what its name is made of."""
+        return tuple((entry, self._optional(os.path.join(self.base(), entry, "type")),
+                      self._optional(os.path.join(self.base(), entry, "device", "path")))
+                     for entry in self.entries())
+
+    def resolve(self):
+        zones, trips, details = {}, {}, []
+        for entry, zone_type, raw_path in self.resolved_layout:
             zone_dir = os.path.join(self.base(), entry)
-            index = number_in(entry)
-            raw_path = self._optional(os.path.join(zone_dir, "device", "path"))
-            zone_type = self._optional(os.path.join(zone_dir, "type"))
-            name = zone_name(raw_path, zone_type, index, zones)
+            name = zone_name(raw_path, zone_type, number_in(entry), zones, device_identity(zone_dir))
             zones[name] = zone_dir
-            if not raw_path:
-                unnamed.append(zone_dir)
-            trip = self._optional(os.path.join(zone_dir, "trip_point_0_temp"))
-            trip_c = parse_millidegrees(trip)[0] if trip else None
+            trip_c, trip_point, ignored = trip_points(zone_dir, self._optional)
             if trip_c is not None:
                 trips[name] = trip_c
             details.append({"zone": entry, "name": name, "device_path": raw_path, "type": zone_type,
-                            "trip_point_c": trip_c})
-        self.zones, self.unnamed = zones, unnamed
+                            "trip_point_c": trip_c, "trip_point": trip_point, "trip_points_ignored": ignored})
+        self.zones = zones
         return {"zones": sorted(zones), "trip_points_c": trips, "details": details}
 
     @staticmethod
@@ -167,31 +278,28 @@ class ThermalZones(Source):
             return ""
 
     def entries(self):
-        return sorted(e for e in os.listdir(self.base()) if e.startswith("thermal_zone"))
+        try:
+            return sorted((e for e in os.listdir(self.base()) if e.startswith("thermal_zone")), key=number_in)
+        except OSError:
+            return []
 
-    def sample(self):
-        if self.entries() != sorted(os.path.basename(d) for d in self.zones.values()) or any(
-                self._optional(os.path.join(d, "device", "path")) for d in self.unnamed):
-            # a zone appeared or vanished (driver reload, hotplug), or its ACPI path
-            # appeared after it did: its name follows the path from now on
-            self.discover()
-        rows = []
-        for name, zone_dir in sorted(self.zones.items()):
-            try:
-                value, reason = parse_millidegrees(read_text(os.path.join(zone_dir, "temp")))
-            except OSError as error:
-                value, reason = None, "unreadable: %s" % error.strerror
-            rows.append((name, value, reason))
-        return rows
+    def read(self, gone):
+        return [(name, ) + read_millidegrees(os.path.join(zone_dir, "temp"), gone)
+                for name, zone_dir in sorted(self.zones.items())]
 
 
-class CpuFrequency(Source):
+class CpuFrequency(ResolvedSource):
     """Every cpufreq policy; ``cpuinfo_avg_freq`` where the kernel has it (GB10's
-    ``scaling_cur_freq`` can over-read), else ``scaling_cur_freq``."""
+    ``scaling_cur_freq`` can over-read), else ``scaling_cur_freq``.  A policy is named by
+    its first CPU (``policy12`` -> ``cpu12``), which stays that CPU through hotplug."""
 
     name = "freq"
     kind = "freq"  # the kind of its rows in tidy/telemetry.parquet
     default_interval_s = 15.0
+
+    def __init__(self, *args, **kwargs):
+        ResolvedSource.__init__(self, *args, **kwargs)
+        self.policies = {}
 
     def base(self):
         return self.sys_path("devices", "system", "cpu", "cpufreq")
@@ -201,31 +309,36 @@ class CpuFrequency(Source):
 
     FILES = ("cpuinfo_avg_freq", "scaling_cur_freq")  # in order of preference
 
-    def discover(self):
+    def layout(self):
+        try:
+            return tuple(sorted((e for e in os.listdir(self.base()) if e.startswith("policy")), key=number_in))
+        except OSError:
+            return ()
+
+    def resolve(self):
         self.policies = {}
-        for entry in sorted(os.listdir(self.base()), key=number_in):
-            if not entry.startswith("policy"):
-                continue
+        for entry in self.resolved_layout:
             policy_dir = os.path.join(self.base(), entry)
             files = [os.path.join(policy_dir, f) for f in self.FILES if os.path.exists(os.path.join(policy_dir, f))]
             if files:
                 self.policies["cpu" + entry[len("policy"):]] = files
         return {"policies": {k: os.path.basename(v[0]) for k, v in self.policies.items()}}
 
-    def sample(self):
+    def read(self, gone):
         """Per policy and per sample, the first file that reads: ``cpuinfo_avg_freq``
         refuses reads now and then (EAGAIN on an idle core), ``scaling_cur_freq`` stands in."""
         rows = []
         for sensor, paths in sorted(self.policies.items(), key=lambda kv: number_in(kv[0])):
-            reasons = []
+            reasons, missing = [], []
             for path in paths:
-                try:
-                    rows.append((sensor, int(read_text(path)) / 1000.0, ""))
+                value, reason = read_parsed(path, int, missing)
+                if value is not None:
+                    rows.append((sensor, value / 1000.0, ""))
                     break
-                except (OSError, ValueError) as error:
-                    reasons.append("%s: %s" % (os.path.basename(path), error))
+                reasons.append("%s: %s" % (os.path.basename(path), reason))
             else:
                 rows.append((sensor, None, "unreadable: " + "; ".join(reasons)))
+                gone.extend(missing)
         return rows
 
 
@@ -242,18 +355,34 @@ def parse_thread_stat(text):
     return comm, int(fields[11]) + int(fields[12]), int(fields[36])
 
 
+# vLLM's API server by its command (``vllm serve``, ``python -m vllm.entrypoints...``), its
+# engine and workers by the titles vLLM gives them with setproctitle (``VLLM::EngineCore``,
+# ``VLLM::Worker_TP0``), which replace their command lines; plain ``vllm`` would miss none of
+# these but also match any command naming a file after vLLM (a config on Snakemake's line)
+DEFAULT_PROCESS_PATTERN = r"vllm serve|vllm\.entrypoints|VLLM::"
+
+
 class ProcessCpu(Source):
     """Σ Δ(utime+stime) / CLK_TCK / Δt × 100 over every process whose cmdline matches,
     plus the busiest threads (``thread <comm> <tid> cpu<N>``, N = the core it last ran
-    on), so a spinning thread can be attributed to a core and cluster."""
+    on), so a spinning thread can be attributed to a core and cluster.
+
+    A host runs hundreds of processes and few match, so a process's cmdline is read when
+    its pid first shows, at every sample while it matches or is young (vLLM's children
+    take their titles after they start; a wrapper execs into vLLM), and for all processes
+    every ``rescan_s``: a process that turns into a match later than ``young_s`` after
+    it started is counted from the next full scan on.  /proc itself is listed only when a
+    process started since the last sample (the last pid in /proc/loadavg moved)."""
 
     name = "cpu"
     kind = "cpu"  # the kind of its rows in tidy/telemetry.parquet
     default_interval_s = 6.0
     top_threads = 5
     sensor = "vllm_cpu_pct"  # the sum over the matching processes
+    young_s = 180.0
+    rescan_s = 60.0
 
-    def __init__(self, pattern="vllm", *args, **kwargs):
+    def __init__(self, pattern=DEFAULT_PROCESS_PATTERN, *args, **kwargs):
         Source.__init__(self, *args, **kwargs)
         self.pattern = re.compile(pattern)
         self.clk_tck = os.sysconf("SC_CLK_TCK")
@@ -261,23 +390,59 @@ class ProcessCpu(Source):
         self.previous_t = None
         self.previous_threads = {}
         self.own_pids = {os.getpid()}
+        self.known = {}  # pid -> (matches, monotonic time first seen; None: there at the first scan)
+        self.watched = []  # the pids that match or are young: looked at every sample
+        self.seen_last_pid = None
+        self.next_rescan = None
 
     @classmethod
     def from_settings(cls, settings, sys_root, proc_root):
-        return cls(settings.get("process_pattern", "vllm"), sys_root, proc_root)
+        return cls(settings.get("process_pattern", DEFAULT_PROCESS_PATTERN), sys_root, proc_root)
+
+    def cmdline(self, pid):
+        """The command line (or the title vLLM set) of a process, None once it has gone."""
+        try:
+            with open(self.proc_path(pid, "cmdline"), "rb") as handle:
+                return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except OSError:
+            return None
+
+    def last_pid(self):
+        """The pid the kernel handed out last (/proc/loadavg): unchanged, no process started."""
+        value, _ = read_parsed(self.proc_path("loadavg"), lambda text: int(text.split()[4]))
+        return value
 
     def matching_pids(self):
-        pids = []
-        for entry in os.listdir(self.proc_root):
+        now = time.monotonic()
+        first_scan = self.next_rescan is None
+        rescan = first_scan or now >= self.next_rescan
+        last_pid = self.last_pid()
+        if rescan or last_pid is None or last_pid != self.seen_last_pid:
+            entries = os.listdir(self.proc_root)  # new pids among them
+        else:
+            entries = self.watched  # no process started: only those watched can have changed
+        self.seen_last_pid = last_pid
+        if rescan:
+            self.next_rescan = now + self.rescan_s
+            self.known = {}  # and pids gone are forgotten
+        known, watched, pids = self.known, [], []
+        for entry in entries:
+            seen = known.get(entry)
+            if seen is not None and not seen[0] and (seen[1] is None or now - seen[1] >= self.young_s):
+                continue  # known, not a match, not young: looked at again at the next full scan
             if not entry.isdigit() or int(entry) in self.own_pids:
+                known[entry] = (False, None)
                 continue
-            try:
-                with open(self.proc_path(entry, "cmdline"), "rb") as handle:
-                    cmdline = handle.read().replace(b"\0", b" ").decode("utf-8", "replace")
-            except OSError:
+            cmdline = self.cmdline(entry)
+            if cmdline is None:
+                known.pop(entry, None)  # ended between listing and reading
                 continue
-            if self.pattern.search(cmdline):
+            seen = (bool(self.pattern.search(cmdline)), seen[1] if seen else (None if first_scan else now))
+            known[entry] = seen
+            watched.append(entry)
+            if seen[0]:
                 pids.append(entry)
+        self.watched = watched
         return pids
 
     def ticks(self):
@@ -288,6 +453,20 @@ class ProcessCpu(Source):
             except (OSError, ValueError, IndexError):
                 continue  # the process ended between listing and reading
         return result
+
+    def census(self, interval_s=0.5):
+        """The matching processes now, each with its title and CPU over ``interval_s``: what
+        discover and preflight show, so a user sees what will be summed."""
+        before, start = self.ticks(), time.time()
+        time.sleep(interval_s)
+        after, elapsed = self.ticks(), time.time() - start
+        rows = []
+        for pid, (ticks, starttime) in sorted(after.items(), key=lambda kv: int(kv[0])):
+            if pid in before and before[pid][1] == starttime:
+                rows.append({"pid": int(pid), "title": (self.cmdline(pid) or "")[:120],
+                             "cpu_pct": round(100.0 * (ticks - before[pid][0]) / self.clk_tck / elapsed, 1)})
+        return {"pattern": self.pattern.pattern, "processes": rows,
+                "cpu_pct": round(sum(r["cpu_pct"] for r in rows), 1)}
 
     def boot_ticks(self, now):
         """Uptime in ticks, to tell whether a new process started after the last sample."""
@@ -301,6 +480,7 @@ class ProcessCpu(Source):
         now = time.time()
         current = self.ticks()
         rows = []
+        busy = set(current)
         if self.previous is not None:
             elapsed = now - self.previous_t
             uptime_ticks = self.boot_ticks(now)
@@ -309,16 +489,21 @@ class ProcessCpu(Source):
             for pid, (ticks, start) in current.items():
                 if pid in self.previous and self.previous[pid][1] == start:
                     delta += ticks - self.previous[pid][0]
+                    if ticks == self.previous[pid][0]:
+                        busy.discard(pid)  # idle since the last sample: so are its threads
                 elif since_ticks is not None and start >= since_ticks:
                     delta += ticks  # born inside this interval: all its ticks are new
             rows.append((self.sensor, 100.0 * delta / self.clk_tck / elapsed, ""))
             rows.append(("vllm_processes", float(len(current)), ""))
-        threads = self.thread_ticks(current)
+        threads = self.thread_ticks(busy)
+        # an idle process's threads have the ticks they had: kept without reading them
+        threads.update((key, value) for key, value in self.previous_threads.items()
+                       if key[0] in current and key[0] not in busy)
         if self.previous is not None:
-            busy = sorted(((ticks - self.previous_threads[key][1], key, comm, cpu)
-                           for key, (comm, ticks, cpu) in threads.items() if key in self.previous_threads),
-                          reverse=True)[:self.top_threads]
-            for ticks, (pid, tid), comm, cpu in busy:
+            top = sorted(((ticks - self.previous_threads[key][1], key, comm, cpu)
+                          for key, (comm, ticks, cpu) in threads.items() if key in self.previous_threads),
+                         reverse=True)[:self.top_threads]
+            for ticks, (pid, tid), comm, cpu in top:
                 if ticks > 0:
                     rows.append(("thread %s %s cpu%d" % (comm, tid, cpu), 100.0 * ticks / self.clk_tck / elapsed, ""))
         self.previous, self.previous_t, self.previous_threads = current, now, threads
@@ -340,20 +525,27 @@ class ProcessCpu(Source):
 
 
 def hwmon_chips(base):
-    """(entry, chip directory, chip name, file names) of every hwmon chip under ``base`` that
-    can be listed: a chip that went away, or a dangling or looping link, leaves the others."""
-    chips = []
-    for entry in sorted(os.listdir(base)):
+    """(stable name, chip directory, file names) of every hwmon chip under ``base`` that can
+    be listed (a chip that went away, or a dangling or looping link, leaves the others).  A
+    chip is named ``<driver>@<device>`` (``nvme@nvme1``, ``k10temp@0000:00:18.3``,
+    ``coretemp@coretemp.0``) where its entry has a ``device`` link, by its driver alone where
+    it has none; never by ``hwmonN``, which the kernel hands to whichever chip registers."""
+    chips, taken = [], set()
+    for entry in sorted(os.listdir(base), key=number_in):
         chip_dir = os.path.join(base, entry)
         try:
             names = sorted(os.listdir(chip_dir))
         except OSError:
             continue
-        chips.append((entry, chip_dir, ThermalZones._optional(os.path.join(chip_dir, "name")) or entry, names))
+        driver = ThermalZones._optional(os.path.join(chip_dir, "name")) or "hwmon"
+        device = device_identity(chip_dir)
+        chip = unique_name("%s@%s" % (driver, device) if device else driver, taken)
+        taken.add(chip)
+        chips.append((chip, chip_dir, names))
     return chips
 
 
-class HwmonSource(Source):
+class HwmonSource(ResolvedSource):
     """A source that reads the chips of ``/sys/class/hwmon`` (:func:`hwmon_chips`)."""
 
     def base(self):
@@ -361,6 +553,16 @@ class HwmonSource(Source):
 
     def available(self):
         return os.path.isdir(self.base()) and bool(os.listdir(self.base()))
+
+    def layout(self):
+        """Each entry with where it and its device link lead: on a real host ``hwmonN`` is a
+        link into the device's own directory, so another device under the number shows."""
+        try:
+            entries = sorted(os.listdir(self.base()))
+        except OSError:
+            return ()
+        return tuple((e, link_target(os.path.join(self.base(), e)),
+                      link_target(os.path.join(self.base(), e, "device"))) for e in entries)
 
 
 class Hwmon(HwmonSource):
@@ -371,28 +573,23 @@ class Hwmon(HwmonSource):
     kind = "thermal"  # the kind of its rows in tidy/telemetry.parquet
     default_interval_s = 15.0
 
-    def discover(self):
+    def __init__(self, *args, **kwargs):
+        HwmonSource.__init__(self, *args, **kwargs)
         self.inputs = {}
-        for entry, chip_dir, chip, names in hwmon_chips(self.base()):
+
+    def resolve(self):
+        self.inputs = {}
+        for chip, chip_dir, names in hwmon_chips(self.base()):
             for name in names:
                 match = re.match(r"(temp\d+)_input$", name)
                 if match:
                     label = ThermalZones._optional(os.path.join(chip_dir, match.group(1) + "_label"))
-                    sensor = "%s/%s" % (chip, label or match.group(1))
-                    if sensor in self.inputs:
-                        sensor = "%s/%s" % (entry, label or match.group(1))
+                    sensor = unique_name("%s/%s" % (chip, label or match.group(1)), self.inputs)
                     self.inputs[sensor] = os.path.join(chip_dir, name)
         return {"sensors": sorted(self.inputs)}
 
-    def sample(self):
-        rows = []
-        for sensor, path in sorted(self.inputs.items()):
-            try:
-                value, reason = parse_millidegrees(read_text(path))
-            except OSError as error:
-                value, reason = None, "unreadable: %s" % error.strerror
-            rows.append((sensor, value, reason))
-        return rows
+    def read(self, gone):
+        return [(sensor, ) + read_millidegrees(path, gone) for sensor, path in sorted(self.inputs.items())]
 
 
 class Poller:
@@ -439,7 +636,8 @@ class Poller:
 
 
 def run_command(argv, timeout_s, started=None):
-    """(t, returncode or None, stdout, error) of one run, t = the midpoint of the run.
+    """(t, returncode or None, stdout, stderr) of one run, t = the midpoint of the run; a run
+    that could not start or timed out has returncode None and says why in stderr.
     ``started(process)`` is told of the process while it runs, so that whoever stops the
     agent can end a command still in flight."""
     start = time.time()
@@ -447,7 +645,7 @@ def run_command(argv, timeout_s, started=None):
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    stdin=subprocess.DEVNULL, universal_newlines=True)
     except OSError as error:
-        return start, None, "", "could not run %s: %s" % (argv[0], error)
+        return start, None, "", "could not run %s: %s" % (argv[0], error.strerror or error)
     if started is not None:
         started(process)
     try:
@@ -455,9 +653,40 @@ def run_command(argv, timeout_s, started=None):
     except subprocess.TimeoutExpired:
         process.kill()  # not waited for: a command stuck in the kernel may never go
         return (start + time.time()) / 2, None, "", "%s timed out after %g s" % (argv[0], timeout_s)
-    error = "" if process.returncode == 0 else (
-        stderr.strip() or stdout.strip() or "exit %d" % process.returncode)[:200]
-    return (start + time.time()) / 2, process.returncode, stdout, error
+    return (start + time.time()) / 2, process.returncode, stdout, stderr
+
+
+def first_line(text):
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def failure_reason(category, text):
+    """A short category and the first line of what the command said: ingest counts missing
+    values by their reason's text, so a reason is never a command's raw output."""
+    line = first_line(text)
+    return ("%s: %s" % (category, line) if line else category)[:160]
+
+
+# a device named in a command's error (nvidia-smi names a GPU off the bus by its PCI address)
+PCI_ADDRESS = re.compile(r"(?<![0-9a-fA-F:])(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7](?![0-9a-fA-F])")
+
+
+PARSE_ERROR = "_parse_error"  # the sensor of a line that is not a row: gpu_parse_error
+
+
+def failure_rows(failed_sensor, returncode, stdout, stderr):
+    """The missing values of a run that failed: one per device its output names (``<failed
+    sensor> <PCI address>``, reason the first line naming it), else one under
+    ``failed_sensor``."""
+    category = "no result" if returncode is None else "exit %d" % returncode
+    lines = [line.strip() for line in (stderr + "\n" + stdout).splitlines() if line.strip()]
+    devices = {}
+    for line in lines:
+        for address in PCI_ADDRESS.findall(line):
+            devices.setdefault(address.lower(), failure_reason(category, line))
+    if devices:
+        return [("%s %s" % (failed_sensor, address), None, reason) for address, reason in sorted(devices.items())]
+    return [(failed_sensor, None, failure_reason(category, "\n".join(lines)))]
 
 
 class CommandSource(Source):
@@ -478,7 +707,7 @@ class CommandSource(Source):
 
     def reads_this_machine(self):
         """A command reads the machine it runs on: a simulated node (a tree under another root)
-        must not report the power of the machine that hosts it."""
+        must not report the GPUs or the power of the machine that hosts it as its own."""
         return os.path.abspath(self.sys_root) == "/"
 
     def command(self):
@@ -496,10 +725,19 @@ class CommandSource(Source):
     def measure(self):
         if self.closed:
             return []
-        t, returncode, stdout, error = run_command(self.command(), self.timeout_s, self._started)
+        t, returncode, stdout, stderr = run_command(self.command(), self.timeout_s, self._started)
         self.running = None
-        parsed = self.parse(stdout) if returncode == 0 else [(self.failed_sensor, None, error)]
-        return [(t, sensor, value, reason) for sensor, value, reason in parsed]
+        return [(t, ) + row for row in self.rows_of(returncode, stdout, stderr)]
+
+    def rows_of(self, returncode, stdout, stderr):
+        """The rows of one run.  One GPU off the bus fails the whole run while the others'
+        rows are valid: those are kept, with the failure in place of the lines that were
+        not rows."""
+        parsed = self.parse(stdout) if returncode is not None else []
+        if returncode != 0:
+            parsed = [row for row in parsed if not row[0].endswith(PARSE_ERROR)]
+            parsed += failure_rows(self.failed_sensor, returncode, stdout, stderr)
+        return parsed
 
     def sample(self):
         if self.poller is None:
@@ -530,7 +768,7 @@ def parse_nvidia_smi(text):
     for line in text.strip().splitlines():
         fields = [f.strip() for f in line.split(",")]
         if len(fields) != len(GPU_QUERY):
-            rows.append(("gpu_parse_error", None, "unexpected line: %r" % line[:80]))
+            rows.append(("gpu" + PARSE_ERROR, None, failure_reason("unexpected line", line)))
             continue
         for sensor, raw in zip(GPU_SENSORS, fields[1:]):
             try:
@@ -547,7 +785,7 @@ class NvidiaGpu(CommandSource):
     failed_sensor = "gpu_error"
 
     def available(self):
-        return shutil.which("nvidia-smi") is not None
+        return self.reads_this_machine() and shutil.which("nvidia-smi") is not None
 
     def command(self):
         return ["nvidia-smi", "--query-gpu=" + ",".join(GPU_QUERY), "--format=csv,noheader,nounits"]
@@ -629,20 +867,24 @@ RAPL_ZONE = re.compile(r"^intel-rapl:(\d+)(?::(\d+))?$")
 
 def rapl_domain(parent_name, name, index):
     """Domain of a RAPL zone from its ``name`` file: top-level zones keep theirs (package-N,
-    psys), a ``dram`` zone is ``dram-N`` after its package, ``core``/``uncore`` and any other
-    sub-zone are sub-domains ``<package>/<name>`` (their energy is inside the package's)."""
+    package-N-die-D on a multi-die CPU, each die its own counter; psys), a ``dram`` zone is
+    its package's name with ``dram`` for ``package`` (dram-N, dram-N-die-D), ``core``/``uncore``
+    and any other sub-zone are sub-domains ``<package>/<name>`` (inside the package's energy)."""
     if name == "dram":
-        package = re.search(r"(\d+)$", parent_name or "")
-        return "dram-%s" % (package.group(1) if package else index)
+        if parent_name and parent_name.startswith("package-"):
+            return "dram" + parent_name[len("package"):]
+        return "dram-%d" % index
     if parent_name is None:
         return name or "zone-%d" % index
     return "%s/%s" % (parent_name, name or "zone-%d" % index)
 
 
-class RaplPower(Source):
+class RaplPower(ResolvedSource):
     """RAPL through powercap: ``intel-rapl:N`` zones (package-N, psys) and their ``intel-rapl:N:M``
     sub-zones (core, uncore, dram); each zone's ``energy_uj`` counter, raw, wrapping at its
-    ``max_energy_range_uj``.  Only the MSR zones: ``intel-rapl-mmio`` repeats the package."""
+    ``max_energy_range_uj``.  Only the MSR zones: ``intel-rapl-mmio`` repeats the package.
+    A zone is named by its ``name`` file, which stays with the package when the zones are
+    numbered anew (a driver reload)."""
 
     name = "rapl"
     kind = "power"  # the kind of its rows in tidy/telemetry.parquet (counters become watts at ingest)
@@ -651,7 +893,7 @@ class RaplPower(Source):
     default_interval_s = 5.0
 
     def __init__(self, *args, **kwargs):
-        Source.__init__(self, *args, **kwargs)
+        ResolvedSource.__init__(self, *args, **kwargs)
         self.counters = {}
 
     def base(self):
@@ -669,16 +911,18 @@ class RaplPower(Source):
     def available(self):
         return bool(self.zone_entries())
 
-    def discover(self):
+    def layout(self):
+        return tuple((key, entry, ThermalZones._optional(os.path.join(self.base(), entry, "name")))
+                     for key, entry in self.zone_entries())
+
+    def resolve(self):
         self.counters, names, details = {}, {}, []
-        for (top, sub), entry in self.zone_entries():
+        for (top, sub), entry, name in self.resolved_layout:
             zone_dir = os.path.join(self.base(), entry)
-            name = ThermalZones._optional(os.path.join(zone_dir, "name"))
             domain = rapl_domain(None if sub < 0 else names.get(top), name, top)
             if sub < 0:
                 names[top] = domain
-            if domain in self.counters.values():
-                domain = "%s/%s" % (domain, entry)
+            domain = unique_name(domain, {d["domain"] for d in details})
             wrap_max, why = read_int(os.path.join(zone_dir, "max_energy_range_uj"))
             sensor = power_sensor(domain, "uJ", wrap_max)
             self.counters[sensor] = os.path.join(zone_dir, "energy_uj")
@@ -687,8 +931,8 @@ class RaplPower(Source):
                             "readable": readable, "reason": why})
         return {"domains": [d["domain"] for d in details], "details": details}
 
-    def sample(self):
-        return [(sensor, ) + read_int(path) for sensor, path in sorted(self.counters.items())]
+    def read(self, gone):
+        return [(sensor, ) + read_parsed(path, int, gone) for sensor, path in sorted(self.counters.items())]
 
 
 class HwmonPower(HwmonSource):
@@ -705,12 +949,12 @@ class HwmonPower(HwmonSource):
     default_interval_s = 1.0
 
     def __init__(self, *args, **kwargs):
-        Source.__init__(self, *args, **kwargs)
+        HwmonSource.__init__(self, *args, **kwargs)
         self.channels = {}
 
-    def discover(self):
-        self.channels = {}
-        for entry, chip_dir, chip, names in hwmon_chips(self.base()):
+    def resolve(self):
+        self.channels, domains = {}, set()
+        for chip, chip_dir, names in hwmon_chips(self.base()):
             files = set(names)
             for name in names:
                 match = re.match(r"(power|energy)(\d+)_(input|average)$", name)
@@ -722,18 +966,15 @@ class HwmonPower(HwmonSource):
                 if kind == "energy" and reading == "average":
                     continue
                 label = ThermalZones._optional(os.path.join(chip_dir, "%s%s_label" % (kind, channel)))
-                label = label or kind + channel
-                unit = "W" if kind == "power" else "uJ"
-                sensor = power_sensor("hwmon/%s/%s" % (chip, label), unit)
-                if sensor in self.channels:  # two chips of one driver: told apart by their entry
-                    sensor = power_sensor("hwmon/%s/%s" % (entry, label), unit)
-                self.channels[sensor] = os.path.join(chip_dir, name)
+                domain = unique_name("hwmon/%s/%s" % (chip, label or kind + channel), domains)
+                domains.add(domain)
+                self.channels[power_sensor(domain, "W" if kind == "power" else "uJ")] = os.path.join(chip_dir, name)
         return {"sensors": sorted(self.channels)}
 
-    def sample(self):
+    def read(self, gone):
         rows = []
         for sensor, path in sorted(self.channels.items()):
-            value, reason = read_int(path)
+            value, reason = read_parsed(path, int, gone)
             if value is not None and sensor.endswith(" W"):
                 value = value / 1e6  # µW
             rows.append((sensor, value, reason))
@@ -751,7 +992,7 @@ def parse_gpu_power(text, fields=GPU_POWER_QUERY):
     for line in text.strip().splitlines():
         values = [v.strip() for v in line.split(",")]
         if len(values) != len(fields) or not values[0].isdigit():
-            rows.append(("gpu_parse_error", None, "unexpected line: %r" % line[:80]))
+            rows.append(("gpu" + PARSE_ERROR, None, failure_reason("unexpected line", line)))
             continue
         for field, raw in zip(fields[1:], values[1:]):
             unit = "W" if field == "power.draw" else "mJ"
@@ -816,15 +1057,16 @@ class NvidiaPower(CommandSource):
 
     def discover(self):
         """Where the counter comes from: an older or newer nvidia-smi refuses the field outright."""
-        _, returncode, stdout, error = run_command(self.command(), self.timeout_s)
-        if returncode != 0 and "total_energy_consumption" in error:
+        _, returncode, stdout, stderr = run_command(self.command(), self.timeout_s)
+        if returncode != 0 and "total_energy_consumption" in stderr + stdout:
             self.fields = GPU_POWER_QUERY[:2]
             try:
                 self.nvml = NvmlEnergy()
             except (OSError, AttributeError) as nvml_error:
                 self.nvml_error = "no energy counter: nvidia-smi has no field and %s" % nvml_error
-            _, returncode, stdout, error = run_command(self.command(), self.timeout_s)
-        rows = self.parse(stdout) if returncode == 0 else []
+            _, returncode, stdout, stderr = run_command(self.command(), self.timeout_s)
+        rows = self.rows_of(returncode, stdout, stderr)
+        error = "" if returncode == 0 else failure_reason("exit %s" % returncode, stderr + "\n" + stdout)
         counter = "nvidia-smi" if len(self.fields) == 3 else ("NVML" if self.nvml else None)
         return {"fields": list(self.fields), "energy_counter": counter, "error": error or self.nvml_error,
                 "sensors": sorted(s for s, _, _ in rows), "missing": {s: r for s, v, r in rows if v is None}}
@@ -901,18 +1143,25 @@ SOURCES = (ThermalZones, Hwmon, CpuFrequency, ProcessCpu, SystemCpu, NvidiaGpu,
            RaplPower, HwmonPower, NvidiaPower, IpmiPower)
 
 
-def discover_all(sys_root="/", proc_root="/proc"):
+def discover_all(sys_root="/", proc_root="/proc", process_pattern=None):
     """What each available source finds at start, without sampling: preflight runs this
-    on every host (``agent.py --discover``), so it sees the zones the agent will log."""
+    on every host (``agent.py --discover``), so it sees the zones the agent will log.
+    With ``process_pattern``, also the processes it matches now, with their titles and
+    CPU (``processes``: which processes match is a run-time fact, so only when asked)."""
     found = {}
     for source_class in SOURCES:
         if source_class is ProcessCpu:
-            continue  # which processes match is a run-time fact, not a host fact
+            continue
         source = source_class(sys_root, proc_root)
         try:
             found[source.name] = source.discover() if source.available() else None
         except Exception as error:  # one odd source must not hide what the others found
             found[source.name] = {"error": "%s: %s" % (type(error).__name__, error)}
+    if process_pattern is not None:
+        try:
+            found["processes"] = ProcessCpu(process_pattern, sys_root, proc_root).census()
+        except Exception as error:
+            found["processes"] = {"error": "%s: %s" % (type(error).__name__, error)}
     return found
 
 
@@ -934,7 +1183,7 @@ def load_settings(path):
         raise SettingsError("not JSON: %s" % error)
     if not isinstance(settings, dict) or not isinstance(settings.get("out_dir"), str):
         raise SettingsError("must be a JSON object with out_dir")
-    pattern = settings.get("process_pattern", "vllm")
+    pattern = settings.get("process_pattern", DEFAULT_PROCESS_PATTERN)
     try:
         re.compile(pattern)
     except (re.error, TypeError) as error:
@@ -1043,9 +1292,12 @@ def main(argv=None):
     parser.add_argument("--discover", action="store_true",
                         help="print what the sources find (JSON) and exit, sampling nothing")
     parser.add_argument("--sys-root", default="/", help="with --discover: the root of /sys")
+    parser.add_argument("--proc-root", default="/proc", help="with --discover: where /proc is")
+    parser.add_argument("--process-pattern", help="with --discover: list the processes it matches, with their CPU")
     args = parser.parse_args(argv)
     if args.discover:
-        json.dump(discover_all(args.sys_root), sys.stdout, indent=1, sort_keys=True)
+        json.dump(discover_all(args.sys_root, args.proc_root, args.process_pattern), sys.stdout, indent=1,
+                  sort_keys=True)
         return 0
     if not args.config:
         parser.error("--config is required")

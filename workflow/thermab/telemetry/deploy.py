@@ -52,24 +52,66 @@ def _install(host: Host, directory: str, settings: dict | None = None) -> None:
         host.transport.put(AGENT_SOURCE, f"{directory}/agent.py")
 
 
-def discover(host: Host, session: str) -> dict:
+def _discover_args(host: Host, process_pattern: str | None) -> str:
+    """``--discover``'s roots (a simulated node's tree and /proc view, as the agent reads
+    them) and, where asked, the pattern whose processes it lists."""
+    simulated = host.spec.simulated
+    args = ["--sys-root", str(host.spec.root) if simulated else "/",
+            "--proc-root", str(host.spec.root / "proc") if simulated else "/proc"]
+    if process_pattern is not None:
+        args += ["--process-pattern", process_pattern]
+    return " ".join(shlex.quote(arg) for arg in args)
+
+
+def discover(host: Host, session: str, process_pattern: str | None = None) -> dict:
     """What the agent's own sources find on the host (zones with names and trip points,
-    hwmon, cpufreq, GPUs), so preflight sees exactly what the agent will log."""
+    hwmon, cpufreq, GPUs, and with ``process_pattern`` the processes it matches now), so
+    preflight sees exactly what the agent will log."""
     directory = session_dir(host, session)
     _install(host, directory)
-    root = shlex.quote(str(host.spec.root)) if host.spec.simulated else "/"
-    result = host.run(f"cd {shlex.quote(directory)} && {_python(host)} agent.py --discover --sys-root {root}")
+    result = host.run(f"cd {shlex.quote(directory)} && {_python(host)} agent.py --discover "
+                      f"{_discover_args(host, process_pattern)}")
     return json.loads(result.stdout)
 
 
-def discover_read_only(host: Host) -> dict:
+def discover_read_only(host: Host, process_pattern: str | None = None) -> dict:
     """The same discovery with nothing written on the host: the agent's source reaches the
     host's Python on its stdin (``python3 - --discover``), carried in the command itself
     since a transport's command has no stdin of its own (``thermab discover`` uses this)."""
     encoded = base64.b64encode(AGENT_SOURCE.read_bytes()).decode()
-    root = shlex.quote(str(host.spec.root)) if host.spec.simulated else "/"
-    result = host.run(f"printf %s {encoded} | base64 -d | {_python(host)} - --discover --sys-root {root}")
+    result = host.run(f"printf %s {encoded} | base64 -d | {_python(host)} - --discover "
+                      f"{_discover_args(host, process_pattern)}")
     return json.loads(result.stdout)
+
+
+def describe_processes(found: dict | None) -> str:
+    """One line of what the vLLM CPU will sum on a host: each matched process by pid, title
+    and CPU now (``agent.py --discover --process-pattern``), or why there is none."""
+    if not found:
+        return "not listed"
+    if "error" in found:
+        return f"not listed: {found['error']}"
+    processes = found.get("processes") or []
+    if not processes:
+        return f"none match {found.get('pattern')!r} now (the server may not be running yet)"
+    listed = "; ".join(f"{p['pid']} {p['title'][:60]} ({p['cpu_pct']:g} %)" for p in processes[:8])
+    more = f"; … {len(processes) - 8} more" if len(processes) > 8 else ""
+    return f"{len(processes)} match, {found.get('cpu_pct', 0):g} % CPU now: {listed}{more}"
+
+
+def lowest_trip_point(hosts: dict) -> str | None:
+    """Which trip point the interlock stands on, from preflight's zones of every host
+    (``104.8 °C: head TSOC trip_point_0_temp (critical)``), with the trip points left out
+    (0, the kernel's invalid -274000, a fan's active step) counted; None without any."""
+    zones = [(z["trip_point_c"], host, z) for host, facts in hosts.items() for z in facts.get("zones") or []
+             if z.get("trip_point_c") is not None]
+    ignored = sum(len(z.get("trip_points_ignored") or []) for facts in hosts.values()
+                  for z in facts.get("zones") or [])
+    if not zones:
+        return None
+    value, host, zone = min(zones, key=lambda item: item[0])
+    line = f"{value:g} °C: {host} {zone['name']} {zone.get('trip_point') or 'trip_point_0_temp'}"
+    return line + (f" ({ignored} trip points left out as unset or a fan's step)" if ignored else "")
 
 
 class AgentError(HostError):

@@ -1,0 +1,159 @@
+"""The agent on sysfs trees whose devices come and go while it runs: a device removed and
+another registered under its number (hwmonN, thermal_zoneN, intel-rapl:N, policyN), and a
+device coming back under another number.  Every device reads a value of its own, so each
+row written shows whether it came from the device its name says."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from processes import wait_until
+from test_agent import csv_rows
+from thermab.telemetry import deploy
+from thermab.telemetry.agent import CpuFrequency, Hwmon, HwmonPower, RaplPower, ThermalZones
+
+
+def register_hwmon(root: Path, number: int, device: str, driver: str, millic: int, label: str = "") -> None:
+    """A chip as the kernel registers it: its directory inside the device's, a ``device``
+    link up to the device, and ``/sys/class/hwmon/hwmonN`` a link down to it."""
+    chip = root / "sys/devices" / device / "hwmon" / f"hwmon{number}"
+    chip.mkdir(parents=True)
+    (chip / "device").symlink_to("../..")
+    (chip / "name").write_text(driver + "\n")
+    (chip / "temp1_input").write_text(f"{millic}\n")
+    (chip / "power1_input").write_text(f"{millic * 1000}\n")  # µW: the same number, in W
+    if label:
+        (chip / "temp1_label").write_text(label + "\n")
+    link = root / "sys/class/hwmon" / f"hwmon{number}"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(chip, link.parent))
+
+
+def unregister_hwmon(root: Path, number: int) -> None:
+    link = root / "sys/class/hwmon" / f"hwmon{number}"
+    chip = link.resolve()
+    link.unlink()
+    shutil.rmtree(chip)
+
+
+def register_zone(root: Path, number: int, zone_type: str, millic: int) -> None:
+    zone = root / f"sys/class/thermal/thermal_zone{number}"
+    zone.mkdir(parents=True)
+    (zone / "type").write_text(zone_type + "\n")
+    (zone / "temp").write_text(f"{millic}\n")
+
+
+def register_rapl(root: Path, number: int, name: str, counter: int) -> None:
+    zone = root / f"sys/class/powercap/intel-rapl:{number}"
+    zone.mkdir(parents=True)
+    (zone / "name").write_text(name + "\n")
+    (zone / "energy_uj").write_text(f"{counter}\n")
+    (zone / "max_energy_range_uj").write_text("262143328850\n")
+
+
+NVME0 = "pci0000:00/0000:00:1d.0/0000:3d:00.0/nvme/nvme0"
+NVME1 = "pci0000:00/0000:00:1d.4/0000:3e:00.0/nvme/nvme1"
+
+
+def test_a_second_chip_of_a_driver_is_named_by_its_device(tmp_path):
+    register_hwmon(tmp_path, 1, NVME0, "nvme", 40000, "Composite")
+    register_hwmon(tmp_path, 2, NVME1, "nvme", 41000, "Composite")
+    register_hwmon(tmp_path, 3, "platform/coretemp.0", "coretemp", 60000, "Package id 0")
+    hwmon = Hwmon(str(tmp_path))
+    assert hwmon.discover()["sensors"] == ["coretemp@coretemp.0/Package id 0", "nvme@nvme0/Composite",
+                                           "nvme@nvme1/Composite"]
+    assert HwmonPower(str(tmp_path)).discover()["sensors"][0] == "hwmon/coretemp@coretemp.0/power1 W"
+
+
+def test_a_renumbered_chip_keeps_its_name_and_never_lends_it(tmp_path):
+    """nvme0 goes away, an amdgpu registers as its hwmon1, nvme0 comes back as hwmon3."""
+    register_hwmon(tmp_path, 1, NVME0, "nvme", 40000, "Composite")
+    register_hwmon(tmp_path, 2, NVME1, "nvme", 41000, "Composite")
+    hwmon = Hwmon(str(tmp_path))
+    hwmon.discover()
+    unregister_hwmon(tmp_path, 1)
+    assert dict((s, v) for s, v, _ in hwmon.sample()) == {"nvme@nvme1/Composite": 41.0}
+    register_hwmon(tmp_path, 1, "pci0000:00/0000:00:01.1/0000:03:00.0", "amdgpu", 70000, "edge")
+    assert dict((s, v) for s, v, _ in hwmon.sample()) == {"amdgpu@0000:03:00.0/edge": 70.0,
+                                                          "nvme@nvme1/Composite": 41.0}
+    register_hwmon(tmp_path, 3, NVME0, "nvme", 40000, "Composite")
+    assert dict((s, v) for s, v, _ in hwmon.sample())["nvme@nvme0/Composite"] == 40.0, "read again once back"
+
+
+def test_zones_policies_and_rapl_zones_follow_their_devices(tmp_path):
+    register_zone(tmp_path, 0, "x86_pkg_temp", 50000)
+    register_zone(tmp_path, 1, "nvme", 40000)
+    register_rapl(tmp_path, 0, "package-0", 1000)
+    register_rapl(tmp_path, 1, "package-1", 2000)
+    for cpu in (0, 1):
+        policy = tmp_path / f"sys/devices/system/cpu/cpufreq/policy{cpu}"
+        policy.mkdir(parents=True)
+        (policy / "scaling_cur_freq").write_text(f"{(cpu + 1) * 1000000}\n")
+    zones, rapl, freq = ThermalZones(str(tmp_path)), RaplPower(str(tmp_path)), CpuFrequency(str(tmp_path))
+    for source in (zones, rapl, freq):
+        source.discover()
+    shutil.rmtree(tmp_path / "sys/class/thermal/thermal_zone1")
+    register_zone(tmp_path, 1, "iwlwifi_1", 45000)
+    assert dict((s, v) for s, v, _ in zones.sample()) == {"x86_pkg_temp": 50.0, "iwlwifi_1": 45.0}
+    shutil.rmtree(tmp_path / "sys/class/powercap/intel-rapl:0")
+    shutil.rmtree(tmp_path / "sys/class/powercap/intel-rapl:1")
+    register_rapl(tmp_path, 0, "package-1", 2001)  # the driver reloaded, numbering anew
+    assert [(s.split()[0], v) for s, v, _ in rapl.sample()] == [("package-1", 2001)]
+    shutil.rmtree(tmp_path / "sys/devices/system/cpu/cpufreq/policy1")  # CPU 1 offline
+    assert freq.sample() == [("cpu0", 1000.0, "")]
+
+
+def run_agent(root: Path, out: Path, intervals: dict) -> subprocess.Popen:
+    (root / "proc").mkdir(exist_ok=True)
+    settings = root / "settings.json"
+    settings.write_text(json.dumps({"out_dir": str(out), "sys_root": str(root), "proc_root": str(root / "proc"),
+                                    "stop_file": str(root / "stop"), "process_pattern": "no-such-process-xyz",
+                                    "intervals": intervals}))
+    return subprocess.Popen([sys.executable, str(deploy.AGENT_SOURCE), "--config", str(settings)],
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_devices_swapped_under_a_running_agent_never_trade_names(tmp_path):
+    """A real agent sampling every 50 ms while, one after another, the device under hwmon1
+    and thermal_zone1 is replaced by a new one, each reading a value of its own; at the end
+    the first device comes back under another number.  Every row's value is its device's."""
+    root, out = tmp_path / "node", tmp_path / "out"
+    expected_hwmon = {"nvme@nvme1/Composite": 41.0}
+    expected_zone = {"x86_pkg_temp": 50.0}
+    register_hwmon(root, 2, NVME1, "nvme", 41000, "Composite")
+    register_zone(root, 0, "x86_pkg_temp", 50000)
+    agent = run_agent(root, out, {"hwmon": 0.05, "hwmon_power": 0.05, "thermal": 0.05, "cpu": 5, "freq": 5})
+    try:
+        for k in range(12):
+            millic = 60000 + k * 1000
+            register_hwmon(root, 1, f"pci0000:00/0000:00:01.1/0000:{k + 3:02x}:00.0", "amdgpu", millic, "edge")
+            expected_hwmon[f"amdgpu@0000:{k + 3:02x}:00.0/edge"] = millic / 1000
+            register_zone(root, 1, f"dev{k}", millic)
+            expected_zone[f"dev{k}"] = millic / 1000
+            time.sleep(0.12)
+            unregister_hwmon(root, 1)
+            shutil.rmtree(root / "sys/class/thermal/thermal_zone1")
+        register_hwmon(root, 3, NVME0, "nvme", 40000, "Composite")
+        expected_hwmon["nvme@nvme0/Composite"] = 40.0
+        assert wait_until(lambda: (out / "hwmon.csv").exists() and any(
+            r["sensor"] == "nvme@nvme0/Composite" for r in csv_rows(out / "hwmon.csv")), timeout=30)
+        (root / "stop").touch()
+        assert agent.wait(timeout=30) == 0, agent.stderr.read()
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    chips = {sensor.split("/")[0]: value for sensor, value in expected_hwmon.items()}
+    for stem, expected, name_of in (("hwmon", chips, lambda s: s.split("/")[0]),
+                                    ("hwmon_power", chips, lambda s: s.split("/")[1]),
+                                    ("thermal", expected_zone, lambda s: s)):
+        rows = [r for r in csv_rows(out / f"{stem}.csv") if r["value"]]
+        for row in rows:
+            assert float(row["value"]) == pytest.approx(expected[name_of(row["sensor"])]), (stem, row)
+        assert len({r["sensor"] for r in rows}) > 3, f"{stem}: the swapped devices were read"
