@@ -43,7 +43,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / ".thermab" / "tiny-llama"
 SIM_TOKENIZER = REPO / "workflow" / "thermab" / "sim" / "tokenizer.json"
-FORMAT = 2  # bump when the model or tokenizer below changes, so old directories are rebuilt
+FORMAT = 1  # bump when the model or tokenizer below changes, so old directories are rebuilt
 SEED = 7
 VOCAB = 2048
 SPECIAL = ["<s>", "</s>", "<pad>"]
