@@ -557,6 +557,12 @@ def test_completions_metrics_version_and_keep_alive_after_a_404(cluster):
     assert samples[("vllm:time_to_first_token_seconds_count", labels)] == 2
     assert 0 <= samples[("vllm:kv_cache_usage_perc", labels)] <= 1
 
+    with post(port, {"model": "sim", "prompt": prompt}, "/tokenize") as response:
+        ids = json.load(response)["tokens"]
+    assert ids == tokens.encode(prompt)
+    with post(port, {"model": "sim", "tokens": ids}, "/detokenize") as response:
+        assert json.load(response)["prompt"] == prompt
+
     # A 404'd POST has its body read: the same keep-alive connection serves the next request.
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     connection.request("POST", "/v1/nothing-here", body=json.dumps(body))

@@ -19,7 +19,8 @@ node's processes):
   names in Prometheus text, :mod:`thermab.sim.metrics`), ``POST /v1/chat/completions`` and
   ``/v1/completions`` (text or token-id prompt; streaming SSE or not; ``max_tokens``,
   ``ignore_eos``, ``stream_options.include_usage``; unknown keys such as
-  ``reasoning_effort`` are accepted and ignored).  A POST's body is read whatever its path,
+  ``reasoning_effort`` are accepted and ignored), ``/tokenize`` and ``/detokenize``
+  (which ``vllm bench serve`` asks to check its tokenizer against the server's).  A POST's body is read whatever its path,
   so a 404 leaves the keep-alive connection ready for the next request.
 - EngineCore: continuous batching.  Each step takes ``--step-ms`` of GPU time, plus 0.05 ms
   per uncached prompt token of newly admitted requests, and yields every running request
@@ -485,7 +486,27 @@ class ApiServer(ThreadingHTTPServer):
         self.cpu = cpu  # the API server's GB10 CPU: detokenizing and streaming
 
 
-POST_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+def tokenize(body) -> dict:
+    """vLLM's /tokenize: a prompt or chat messages -> their token ids (as the engine counts)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    if "messages" in body:
+        ids = tokens.encode(tokens.render_chat(body["messages"]))
+    else:
+        ids = completions_prompt(body)
+    return {"count": len(ids), "max_model_len": MAX_MODEL_LEN, "tokens": ids, "token_strs": None}
+
+
+def detokenize(body) -> dict:
+    ids = body.get("tokens") if isinstance(body, dict) else None
+    if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < tokens.vocab_size() for t in ids):
+        raise ApiError(400, "tokens must be a list of token ids")
+    return {"prompt": tokens.tokenizer().decode(ids, skip_special_tokens=False)}
+
+
+TOKEN_PATHS = {"tokenize": tokenize, "detokenize": detokenize}
+POST_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
+              "/tokenize": "tokenize", "/detokenize": "detokenize"}
 ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-"}
 OBJECT = {"chat": ("chat.completion", "chat.completion.chunk"), "completions": ("text_completion", "text_completion")}
 
@@ -536,6 +557,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send_error_json(404, "Not Found")
             return
         try:
+            if kind in TOKEN_PATHS:
+                self.send_json(200, TOKEN_PATHS[kind](json.loads(raw)))
+                return
             request = parse_request(json.loads(raw), self.server.model, kind)
         except json.JSONDecodeError as error:
             self.send_error_json(400, "invalid JSON: %s" % error)
