@@ -79,11 +79,19 @@ def _server_lines(run: RunData, t0: float) -> list[tuple[str, pd.DataFrame]]:
     """(sensor, samples with ``minutes``) of the server's running and waiting requests: what
     the server panel draws (empty when /metrics was not scraped)."""
     server = run.telemetry.frame(kind="server")
-    return [(sensor, samples.sort_values("t").assign(minutes=lambda f: (f["t"] - t0) / 60))
-            for sensor in SERVER_SENSORS if len(samples := server[server["sensor"] == sensor])]
+    lines = []
+    for sensor in SERVER_SENSORS:
+        samples = server[server["sensor"] == sensor].sort_values("t")
+        if len(samples):
+            # scraped during the phases only: a gap between them is a break in the line
+            breaks = samples[samples["t"].diff() > SERVER_GAP_S].assign(value=np.nan)
+            samples = pd.concat([samples, breaks.assign(t=breaks["t"] - 1e-3)]).sort_values("t", kind="stable")
+            lines.append((sensor, samples.assign(minutes=(samples["t"] - t0) / 60)))
+    return lines
 
 
 SERVER_SENSORS = {"running": ("#1b7837", "-"), "waiting": ("#762a83", "--")}
+SERVER_GAP_S = 30.0
 
 
 def _server_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, t0: float) -> None:
