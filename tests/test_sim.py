@@ -3,6 +3,7 @@
 Every process a test starts is stopped by pid in a finalizer.
 """
 
+import http.client
 import json
 import multiprocessing
 import os
@@ -14,10 +15,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from thermab.sim import cpu, node, shm, thermal, vllm, zones
+from thermab.sim import cpu, node, shm, thermal, tokens, vllm, zones
 from thermab.telemetry.agent import CpuFrequency, ProcessCpu, ThermalZones
 from thermab.sim.shm import ShmQueue
 
@@ -247,28 +250,35 @@ def test_prune_removes_the_view_of_a_process_that_is_gone(tmp_path):
 
 # ---- tokens and the prefix cache ---------------------------------------------------
 
-def test_count_tokens_is_four_characters_a_token():
-    assert vllm.count_tokens("") == 0
-    assert vllm.count_tokens("abcd") == 1
-    assert vllm.count_tokens("abcde") == 2
+def test_the_server_counts_with_the_tokenizer_the_tiny_model_is_built_from():
+    sys.path.insert(0, str(Path(__file__).parent / "vllm_cpu"))
+    import make_tiny_model
+
+    assert make_tiny_model.SIM_TOKENIZER == tokens.TOKENIZER
+    assert make_tiny_model.train_tokenizer().to_str() == tokens.tokenizer().to_str()
+    assert tokens.encode("") == []
+    assert tokens.encode(tokens.render_chat([{"role": "user", "content": "hi"}]))[0] == 0  # <s>
+    # the streamed words re-encode to exactly the tokens the server says it sent
+    for n in (1, 2, 17, 300):
+        assert len(tokens.encode("".join(tokens.token_text(i) for i in range(n)))) == n
 
 
 def test_prefix_cache_reuses_whole_blocks_and_a_leading_tag_defeats_it():
     cache = vllm.PrefixCache()
     body = "word " * 400
-    first = vllm.render_chat([{"role": "user", "content": "[tag-1] " + body}])
+    first = tokens.encode(tokens.render_chat([{"role": "user", "content": "[tag-1] " + body}]))
     assert cache.cached_tokens(first) == 0
     again = cache.cached_tokens(first)
     assert again % vllm.BLOCK_TOKENS == 0
-    assert vllm.count_tokens(first) - vllm.BLOCK_TOKENS <= again < vllm.count_tokens(first)
-    assert cache.cached_tokens(vllm.render_chat([{"role": "user", "content": "[tag-2] " + body}])) == 0
+    assert len(first) - vllm.BLOCK_TOKENS <= again < len(first)
+    assert cache.cached_tokens(tokens.encode(tokens.render_chat([{"role": "user", "content": "[tag-2] " + body}]))) == 0
 
 
 def test_completion_length_is_deterministic_and_bounded():
-    assert vllm.completion_length("p", 400, ignore_eos=True) == 400
-    natural = vllm.completion_length("some prompt", 400, ignore_eos=False)
+    assert vllm.completion_length([5], 400, ignore_eos=True) == 400
+    natural = vllm.completion_length([7, 8, 9], 400, ignore_eos=False)
     assert 1 <= natural <= 400
-    assert natural == vllm.completion_length("some prompt", 400, ignore_eos=False)
+    assert natural == vllm.completion_length([7, 8, 9], 400, ignore_eos=False)
 
 
 # ---- the server --------------------------------------------------------------------
@@ -307,8 +317,8 @@ def cluster(tmp_path):
             node.stop(root, "vllm")
 
 
-def post(port, body):
-    request = urllib.request.Request("http://127.0.0.1:%d/v1/chat/completions" % port,
+def post(port, body, path="/v1/chat/completions"):
+    request = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path),
                                      data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     return urllib.request.urlopen(request, timeout=30)
@@ -332,9 +342,9 @@ def test_server_streams_exactly_max_tokens_with_usage_then_stops(cluster):
     # a step yields one token or more (speculative decoding): chunks carry one or more
     assert 1 < len(content) <= 12
     assert "".join(c["choices"][0]["delta"]["content"] for c in content) == "".join(
-        vllm.token_text(i) for i in range(12))
+        tokens.token_text(i) for i in range(12))
     assert content[-1]["choices"][0]["finish_reason"] == "length"
-    prompt_tokens = vllm.count_tokens(vllm.render_chat(messages))
+    prompt_tokens = len(tokens.encode(tokens.render_chat(messages)))
     assert chunks[-1]["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 12,
                                    "total_tokens": prompt_tokens + 12,
                                    "prompt_tokens_details": {"cached_tokens": 0}}
@@ -504,3 +514,87 @@ def test_a_stale_pid_file_is_never_signalled(tmp_path):
     node.pid_file(tmp_path, "vllm").write_text("%d\n" % os.getpid())  # not a node process
     assert not node.stop(tmp_path, "vllm")
     assert not node.pid_file(tmp_path, "vllm").exists()
+
+
+def metrics(port) -> dict:
+    """{(name, labels): value} of every sample of /metrics, and {family: type}."""
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as response:
+        families = list(text_string_to_metric_families(response.read().decode()))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
+    return samples, {f.name: f.type for f in families}
+
+
+def test_completions_metrics_version_and_keep_alive_after_a_404(cluster):
+    port = cluster["port"]
+    wait_healthy(port)
+    with urllib.request.urlopen("http://127.0.0.1:%d/version" % port, timeout=5) as response:
+        assert json.load(response)["version"].startswith("0.")
+    prompt = "[tag-c] The river and the field"
+    body = {"model": "sim", "prompt": prompt, "max_tokens": 9, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    with post(port, body, "/v1/completions") as response:
+        events = [line[6:] for line in response.read().decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert {c["object"] for c in chunks} == {"text_completion"}
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert len(tokens.encode(text)) == 9
+    assert chunks[-1]["usage"]["prompt_tokens"] == len(tokens.encode(prompt))
+    assert chunks[-1]["usage"]["completion_tokens"] == 9
+    with post(port, {"model": "sim", "prompt": [5, 6, 7]}, "/v1/completions") as response:
+        answer = json.load(response)  # vLLM's default max_tokens for completions: 16
+    assert answer["usage"]["prompt_tokens"] == 3 and answer["usage"]["completion_tokens"] <= 16
+    assert answer["choices"][0]["finish_reason"] in ("length", "stop")
+
+    samples, types = metrics(port)
+    labels = (("engine", "0"), ("model_name", "sim"))
+    assert types["vllm:num_requests_running"] == types["vllm:num_requests_waiting"] == "gauge"
+    assert types["vllm:prompt_tokens"] == types["vllm:generation_tokens"] == "counter"
+    assert types["vllm:time_to_first_token_seconds"] == types["vllm:inter_token_latency_seconds"] == "histogram"
+    assert samples[("vllm:num_requests_running", labels)] == 0  # nothing in flight now
+    assert samples[("vllm:prompt_tokens_total", labels)] == len(tokens.encode(prompt)) + 3
+    assert samples[("vllm:generation_tokens_total", labels)] == 9 + answer["usage"]["completion_tokens"]
+    assert samples[("vllm:time_to_first_token_seconds_count", labels)] == 2
+    assert 0 <= samples[("vllm:kv_cache_usage_perc", labels)] <= 1
+
+    with post(port, {"model": "sim", "prompt": prompt}, "/tokenize") as response:
+        ids = json.load(response)["tokens"]
+    assert ids == tokens.encode(prompt)
+    with post(port, {"model": "sim", "tokens": ids}, "/detokenize") as response:
+        assert json.load(response)["prompt"] == prompt
+
+    # A 404'd POST has its body read: the same keep-alive connection serves the next request.
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("POST", "/v1/nothing-here", body=json.dumps(body))
+    missing = connection.getresponse()
+    assert missing.status == 404 and json.loads(missing.read())["code"] == 404
+    connection.request("POST", "/v1/completions", body=json.dumps(dict(body, stream=False)))
+    response = connection.getresponse()
+    assert response.status == 200 and json.loads(response.read())["usage"]["completion_tokens"] == 9
+    connection.close()
+
+
+def test_metrics_count_the_requests_the_engine_is_running(cluster):
+    """Four streams held open: the engine's running gauge reads them, the KV cache grows."""
+    port = cluster["port"]
+    wait_healthy(port)
+    body = {"model": "sim", "prompt": "[tag-r] go " * 50, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    started = threading.Barrier(5)
+
+    def user(i):
+        with post(port, dict(body, prompt="[u%d]" % i + body["prompt"]), "/v1/completions") as response:
+            response.readline()
+            started.wait(30)
+            response.read()
+
+    users = [threading.Thread(target=user, args=(i,)) for i in range(4)]
+    for thread in users:
+        thread.start()
+    started.wait(30)
+    time.sleep(0.3)
+    samples, _ = metrics(port)
+    for thread in users:
+        thread.join(60)
+    labels = (("engine", "0"), ("model_name", "sim"))
+    assert samples[("vllm:num_requests_running", labels)] == 4
+    assert samples[("vllm:kv_cache_usage_perc", labels)] > 0

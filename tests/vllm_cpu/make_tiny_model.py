@@ -8,11 +8,15 @@ OUT_DIR (default ``.thermab/tiny-llama`` under the repository) receives about 1.
   with 2 layers, hidden size 128, 4 heads, vocabulary 2048, tied embeddings, bfloat16,
   weights drawn from a fixed seed (the text it writes is noise, which is all a load needs:
   requests use ``ignore_eos`` and get exactly ``max_tokens`` tokens);
-- ``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``: a byte-level BPE
-  tokenizer trained here on seeded pseudo-prose (so every byte string encodes), with
+- ``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``: the byte-level BPE
+  tokenizer the simulated server counts with (``workflow/thermab/sim/tokenizer.json``,
+  trained by this script on seeded pseudo-prose, so every byte string encodes), with
   ``<s>``, ``</s>`` and ``<pad>`` and a ChatML-style chat template, so
-  ``/v1/chat/completions`` works;
+  ``/v1/chat/completions`` works and a client's token counts match both servers';
 - ``thermab-tiny.json``: what was made and the sha256 of every file.
+
+``--write-sim-tokenizer`` trains the tokenizer again and writes it to the simulated server's
+file (then commit it); the model is always built from that file, so the two never differ.
 
 Deterministic: the same script and library versions write the same bytes. A directory that
 already holds this script's model is reused unless ``--force``. Runs with the Python of the
@@ -38,6 +42,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / ".thermab" / "tiny-llama"
+SIM_TOKENIZER = REPO / "workflow" / "thermab" / "sim" / "tokenizer.json"
 FORMAT = 1  # bump when the model or tokenizer below changes, so old directories are rebuilt
 SEED = 7
 VOCAB = 2048
@@ -113,13 +118,14 @@ def build(out: Path) -> dict:
     import tokenizers
     import torch
     import transformers
+    from tokenizers import Tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
 
-    fast = PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(), bos_token="<s>", eos_token="</s>",
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(SIM_TOKENIZER)), bos_token="<s>", eos_token="</s>",
                                    pad_token="<pad>", model_max_length=MODEL["max_position_embeddings"])
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(tmp)
@@ -159,7 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
     parser.add_argument("--force", action="store_true", help="rebuild even if the directory is current")
+    parser.add_argument("--write-sim-tokenizer", action="store_true", help=f"train the tokenizer into {SIM_TOKENIZER}")
     args = parser.parse_args(argv)
+    if args.write_sim_tokenizer:
+        train_tokenizer().save(str(SIM_TOKENIZER))
+        print(f"make_tiny_model: wrote {SIM_TOKENIZER}")
+        return 0
     out = args.out.resolve()
     started = time.monotonic()
     stamp = None if args.force else current(out)

@@ -34,7 +34,7 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
     windows = metrics.load_windows(run.events)
     reports = {**load_validity.derived_reports(run.requests, windows, run.events, run.config, run.validity),
                **run.validity}
-    validity = load_validity.validity_table(reports, windows)
+    validity = load_validity.server_view(load_validity.validity_table(reports, windows), run.telemetry, windows)
     performance = metrics.performance(run.requests, windows)
     tables = {
         "windows": windows,

@@ -18,11 +18,13 @@ from thermab.config import UserError
 from thermab.load.validity import COLUMNS as REQUEST_COLUMNS, shortfalls, validity_report
 
 VALIDITY_COLUMNS = PHASE_KEYS + [
-    "users", "inflight_mean", "share_at_users", "ok_load", "full_length_share", "reporting_cached",
+    "users", "inflight_mean", "server_running_mean", "server_waiting_mean", "server_held_max",
+    "share_at_users", "ok_load", "full_length_share", "reporting_cached",
     "cached_share", "requests", "failed", "usage_source", "load_valid", "shortfalls", "warnings",
 ]
 DTYPES = {**dict.fromkeys(["users", "ok_load", "reporting_cached", "requests", "failed"], "Int64"),
-          **dict.fromkeys(["inflight_mean", "share_at_users", "full_length_share", "cached_share"], "float64"),
+          **dict.fromkeys(["inflight_mean", "share_at_users", "full_length_share", "cached_share",
+                           "server_running_mean", "server_waiting_mean", "server_held_max"], "float64"),
           "load_valid": "boolean"}
 NO_RECORDS = "no load records"
 DERIVED = "no validity.json: judged from tidy/requests.parquet"
@@ -106,6 +108,50 @@ def _row(window, report: dict | None) -> dict:
         "shortfalls": "; ".join(short),
         "warnings": "; ".join(report["warnings"]),
     }
+
+
+SERVER_COLUMNS = ["server_running_mean", "server_waiting_mean", "server_held_max"]
+SERVER_SLACK = 1.0  # requests: a disagreement beyond this is a warning
+
+
+def server_view(validity: pd.DataFrame, telemetry, windows: pd.DataFrame) -> pd.DataFrame:
+    """``validity`` (``validity_table``) with the server's own view of each load window from its ``/metrics``
+    (telemetry kind ``server``): the mean of vLLM's running and waiting gauges, the most
+    requests it held at once (running + waiting of one scrape), NaN where it was not scraped.
+
+    The gauges are the scheduler's state after the engine's latest step, so a request
+    counts only while the engine holds it: its mean is the users times the share of a
+    request's time spent in the engine, less than the client's in-flight, by much on a
+    model whose steps are short beside the HTTP and tokenizing around them (docs/load-tools.md).
+    What holds whatever the model: the server holds no more than the client has in flight,
+    and at some moment it holds every user's request.  So a phase is warned when its mean
+    running + waiting is more than one request above the client's in-flight (another
+    client shares the server) or its most held at once is more than one below the users
+    (something between the load and the engine holds requests back)."""
+    server = telemetry.frame(kind="server")
+    server = server[server["sensor"].isin(["running", "waiting"])]
+    rows = []
+    for window, row in zip(windows.itertuples(index=False), validity.itertuples(index=False)):
+        inside = server[(server["t"] >= window.load_start) & (server["t"] < window.load_end)]
+        running = inside.loc[inside["sensor"] == "running", "value"]
+        waiting = inside.loc[inside["sensor"] == "waiting", "value"]
+        held = inside.groupby("t")["value"].sum()
+        view = {"server_running_mean": running.mean() if len(running) else np.nan,
+                "server_waiting_mean": waiting.mean() if len(waiting) else np.nan,
+                "server_held_max": held.max() if len(held) else np.nan}
+        warnings = [w for w in [row.warnings] if isinstance(w, str) and w]
+        if len(held) and pd.notna(row.inflight_mean):
+            server_mean = view["server_running_mean"] + np.nan_to_num(view["server_waiting_mean"])
+            if server_mean > row.inflight_mean + SERVER_SLACK:
+                warnings.append(f"the server held {server_mean:.2f} requests on average, more than the load's "
+                                f"{row.inflight_mean:.2f} in flight: another client shares it")
+            if pd.notna(row.users) and view["server_held_max"] < row.users - SERVER_SLACK:
+                warnings.append(f"the server never held more than {view['server_held_max']:.0f} of the "
+                                f"{row.users} users' requests at once: something in front of it holds them back")
+        rows.append({**view, "warnings": "; ".join(warnings)})
+    view = pd.DataFrame(rows, columns=SERVER_COLUMNS + ["warnings"], index=validity.index)
+    return validity.assign(**{column: view[column].astype("float64") for column in SERVER_COLUMNS},
+                           warnings=view["warnings"])
 
 
 def mark(frame: pd.DataFrame, validity: pd.DataFrame) -> pd.DataFrame:

@@ -4,7 +4,8 @@ line: ``python -m thermab analyze RUN_DIR --figures``).
 Always written: timeline.png/.svg (matplotlib), timeline.html (plotly, plotly.js inline so it
 opens without network), cpu.png, throughput.png, time_to_threshold.png.  The timeline has a
 power panel below the temperatures when the run has power telemetry (the domains each
-host's total sums, see ``energy``).  A figure whose data
+host's total sums, see ``energy``), and a server panel when the endpoint's ``/metrics`` was
+scraped (vLLM's running and waiting requests, beside the configured users).  A figure whose data
 the run lacks (imported chart data has no CPU and no requests) is still written and says so,
 so that a workflow can declare every file as an output.  dose_response.png only for sweeps
 (more than two arms).  A phase whose load fell short of the configuration (``load_valid``
@@ -78,6 +79,42 @@ def _power_lines(run: RunData, t0: float) -> list[tuple[str, str, pd.DataFrame]]
     return lines
 
 
+def _server_lines(run: RunData, t0: float) -> list[tuple[str, pd.DataFrame]]:
+    """(sensor, samples with ``minutes``) of the server's running and waiting requests: what
+    the server panel draws (empty when /metrics was not scraped)."""
+    server = run.telemetry.frame(kind="server")
+    lines = []
+    for sensor in SERVER_SENSORS:
+        samples = server[server["sensor"] == sensor].sort_values("t")
+        if len(samples):
+            # scraped during the phases only: a gap between them is a break in the line
+            breaks = samples[samples["t"].diff() > SERVER_GAP_S].assign(value=np.nan)
+            samples = pd.concat([samples, breaks.assign(t=breaks["t"] - 1e-3)]).sort_values("t", kind="stable")
+            lines.append((sensor, samples.assign(minutes=(samples["t"] - t0) / 60)))
+    return lines
+
+
+SERVER_SENSORS = {"running": ("#1b7837", "-"), "waiting": ("#762a83", "--")}
+SERVER_GAP_S = 30.0
+
+
+def _server_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, t0: float) -> None:
+    """The server's own running and waiting requests (its /metrics), load windows shaded."""
+    for sensor, samples in lines:
+        color, dash = SERVER_SENSORS[sensor]
+        ax.step(samples["minutes"], samples["value"], where="post", color=color, ls=dash, lw=1.2,
+                label=f"server {sensor} requests")
+    users = run.config.get("users")
+    if users:
+        ax.axhline(users, ls=":", lw=1, color="#555555", label=f"{users} users")
+    for window in windows.itertuples(index=False):
+        ax.axvspan((window.load_start - t0) / 60, (window.load_end - t0) / 60,
+                   color=colors.get(window.arm, "#999999"), alpha=0.13, lw=0)
+    ax.set_ylabel("requests (server)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.25)
+
+
 def _host_color(run: RunData, host: str) -> str:
     if host == run.config["head"]:
         return HEAD_ZONE_COLOR
@@ -145,11 +182,11 @@ def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -
     config = run.config
     t0, head, zone = _timeline_frames(run)
     power_lines = _power_lines(run, t0)
-    if power_lines:
-        fig, (ax, power_ax) = plt.subplots(2, 1, figsize=(14, 9), sharex=True, height_ratios=[3, 1.3],
-                                           layout="constrained")
-    else:
-        fig, ax = plt.subplots(figsize=(14, 6.5), layout="constrained")
+    server_lines = _server_lines(run, t0)
+    below = [(draw, lines) for draw, lines in ((_power_panel, power_lines), (_server_panel, server_lines)) if lines]
+    fig, axes = plt.subplots(1 + len(below), 1, figsize=(14, 6.5 + 2.5 * len(below)), sharex=True,
+                             height_ratios=[3] + [1.3] * len(below), layout="constrained", squeeze=False)
+    ax = axes[0, 0]
     others = sorted(set(head["sensor"]) - {config["timeline_zone"]})
     for i, sensor in enumerate(others):
         samples = head[head["sensor"] == sensor]
@@ -194,12 +231,11 @@ def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -
     ax.set_ylabel("temperature (°C)")
     ax.set_title(_title(config, "thermal zones" + (" and power" if power_lines else "")))
     ax.grid(alpha=0.25)
-    bottom = ax
-    if power_lines:
-        _power_panel(power_ax, run, power_lines, windows, colors, t0)
-        bottom = power_ax
+    for (draw, lines), panel in zip(below, axes[1:, 0]):
+        draw(panel, run, lines, windows, colors, t0)
+    bottom = axes[-1, 0]
     bottom.set_xlabel("minutes from run_start")
-    handles = [h for axis in dict.fromkeys([ax, bottom]) for h in axis.get_legend_handles_labels()[0]]
+    handles = [h for axis in axes[:, 0] for h in axis.get_legend_handles_labels()[0]]
     bottom.legend(handles=handles, loc="upper left", bbox_to_anchor=(0, -0.1 if bottom is ax else -0.25), ncol=4,
                   fontsize=8.5, frameon=False)
     paths = [out / "timeline.png", out / "timeline.svg"]
@@ -221,9 +257,12 @@ def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict, path: Path)
     config = run.config
     t0, head, zone = _timeline_frames(run)
     power_lines = _power_lines(run, t0)
-    rows = 2 if power_lines else 1
+    server_lines = _server_lines(run, t0)
+    power_row = 2 if power_lines else None
+    server_row = (3 if power_lines else 2) if server_lines else None
+    rows = 1 + bool(power_lines) + bool(server_lines)
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        row_heights=[0.72, 0.28] if power_lines else None)
+                        row_heights=[0.72] + [0.28] * (rows - 1) if rows > 1 else None)
     temps = {"row": 1, "col": 1}  # temperatures, their reference lines and the event marks
     for sensor, samples in head.groupby("sensor"):
         is_zone = sensor == config["timeline_zone"]
@@ -240,14 +279,19 @@ def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict, path: Path)
         fig.add_scatter(x=samples["minutes"], y=samples["value"], name=f"{host} {domain} power",
                         line={"width": 1.5, "color": _host_color(run, host),
                               "dash": ["solid", "dash", "dot", "dashdot"][styles[host] % 4]},
-                        hovertemplate="%{y:.1f} W", row=2, col=1)
+                        hovertemplate="%{y:.1f} W", row=power_row, col=1)
+    for sensor, samples in server_lines:
+        color, dash = SERVER_SENSORS[sensor]
+        fig.add_scatter(x=samples["minutes"], y=samples["value"], name=f"server {sensor} requests",
+                        line={"width": 1.5, "color": color, "shape": "hv", "dash": "solid" if dash == "-" else "dash"},
+                        hovertemplate="%{y:.0f}", row=server_row, col=1)
     for window in windows.assign(short=is_short(windows)).itertuples(index=False):
         shading = {"x0": (window.load_start - t0) / 60, "x1": (window.load_end - t0) / 60,
                    "fillcolor": colors.get(window.arm, "#999999"), "opacity": 0.13, "line_width": 0}
         fig.add_vrect(**shading, annotation_text="load: " + _window_label(window, config),
                       annotation_position="top", **temps)
-        if power_lines:
-            fig.add_vrect(**shading, row=2, col=1)
+        for row in filter(None, (power_row, server_row)):
+            fig.add_vrect(**shading, row=row, col=1)
     for value, text, color in _reference_lines(config):
         fig.add_hline(y=value, line_dash="dot", line_color=color, annotation_text=text,
                       annotation_position="bottom right", **temps)
@@ -258,11 +302,13 @@ def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict, path: Path)
                       annotation_text=text, annotation_textangle=-90, annotation_position="bottom right",
                       annotation_font_size=10, **temps)
     fig.update_layout(title=_title(config, "thermal zones" + (" and power" if power_lines else "")),
-                      hovermode="x unified", template="plotly_white", height=850 if power_lines else 650)
+                      hovermode="x unified", template="plotly_white", height=650 + 200 * (rows - 1))
     fig.update_xaxes(title_text="minutes from run_start", row=rows, col=1)
     fig.update_yaxes(title_text="temperature (°C)", **temps)
     if power_lines:
-        fig.update_yaxes(title_text="power (W)", rangemode="tozero", row=2, col=1)
+        fig.update_yaxes(title_text="power (W)", rangemode="tozero", row=power_row, col=1)
+    if server_lines:
+        fig.update_yaxes(title_text="requests (server)", rangemode="tozero", row=server_row, col=1)
     fig.write_html(path, include_plotlyjs=True, full_html=True)
     return path
 

@@ -16,7 +16,7 @@ from . import energy, load_validity, stats
 DIGITS = {"°C": 1, "% of one core": 0, "tok/s": 1, "gaps": 0, "s": 1, "min": 1, "W": 1, "J": 0,
           "J/token": 3, "tok/J": 2}
 SHORT_UNIT = {"% of one core": "% CPU"}
-VALIDITY_COLUMNS = ["phase", "in flight", "full length", "cached tokens", "failed", "usage source", "load", "warnings"]
+VALIDITY_COLUMNS = ["phase", "in flight", "server running / waiting", "full length", "cached tokens", "failed", "usage source", "load", "warnings"]
 SHORT_MARK = " †"  # after an arm's name in a table: the load of one of its phases fell short
 
 
@@ -244,6 +244,10 @@ def load_validity_section(validity: pd.DataFrame, run: dict) -> list[str]:
         rows.append({**row,
                      "in flight": (f"{fmt(phase.inflight_mean, '', 2)} of {phase.users}"
                                    f" ({fmt(phase.share_at_users * 100, '%', 0)} of the window at {phase.users})"),
+                     "server running / waiting": (
+                         "not scraped" if pd.isna(phase.server_running_mean) else
+                         f"{fmt(phase.server_running_mean, '', 2)} / {fmt(phase.server_waiting_mean, '', 2)}"
+                         f" (at most {fmt(phase.server_held_max, '', 0)} held)"),
                      "full length": f"{fmt(phase.full_length_share * 100, '%', 1)} of {phase.ok_load} ok",
                      "cached tokens": cached,
                      "failed": f"{phase.failed} of {phase.requests}",
@@ -255,7 +259,11 @@ def load_validity_section(validity: pd.DataFrame, run: dict) -> list[str]:
         "",
         markdown_table(pd.DataFrame(rows, columns=VALIDITY_COLUMNS)),
         "In flight: time-weighted mean number of load requests in flight over the window, of the"
-        " configured users, and the share of the window with all of them in flight. Full length: ok load"
+        " configured users, and the share of the window with all of them in flight. Server running / waiting:"
+        " the means of vLLM's own gauges from its /metrics over the window, which count a request only while"
+        " the engine holds it (less than in flight by the time spent in HTTP and tokenizing, docs/load-tools.md);"
+        " more than one request above in flight, or a most held at once more than one below the users, is"
+        " a warning. Full length: ok load"
         " requests that returned max_tokens. Cached tokens: load requests whose prompt hit the prefix"
         " cache, of those whose usage reports it. Failed: of all requests, probes included. A phase's load"
         f" falls short of the configuration when fewer than users − {INFLIGHT_SLACK:g} requests were in"

@@ -16,7 +16,7 @@ from thermab.hosts import clock
 from thermab.jsonl import JsonlTail
 from thermab.layout import PhaseDir
 from thermab.load.runner import LoadAborted, LoadSpec, run_load
-from thermab.telemetry import deploy
+from thermab.telemetry import deploy, server_metrics
 from thermab.telemetry.agent import ProcessCpu, ThermalZones
 
 
@@ -274,9 +274,12 @@ def phase(run: ClusterRun, rep: int, arm: str, out_json: Path, out_requests: Pat
 
 def _load(run: ClusterRun, rep: int, arm: str, out_requests: Path, load_log: Path, model: str,
           interlock: Interlock) -> dict:
-    return run_load(run.cluster.endpoint, out_requests, LoadSpec.from_config(run.config, model),
-                    order=run.order, rep=rep, arm=arm, log_path=load_log, progress=run.progress,
-                    status_hint=lambda: f"head {_hottest(run)}", interlock=interlock)
+    scrape = server_metrics.Scraper(run.cluster.endpoint, out_requests.parent / server_metrics.FILE,
+                                    run.config["monitor"]["intervals"]["server"], progress=run.progress)
+    with scrape:  # the server's own view of the load, beside the client's
+        return run_load(run.cluster.endpoint, out_requests, LoadSpec.from_config(run.config, model),
+                        order=run.order, rep=rep, arm=arm, log_path=load_log, progress=run.progress,
+                        status_hint=lambda: f"head {_hottest(run)}", interlock=interlock)
 
 
 def clock_drift(run: ClusterRun, offsets_end: dict[str, clock.Offset]) -> dict[str, float]:

@@ -169,7 +169,10 @@ class LoadTest:
 
     def exchange(self, client, kind, user, sequence, max_tokens):
         """One streamed request, recorded whatever happens; returns whether it succeeded."""
-        tag = f"[{self.tag_prefix} {kind} u{user} #{sequence}]"
+        # what makes the tag unique comes first: a prefix cache compares whole 16-token blocks
+        # from the start, and the chat template already takes half of the first (8 of the tiny
+        # test model's tokens)
+        tag = f"[u{user}#{sequence} {kind} {self.tag_prefix}]"
         prompt = build_prompt(tag, self.options.prompt_tokens, self.tokens_per_char)
         reader = StreamReader(self.options.stall_gap_s)
         try:

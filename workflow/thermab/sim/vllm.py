@@ -15,9 +15,13 @@ A head node is three processes, all forked from the API server so all carry its 
 line (``vllm`` and ``--node ROOT``, which is how the agent and the thermal model find a
 node's processes):
 
-- API server: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``
-  (streaming SSE or not; ``max_tokens``, ``ignore_eos``, ``stream_options.include_usage``;
-  unknown keys such as ``reasoning_effort`` are accepted and ignored).
+- API server: ``GET /health``, ``/v1/models``, ``/version``, ``/metrics`` (vLLM's metric
+  names in Prometheus text, :mod:`thermab.sim.metrics`), ``POST /v1/chat/completions`` and
+  ``/v1/completions`` (text or token-id prompt; streaming SSE or not; ``max_tokens``,
+  ``ignore_eos``, ``stream_options.include_usage``; unknown keys such as
+  ``reasoning_effort`` are accepted and ignored), ``/tokenize`` and ``/detokenize``
+  (which ``vllm bench serve`` asks to check its tokenizer against the server's).  A POST's body is read whatever its path,
+  so a 404 leaves the keep-alive connection ready for the next request.
 - EngineCore: continuous batching.  Each step takes ``--step-ms`` of GPU time, plus 0.05 ms
   per uncached prompt token of newly admitted requests, and yields every running request
   one token plus the drafted tokens it accepts (speculative decoding with a 5-token MTP
@@ -49,9 +53,11 @@ nodes does; start the worker node first (the head retries for 60 s and reports /
 only once connected).  A worker node is one process that runs the head's steps on its
 emulated GPU and accounts its own GPU-waiting threads.
 
-Tokens: :func:`count_tokens` counts one token per 4 characters (rounded up), about what
-BPE tokenizers average on English.  The chat is rendered in a ChatML-style template
-first, so the prompt's token count includes a few template tokens.  Prefix cache: a
+Tokens: counted by the tests' tiny Llama's tokenizer, shipped beside this module
+(:mod:`thermab.sim.tokens`), so a client given that tokenizer counts what the server
+counts.  The chat is rendered in that model's template first, so the prompt's token count
+includes a few template tokens; each streamed token is one word that re-encodes to one
+token.  Prefix cache: a
 prompt reuses the 16-token blocks of the longest prompt prefix seen before (whole blocks,
 never the last token), reported as ``cached_tokens``; a unique tag at the very start of
 each prompt therefore gives 0.  Without ``ignore_eos`` a request stops at a length fixed
@@ -78,13 +84,15 @@ from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from thermab.sim import node
+from thermab.sim import node, tokens
 from thermab.sim.cpu import Account, Thread
+from thermab.sim.metrics import CONTENT_TYPE, ServerMetrics
 from thermab.sim.shm import ShmQueue
 
-TOKEN_CHARS = 4
 BLOCK_TOKENS = 16
 MAX_MODEL_LEN = 8192
+VLLM_VERSION = "0.32.0+thermab.sim"  # the vLLM whose API and metrics this server speaks
+KV_CACHE_BLOCKS = 32768  # 512k tokens of KV cache: a GB10's memory after the weights
 NATURAL_MAX_TOKENS = 512
 PREFILL_S_PER_TOKEN = 0.05e-3
 MTP_DRAFT_TOKENS = 5  # the study's drafter proposed 5 tokens a step
@@ -103,8 +111,6 @@ PEER_HOST = "127.0.0.1"
 PEER_CONNECT_TIMEOUT_S = 60.0
 STATS_EVERY_S = 10.0
 PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
-WORDS = (" the", " heat", " of", " a", " core", " is", " spent", " waiting", " and",
-         " the", " GPU", " runs", " while", " we", " measure", " it", ".")
 
 
 def log(message: str) -> None:
@@ -113,32 +119,12 @@ def log(message: str) -> None:
 
 # ---- tokens, prompts, prefix cache -------------------------------------------------
 
-def count_tokens(text: str) -> int:
-    """Tokens of ``text``: one per 4 characters, rounded up (deterministic, no vocab)."""
-    return -(-len(text) // TOKEN_CHARS)
-
-
-def render_chat(messages: list) -> str:
-    """The prompt text the engine sees: the messages in a ChatML-style template."""
-    parts = []
-    for message in messages:
-        content = message.get("content") or ""
-        if isinstance(content, list):  # OpenAI content parts
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        parts.append("<|im_start|>%s\n%s<|im_end|>\n" % (message.get("role", "user"), content))
-    return "".join(parts) + "<|im_start|>assistant\n"
-
-
-def completion_length(prompt: str, max_tokens: int, ignore_eos: bool) -> int:
+def completion_length(prompt_ids: list, max_tokens: int, ignore_eos: bool) -> int:
     """Exactly max_tokens with ignore_eos; otherwise an end-of-sequence fixed by the
     prompt, so the same request always gets the same answer length."""
     if ignore_eos:
         return max_tokens
-    return min(max_tokens, 1 + zlib.crc32(prompt.encode()) % NATURAL_MAX_TOKENS)
-
-
-def token_text(index: int) -> str:
-    return WORDS[index % len(WORDS)]
+    return min(max_tokens, 1 + zlib.crc32(repr(prompt_ids).encode()) % NATURAL_MAX_TOKENS)
 
 
 class PrefixCache:
@@ -150,13 +136,12 @@ class PrefixCache:
         self.capacity = capacity_blocks
         self.lock = threading.Lock()
 
-    def cached_tokens(self, prompt: str) -> int:
+    def cached_tokens(self, prompt_ids: list) -> int:
         """Tokens reused from earlier prompts; records this prompt's blocks."""
-        tokens = count_tokens(prompt)
-        block_chars = BLOCK_TOKENS * TOKEN_CHARS
+        tokens = len(prompt_ids)
         hashes, chained = [], 0
         for index in range(tokens // BLOCK_TOKENS):
-            chained = hash((chained, prompt[index * block_chars:(index + 1) * block_chars]))
+            chained = hash((chained, tuple(prompt_ids[index * BLOCK_TOKENS:(index + 1) * BLOCK_TOKENS])))
             hashes.append(chained)
         with self.lock:
             hits = 0
@@ -276,8 +261,10 @@ def accepted_tokens(rng: random.Random) -> int:
 
 class Engine:
     """Continuous batching over requests sent by the API server on ``conn``:
-    ("add", rid, uncached_prompt_tokens, completion_tokens) or ("abort", rid).
-    After each step it sends back [(rid, tokens_emitted, finished), ...]."""
+    ("add", rid, uncached_prompt_tokens, completion_tokens, prompt_tokens) or ("abort", rid).
+    After each step it sends back ([(rid, tokens_emitted, finished), ...], state), where
+    state is the scheduler's view after the step, as vLLM's SchedulerStats give it to the
+    metrics: requests running and waiting, and the share of KV-cache blocks in use."""
 
     def __init__(self, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer):
         self.conn = conn
@@ -287,8 +274,8 @@ class Engine:
         self.peer = peer
         self.peer_lines = peer.makefile("rb") if peer else None
         self.rng = random.Random()
-        self.waiting = {}  # rid -> (uncached prompt tokens, completion tokens)
-        self.running = {}  # rid -> [completion tokens, emitted]
+        self.waiting = {}  # rid -> (uncached prompt tokens, completion tokens, prompt tokens)
+        self.running = {}  # rid -> [completion tokens, emitted, prompt tokens]
         self.batch_changed = False  # a request finished or left since the last step
         self.steps = 0
         self.stats = {"since": time.monotonic(), "tokens": 0, "steps": 0}
@@ -313,10 +300,10 @@ class Engine:
     def step(self) -> None:
         ran_on = bool(self.running)
         changed = self.batch_changed or bool(self.waiting)
-        prefill = sum(uncached for uncached, _ in self.waiting.values())
+        prefill = sum(uncached for uncached, _, _ in self.waiting.values())
         admitted = set(self.waiting)
-        for rid, (_, length) in self.waiting.items():
-            self.running[rid] = [length, 0]
+        for rid, (_, length, prompt_tokens) in self.waiting.items():
+            self.running[rid] = [length, 0, prompt_tokens]
         self.waiting.clear()
         self.steps += 1
         step = {"step": self.steps, "duration_s": self.step_s + PREFILL_S_PER_TOKEN * prefill, "ran_on": ran_on}
@@ -339,8 +326,16 @@ class Engine:
             if state[1] >= state[0]:
                 del self.running[rid]
                 self.batch_changed = True
-        self.conn.send(outputs)
+        self.receive(block=False)  # the requests that came during the step are waiting now
+        self.conn.send((outputs, self.state()))
         self.report(tokens)
+
+    def state(self) -> dict:
+        """Every waiting request is admitted at the next step (no batch limit): waiting are
+        those that arrived during this one."""
+        blocks = sum(-(-(prompt + emitted) // BLOCK_TOKENS) for _, emitted, prompt in self.running.values())
+        return {"running": len(self.running), "waiting": len(self.waiting),
+                "kv_cache_usage": min(1.0, blocks / KV_CACHE_BLOCKS)}
 
     def report(self, tokens: int) -> None:
         self.stats["tokens"] += tokens
@@ -376,22 +371,23 @@ class EngineGone(Exception):
 
 
 class EngineClient:
-    """The API server's end of the engine pipe: submits requests and routes each step's
-    tokens to the queue of the request they belong to."""
+    """The API server's end of the engine pipe: submits requests, routes each step's
+    tokens to the queue of the request they belong to, and keeps the metrics."""
 
-    def __init__(self, conn):
+    def __init__(self, conn, model: str):
         self.conn = conn
         self.send_lock = threading.Lock()
         self.streams = {}
         self.streams_lock = threading.Lock()
         self.prefix_cache = PrefixCache()
+        self.metrics = ServerMetrics(model)
 
-    def submit(self, rid: str, uncached: int, length: int) -> queue.Queue:
+    def submit(self, rid: str, uncached: int, length: int, prompt_tokens: int) -> queue.Queue:
         stream = queue.Queue()
         with self.streams_lock:
             self.streams[rid] = stream
         with self.send_lock:
-            self.conn.send(("add", rid, uncached, length))
+            self.conn.send(("add", rid, uncached, length, prompt_tokens))
         return stream
 
     def abort(self, rid: str) -> None:
@@ -404,7 +400,9 @@ class EngineClient:
         """Thread body: runs until the engine process ends."""
         try:
             while True:
-                for rid, emitted, finished in self.conn.recv():
+                outputs, state = self.conn.recv()
+                self.metrics.engine_state(state)
+                for rid, emitted, finished in outputs:
                     with self.streams_lock:
                         stream = self.streams.pop(rid) if finished else self.streams.get(rid)
                     if stream:
@@ -415,43 +413,64 @@ class EngineClient:
                     stream.put(None)
             on_engine_exit()
 
-    @staticmethod
-    def outputs(stream: queue.Queue):
-        """Yield (tokens emitted so far, finished) until finished."""
-        while True:
-            item = stream.get()
-            if item is None:
-                raise EngineGone("the engine process ended")
-            yield item
-            if item[1]:
-                return
+    def outputs(self, stream: queue.Queue, request: dict):
+        """Yield (tokens emitted so far, finished) until finished, observed by the metrics."""
+        def items():
+            while True:
+                item = stream.get()
+                if item is None:
+                    raise EngineGone("the engine process ended")
+                yield item
+                if item[1]:
+                    return
+
+        return self.metrics.track(items(), request["prompt_tokens"], request["finish_reason"])
 
 
-def parse_chat(body, model: str) -> dict:
-    """Validate a chat completion request the way vLLM answers it (400/404)."""
+def completions_prompt(body) -> list:
+    """The prompt token ids of a /v1/completions body: text, or token ids (one prompt)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str) and prompt:
+        return tokens.encode(prompt)
+    if isinstance(prompt, list) and prompt and all(type(t) is int and 0 <= t < tokens.vocab_size() for t in prompt):
+        return prompt
+    raise ApiError(400, "prompt must be a non-empty string or list of token ids (one prompt)")
+
+
+def parse_request(body, model: str, kind: str) -> dict:
+    """Validate a completion request (``kind`` "chat" or "completions") the way vLLM
+    answers it (400/404); vLLM's /v1/completions defaults max_tokens to 16."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     if body.get("model", model) != model:
         raise ApiError(404, "The model `%s` does not exist." % body.get("model"))
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise ApiError(400, "messages must be a non-empty list of objects")
-    prompt = render_chat(messages)
-    prompt_tokens = count_tokens(prompt)
+    if kind == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise ApiError(400, "messages must be a non-empty list of objects")
+        prompt_ids = tokens.encode(tokens.render_chat(messages))
+    else:
+        prompt_ids = completions_prompt(body)
+    prompt_tokens = len(prompt_ids)
     room = MAX_MODEL_LEN - prompt_tokens
     max_tokens = next((body[key] for key in ("max_completion_tokens", "max_tokens")
-                       if body.get(key) is not None), room)
+                       if body.get(key) is not None), room if kind == "chat" else min(16, room))
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise ApiError(400, "max_tokens must be a positive integer")
     if max_tokens > room:
         raise ApiError(400, "This model's maximum context length is %d tokens; the prompt has "
                        "%d and max_tokens is %d." % (MAX_MODEL_LEN, prompt_tokens, max_tokens))
     stream_options = body.get("stream_options") or {}
+    length = completion_length(prompt_ids, max_tokens, bool(body.get("ignore_eos")))
     return {
-        "prompt": prompt,
+        "kind": kind,
+        "prompt_ids": prompt_ids,
         "prompt_tokens": prompt_tokens,
         "max_tokens": max_tokens,
-        "length": completion_length(prompt, max_tokens, bool(body.get("ignore_eos"))),
+        "length": length,
+        "finish_reason": "length" if length == max_tokens else "stop",
         "stream": bool(body.get("stream")),
         "include_usage": bool(stream_options.get("include_usage")),
     }
@@ -467,17 +486,44 @@ class ApiServer(ThreadingHTTPServer):
         self.cpu = cpu  # the API server's GB10 CPU: detokenizing and streaming
 
 
+def tokenize(body) -> dict:
+    """vLLM's /tokenize: a prompt or chat messages -> their token ids (as the engine counts)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    if "messages" in body:
+        ids = tokens.encode(tokens.render_chat(body["messages"]))
+    else:
+        ids = completions_prompt(body)
+    return {"count": len(ids), "max_model_len": MAX_MODEL_LEN, "tokens": ids, "token_strs": None}
+
+
+def detokenize(body) -> dict:
+    ids = body.get("tokens") if isinstance(body, dict) else None
+    if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < tokens.vocab_size() for t in ids):
+        raise ApiError(400, "tokens must be a list of token ids")
+    return {"prompt": tokens.tokenizer().decode(ids, skip_special_tokens=False)}
+
+
+TOKEN_PATHS = {"tokenize": tokenize, "detokenize": detokenize}
+POST_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
+              "/tokenize": "tokenize", "/detokenize": "detokenize"}
+ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-"}
+OBJECT = {"chat": ("chat.completion", "chat.completion.chunk"), "completions": ("text_completion", "text_completion")}
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, and chunked streaming
     server: ApiServer
 
-    def send_json(self, status: int, obj) -> None:
-        body = json.dumps(obj).encode()
+    def send_body(self, status: int, body: bytes, content_type: str) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def send_json(self, status: int, obj) -> None:
+        self.send_body(status, json.dumps(obj).encode(), "application/json")
 
     def send_error_json(self, status: int, message: str) -> None:
         self.send_json(status, {"object": "error", "message": message, "type": "BadRequestError"
@@ -485,24 +531,36 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/health":
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+            self.send_body(200, b"", "text/plain")
         elif self.path == "/v1/models":
             model = self.server.model
             self.send_json(200, {"object": "list", "data": [{
                 "id": model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
                 "root": model, "parent": None, "max_model_len": MAX_MODEL_LEN}]})
+        elif self.path == "/version":
+            self.send_json(200, {"version": VLLM_VERSION})
+        elif self.path.split("?")[0] == "/metrics":
+            self.send_body(200, self.server.engine.metrics.exposition(), CONTENT_TYPE)
         else:
             self.send_error_json(404, "Not Found")
 
     def do_POST(self):
-        if self.path != "/v1/chat/completions":
+        # The body is read whatever the path, so the connection's next request starts clean.
+        try:
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        except ValueError:
+            self.close_connection = True
+            self.send_error_json(400, "bad Content-Length")
+            return
+        kind = POST_PATHS.get(self.path)
+        if kind is None:
             self.send_error_json(404, "Not Found")
             return
         try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            request = parse_chat(body, self.server.model)
+            if kind in TOKEN_PATHS:
+                self.send_json(200, TOKEN_PATHS[kind](json.loads(raw)))
+                return
+            request = parse_request(json.loads(raw), self.server.model, kind)
         except json.JSONDecodeError as error:
             self.send_error_json(400, "invalid JSON: %s" % error)
             return
@@ -510,56 +568,64 @@ class Handler(BaseHTTPRequestHandler):
             self.send_error_json(error.status, str(error))
             return
         engine = self.server.engine
-        rid = "chatcmpl-" + uuid.uuid4().hex
-        cached = engine.prefix_cache.cached_tokens(request["prompt"])
-        stream = engine.submit(rid, request["prompt_tokens"] - cached, request["length"])
+        rid = ID_PREFIX[kind] + uuid.uuid4().hex
+        cached = engine.prefix_cache.cached_tokens(request["prompt_ids"])
+        outputs = engine.outputs(engine.submit(rid, request["prompt_tokens"] - cached, request["length"],
+                                               request["prompt_tokens"]), request)
         usage = {"prompt_tokens": request["prompt_tokens"], "completion_tokens": request["length"],
                  "total_tokens": request["prompt_tokens"] + request["length"],
                  "prompt_tokens_details": {"cached_tokens": cached}}
-        finish_reason = "length" if request["length"] == request["max_tokens"] else "stop"
         head = {"id": rid, "created": int(time.time()), "model": self.server.model}
         try:
             if request["stream"]:
-                self.stream(stream, head, usage, finish_reason, request["include_usage"])
+                self.stream(outputs, head, usage, request)
             else:
-                text = "".join(token_text(i) for i in range(request["length"]))
-                for _ in engine.outputs(stream):
+                for _ in outputs:
                     pass
-                self.send_json(200, dict(head, object="chat.completion", usage=usage, choices=[{
-                    "index": 0, "message": {"role": "assistant", "content": text},
-                    "logprobs": None, "finish_reason": finish_reason}]))
+                text = "".join(tokens.token_text(i) for i in range(request["length"]))
+                self.send_json(200, dict(head, object=OBJECT[kind][0], usage=usage, choices=[
+                    choice(kind, text, request["finish_reason"], streamed=False)]))
         except (BrokenPipeError, ConnectionResetError):
             engine.abort(rid)  # the client left: free its slot in the batch, as vLLM does
             self.close_connection = True
         except EngineGone:
             self.close_connection = True
 
-    def stream(self, stream, head, usage, finish_reason, include_usage) -> None:
+    def stream(self, outputs, head, usage, request) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        kind = request["kind"]
 
         def event(data) -> None:
             payload = b"data: " + (data if isinstance(data, bytes) else json.dumps(data).encode()) + b"\n\n"
             self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
 
-        def chunk(delta, finish=None):
-            return dict(head, object="chat.completion.chunk", choices=[
-                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}])
+        def chunk(text, finish=None, first=False):
+            return dict(head, object=OBJECT[kind][1], choices=[choice(kind, text, finish, True, first)])
 
-        event(chunk({"role": "assistant", "content": ""}))
+        if kind == "chat":
+            event(chunk("", first=True))
         sent = 0
-        for emitted, finished in self.server.engine.outputs(stream):
-            text = "".join(token_text(i) for i in range(sent, emitted))
+        for emitted, finished in outputs:
+            text = "".join(tokens.token_text(i) for i in range(sent, emitted))
             self.server.cpu.add(API_S_PER_TOKEN * (emitted - sent))
             sent = emitted
-            event(chunk({"content": text}, finish_reason if finished else None))
-        if include_usage:
-            event(dict(head, object="chat.completion.chunk", choices=[], usage=usage))
+            event(chunk(text, request["finish_reason"] if finished else None))
+        if request["include_usage"]:
+            event(dict(head, object=OBJECT[kind][1], choices=[], usage=usage))
         event(b"[DONE]")
         self.wfile.write(b"0\r\n\r\n")
+
+
+def choice(kind: str, text: str, finish, streamed: bool, first: bool = False) -> dict:
+    """One choice of an answer or of a streamed chunk, in the endpoint's own shape."""
+    if kind == "completions":
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+    content = {"role": "assistant", "content": text} if first or not streamed else {"content": text}
+    return {"index": 0, "delta" if streamed else "message": content, "logprobs": None, "finish_reason": finish}
 
 
 # ---- processes and CLI -------------------------------------------------------------
@@ -593,7 +659,7 @@ def serve_head(args, busy_loop_s: float, lost_wakeup: bool) -> int:
         if not api_end.poll(PEER_CONNECT_TIMEOUT_S + 10):
             raise TimeoutError("the engine did not become ready")
         api_end.recv()
-        client = EngineClient(api_end)
+        client = EngineClient(api_end, args.model)
         with ApiServer((args.host, args.port), args.model, client, api_cpu) as server:
             def on_engine_exit():
                 engine_died.set()

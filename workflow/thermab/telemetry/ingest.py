@@ -5,7 +5,10 @@ preflight and at the end, interpolated linearly in between (a clock that drifts 
 long run is followed, not averaged; before the first and after the last measurement the
 nearest one holds).  Rows without a value (the agent records missing
 readings with a reason) are dropped and counted by reason in ``tidy/ingest.json``.  Power
-files become watts per domain (energy counters turned into Δenergy/Δt: ``power``).
+files become watts per domain (energy counters turned into Δenergy/Δt: ``power``).  Each
+phase's scrape of the server's ``/metrics`` (``phases/*/server.csv``, on the controller's
+clock) becomes the head's ``server`` rows, counters turned into rates
+(telemetry/server_metrics.py).
 
 ``tidy/telemetry.parquet`` is sorted by (host, kind, sensor, t), and every series (host,
 kind, sensor) has row groups of its own, so that their statistics name the series and a
@@ -16,6 +19,7 @@ CSV reader, one (host, kind) at a time, and written as they are read."""
 from __future__ import annotations
 
 import csv
+import heapq
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +33,7 @@ import pyarrow.parquet as pq
 
 from thermab import jsonl
 from thermab.layout import RunDir
-from thermab.telemetry import power
+from thermab.telemetry import power, server_metrics
 from thermab.telemetry.agent import SOURCES
 
 # each agent file (its stem is the source's name) and the kind its rows take: from the
@@ -263,15 +267,41 @@ def write_telemetry(parts, path: Path) -> int:
     return rows
 
 
+def frame_parts(frame: pd.DataFrame) -> Iterator[tuple[str, str, Readings]]:
+    """(host, kind, readings) of a long frame, in (host, kind) order; rows without host,
+    kind or sensor are left out, as a groupby over them would."""
+    for (host, kind), rows in frame.dropna(subset=SERIES_KEYS).groupby(["host", "kind"], sort=True):
+        codes, sensors = pd.factorize(rows["sensor"])
+        yield str(host), str(kind), _ranked([Readings(rows["t"].to_numpy("float64"), rows["value"].to_numpy(
+            "float64"), codes.astype(np.int32), [str(s) for s in sensors])])
+
+
 def write_frame(frame: pd.DataFrame, path: Path) -> int:
     """Any long telemetry frame (TELEMETRY_COLUMNS) written as ingest writes the agent's."""
-    def parts():  # rows without host, kind or sensor are left out, as a groupby over them would
-        for (host, kind), rows in frame.dropna(subset=SERIES_KEYS).groupby(["host", "kind"], sort=True):
-            codes, sensors = pd.factorize(rows["sensor"])
-            yield str(host), str(kind), _ranked([Readings(rows["t"].to_numpy("float64"), rows["value"].to_numpy(
-                "float64"), codes.astype(np.int32), [str(s) for s in sensors])])
+    return write_telemetry(frame_parts(frame), path)
 
-    return write_telemetry(parts(), path)
+
+def server_telemetry(phase_dirs: list[Path], host: str) -> tuple[pd.DataFrame, dict]:
+    """Every phase's scrape of the server's /metrics (on the controller's clock already) as
+    ``server`` rows of ``host``, counters turned into rates (telemetry/server_metrics.py),
+    and the rows left out, counted by reason."""
+    frames, dropped = [], {}
+    for phase_dir in phase_dirs:
+        path = Path(phase_dir) / server_metrics.FILE
+        if not path.exists():
+            continue
+        readings, counts = read_agent_csv(path, host, "server", ClockMap.constant(0.0))
+        for key, n in counts.items():
+            dropped[key] = dropped.get(key, 0) + n
+        # each phase apart: the server restarts between phases, its counters with it
+        rows, notes = server_metrics.server_rows(pd.DataFrame({
+            "t": readings.t, "host": host, "kind": "server",
+            "sensor": np.asarray(readings.sensors, dtype=object)[readings.sensor], "value": readings.value}))
+        frames.append(rows)
+        for key, n in notes.items():
+            dropped[key] = dropped.get(key, 0) + n
+    frame = pd.concat(frames, ignore_index=True) if frames else TELEMETRY_SCHEMA.empty_table().to_pandas()
+    return frame, dropped
 
 
 def telemetry(monitor_dir: Path, offsets: dict[str, float | ClockMap]) -> tuple[pd.DataFrame, dict]:
@@ -303,7 +333,9 @@ def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, 
     stopped_path = files.stopped
     stopped = json.loads(stopped_path.read_text()) if stopped_path.exists() else {}
     offsets = host_offsets(preflight, stopped)
-    dropped = {}
+    plan_path = files.run_json
+    head = (json.loads(plan_path.read_text()).get("head") if plan_path.exists() else None) or "endpoint"
+    server, dropped = server_telemetry([Path(p).parent for p in phase_request_files], head)
 
     def parts():
         for host, kind, readings, counts in kind_readings(files.monitor, offsets):
@@ -311,7 +343,8 @@ def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, 
             yield host, kind, readings
 
     out_telemetry.parent.mkdir(parents=True, exist_ok=True)
-    rows = write_telemetry(parts(), out_telemetry)
+    merged = heapq.merge(parts(), frame_parts(server), key=lambda part: (part[0], part[1]))
+    rows = write_telemetry(merged, out_telemetry)
     requests(phase_request_files).to_parquet(out_requests, index=False)
     _records, event_problems = jsonl.read_checked(files.events, "t", ("event",))
     report = {"telemetry_rows": rows, "dropped": dropped, "events": event_problems,

@@ -1,0 +1,185 @@
+"""The server's /metrics as telemetry: the parse, the scrape's manners with bad servers, the
+rates made at ingest."""
+
+from __future__ import annotations
+
+import csv
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from thermab.sim.metrics import ServerMetrics
+from thermab.telemetry import server_metrics
+
+
+def exposition(running=3, waiting=1, prompt=100, generated=640) -> str:
+    metrics = ServerMetrics("m")
+    metrics.engine_state({"running": running, "waiting": waiting, "kv_cache_usage": 0.25})
+    metrics.prompt_tokens.inc(prompt)
+    metrics.generation_tokens.inc(generated)
+    metrics.ttft.observe(0.2)
+    metrics.ttft.observe(0.4)
+    return metrics.exposition().decode()
+
+
+def test_parse_keeps_vllms_gauges_and_raw_counters():
+    samples = server_metrics.parse(exposition())
+    assert samples["vllm:num_requests_running"] == 3
+    assert samples["vllm:num_requests_waiting"] == 1
+    assert samples["vllm:kv_cache_usage_perc"] == 0.25
+    assert samples["vllm:prompt_tokens_total"] == 100
+    assert samples["vllm:generation_tokens_total"] == 640
+    assert samples["vllm:time_to_first_token_seconds_count"] == 2
+    assert samples["vllm:time_to_first_token_seconds_sum"] == pytest.approx(0.6)
+    assert not any(name.endswith("_bucket") for name in samples)
+
+
+def test_parse_sums_engines_and_averages_the_kv_share():
+    text = "\n".join(['# TYPE vllm:num_requests_running gauge',
+                      'vllm:num_requests_running{engine="0"} 2', 'vllm:num_requests_running{engine="1"} 3',
+                      '# TYPE vllm:kv_cache_usage_perc gauge',
+                      'vllm:kv_cache_usage_perc{engine="0"} 0.2', 'vllm:kv_cache_usage_perc{engine="1"} 0.4', ''])
+    samples = server_metrics.parse(text)
+    assert samples["vllm:num_requests_running"] == 5
+    assert samples["vllm:kv_cache_usage_perc"] == pytest.approx(0.3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_parse_of_any_text_gives_samples_or_a_scrape_error(text):
+    try:
+        samples = server_metrics.parse(text)
+    except server_metrics.ScrapeError as error:
+        assert str(error).startswith("malformed /metrics")
+    else:
+        assert set(samples) <= server_metrics.KEPT
+        assert all(np.isfinite(v) for v in samples.values())
+
+
+def scraped(t, running, generated, ttft_sum, ttft_count, host="head"):
+    rows = []
+    for i, ti in enumerate(t):
+        rows += [(ti, "vllm:num_requests_running", running[i]), (ti, "vllm:generation_tokens_total", generated[i]),
+                 (ti, "vllm:time_to_first_token_seconds_sum", ttft_sum[i]),
+                 (ti, "vllm:time_to_first_token_seconds_count", ttft_count[i])]
+    return pd.DataFrame(rows, columns=["t", "sensor", "value"]).assign(host=host, kind="server")
+
+
+def test_counters_become_rates_at_the_midpoints_and_a_restart_is_skipped():
+    frame = scraped([0, 1, 2, 3, 4], [4, 4, 3, 0, 1], [0, 100, 300, 5, 105], [0, 1, 1, 0, 0.5], [0, 4, 4, 0, 2])
+    rows, notes = server_metrics.server_rows(frame)
+    by = {sensor: group for sensor, group in rows.groupby("sensor")}
+    assert list(by["running"]["value"]) == [4, 4, 3, 0, 1]
+    assert list(by["generation_tok_s"]["t"]) == [0.5, 1.5, 3.5]
+    assert list(by["generation_tok_s"]["value"]) == [100, 200, 100]
+    assert list(by["ttft_mean_s"]["t"]) == [0.5, 3.5]  # no first token in (1, 2]; a restart at 3
+    assert list(by["ttft_mean_s"]["value"]) == [0.25, 0.25]
+    assert set(rows["kind"]) == {"server"}
+    assert notes == {"head/server: vllm:generation_tokens_total went back (server restarted), interval skipped": 1}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=2, max_size=30))
+def test_rates_integrate_back_to_the_counters_growth(increments):
+    t = np.cumsum(np.r_[0.0, np.full(len(increments) - 1, 0.5)])
+    total = np.cumsum(increments).astype(float)
+    frame = scraped(t, [0] * len(t), total, total * 0, total * 0)
+    rows, _ = server_metrics.server_rows(frame)
+    rates = rows[rows["sensor"] == "generation_tok_s"]["value"].to_numpy()
+    assert rates.sum() * 0.5 == pytest.approx(total[-1] - total[0])
+
+
+class Bad(BaseHTTPRequestHandler):
+    """/metrics of a server gone wrong, by path: big, slow, malformed, missing."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        kind = self.server.kind
+        if kind == "missing":
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        try:
+            if kind == "huge":
+                chunk = b"# HELP x y\n" * 10000
+                for _ in range(server_metrics.MAX_BYTES // len(chunk) + 2):
+                    self.wfile.write(chunk)
+            elif kind == "slow":
+                for _ in range(60):
+                    self.wfile.write(b"# a comment\n")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            elif kind == "malformed":
+                self.wfile.write(b"vllm:num_requests_running{engine= 3\n")
+            else:
+                self.wfile.write(exposition().encode())
+        except OSError:
+            pass
+        self.close_connection = True
+
+
+@pytest.fixture
+def bad_server():
+    servers = []
+
+    def start(kind):
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Bad)
+        server.daemon_threads = True
+        server.kind = kind
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return "http://127.0.0.1:%d" % server.server_address[1]
+
+    yield start
+    for server in servers:
+        server.shutdown()
+
+
+def scrape_rows(endpoint, tmp_path, seconds=1.5, interval=0.5):
+    told = []
+    path = tmp_path / server_metrics.FILE
+    started = time.monotonic()
+    with server_metrics.Scraper(endpoint, path, interval, progress=told.append):
+        time.sleep(seconds)
+    with path.open() as handle:
+        rows = list(csv.DictReader(handle))
+    return rows, told, time.monotonic() - started
+
+
+def test_a_healthy_server_gives_a_row_per_metric_each_scrape(bad_server, tmp_path):
+    rows, told, _ = scrape_rows(bad_server("good"), tmp_path)
+    running = [r for r in rows if r["sensor"] == "vllm:num_requests_running"]
+    assert len(running) >= 2 and {r["value"] for r in running} == {"3.0"}
+    assert not told and all(r["reason"] == "" for r in rows)
+
+
+@pytest.mark.parametrize("kind, reason", [("huge", "larger than"), ("slow", "took longer than"),
+                                          ("malformed", "malformed /metrics")])
+def test_a_bad_metrics_endpoint_is_an_error_row_never_a_stall(bad_server, tmp_path, kind, reason):
+    rows, told, elapsed = scrape_rows(bad_server(kind), tmp_path, seconds=1.0)
+    assert rows and all(r["value"] == "" and reason in r["reason"] for r in rows)
+    assert not told
+    assert elapsed < 15  # the scrape's own timeout bounds a slow server, not the phase
+
+
+def test_a_server_without_metrics_is_told_once(bad_server, tmp_path):
+    rows, told, _ = scrape_rows(bad_server("missing"), tmp_path, seconds=1.5, interval=0.2)
+    assert len(told) == 1 and "no /metrics (HTTP 404" in told[0]
+    assert len(rows) == 1 and rows[0]["reason"] == "/metrics answered HTTP 404"
+
+
+def test_an_unreachable_server_is_an_error_row(tmp_path):
+    rows, told, _ = scrape_rows("http://127.0.0.1:9", tmp_path, seconds=0.6, interval=0.2)
+    assert rows and all("unreachable" in r["reason"] for r in rows) and not told

@@ -1,0 +1,188 @@
+"""The server's own view, from its Prometheus ``/metrics``: telemetry of kind ``server``.
+
+During a phase the controller scrapes the endpoint's ``/metrics`` every
+``monitor.intervals.server`` seconds (:class:`Scraper`, a thread) into the phase's
+``server.csv``, in the agent's CSV format (t, sensor, value, reason) and on the
+controller's clock.  What is kept, summed over the series' labels (one per engine):
+
+- gauges: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+  ``vllm:kv_cache_usage_perc`` (older vLLM: ``vllm:gpu_cache_usage_perc``);
+- counters, raw: ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, and the
+  ``_sum`` and ``_count`` of the TTFT and inter-token-latency histograms.
+
+Ingest (:func:`server_rows`) passes the gauges through under short names (``running``,
+``waiting``, ``kv_cache_usage``) and turns the counters into rates over each pair of
+consecutive scrapes, at the pair's midpoint, as energy counters become watts:
+``prompt_tok_s``, ``generation_tok_s``, and the mean TTFT and inter-token latency of the
+interval (Δsum / Δcount, none where no request finished its first token or step).  A
+counter that went down (the server restarted) skips that interval, counted.
+
+Bad input never stalls a phase: a body over ``MAX_BYTES`` or slower than the timeout, a
+refused connection, an HTTP error or text the parser rejects is one row with its reason
+and no value (ingest counts those rows by reason).  A server without ``/metrics`` (404) is
+told once and not asked again in that phase.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from prometheus_client.parser import text_string_to_metric_families
+
+FILE = "server.csv"
+MAX_BYTES = 4 << 20  # vLLM's own /metrics is ~100 kB; more is not a vLLM server's
+READ_CHUNK = 64 << 10
+GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+          "vllm:kv_cache_usage_perc": "kv_cache_usage", "vllm:gpu_cache_usage_perc": "kv_cache_usage"}
+COUNTERS = {"vllm:prompt_tokens_total": "prompt_tok_s", "vllm:generation_tokens_total": "generation_tok_s"}
+# histograms: (sum, count) -> the mean of the observations made in each interval
+HISTOGRAMS = {"ttft_mean_s": ("vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count"),
+              "itl_mean_s": ("vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count")}
+KEPT = set(GAUGES) | set(COUNTERS) | {name for pair in HISTOGRAMS.values() for name in pair}
+MEAN_GAUGES = {"kv_cache_usage"}  # a share: averaged over engines, not summed
+
+
+class ScrapeError(Exception):
+    """One scrape's failure, the reason its row gives."""
+
+
+def parse(text: str) -> dict[str, float]:
+    """The kept samples of a Prometheus text exposition, each summed over its labels (the
+    KV-cache share averaged); raises ScrapeError on text the parser rejects."""
+    totals: dict[str, list[float]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in KEPT and math.isfinite(sample.value):
+                    totals.setdefault(sample.name, []).append(sample.value)
+    except (ValueError, TypeError, IndexError) as error:
+        raise ScrapeError(f"malformed /metrics: {str(error)[:200]}") from None
+    return {name: (sum(values) / len(values) if GAUGES.get(name) in MEAN_GAUGES else sum(values))
+            for name, values in totals.items()}
+
+
+def fetch(url: str, timeout_s: float, max_bytes: int = MAX_BYTES) -> str:
+    """The body of ``url``, within ``timeout_s`` in all and ``max_bytes``; raises
+    ScrapeError saying why not (urllib.error.HTTPError passes through for its status)."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            chunks, size = [], 0
+            while chunk := response.read1(READ_CHUNK):  # what has come: the deadline is checked between
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > max_bytes:
+                    raise ScrapeError(f"/metrics larger than {max_bytes} bytes")
+                if time.monotonic() > deadline:
+                    raise ScrapeError(f"/metrics took longer than {timeout_s:g} s")
+    except urllib.error.HTTPError:
+        raise
+    except (OSError, ValueError) as error:  # refused, reset, timed out, bad URL
+        raise ScrapeError(f"/metrics unreachable: {error}") from None
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+class Scraper:
+    """Scrapes ``endpoint``/metrics every ``interval_s`` into ``path`` until stopped; use
+    as a context manager around the phase's load."""
+
+    def __init__(self, endpoint: str, path: Path, interval_s: float, progress=print):
+        self.url = endpoint.rstrip("/") + "/metrics"
+        self.path = Path(path)
+        self.interval_s = float(interval_s)
+        self.timeout_s = max(0.5, min(5.0, self.interval_s))
+        self.progress = progress
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="server-metrics", daemon=True)
+        self.rows = 0
+
+    def __enter__(self) -> "Scraper":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = self.path.open("w", newline="")
+        self.writer = csv.writer(self.file)
+        self.writer.writerow(["t", "sensor", "value", "reason"])
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        self.thread.join(self.timeout_s + 5)
+        self.file.close()
+
+    def scrape(self) -> bool:
+        """One scrape, its rows written; False when the server has no /metrics."""
+        try:
+            samples = parse(fetch(self.url, self.timeout_s))
+            rows = [(name, repr(value), "") for name, value in sorted(samples.items())]
+            if not rows:
+                raise ScrapeError("/metrics has none of vLLM's metrics")
+        except urllib.error.HTTPError as error:
+            rows = [("", "", f"/metrics answered HTTP {error.code}")]
+            if error.code in (404, 405):
+                self.progress(f"the server has no /metrics (HTTP {error.code} at {self.url}): "
+                              "no server telemetry this phase")
+                self._write(time.time(), rows)
+                return False
+        except ScrapeError as error:
+            rows = [("", "", str(error))]
+        self._write(time.time(), rows)
+        return True
+
+    def _write(self, t: float, rows) -> None:
+        self.writer.writerows([("%.6f" % t, *row) for row in rows])
+        self.file.flush()
+        self.rows += len(rows)
+
+    def run(self) -> None:
+        next_at = time.monotonic()
+        while not self.stopped.is_set():
+            if not self.scrape():
+                return
+            next_at = max(next_at + self.interval_s, time.monotonic())
+            self.stopped.wait(next_at - time.monotonic())
+
+
+def _rates(t: np.ndarray, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(midpoints, Δraw, Δt, resets skipped) over consecutive readings of a counter."""
+    delta, dt = np.diff(raw), np.diff(t)
+    keep = (delta >= 0) & (dt > 0)
+    return (t[:-1] + t[1:])[keep] / 2, delta[keep], dt[keep], int((delta < 0).sum())
+
+
+def server_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Tidy rows of scraped samples (t, host, kind, sensor = the metric's name, value) ->
+    server telemetry (gauges under short names, counters as rates), and what was left out."""
+    notes: dict[str, int] = {}
+    parts = []
+    for (host, name), series in frame.sort_values("t", kind="stable").groupby(["host", "sensor"], sort=True):
+        t, value = series["t"].to_numpy(float), series["value"].to_numpy(float)
+        if name in GAUGES:
+            parts.append(pd.DataFrame({"t": t, "host": host, "sensor": GAUGES[name], "value": value}))
+        elif name in COUNTERS:
+            middle, delta, dt, resets = _rates(t, value)
+            parts.append(pd.DataFrame({"t": middle, "host": host, "sensor": COUNTERS[name], "value": delta / dt}))
+            if resets:
+                notes[f"{host}/server: {name} went back (server restarted), interval skipped"] = resets
+    for sensor, (sum_name, count_name) in HISTOGRAMS.items():
+        for host, rows in frame[frame["sensor"].isin([sum_name, count_name])].groupby("host", sort=True):
+            wide = rows.pivot_table(index="t", columns="sensor", values="value", aggfunc="last").dropna()
+            if len(wide) < 2 or sum_name not in wide or count_name not in wide:
+                continue
+            t = wide.index.to_numpy(float)
+            count, total = np.diff(wide[count_name].to_numpy(float)), np.diff(wide[sum_name].to_numpy(float))
+            observed = (count > 0) & (total >= 0)  # none observed, or a restart: no mean there
+            middle = (t[:-1] + t[1:]) / 2
+            parts.append(pd.DataFrame({"t": middle[observed], "host": host, "sensor": sensor,
+                                       "value": total[observed] / count[observed]}))
+    if not parts:
+        return pd.DataFrame({"t": [], "host": [], "kind": [], "sensor": [], "value": []}), notes
+    rows = pd.concat(parts, ignore_index=True).assign(kind="server")
+    return rows[["t", "host", "kind", "sensor", "value"]].astype({"t": "float64", "value": "float64"}), notes
