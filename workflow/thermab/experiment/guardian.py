@@ -69,12 +69,6 @@ def _read(run_dir: Path) -> dict | None:
         return None
 
 
-def _block_signals() -> None:
-    """In the child before exec: hold SIGTERM and the release until the guardian has its
-    handlers (a mask survives exec), so one sent while it starts is kept, not fatal."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, RELEASE})
-
-
 def ensure(run_dir: Path, watch: int | None = None) -> int:
     """Make sure a guardian watches the controller (by default the Snakemake process
     running this job); returns the guardian's pid."""
@@ -88,11 +82,16 @@ def ensure(run_dir: Path, watch: int | None = None) -> int:
         os.kill(current["pid"], RELEASE)  # it watches another controller: this one takes over
     guardian_log = RunDir(run_dir).log("guardian.log")
     guardian_log.parent.mkdir(parents=True, exist_ok=True)
-    with open(guardian_log, "a") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "thermab.experiment.guardian", "--run-dir", str(run_dir), "--watch", str(watch)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=_block_signals)
+    # the guardian starts with SIGTERM and the release held (a signal mask survives fork and
+    # exec) until it has its handlers: one sent while it starts is kept, not fatal
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, RELEASE})
+    try:
+        with open(guardian_log, "a") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "thermab.experiment.guardian", "--run-dir", str(run_dir), "--watch", str(watch)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     (run_dir / PID_FILE).write_text(json.dumps({"pid": process.pid, "watch": watch}))
     return process.pid
 
