@@ -13,6 +13,7 @@ import pytest
 from thermab import config, jobs
 from thermab.analysis import TABLES
 from thermab.experiment import plan
+from thermab.load.runner import LoadSpec
 from thermab.telemetry import agent, ingest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,16 +27,22 @@ def test_the_schema_defaults_follow_the_agent_registry():
     assert set(ingest.KIND_OF_FILE) == {source.name for source in agent.SOURCES}
 
 
-def test_the_plan_defaults_are_the_schema_defaults():
-    analysis = config.load_schema()["properties"]["analysis"]["properties"]
-    for key, value in plan.DEFAULT_ANALYSIS.items():
-        assert analysis[key]["default"] == value, key
+def test_the_defaults_are_the_schema_defaults():
+    """The schema owns every default: the plan's analysis settings and the load's read it."""
+    schema = config.load_schema()["properties"]
+    analysis, load = schema["analysis"]["properties"], schema["load"]["properties"]
+    assert plan.DEFAULT_ANALYSIS == {key: spec["default"] for key, spec in analysis.items()}
+    spec = LoadSpec(duration_s=60)
+    for key in ("users", "max_tokens", "prompt_tokens", "probe", "probe_n", "probe_tokens"):
+        assert getattr(spec, key) == load[key]["default"], key
+    assert spec.stall_gap_s == analysis["stall_gap_s"]["default"]
 
 
 def test_the_workflow_declares_the_tables_the_analysis_writes():
     analyze_rule = (REPO / "workflow" / "rules" / "analyze.smk").read_text()
-    assert "table=TABLES" in analyze_rule and "from thermab.analysis import TABLES" in \
-        (REPO / "workflow" / "rules" / "common.smk").read_text()
+    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    assert 'tables("csv")' in analyze_rule and 'tables("md")' in analyze_rule
+    assert "table=TABLES" in common and "from thermab.analysis import TABLES" in common
     assert TABLES[-1] == "variance"
 
 

@@ -158,6 +158,13 @@ def load_schema() -> dict:
     return yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
 
 
+def defaults(section: str) -> dict:
+    """The schema's default of each key of a top-level section (``load``, ``analysis``): the
+    one owner of the defaults, which LoadSpec, the locustfile and the run plan read."""
+    properties = _validator().schema["properties"][section]["properties"]
+    return {name: copy.deepcopy(spec["default"]) for name, spec in properties.items() if "default" in spec}
+
+
 def _value_problems(value, path: list, problems: list[str], budget: list[int]) -> None:
     """What no schema keyword catches, anywhere in the config: numbers that are not
     finite (every comparison with NaN is false, so an interlock at NaN never fires), keys

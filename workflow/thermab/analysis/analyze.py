@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from thermab.analysis import TABLES, energy, load_validity, metrics, stats, summary
+from thermab.analysis import TABLES, energy, load_validity, metric_names, metrics, stats, summary
 from thermab.analysis.completeness import completeness, measured_intervals
 from thermab.analysis.model import Analysis, RunData, load_run, ordered_hosts, sibling_runs
 from thermab.config import UserError
@@ -82,7 +82,7 @@ def compute(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = N
     best = None
     if variance["arm"].nunique() > 2:
         best = stats.best_setting(variance, config["arms"], config["reference_arm"],
-                                  f"{config['head']} {config['timeline_zone']} mean")
+                                  metric_names.zone_mean(config["head"], config["timeline_zone"]))
     if best is not None:  # the choice weighs every arm's phases
         best["load_short"] = load_validity.short_phases(pooled)
     return Analysis(run, [str(r.path) for r in runs], tables, pooled, best)

@@ -27,6 +27,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from thermab.analysis import metric_names as names
 from thermab.analysis.metrics import PHASE_KEYS, PHASE_METRIC_COLUMNS
 from thermab.analysis.model import as_telemetry
 
@@ -39,7 +40,7 @@ NODE_DOMAIN = "node"
 # packages, DRAM and GPUs as the agent names them (package-0, dram-0, gpu0; each die of a
 # multi-die package its own counter, package-0-die-1), and as other importers may (gpu-0, package)
 TOP_LEVEL_DOMAIN = re.compile(r"^(package|dram|gpu)(-?\d+)?(-die-\d+)?$")
-METRIC = "cluster energy per token"
+METRIC = names.CLUSTER_ENERGY_PER_TOKEN
 METRIC_UNIT = "J/token"
 
 

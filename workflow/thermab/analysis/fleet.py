@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from thermab.analysis import energy  # noqa: E402
+from thermab.analysis import metric_names as names  # noqa: E402
 from thermab.analysis.summary import DIGITS, fmt, markdown_table  # noqa: E402
 from thermab.layout import RunDir  # noqa: E402
 
@@ -25,7 +26,7 @@ COLUMNS = ["cluster", "arm", "label", "n", "metric", "unit", "mean", "diff_pct",
 
 def metrics_of(run: dict) -> list[str]:
     head, zone = run["head"], run["timeline_zone"]
-    return [f"{head} {zone} mean", f"{head} vLLM CPU median", "output throughput", energy.METRIC]
+    return [names.zone_mean(head, zone), names.cpu_median(head), names.OUTPUT_THROUGHPUT, energy.METRIC]
 
 
 def fleet_table(run_dirs: dict[str, Path], analysis: dict | None = None) -> pd.DataFrame:
@@ -38,8 +39,8 @@ with, in place of run.json's (their metric names carry the timeline zone)."""
         variance = pd.read_csv(RunDir(run_dir).table("variance"))
         wanted = metrics_of(run)
         rows = variance[variance["metric"].isin(wanted)].copy()
-        rows["metric"] = rows["metric"].replace({wanted[0]: f"head {run['timeline_zone']} mean",
-                                                 wanted[1]: "head vLLM CPU median"})
+        rows["metric"] = rows["metric"].replace({wanted[0]: names.zone_mean("head", run["timeline_zone"]),
+                                                 wanted[1]: names.cpu_median("head")})
         rows.insert(0, "cluster", cluster)
         frames.append(rows.reindex(columns=COLUMNS))
     return pd.concat(frames, ignore_index=True)

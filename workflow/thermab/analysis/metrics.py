@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pandas as pd
 
+from thermab.analysis import metric_names as names
 from thermab.analysis.model import as_telemetry
 from thermab.load import validity
 
@@ -235,11 +236,11 @@ def phase_metrics(zones: pd.DataFrame, cpu: pd.DataFrame, perf: pd.DataFrame,
     parts = []
     for host in hosts:
         zone_mean = zones[(zones["host"] == host) & (zones["sensor"] == zone)]
-        parts.append(_long(zone_mean, "mean_c", f"{host} {zone} mean", "°C"))
-        parts.append(_long(cpu[cpu["host"] == host], "median_pct", f"{host} vLLM CPU median", "% of one core"))
-    parts.append(_long(perf, "output_tok_s", "output throughput", "tok/s"))
-    parts.append(_long(perf, "probe_tok_s_median", "probe decode speed", "tok/s"))
-    parts.append(_long(perf, "stall_gaps", "stall gaps", "gaps"))
+        parts.append(_long(zone_mean, "mean_c", names.zone_mean(host, zone), "°C"))
+        parts.append(_long(cpu[cpu["host"] == host], "median_pct", names.cpu_median(host), "% of one core"))
+    parts.append(_long(perf, "output_tok_s", names.OUTPUT_THROUGHPUT, "tok/s"))
+    parts.append(_long(perf, "probe_tok_s_median", names.PROBE_DECODE_SPEED, "tok/s"))
+    parts.append(_long(perf, "stall_gaps", names.STALL_GAPS, "gaps"))
     return pd.concat(parts, ignore_index=True).dropna(subset=["value"]).reset_index(drop=True)
 
 

@@ -25,6 +25,7 @@ from plotly.subplots import make_subplots  # noqa: E402
 
 from thermab.analysis.load_validity import is_short  # noqa: E402
 from thermab.analysis import energy  # noqa: E402
+from thermab.analysis import metric_names as names  # noqa: E402
 from thermab.analysis.model import Analysis, RunData, ordered_hosts  # noqa: E402
 from thermab import layout  # noqa: E402
 from thermab.layout import RunDir  # noqa: E402
@@ -441,8 +442,8 @@ def dose_response_png(pooled: pd.DataFrame, config: dict, best: dict | None, pat
     numeric = pd.to_numeric(pd.Series(values), errors="coerce")
     # a sweep over a numeric setting is read on its own scale; anything else in arm order
     positions = numeric if numeric.notna().all() else pd.Series(range(len(values)), index=list(values), dtype=float)
-    panels = [(f"{head} {zone} mean", "°C"), (f"{head} vLLM CPU median", "% of one core"),
-              ("output throughput", "tok/s"), ("stall gaps", "gaps")]
+    panels = [(names.zone_mean(head, zone), "°C"), (names.cpu_median(head), "% of one core"),
+              (names.OUTPUT_THROUGHPUT, "tok/s"), (names.STALL_GAPS, "gaps")]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), layout="constrained")
     for ax, (metric, unit) in zip(axes.flat, panels):
         data = pooled[pooled["metric"] == metric].assign(x=lambda f: f["arm"].map(positions))

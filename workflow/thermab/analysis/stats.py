@@ -26,6 +26,8 @@ import math
 
 import pandas as pd
 
+from thermab.analysis import metric_names as names
+
 # SciPy and statsmodels are imported where they are used: together they take about a second
 # to import, which every importer of the finding names (summary, the report) would pay
 
@@ -218,7 +220,7 @@ def _finding(diff: float, low: float, high: float, ref: dict, arm: dict, restart
 
 
 def best_setting(variance: pd.DataFrame, arms: dict, reference: str, temperature_metric: str,
-                 throughput_metric: str = "output throughput", stall_metric: str = "stall gaps",
+                 throughput_metric: str = names.OUTPUT_THROUGHPUT, stall_metric: str = names.STALL_GAPS,
                  tolerance_pct: float = 5.0) -> dict | None:
     """The arm with the lowest mean of ``temperature_metric`` among those that neither stall
     more than the reference (mean stall-gap count above the reference's: every stall is

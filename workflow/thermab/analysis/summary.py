@@ -11,6 +11,7 @@ import pandas as pd
 from thermab.load.validity import FULL_LENGTH_MIN, INFLIGHT_SLACK, MIN_ARRIVAL_SPAN_SHARE, MIN_TOKEN_ARRIVALS, bursts
 
 from . import energy, load_validity, stats
+from . import metric_names as names
 
 # decimals per unit, chosen so that no printed digit is finer than the measurement
 DIGITS = {"°C": 1, "% of one core": 0, "tok/s": 1, "gaps": 0, "s": 1, "min": 1, "W": 1, "J": 0,
@@ -217,7 +218,7 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
     parts.append("Verdicts pool the phases of: " + ", ".join(sources) + ".")
     if best is not None:
         parts += ["", "## Dose response", "", _best_sentence(best, run)]
-        saver = stats.best_setting(variance, arms, reference, f"{head} vLLM CPU median")
+        saver = stats.best_setting(variance, arms, reference, names.cpu_median(head))
         if saver is not None:
             parts += ["", _cpu_sentence(saver, run, variance)]
     if completeness is not None:
@@ -452,7 +453,7 @@ def _best_sentence(best: dict, run: dict) -> str:
 def _cpu_sentence(saver: dict, run: dict, variance: pd.DataFrame) -> str:
     """The setting that saves the most CPU (``stats.best_setting`` on the head's CPU)."""
     reference = run["reference_arm"]
-    cpu = variance[variance["metric"] == f"{run['head']} vLLM CPU median"].set_index("arm")
+    cpu = variance[variance["metric"] == names.cpu_median(run["head"])].set_index("arm")
     excluded = "; ".join(f"{arm}: {why}" for arm, why in saver["excluded"].items()) or "none"
     return (f"Most CPU saved without extra stalls or throughput loss beyond variance:"
             f" {run.get('setting', 'setting')} = {saver['value']} ({saver['label']}, arm {saver['arm']}),"

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
+from thermab.config import defaults as schema_defaults
 from thermab.layout import BASELINE, PHASE_PATTERN, RunDir
 
 
@@ -33,10 +34,8 @@ def previous(order: str, rep: int, arm: str) -> str:
     return BASELINE if index == 0 else sequence[index - 1].id
 
 
-# the analysis settings a plan falls back on when nothing says otherwise (the config
-# schema's defaults say the same; a test keeps them in step)
-DEFAULT_ANALYSIS = {"thresholds_c": [85, 90, 92, 95], "reference_lines_c": [96, 87], "stall_gap_s": 1.0,
-                    "timeline_zone": "TSOC"}
+# the analysis settings a plan falls back on when nothing says otherwise: the schema's
+DEFAULT_ANALYSIS = schema_defaults("analysis")
 # counted by the load as the tokens arrive (the gaps themselves are not kept): a new value
 # takes effect in the phases run after it, never by analysing again
 LOAD_TIME_ANALYSIS = ("stall_gap_s",)

@@ -56,9 +56,11 @@ from geventhttpclient import URL, HTTPClient
 from locust import User, constant, events, task
 from locust.exception import StopUser
 
+from thermab.config import defaults as schema_defaults
 from thermab.load.prompts import DEFAULT_TOKENS_PER_CHAR, build_prompt, calibrated_tokens_per_char
 from thermab.load.stream import StreamFailure, StreamReader
 
+LOAD_DEFAULTS = schema_defaults("load")  # the schema's: one owner of every default of the load
 CONNECT_TIMEOUT_S = 10
 # A server silent this long fails the request instead of hanging the run. It is one timer per
 # request, restarted at most every REARM_S as lines arrive, not a socket timeout: gevent
@@ -78,16 +80,16 @@ RUN = None  # the LoadTest in progress (one per test_start)
 def add_options(parser):
     # Defaults carry the type: the web UI converts what is typed to the default's type.
     parser.add_argument("--model", default="", help="Model name (default: the first id of /v1/models)")
-    parser.add_argument("--max-tokens", type=int, default=400, help="max_tokens of each load request (ignore_eos is set)")
-    parser.add_argument("--prompt-tokens", type=int, default=1400, help="Target prompt size in tokens")
+    parser.add_argument("--max-tokens", type=int, default=LOAD_DEFAULTS["max_tokens"], help="max_tokens of each load request (ignore_eos is set)")
+    parser.add_argument("--prompt-tokens", type=int, default=LOAD_DEFAULTS["prompt_tokens"], help="Target prompt size in tokens")
     parser.add_argument("--extra-body", default="{}", help='JSON merged into each request, e.g. {"reasoning_effort": "low"}')
     parser.add_argument("--tag-prefix", default="", help="Run/phase id at the start of every tag (default: time and pid)")
     parser.add_argument("--records-out", default="", help="JSONL file, one record per request (appended, flushed per line)")
     parser.add_argument("--events-out", default="", help="JSONL file for load_start, probe_start, probe_end, load_end (appended)")
-    parser.add_argument("--probe-at", default="60%", help="Probe start: seconds after test start, or a percentage of --run-time")
-    parser.add_argument("--probe-n", type=int, default=3, help="Sequential probe requests (0: no probe)")
-    parser.add_argument("--probe-tokens", type=int, default=256, help="max_tokens of each probe request")
-    parser.add_argument("--stall-gap-s", type=float, default=1.0, help="An inter-token gap at least this long counts as a stall")
+    parser.add_argument("--probe-at", default=f"{LOAD_DEFAULTS['probe_at']:.0%}", help="Probe start: seconds after test start, or a percentage of --run-time")
+    parser.add_argument("--probe-n", type=int, default=LOAD_DEFAULTS["probe_n"], help="Sequential probe requests (0: no probe)")
+    parser.add_argument("--probe-tokens", type=int, default=LOAD_DEFAULTS["probe_tokens"], help="max_tokens of each probe request")
+    parser.add_argument("--stall-gap-s", type=float, default=schema_defaults("analysis")["stall_gap_s"], help="An inter-token gap at least this long counts as a stall")
 
 
 def probe_delay_s(probe_at, run_time_s):

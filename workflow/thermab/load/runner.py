@@ -30,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 
 from thermab.jsonl import JsonlTail
+from thermab.config import defaults as schema_defaults
 from thermab.errors import StageFailed
 from thermab.layout import PhaseDir
 from thermab.load.validity import load_window, summary_line, to_frame, validity_report
@@ -40,22 +41,26 @@ LOCUST_GRACE_S = 30  # Locust start-up and shutdown, beyond run time and stop ti
 RATE_WINDOW_S = 30  # the progress line's output rate is over this trailing window
 
 
+LOAD_DEFAULTS = schema_defaults("load")  # the schema's, as every default of the load
+
+
 @dataclass(frozen=True)
 class LoadSpec:
     """What one phase's load is: the owner of the load settings (the config's ``load``
-    section and ``timings.load_s``); the locustfile receives them as its options."""
+    section and ``timings.load_s``); the locustfile receives them as its options.  Its
+    defaults are the schema's."""
 
     duration_s: int
-    users: int = 4
-    max_tokens: int = 400
-    prompt_tokens: int = 1400
+    users: int = LOAD_DEFAULTS["users"]
+    max_tokens: int = LOAD_DEFAULTS["max_tokens"]
+    prompt_tokens: int = LOAD_DEFAULTS["prompt_tokens"]
     model: str | None = None
     extra_body: dict = field(default_factory=dict)
-    probe: bool = True
-    probe_at_s: float | None = None  # None: 60 % of the duration
-    probe_n: int = 3
-    probe_tokens: int = 256
-    stall_gap_s: float = 1.0
+    probe: bool = LOAD_DEFAULTS["probe"]
+    probe_at_s: float | None = None  # None: load.probe_at (a share) of the duration
+    probe_n: int = LOAD_DEFAULTS["probe_n"]
+    probe_tokens: int = LOAD_DEFAULTS["probe_tokens"]
+    stall_gap_s: float = schema_defaults("analysis")["stall_gap_s"]
     stop_timeout_s: int = 120
 
     @classmethod
