@@ -567,30 +567,32 @@ def fake_process(proc: Path, pid: int, cmdline: str, ticks: int, start: int = 10
 
 def test_processes_are_matched_when_they_appear_take_a_title_or_exec(tmp_path):
     """A /proc of its own: the sum is that of every matching process, whether it matched
-    from the start, appeared later, took vLLM's title after it started, or (older than
-    ``young_s``) exec'd into vLLM, counted from the next full scan."""
+    from the start, appeared later, took vLLM's title after it started, or exec'd into
+    vLLM long after (counted from its next look, at most ``rescan_s`` later)."""
     proc = tmp_path / "proc"
     proc.mkdir()
     (proc / "uptime").write_text("1000000.0 1.0\n")
     fake_process(proc, 10, "vllm serve m", 0)
-    fake_process(proc, 11, "bash", 0)  # there at start: not young
+    fake_process(proc, 11, "bash", 0)  # there at start: old, looked at every rescan_s
     source = ProcessCpu(proc_root=str(proc))
-    source.rescan_s = 3600
+    source.rescan_s = 0.5
     source.sample()
     fake_process(proc, 10, "vllm serve m", 100)
     fake_process(proc, 12, "python -c from multiprocessing.spawn import spawn_main", 0)  # vLLM's child, untitled
     assert source.matching_pids() == ["10"]
-    fake_process(proc, 12, "VLLM::EngineCore", 50)  # young: its title is seen
-    fake_process(proc, 11, "vllm serve other", 30)  # an old process exec'd: not seen before a full scan
+    fake_process(proc, 12, "VLLM::EngineCore", 50)  # young: looked at again soon
+    fake_process(proc, 11, "vllm serve other", 30)  # an old process exec'd: not looked at yet
     assert sorted(source.matching_pids()) == ["10", "12"]
-    source.next_rescan = 0
-    assert sorted(source.matching_pids()) == ["10", "11", "12"]
+    time.sleep(0.6)
+    assert sorted(source.matching_pids()) == ["10", "11", "12"], "looked at again after rescan_s"
     fake_process(proc, 12, "sleep 9", 50)
     assert sorted(source.matching_pids()) == ["10", "11"], "a match is looked at again every sample"
     fake_process(proc, 13, "vllm serve third", 0)
     assert sorted(source.matching_pids()) == ["10", "11", "13"], "a new pid is looked at"
     shutil.rmtree(proc / "10")
     assert sorted(source.matching_pids()) == ["11", "13"], "an ended process leaves the sum"
+    rows = dict((s, v) for s, v, _ in source.sample())
+    assert rows["vllm_processes"] == 2
 
 
 def test_census_lists_the_matched_processes_with_titles_and_cpu(tmp_path):

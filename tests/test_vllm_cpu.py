@@ -90,6 +90,57 @@ def workdir(tmp_path_factory):
     return directory
 
 
+class TreeCpu:
+    """An independent reading of the server's CPU, beside the agent: every 0.5 s, every
+    process of the server's process tree (its session, which ``setsid`` gives the server,
+    and every descendant of its pid) with its utime+stime, by (pid, starttime).  Whatever
+    the process is called; cumulative CPU-seconds of the tree over time."""
+
+    def __init__(self, pid_file: Path):
+        import threading
+        self.pid_file, self.samples, self.stopping = pid_file, [], False
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> list[tuple[float, float]]:
+        self.stopping = True
+        self.thread.join()
+        return self.samples
+
+    @staticmethod
+    def _tree(root: int) -> dict:
+        stats = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    text = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                fields = text[text.rindex(")") + 2:].split()
+                stats[int(entry)] = (int(fields[1]), int(fields[3]), int(fields[11]) + int(fields[12]), int(fields[19]))
+        members = {pid for pid, (_, session, _, _) in stats.items() if session == root} | {root}
+        grew = True
+        while grew:  # descendants that left the session too
+            children = {pid for pid, (ppid, _, _, _) in stats.items() if ppid in members} - members
+            members |= children
+            grew = bool(children)
+        return {(pid, stats[pid][3]): stats[pid][2] for pid in members if pid in stats}
+
+    def _loop(self) -> None:
+        clk_tck, total, previous = os.sysconf("SC_CLK_TCK"), 0.0, {}
+        while not self.stopping:
+            try:
+                root = int(self.pid_file.read_text())
+            except (OSError, ValueError):
+                root = None
+            now = time.time()
+            current = self._tree(root) if root else {}
+            total += sum(ticks - previous.get(key, 0) for key, ticks in current.items()) / clk_tck
+            previous = current
+            self.samples.append((now, total))
+            time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def run_dir(workdir):
     # the example is the whole config (a --configfile replaces config/config.yaml), with the
@@ -97,7 +148,11 @@ def run_dir(workdir):
     command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
                str(workdir), "--configfile", str(CONFIG), str(workdir / "override.yaml"), "--cores", "1", "all"]
     started = time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=SNAKEMAKE_TIMEOUT_S)
+    tree = TreeCpu(workdir / ".thermab/vllm-cpu-server/server.pid")
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=SNAKEMAKE_TIMEOUT_S)
+    finally:
+        (workdir / "tree_cpu.json").write_text(json.dumps(tree.stop()))
     elapsed = time.monotonic() - started
     (workdir / "snakemake.log").write_text(result.stdout + result.stderr)
     server_log = workdir / ".thermab/vllm-cpu-server/server.log"
@@ -148,6 +203,28 @@ def test_stock_arm_spins_after_each_request(run_dir):
     assert cpu.loc[(HOST, "A"), "n"] >= 20 and cpu.loc[(HOST, "B"), "n"] >= 20
     assert stock >= 1.5 * patched and stock - patched >= 30, \
         f"{HOST} vLLM CPU median: stock {stock} %, patched {patched} %"
+
+
+def test_the_agents_vllm_cpu_is_the_whole_server_tree(run_dir, workdir):
+    """The agent's vLLM CPU with the default pattern (the config sets none) against the
+    independent reading of every process in the server's tree over the same load windows:
+    CPU-seconds equal within 10 % (or 1 CPU-s), so no spinning process goes uncounted."""
+    import numpy as np
+    assert "process_pattern" not in SETTINGS.get("monitor", {}), "the tier checks the default pattern"
+    tree = np.array(json.loads((workdir / "tree_cpu.json").read_text()))
+    rows = pd.concat([pd.read_csv(path) for path in run_dir.glob("monitor/*/cpu.csv")])
+    agent = rows[rows["sensor"] == "vllm_cpu_pct"].sort_values("t")
+    t, pct = agent["t"].to_numpy(float), agent["value"].to_numpy(float)
+    from thermab.analysis import metrics, model
+    for window in metrics.load_windows(model.read_events(run_dir / "events.jsonl")).itertuples():
+        arm, start, end = window.arm, window.load_start, window.load_end
+        inside = (t[1:] > start) & (t[1:] <= end) & np.isfinite(pct[1:])
+        agent_s = float(np.sum(pct[1:][inside] / 100 * np.diff(t)[inside]))
+        first, last = t[:-1][inside][0], t[1:][inside][-1]  # the interval the agent's samples cover
+        tree_s = float(np.interp(last, tree[:, 0], tree[:, 1]) - np.interp(first, tree[:, 0], tree[:, 1]))
+        print(f"arm {arm}: agent {agent_s:.1f} CPU-s, server tree {tree_s:.1f} CPU-s over {last - first:.0f} s")
+        assert tree_s > 1, f"arm {arm}: the server used no CPU under load?"
+        assert abs(agent_s - tree_s) <= max(0.1 * tree_s, 1.0), (arm, agent_s, tree_s)
 
 
 def test_patched_arm_stalls_in_the_tables_and_verdict(run_dir):

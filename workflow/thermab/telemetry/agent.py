@@ -368,19 +368,19 @@ class ProcessCpu(Source):
     on), so a spinning thread can be attributed to a core and cluster.
 
     A host runs hundreds of processes and few match, so a process's cmdline is read when
-    its pid first shows, at every sample while it matches or is young (vLLM's children
-    take their titles after they start; a wrapper execs into vLLM), and for all processes
-    every ``rescan_s``: a process that turns into a match later than ``young_s`` after
-    it started is counted from the next full scan on.  /proc itself is listed only when a
-    process started since the last sample (the last pid in /proc/loadavg moved)."""
+    its pid first shows, at every sample while it matches, and else again each time it is
+    twice as old as when last read, at most ``rescan_s`` apart: often while it is young
+    (vLLM's children take their titles after they start, a wrapper execs into vLLM),
+    rarely after.  A process that turns into a match is counted from its next look on.
+    /proc itself is listed only when a process started since the last sample (the last
+    pid in /proc/loadavg moved) or one is due a look."""
 
     name = "cpu"
     kind = "cpu"  # the kind of its rows in tidy/telemetry.parquet
     default_interval_s = 6.0
     top_threads = 5
     sensor = "vllm_cpu_pct"  # the sum over the matching processes
-    young_s = 180.0
-    rescan_s = 60.0
+    rescan_s = 120.0
 
     def __init__(self, pattern=DEFAULT_PROCESS_PATTERN, *args, **kwargs):
         Source.__init__(self, *args, **kwargs)
@@ -390,10 +390,10 @@ class ProcessCpu(Source):
         self.previous_t = None
         self.previous_threads = {}
         self.own_pids = {os.getpid()}
-        self.known = {}  # pid -> (matches, monotonic time first seen; None: there at the first scan)
-        self.watched = []  # the pids that match or are young: looked at every sample
+        self.known = {}  # pid -> (matches, monotonic time first seen, when to look again)
+        self.matched = []
         self.seen_last_pid = None
-        self.next_rescan = None
+        self.next_due = 0.0
 
     @classmethod
     def from_settings(cls, settings, sys_root, proc_root):
@@ -414,36 +414,39 @@ class ProcessCpu(Source):
 
     def matching_pids(self):
         now = time.monotonic()
-        first_scan = self.next_rescan is None
-        rescan = first_scan or now >= self.next_rescan
         last_pid = self.last_pid()
-        if rescan or last_pid is None or last_pid != self.seen_last_pid:
-            entries = os.listdir(self.proc_root)  # new pids among them
+        if last_pid is None or last_pid != self.seen_last_pid or now >= self.next_due:
+            entries = os.listdir(self.proc_root)  # new pids among them, or some due a look
+            forget = True
         else:
-            entries = self.watched  # no process started: only those watched can have changed
-        self.seen_last_pid = last_pid
-        if rescan:
-            self.next_rescan = now + self.rescan_s
-            self.known = {}  # and pids gone are forgotten
-        known, watched, pids = self.known, [], []
+            entries = self.matched  # no process started and none due: only the matches change
+            forget = False
+        first_scan, self.seen_last_pid = self.next_due == 0.0, last_pid
+        known, matched = {} if forget else self.known, []
         for entry in entries:
-            seen = known.get(entry)
-            if seen is not None and not seen[0] and (seen[1] is None or now - seen[1] >= self.young_s):
-                continue  # known, not a match, not young: looked at again at the next full scan
+            seen = self.known.get(entry)
+            if seen is not None and not seen[0] and now < seen[2]:
+                known[entry] = seen  # not a match when last looked at, and not due a look yet
+                continue
             if not entry.isdigit() or int(entry) in self.own_pids:
-                known[entry] = (False, None)
+                known[entry] = (False, now, float("inf"))
                 continue
             cmdline = self.cmdline(entry)
             if cmdline is None:
                 known.pop(entry, None)  # ended between listing and reading
                 continue
-            seen = (bool(self.pattern.search(cmdline)), seen[1] if seen else (None if first_scan else now))
-            known[entry] = seen
-            watched.append(entry)
-            if seen[0]:
-                pids.append(entry)
-        self.watched = watched
-        return pids
+            # a process there when the agent started counts as old
+            first_seen = seen[1] if seen else (now - self.rescan_s if first_scan else now)
+            # looked at again once it is twice as old (as the agent knows it), at most
+            # every rescan_s: a process is looked at a few times while young, where vLLM's
+            # children take their titles and wrappers exec
+            known[entry] = (bool(self.pattern.search(cmdline)), first_seen,
+                            now + min(now - first_seen, self.rescan_s))
+            if known[entry][0]:
+                matched.append(entry)
+        self.known, self.matched = known, matched
+        self.next_due = min([seen[2] for seen in known.values() if not seen[0]] + [now + self.rescan_s])
+        return matched
 
     def ticks(self):
         result = {}
