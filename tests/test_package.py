@@ -36,7 +36,7 @@ def test_the_workflow_declares_the_tables_the_analysis_writes():
     analyze_rule = (REPO / "workflow" / "rules" / "analyze.smk").read_text()
     assert "table=TABLES" in analyze_rule and "from thermab.analysis import TABLES" in \
         (REPO / "workflow" / "rules" / "common.smk").read_text()
-    assert TABLES[-1] == "variance"
+    assert TABLES[-2:] == ["variance", "questions"]
 
 
 def test_a_job_stops_when_its_thermab_is_not_the_checkouts(monkeypatch, tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from thermab.analysis import TABLES, energy, load_validity, metrics, stats, summary
+from thermab.analysis import TABLES, energy, load_validity, metrics, questions, stats, summary, washout
 from thermab.analysis.completeness import completeness
 from thermab.analysis.model import Analysis, RunData, Telemetry, load_run, ordered_hosts, sibling_runs
 from thermab.config import UserError
@@ -34,7 +34,8 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
     windows = metrics.load_windows(run.events)
     reports = {**load_validity.derived_reports(run.requests, windows, run.events, run.config, run.validity),
                **run.validity}
-    validity = load_validity.validity_table(reports, windows)
+    validity = washout.with_starts(load_validity.validity_table(reports, windows), windows, run.telemetry,
+                                   run.events, run.config["head"], run.config["timeline_zone"])
     performance = metrics.performance(run.requests, windows)
     tables = {
         "windows": windows,
@@ -88,12 +89,13 @@ def compute(run_dir, also=(), detect_pct: float = 5.0) -> Analysis:
     _check_poolable(runs)
     run = runs[0]
     config = run.config
-    tables = phase_tables(run)
-    pooled = pd.concat([run_metrics(run, tables)]
-                       + [run_metrics(other, phase_tables(other)) for other in runs[1:]], ignore_index=True)
+    every = [phase_tables(r) for r in runs]
+    tables = every[0]
+    pooled = pd.concat([run_metrics(r, t) for r, t in zip(runs, every)], ignore_index=True)
     variance = stats.compare(pooled, config["arms"], config["reference_arm"], detect_pct=detect_pct)
     variance["verdict"] = summary.verdicts(variance)
     tables["variance"] = variance = load_validity.note_verdicts(variance, pooled)
+    tables["questions"] = answer_questions(config, pooled, pd.concat([t["validity"] for t in every]))
     best = None
     if variance["arm"].nunique() > 2:
         best = stats.best_setting(variance, config["arms"], config["reference_arm"],
@@ -101,6 +103,14 @@ def compute(run_dir, also=(), detect_pct: float = 5.0) -> Analysis:
     if best is not None:  # the choice weighs every arm's phases
         best["load_short"] = load_validity.short_phases(pooled)
     return Analysis(run, [str(r.path) for r in runs], tables, pooled, best)
+
+
+def answer_questions(config: dict, pooled: pd.DataFrame, validity: pd.DataFrame, alpha: float = questions.ALPHA):
+    """questions.csv from the pooled per-phase metrics: a yes is withheld where a load fell
+    short or, for a temperature, where the arms' starts were not balanced."""
+    unbalanced = washout.unbalanced(validity, config["reference_arm"], config["start_balance_c"])
+    return questions.answer(config["questions"], stats.arm_effects(pooled, config["reference_arm"]), config,
+                            alpha=alpha, withheld=questions.withheld_yes(pooled, unbalanced))
 
 
 def analyze(run_dir, also=(), detect_pct: float = 5.0) -> dict[str, pd.DataFrame]:

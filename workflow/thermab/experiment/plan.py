@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
+from thermab.config import default_questions
+
 BASELINE = "baseline"
 
 
@@ -37,18 +39,22 @@ RUN_FILE = "run.json"
 # the analysis settings a plan falls back on when nothing says otherwise (the config
 # schema's defaults say the same; a test keeps them in step)
 DEFAULT_ANALYSIS = {"thresholds_c": [85, 90, 92, 95], "reference_lines_c": [96, 87], "stall_gap_s": 1.0,
-                    "timeline_zone": "TSOC"}
+                    "timeline_zone": "TSOC", "start_balance_c": 2.0}
 
 
 def run_plan(*, cluster: str, order: str, repeats: int, arms: dict, setting: str, head: str,
-             hosts: list[str], analysis: dict | None = None, **facts) -> dict:
+             hosts: list[str], analysis: dict | None = None, questions: list[dict] | None = None,
+             **facts) -> dict:
     """The experiment plan of a run directory (``run.json``): what the analysis needs to
     read the run without its config.  ``facts`` add what the writer knows (trip point,
-    max_tokens, load_s, where an import came from)."""
+    max_tokens, load_s, where an import came from).  Without ``questions``, the study's
+    default questions (config.default_questions)."""
     analysis = {**DEFAULT_ANALYSIS, **(analysis or {})}
+    if questions is None:
+        questions = default_questions(analysis["timeline_zone"])
     return {"cluster": cluster, "order": order, "repeats": repeats, "arms": arms,
             "reference_arm": next(iter(arms)), "setting": setting, "head": head, "hosts": hosts,
-            **{key: analysis[key] for key in DEFAULT_ANALYSIS}, **facts}
+            **{key: analysis[key] for key in DEFAULT_ANALYSIS}, "questions": questions, **facts}
 
 
 def write_run_json(run_dir: Path, plan: dict) -> Path:
