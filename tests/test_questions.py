@@ -173,3 +173,23 @@ def test_a_short_load_or_unbalanced_starts_never_give_yes(tmp_path):
     reasons = washout.unbalanced(validity, "A", 2.0)
     assert set(reasons) == {"B"} and "unbalanced starts" in reasons["B"]
     assert washout.unbalanced(validity, "A", 5.0) == {}
+
+
+def test_the_forest_plot_is_drawn_and_in_the_report(tmp_path):
+    from thermab.analysis import plots
+    from thermab.analysis.analyze import compute, write_outputs
+    from thermab.analysis.html_report import write_report
+
+    run_dir = write_synthetic_run(tmp_path / "AB", reps=2)
+    result = compute(run_dir)
+    write_outputs(result)
+    (run_dir / "figures").mkdir()
+    path = plots.questions_png(result.tables["questions"], result.run.config, {"A": "red", "B": "blue"},
+                               run_dir / "figures" / "questions.png")
+    assert path.stat().st_size > 10_000
+    write_report(run_dir, run_dir / "report.html")
+    page = (run_dir / "report.html").read_text()
+    assert 'alt="questions"' in page and page.index("<h2>Questions</h2>") < page.index("<h2>Load validity</h2>")
+    assert questions.decisive_bounds({"kind": "non_inferior", "better": "higher"}, 2.0) == [-2.0]
+    assert questions.decisive_bounds({"kind": "lower"}, 0.0) == [0.0]
+    assert questions.decisive_bounds({"kind": "equivalent"}, 1.0) == [-1.0, 1.0]

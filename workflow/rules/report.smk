@@ -8,6 +8,9 @@ rule report:
         timeline_html=report(
             "results/{cluster}/{order}/figures/timeline.html", caption="../report/timeline_html.rst", category="Figures"
         ),
+        questions=report(
+            "results/{cluster}/{order}/figures/questions.png", caption="../report/questions.rst", category="Figures"
+        ),
         html="results/{cluster}/{order}/report.html",
         provenance=directory("results/{cluster}/{order}/provenance"),
     params:

@@ -91,6 +91,15 @@ def verdict(kind: str, sign: int, margin: float, low: float, high: float) -> str
     return NO if gain_high < bound else UNDECIDED
 
 
+def decisive_bounds(question: dict, margin: float) -> list[float]:
+    """Where the interval of (arm − reference) must lie beyond for a ``yes``: the margin
+    lines of the forest plot."""
+    if question["kind"] == "equivalent":
+        return [-margin, margin]
+    sign = gain_sign(question)
+    return [sign * (-margin if question["kind"] == "non_inferior" else margin)]
+
+
 def decisive_distance(kind: str, sign: int, margin: float, estimate: float) -> float:
     """How far the estimate lies from the bound that would decide the question."""
     if kind == "equivalent":
