@@ -106,3 +106,39 @@ def test_a_true_difference_is_decided_in_fewer_phases_than_a_fixed_design_of_the
     print(f"10 % difference at 5 % CV: power {power:.3f}, median {median_phases:.0f} phases to a decision; "
           f"a fixed design of that power: {fixed_phases} phases")
     assert median_phases < fixed_phases
+
+
+def test_crossover_phases_alternate_and_chain():
+    from thermab.experiment import plan
+
+    assert [p.id for p in plan.phases("AB", 3, crossover=True)] == ["rep1-A", "rep1-B", "rep2-B", "rep2-A",
+                                                                    "rep3-A", "rep3-B"]
+    assert [p.id for p in plan.phases("AB", 2)] == ["rep1-A", "rep1-B", "rep2-A", "rep2-B"]
+    assert plan.previous("AB", 2, "B", crossover=True) == "rep1-B"
+    assert plan.previous("AB", 2, "A", crossover=True) == "rep2-B"
+
+
+def test_an_interrupted_sequential_run_resumes_at_its_look(tmp_path):
+    def done(*ids):
+        for phase_id in ids:
+            (tmp_path / "phases" / phase_id).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "phases" / phase_id / "phase.json").write_text("{}")
+
+    def answered(phases_per_arm, *verdicts):
+        (tmp_path / "tables").mkdir(exist_ok=True)
+        pd.DataFrame({"phases_per_arm": phases_per_arm, "verdict": list(verdicts)}).to_csv(
+            tmp_path / "tables" / "questions.csv", index=False)
+
+    assert sequential.resume_repeats(tmp_path, "AB", 8) == 2
+    done("rep1-A", "rep1-B", "rep2-B")
+    assert sequential.resume_repeats(tmp_path, "AB", 8) == 2  # rep2-A was interrupted: redo it
+    done("rep2-A")
+    assert sequential.resume_repeats(tmp_path, "AB", 8) == 2  # its look has not been analysed yet
+    answered(2, "yes", "undecided")
+    assert sequential.resume_repeats(tmp_path, "AB", 8) == 4
+    answered(2, "yes", "no")
+    assert sequential.resume_repeats(tmp_path, "AB", 8) == 2  # decided: stay
+    answered(2, "yes", "undecided")
+    done("rep3-A")
+    assert sequential.resume_repeats(tmp_path, "AB", 8) == 4
+    assert sequential.look_alpha("AB", 8, 5) == sequential.look_alphas("AB", 8)[4]

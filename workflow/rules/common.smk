@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from thermab import config as thermab_config
 from thermab import jobs
 from thermab.analysis import TABLES
 from thermab.experiment import plan
+from thermab.analysis import sequential
 
 os.environ[jobs.CHECKOUT_ENV] = str(Path(workflow.basedir) / "workflow" / "thermab")
 
@@ -55,8 +57,43 @@ def get_fleet_inputs(wildcards):
     ]
 
 
+# until: decided adds crossover pairs of repeats until every question is decided. The DAG is
+# static, so each invocation reaches the next look (sequential.resume_repeats, read from the
+# run directory: an interrupted run resumes there) and, on success, starts the next one.
+CROSSOVER = config["until"] == "decided"
+
+
+def repeats_of(cluster):
+    if not CROSSOVER:
+        return config["repeats"]
+    run_dir = Path(f"results/{cluster}/{config['order']}")
+    return sequential.resume_repeats(run_dir, config["order"], config["max_repeats"])
+
+
+REPEATS = {cluster: repeats_of(cluster) for cluster in config["clusters"]}
+
+
+def repeats_for(wildcards):
+    if wildcards.order == config["order"]:
+        return REPEATS.get(wildcards.cluster, config["repeats"])
+    return config["repeats"]
+
+
+def continue_until_decided():
+    """After a successful look: the next invocation while a cluster's questions are open."""
+    reached = {cluster: repeats_of(cluster) for cluster in config["clusters"]}
+    if all(reached[c] <= REPEATS[c] for c in reached):
+        print(f"thermab: until decided: stopped at {REPEATS} repeats (tables/questions.csv has the answers)")
+        return
+    print(f"thermab: until decided: questions still open, going on to {reached} repeats", file=sys.stderr)
+    # this invocation still holds the directory's lock: the next one runs inside it
+    code = subprocess.call([sys.executable, "-m", "snakemake", *sys.argv[1:], "--nolock"])
+    if code:
+        sys.exit(code)
+
+
 def get_previous_phase(wildcards):
-    previous = plan.previous(wildcards.order, int(wildcards.rep), wildcards.arm)
+    previous = plan.previous(wildcards.order, int(wildcards.rep), wildcards.arm, CROSSOVER)
     return f"results/{wildcards.cluster}/{wildcards.order}/phases/{previous}/phase.json"
 
 
@@ -64,7 +101,7 @@ def get_phase_files(name):
     def phase_files(wildcards):
         return [
             f"results/{wildcards.cluster}/{wildcards.order}/phases/{phase.id}/{name}"
-            for phase in plan.phases(wildcards.order, config["repeats"])
+            for phase in plan.phases(wildcards.order, repeats_for(wildcards), CROSSOVER)
         ]
 
     return phase_files

@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from thermab.analysis import TABLES, energy, load_validity, metrics, questions, stats, summary, washout
+from thermab.analysis import TABLES, energy, load_validity, metrics, questions, sequential, stats, summary, washout
 from thermab.analysis.completeness import completeness
 from thermab.analysis.model import Analysis, RunData, Telemetry, load_run, ordered_hosts, sibling_runs
 from thermab.config import UserError
+from thermab.experiment import plan
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,16 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
 
 
 def run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The per-phase metrics; in a crossover run (``until: decided``) each repeat carries its
+    own order, so that the fit separates the position from the arm."""
+    config = run.config
+    values = _run_metrics(run, tables)
+    if config.get("until") == "decided" and len(values):
+        values["order"] = [plan.order_of_repeat(config["order"], int(rep)) for rep in values["rep"]]
+    return values
+
+
+def _run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     config = run.config
     return load_validity.mark(pd.concat([metrics.phase_metrics(tables["zones"], tables["cpu"], tables["performance"],
                                                                ordered_hosts(config), config["timeline_zone"]),
@@ -95,7 +106,11 @@ def compute(run_dir, also=(), detect_pct: float = 5.0) -> Analysis:
     variance = stats.compare(pooled, config["arms"], config["reference_arm"], detect_pct=detect_pct)
     variance["verdict"] = summary.verdicts(variance)
     tables["variance"] = variance = load_validity.note_verdicts(variance, pooled)
-    tables["questions"] = answer_questions(config, pooled, pd.concat([t["validity"] for t in every]))
+    alpha = questions.ALPHA
+    if config.get("until") == "decided":  # each look spends its share of α (analysis.sequential)
+        repeats = int(pooled.groupby("arm")["rep"].nunique().min()) if len(pooled) else 0
+        alpha = sequential.look_alpha(config["order"], config.get("max_repeats", 8), repeats)
+    tables["questions"] = answer_questions(config, pooled, pd.concat([t["validity"] for t in every]), alpha)
     best = None
     if variance["arm"].nunique() > 2:
         best = stats.best_setting(variance, config["arms"], config["reference_arm"],

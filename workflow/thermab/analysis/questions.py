@@ -165,7 +165,8 @@ def _tested(question: dict, effect: dict, alpha: float, withheld: str | None) ->
     needed = math.nan
     if decided == UNDECIDED and not math.isnan(effect["se"]):
         spread = effect["se"] / math.sqrt(1 / effect["n"] + 1 / effect["ref_n"])
-        needed = phases_needed(decisive_distance(kind, sign, margin, effect["diff"]), spread, alpha)
+        # a fixed design's answer at the usual α (a look of until: decided may spend less)
+        needed = phases_needed(decisive_distance(kind, sign, margin, effect["diff"]), spread)
     return {"question": question_words(question) + "".join(f" ({note})" for note in notes),
             "margin": margin if kind in ("non_inferior", "equivalent") or question.get("by") else math.nan,
             "estimate": effect["diff"], "ci_low": low, "ci_high": high, "method": effect["method"],

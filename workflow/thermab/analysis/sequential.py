@@ -24,38 +24,14 @@ t machinery.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pandas as pd
+
 from thermab.analysis.questions import ALPHA, UNDECIDED
+from thermab.experiment.plan import order_of_repeat, phases, williams_orders  # noqa: F401 (re-exported)
 
 MIN_DF = 3
-
-
-def williams_orders(order: str) -> list[str]:
-    """The rows of a Williams design for the arms of ``order`` (its first row ``order``):
-    every arm in every position equally often and every arm after every other once (for an
-    odd number of arms the design and its mirror, 2k rows).  For two arms: AB, BA."""
-    k = len(order)
-    # the standard first row 0, 1, k−1, 2, k−2, …, then each row shifted by one
-    first = [0]
-    low, high = 1, k - 1
-    while len(first) < k:
-        first.append(low)
-        low += 1
-        if len(first) < k:
-            first.append(high)
-            high -= 1
-    rows = [[(j + shift) % k for j in first] for shift in range(k)]
-    if k % 2:
-        rows += [row[::-1] for row in rows]
-    base = rows[0]
-    # relabel so that the first row is ``order`` itself
-    letter = {index: order[position] for position, index in enumerate(base)}
-    return ["".join(letter[i] for i in row) for row in rows]
-
-
-def order_of_repeat(order: str, rep: int) -> str:
-    """The order of repeat ``rep`` (1-based) in a crossover run."""
-    rows = williams_orders(order)
-    return rows[(rep - 1) % len(rows)]
 
 
 def pair_size(order: str) -> int:
@@ -98,3 +74,29 @@ def next_repeats(order: str, max_repeats: int, repeats: int, verdicts) -> int | 
     if decided(verdicts) or repeats >= max_repeats:
         return None
     return min(max_repeats, next(r for r in looks(order, max_repeats) if r > repeats))
+
+
+def completed_repeats(run_dir: Path, order: str) -> int:
+    """Repeats whose every phase has its phase.json, counted from the first."""
+    done = {phase.id for phase in phases(order, 100, crossover=True)
+            if (Path(run_dir) / "phases" / phase.id / "phase.json").exists()}
+    rep = 0
+    while all(f"rep{rep + 1}-{arm}" in done for arm in order) and rep < 100:
+        rep += 1
+    return rep
+
+
+def resume_repeats(run_dir: Path, order: str, max_repeats: int) -> int:
+    """The repeats this invocation of an ``until: decided`` run should reach, from what is on
+    disk: the first look not yet run, or, where the look's questions.csv is written, the
+    next look it asks for (the same look when it is decided or the cap is reached).  So an
+    interrupted run picks up where it stopped."""
+    done = completed_repeats(run_dir, order)
+    points = looks(order, max_repeats)
+    target = next((r for r in points if r >= done), points[-1])
+    answers_path = Path(run_dir) / "tables" / "questions.csv"
+    if done >= target and answers_path.exists():
+        answers = pd.read_csv(answers_path)
+        if len(answers) and answers["phases_per_arm"].max() >= target:
+            return next_repeats(order, max_repeats, target, answers["verdict"]) or target
+    return target

@@ -21,16 +21,44 @@ class Phase(NamedTuple):
         return f"rep{self.rep}-{self.arm}"
 
 
-def phases(order: str, repeats: int) -> list[Phase]:
-    return [Phase(rep, arm) for rep in range(1, repeats + 1) for arm in order]
+def williams_orders(order: str) -> list[str]:
+    """The rows of a Williams design for the arms of ``order`` (its first row ``order``):
+    every arm in every position equally often and every arm after every other equally often
+    (for an odd number of arms the design and its mirror, 2k rows).  For two arms: AB, BA."""
+    k = len(order)
+    first, low, high = [0], 1, k - 1  # the standard first row 0, 1, k−1, 2, k−2, …
+    while len(first) < k:
+        first.append(low)
+        low += 1
+        if len(first) < k:
+            first.append(high)
+            high -= 1
+    rows = [[(j + shift) % k for j in first] for shift in range(k)]
+    if k % 2:
+        rows += [row[::-1] for row in rows]
+    letter = {index: order[position] for position, index in enumerate(rows[0])}  # row 0 is ``order``
+    return ["".join(letter[i] for i in row) for row in rows]
 
 
-def previous(order: str, rep: int, arm: str) -> str:
+def order_of_repeat(order: str, rep: int, crossover: bool = True) -> str:
+    """The order of repeat ``rep`` (1-based): ``order`` itself, or in a crossover run
+    (``until: decided``) the rows of its Williams design in turn (AB, BA, AB, …)."""
+    if not crossover:
+        return order
+    rows = williams_orders(order)
+    return rows[(rep - 1) % len(rows)]
+
+
+def phases(order: str, repeats: int, crossover: bool = False) -> list[Phase]:
+    return [Phase(rep, arm) for rep in range(1, repeats + 1) for arm in order_of_repeat(order, rep, crossover)]
+
+
+def previous(order: str, rep: int, arm: str, crossover: bool = False) -> str:
     """Id of the phase that must finish before ``rep{rep}-{arm}``; the baseline for the first.
 
     Only earlier repeats are named, so raising ``repeats`` later never changes the chain
     of the phases that already ran."""
-    sequence = phases(order, rep)
+    sequence = phases(order, rep, crossover)
     index = sequence.index(Phase(rep, arm))
     return BASELINE if index == 0 else sequence[index - 1].id
 
