@@ -161,6 +161,7 @@ def test_one_phase_per_arm_is_undecided_and_an_undecided_one_says_how_many_phase
     assert not same.at["head TSOC mean", "phases_needed"] <= 3  # many, or none at a zero distance
     # a 1-sd distance, one-sided 5 %, power 0.8: 13.1 phases per arm (t), so 14
     assert questions.phases_needed(1.0, 1.0) == 14
+    assert questions.phases_needed(10.0, 1.0) == 2  # fewer would do: the fewest with a variance
     assert math.isnan(questions.phases_needed(0.0, 1.0)) and math.isnan(questions.phases_needed(1.0, math.nan))
 
 
@@ -193,3 +194,17 @@ def test_the_forest_plot_is_drawn_and_in_the_report(tmp_path):
     assert questions.decisive_bounds({"kind": "non_inferior", "better": "higher"}, 2.0) == [-2.0]
     assert questions.decisive_bounds({"kind": "lower"}, 0.0) == [0.0]
     assert questions.decisive_bounds({"kind": "equivalent"}, 1.0) == [-1.0, 1.0]
+
+
+def test_a_crossover_run_tests_at_its_looks_alpha_and_says_what_is_open(tmp_path):
+    from thermab.analysis import sequential
+
+    run_dir = write_synthetic_run(tmp_path / "AB", reps=4, tok_s={"A": 85.0, "B": 84.0})
+    run = json.loads((run_dir / "run.json").read_text())
+    run.update(until="decided", max_repeats=8)
+    (run_dir / "run.json").write_text(json.dumps(run))
+    answers = analyze(run_dir)["questions"]
+    assert set(answers["level"].round(6)) == {round(1 - 2 * sequential.look_alphas("AB", 8)[4], 6)}
+    assert set(answers["method"]) - {"no data"} == {"OLS arm + position, orders pooled"}  # orders: AB, BA per repeat
+    summary = (run_dir / "summary.md").read_text()
+    assert "Repeats until decided: 4 of at most 8 repeats" in summary and "still open: cluster energy" in summary

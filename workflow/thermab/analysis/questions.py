@@ -115,11 +115,13 @@ def phases_needed(distance: float, sd: float, alpha: float = ALPHA, power: float
         return math.nan
     from statsmodels.stats.power import TTestIndPower
 
+    solver = TTestIndPower()
+    if solver.power(distance / sd, nobs1=2, alpha=alpha, alternative="larger") >= power:
+        return 2.0  # the solver finds no root below 2 phases, the fewest that have a variance
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no convergence is a NaN answer, said by the empty cell
         try:
-            n = TTestIndPower().solve_power(effect_size=distance / sd, alpha=alpha, power=power,
-                                            alternative="larger")
+            n = solver.solve_power(effect_size=distance / sd, alpha=alpha, power=power, alternative="larger")
         except (ValueError, RuntimeError):
             return math.nan
     n = float(n[0] if hasattr(n, "__len__") else n)

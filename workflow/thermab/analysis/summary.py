@@ -239,7 +239,14 @@ def questions_section(answers: pd.DataFrame, run: dict) -> list[str]:
         "phases needed": [f"{v:.0f}" if pd.notna(v) else "" for v in answers["phases_needed"]],
     })
     level = answers["level"].dropna()
-    return ["## Questions", "", markdown_table(rows),
+    lines = []
+    if run.get("until") == "decided":
+        open_ = answers.loc[answers["verdict"] == "undecided", "question"]
+        reached = int(answers["phases_per_arm"].max())
+        lines = [f"Repeats until decided: {reached} of at most {run.get('max_repeats')} repeats, each look at its"
+                 " share of α (README, \"Repeats until decided\"); "
+                 + (f"still open: {'; '.join(dict.fromkeys(open_))}." if len(open_) else "every question is decided."), ""]
+    return ["## Questions", "", *lines, markdown_table(rows),
             f"Each question is tested on the arm effect of the verdicts below (arm − reference, in the metric's"
             f" unit), with its {level.iloc[0] * 100:.0f} % interval" if len(level) else "Each question is tested",
             " (each bound a one-sided test at 5 %; equivalence: both, TOST). YES: the interval clears the margin the"
