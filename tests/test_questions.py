@@ -208,3 +208,17 @@ def test_a_crossover_run_tests_at_its_looks_alpha_and_says_what_is_open(tmp_path
     assert set(answers["method"]) - {"no data"} == {"OLS arm + position, orders pooled"}  # orders: AB, BA per repeat
     summary = (run_dir / "summary.md").read_text()
     assert "Repeats until decided: 4 of at most 8 repeats" in summary and "still open: cluster energy" in summary
+
+
+def test_validity_shows_each_phases_start_and_idle_power(tmp_path):
+    power = {("head", "package-0"): {"A": 60.0, "B": 40.0, "idle": 12.0}}
+    run_dir = write_synthetic_run(tmp_path / "AB", reps=2, power=power)
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    starts = [e for e in events if e["event"] == "load_start"]
+    marks = [{"t": e["t"] - 5, "event": "restart_start", "order": e["order"], "rep": e["rep"], "arm": e["arm"]}
+             for e in starts]
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events + marks))
+    validity = analyze(run_dir)["validity"]
+    assert validity["start_c"].between(49, 51).all()  # idle before every load, not the load's own heat
+    assert validity["cooldown_before"].iloc[0] == washout.FIRST
+    assert validity["idle_w_before"].notna().all()
