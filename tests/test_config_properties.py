@@ -54,7 +54,7 @@ anything = st.recursive(st.one_of(numbers, texts), lambda inner: st.one_of(
 def put(config: dict, path: tuple, value) -> None:
     target = config
     for part in path[:-1]:
-        target = target.setdefault(part, {})
+        target = target[part] if isinstance(target, list) else target.setdefault(part, {})
     target[path[-1]] = value
 
 

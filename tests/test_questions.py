@@ -63,7 +63,7 @@ def test_a_question_is_valid_or_one_line_naming_it(qs, until):
 
 @pytest.mark.parametrize("qs, top, says", [
     ([{"metric": "head TSOC mean", "kind": "lower"}, {"metric": "head foo", "kind": "lower"}], {},
-     "questions.1' (head foo lower): unknown metric"),
+     "questions.1.metric' (head foo lower): unknown metric"),
     ([{"metric": "stall gaps", "kind": "equivalent", "margin": 1, "margin_pct": 2}], {}, "not both"),
     ([{"metric": "stall gaps", "kind": "non_inferior", "better": "lower", "margin": -1}], {}, "negative"),
     ([{"metric": "output throughput", "kind": "non_inferior", "better": "higher", "margin_pct": 100}], {},

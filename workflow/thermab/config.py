@@ -489,26 +489,29 @@ def _question_problems(config: dict, problems: list[str]) -> None:
     config.setdefault("questions", default_questions(config["analysis"]["timeline_zone"]))
     known = question_metrics(config)
     for index, question in enumerate(config["questions"]):
-        key = f"config key 'questions.{index}' ({_short(question['metric'])} {question['kind']})"
+        def key(field=None):
+            return (f"config key 'questions.{index}{'.' + field if field else ''}' "
+                    f"({_short(question['metric'])} {question['kind']})")
         margins = [name for name in ("margin", "margin_pct") if name in question]
         if question["metric"] not in known:
-            problems.append(f"{key}: unknown metric (one of: {', '.join(sorted(known))})")
+            problems.append(f"{key('metric')}: unknown metric (one of: {', '.join(sorted(known))})")
         if len(margins) > 1:
-            problems.append(f"{key}: give margin or margin_pct, not both")
+            problems.append(f"{key('margin_pct')}: give margin or margin_pct, not both")
         for name in margins + ["by"] * ("by" in question):
             if question[name] < 0:
-                problems.append(f"{key}: {name} {question[name]} is negative")
+                problems.append(f"{key(name)}: {question[name]} is negative")
         if "margin_pct" in question and question["margin_pct"] >= 100:
-            problems.append(f"{key}: margin_pct {question['margin_pct']} is 100 % or more, which any answer passes")
+            problems.append(f"{key('margin_pct')}: {question['margin_pct']} is 100 % or more, which any answer passes")
         if question["kind"] in ("non_inferior", "equivalent"):
             if not margins:
-                problems.append(f"{key}: needs margin or margin_pct")
+                problems.append(f"{key()}: needs margin or margin_pct")
             if "by" in question:
-                problems.append(f"{key}: 'by' belongs to lower/higher; this kind has a margin")
-        elif margins:
-            problems.append(f"{key}: a margin belongs to non_inferior/equivalent; lower/higher take 'by'")
+                problems.append(f"{key('by')}: 'by' belongs to lower/higher; this kind has a margin")
+        else:
+            for name in margins:
+                problems.append(f"{key(name)}: a margin belongs to non_inferior/equivalent; lower/higher take 'by'")
         if (question["kind"] == "non_inferior") != ("better" in question):
-            problems.append(f"{key}: 'better' (lower or higher) is " +
+            problems.append(f"{key('better')}: (lower or higher) is " +
                             ("required" if question["kind"] == "non_inferior" else "for non_inferior only"))
     if config["until"] == "decided":
         if not config["questions"]:
