@@ -455,7 +455,6 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
 # variance.csv's metrics a question may name: these, and per host (or `head`, each cluster's
 # head) "{host} {zone} mean" of the timeline zone and "{host} vLLM CPU median"
 RUN_METRICS = ("output throughput", "probe decode speed", "stall gaps", "cluster energy per token")
-HOST_METRICS = ("{zone} mean", "vLLM CPU median")
 
 
 def default_questions(zone: str = "TSOC") -> list[dict]:
@@ -468,10 +467,19 @@ def default_questions(zone: str = "TSOC") -> list[dict]:
             {"metric": "stall gaps", "kind": "non_inferior", "better": "lower", "margin": 0.5}]
 
 
-def question_metrics(config: dict) -> set[str]:
-    hosts = {"head"} | {name for cluster in config["clusters"].values() for name in cluster["hosts"]}
-    zone = config["analysis"]["timeline_zone"]
-    return set(RUN_METRICS) | {f"{host} {suffix.format(zone=zone)}" for host in hosts for suffix in HOST_METRICS}
+def question_hosts(config: dict) -> list[str]:
+    return ["head"] + sorted({name for cluster in config["clusters"].values() for name in cluster["hosts"]} - {"head"})
+
+
+def known_metric(config: dict, metric: str) -> bool:
+    """A metric variance.csv can have: a run metric, or a host's CPU or zone mean (any zone
+    name: zones are found at preflight; one other than the timeline zone has no data)."""
+    if metric in RUN_METRICS:
+        return True
+    host, _, rest = metric.partition(" ")
+    zone, _, mean = rest.rpartition(" ")
+    return host in question_hosts(config) and (rest == "vLLM CPU median" or (
+        mean == "mean" and bool(re.fullmatch(r"\S+", zone))))
 
 
 def question_words(question: dict) -> str:
@@ -487,14 +495,14 @@ def question_words(question: dict) -> str:
 
 def _question_problems(config: dict, problems: list[str]) -> None:
     config.setdefault("questions", default_questions(config["analysis"]["timeline_zone"]))
-    known = question_metrics(config)
     for index, question in enumerate(config["questions"]):
         def key(field=None):
             return (f"config key 'questions.{index}{'.' + field if field else ''}' "
                     f"({_short(question['metric'])} {question['kind']})")
         margins = [name for name in ("margin", "margin_pct") if name in question]
-        if question["metric"] not in known:
-            problems.append(f"{key('metric')}: unknown metric (one of: {', '.join(sorted(known))})")
+        if not known_metric(config, question["metric"]):
+            problems.append(f"{key('metric')}: unknown metric (one of: {', '.join(RUN_METRICS)}, 'HOST ZONE mean', "
+                            f"'HOST vLLM CPU median'; HOST one of {', '.join(map(_short, question_hosts(config)))})")
         if len(margins) > 1:
             problems.append(f"{key('margin_pct')}: give margin or margin_pct, not both")
         for name in margins + ["by"] * ("by" in question):
