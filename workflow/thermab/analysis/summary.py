@@ -247,9 +247,10 @@ def questions_section(answers: pd.DataFrame, run: dict) -> list[str]:
                  " share of α (README, \"Repeats until decided\"); "
                  + (f"still open: {'; '.join(dict.fromkeys(open_))}." if len(open_) else "every question is decided."), ""]
     return ["## Questions", "", *lines, markdown_table(rows),
-            f"Each question is tested on the arm effect of the verdicts below (arm − reference, in the metric's"
-            f" unit), with its {level.iloc[0] * 100:.0f} % interval" if len(level) else "Each question is tested",
-            " (each bound a one-sided test at 5 %; equivalence: both, TOST). YES: the interval clears the margin the"
+            (f"Each question is tested on the arm effect of the verdicts below (arm − reference, in the metric's"
+            f" unit), with its {level.iloc[0] * 100:.1f} % interval (each bound a one-sided test at"
+            f" {(1 - level.iloc[0]) / 2 * 100:.2g} %" if len(level) else "Each question is tested (")
+            + "; equivalence: both, TOST). YES: the interval clears the margin the"
             " claimed way; NO: it rules the claim out; UNDECIDED: neither, and \"phases needed\" is how many phases"
             " per arm would decide it at the observed spread.", ""]
 
