@@ -29,3 +29,8 @@ rule all:
     input:
         get_final_outputs,
     default_target: True
+
+
+onsuccess:
+    if CROSSOVER:
+        continue_until_decided()

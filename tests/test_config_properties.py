@@ -11,11 +11,12 @@ from pathlib import Path
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from thermab.config import ConfigError, cluster_spec, load_schema, typed_overrides, validate
+from thermab.config import ConfigError, cluster_spec, default_questions, load_schema, typed_overrides, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 RAW = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 RAW.setdefault("safety", {})
+RAW.setdefault("questions", default_questions())  # a list, so that put() can reach into its items
 HOST = ["clusters", "sim", "hosts", "head"]
 PROFILE = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -54,7 +55,7 @@ anything = st.recursive(st.one_of(numbers, texts), lambda inner: st.one_of(
 def put(config: dict, path: tuple, value) -> None:
     target = config
     for part in path[:-1]:
-        target = target.setdefault(part, {})
+        target = target[part] if isinstance(target, list) else target.setdefault(part, {})
     target[path[-1]] = value
 
 

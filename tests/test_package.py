@@ -43,7 +43,7 @@ def test_the_workflow_declares_the_tables_the_analysis_writes():
     common = (REPO / "workflow" / "rules" / "common.smk").read_text()
     assert 'tables("csv")' in analyze_rule and 'tables("md")' in analyze_rule
     assert "table=TABLES" in common and "from thermab.analysis import TABLES" in common
-    assert TABLES[-1] == "variance"
+    assert TABLES[-2:] == ["variance", "questions"]
 
 
 def test_a_job_stops_when_its_thermab_is_not_the_checkouts(monkeypatch, tmp_path):

@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from thermab import config as thermab_config
 from thermab import jobs, layout
-from thermab.analysis import TABLES
+from thermab.analysis import TABLES, sequential
 from thermab.experiment import plan
 
 os.environ[jobs.CHECKOUT_ENV] = str(Path(workflow.basedir) / "workflow" / "thermab")
@@ -58,8 +59,43 @@ def get_fleet_inputs(wildcards):
     return [layout.run_dir(cluster, wildcards.order).table("variance") for cluster in config["clusters"]]
 
 
+# until: decided adds crossover pairs of repeats until every question is decided. The DAG is
+# static, so each invocation reaches the next look (sequential.resume_repeats, read from the
+# run directory: an interrupted run resumes there) and, on success, starts the next one.
+CROSSOVER = config["until"] == "decided"
+
+
+def repeats_of(cluster):
+    if not CROSSOVER:
+        return config["repeats"]
+    run_dir = layout.run_dir(cluster, config["order"]).path
+    return sequential.resume_repeats(run_dir, config["order"], config["max_repeats"])
+
+
+REPEATS = {cluster: repeats_of(cluster) for cluster in config["clusters"]}
+
+
+def repeats_for(wildcards):
+    if wildcards.order == config["order"]:
+        return REPEATS.get(wildcards.cluster, config["repeats"])
+    return config["repeats"]
+
+
+def continue_until_decided():
+    """After a successful look: the next invocation while a cluster's questions are open."""
+    reached = {cluster: repeats_of(cluster) for cluster in config["clusters"]}
+    if all(reached[c] <= REPEATS[c] for c in reached):
+        print(f"thermab: until decided: stopped at {REPEATS} repeats (tables/questions.csv has the answers)")
+        return
+    print(f"thermab: until decided: questions still open, going on to {reached} repeats", file=sys.stderr)
+    # this invocation still holds the directory's lock: the next one runs inside it
+    code = subprocess.call([sys.executable, "-m", "snakemake", *sys.argv[1:], "--nolock"])
+    if code:
+        sys.exit(code)
+
+
 def get_previous_phase(wildcards):
-    previous = plan.previous(wildcards.order, int(wildcards.rep), wildcards.arm)
+    previous = plan.previous(wildcards.order, int(wildcards.rep), wildcards.arm, CROSSOVER)
     return layout.run_dir(wildcards.cluster, wildcards.order).phase(previous).phase_json
 
 
@@ -68,7 +104,7 @@ def get_phase_files(name):
 
     def phase_files(wildcards):
         run = layout.run_dir(wildcards.cluster, wildcards.order)
-        return [getattr(run.phase(phase.id), name) for phase in plan.phases(wildcards.order, config["repeats"])]
+        return [getattr(run.phase(phase.id), name) for phase in plan.phases(wildcards.order, repeats_for(wildcards), CROSSOVER)]
 
     return phase_files
 
@@ -80,7 +116,11 @@ def tables(suffix):
 # One arm letter, for the report rules' order constraints (a {m,n} quantifier there would
 # read as a wildcard, so the letters are repeated instead).
 ARM = "[" + "".join(config["arms"]) + "]"
-CAPTIONS = {"timeline.png": "../report/timeline.rst", "timeline.html": "../report/timeline_html.rst"}
+CAPTIONS = {
+    "timeline.png": "../report/timeline.rst",
+    "timeline.html": "../report/timeline_html.rst",
+    "questions.png": "../report/questions.rst",
+}
 
 
 def figure_outputs(names):

@@ -439,6 +439,7 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
     if silence is not None and silence < 2 * thermal_interval:
         problems.append(f"config key 'safety.max_sensor_silence_s': {silence} s is shorter than two thermal "
                         f"sample intervals ('monitor.intervals.thermal' = {thermal_interval} s)")
+    _question_problems(config, problems)
     for name, cluster in config["clusters"].items():
         hosts = cluster["hosts"]
         if cluster["head"] not in hosts:
@@ -450,6 +451,85 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
         for host_name, host in hosts.items():
             _host_problems(f"clusters.{name}.hosts.{host_name}", host, workdir, problems)
     return problems
+
+
+# -- declared questions (issue 24; analysis/questions.py answers them) ---------------------
+
+# variance.csv's metrics a question may name: these, and per host (or `head`, each cluster's
+# head) "{host} {zone} mean" of the timeline zone and "{host} vLLM CPU median"
+RUN_METRICS = ("output throughput", "probe decode speed", "stall gaps", "cluster energy per token")
+
+
+def default_questions(zone: str = "TSOC") -> list[dict]:
+    """The spin-wait study's questions: cooler and less CPU, no real loss of speed or energy."""
+    return [{"metric": f"head {zone} mean", "kind": "lower"},
+            {"metric": "head vLLM CPU median", "kind": "lower"},
+            {"metric": "output throughput", "kind": "non_inferior", "better": "higher", "margin_pct": 5},
+            {"metric": "probe decode speed", "kind": "non_inferior", "better": "higher", "margin_pct": 6},
+            {"metric": "cluster energy per token", "kind": "lower"},
+            {"metric": "stall gaps", "kind": "non_inferior", "better": "lower", "margin": 0.5}]
+
+
+def question_hosts(config: dict) -> list[str]:
+    return ["head"] + sorted({name for cluster in config["clusters"].values() for name in cluster["hosts"]} - {"head"})
+
+
+def known_metric(config: dict, metric: str) -> bool:
+    """A metric variance.csv can have: a run metric, or a host's CPU or zone mean (any zone
+    name: zones are found at preflight; one other than the timeline zone has no data)."""
+    if metric in RUN_METRICS:
+        return True
+    host, _, rest = metric.partition(" ")
+    zone, _, mean = rest.rpartition(" ")
+    return host in question_hosts(config) and (rest == "vLLM CPU median" or (
+        mean == "mean" and bool(re.fullmatch(r"\S+", zone))))
+
+
+def question_words(question: dict) -> str:
+    """A question in words, for its errors and its row of questions.csv."""
+    margin = (f"{question['margin_pct']:g} %" if "margin_pct" in question
+              else f"{question['margin']:g}" if "margin" in question else "?")
+    if question["kind"] == "non_inferior":
+        return f"{question['metric']} no worse than {margin} ({question.get('better', '?')} is better)"
+    if question["kind"] == "equivalent":
+        return f"{question['metric']} equivalent within ± {margin}"
+    return f"{question['metric']} {question['kind']}" + (f" by at least {question['by']:g}" if question.get("by") else "")
+
+
+def _question_problems(config: dict, problems: list[str]) -> None:
+    config.setdefault("questions", default_questions(config["analysis"]["timeline_zone"]))
+    for index, question in enumerate(config["questions"]):
+        def key(field=None):
+            return (f"config key 'questions.{index}{'.' + field if field else ''}' "
+                    f"({_short(question['metric'])} {question['kind']})")
+        margins = [name for name in ("margin", "margin_pct") if name in question]
+        if not known_metric(config, question["metric"]):
+            problems.append(f"{key('metric')}: unknown metric (one of: {', '.join(RUN_METRICS)}, 'HOST ZONE mean', "
+                            f"'HOST vLLM CPU median'; HOST one of {', '.join(map(_short, question_hosts(config)))})")
+        if len(margins) > 1:
+            problems.append(f"{key('margin_pct')}: give margin or margin_pct, not both")
+        for name in margins + ["by"] * ("by" in question):
+            if question[name] < 0:
+                problems.append(f"{key(name)}: {question[name]} is negative")
+        if "margin_pct" in question and question["margin_pct"] >= 100:
+            problems.append(f"{key('margin_pct')}: {question['margin_pct']} is 100 % or more, which any answer passes")
+        if question["kind"] in ("non_inferior", "equivalent"):
+            if not margins:
+                problems.append(f"{key()}: needs margin or margin_pct")
+            if "by" in question:
+                problems.append(f"{key('by')}: 'by' belongs to lower/higher; this kind has a margin")
+        else:
+            for name in margins:
+                problems.append(f"{key(name)}: a margin belongs to non_inferior/equivalent; lower/higher take 'by'")
+        if (question["kind"] == "non_inferior") != ("better" in question):
+            problems.append(f"{key('better')}: (lower or higher) is " +
+                            ("required" if question["kind"] == "non_inferior" else "for non_inferior only"))
+    if config["until"] == "decided":
+        if not config["questions"]:
+            problems.append("config key 'until': 'decided' needs at least one question under 'questions'")
+        if config["max_repeats"] < max(2, config["repeats"]):
+            problems.append(f"config key 'max_repeats': {config['max_repeats']} is below 'repeats' "
+                            f"({config['repeats']}) or one crossover pair (2)")
 
 
 def sensor_silence_s(config: dict) -> float:

@@ -20,7 +20,7 @@ SESSION_FILE = "session.json"  # restore finds the runs to put back by it
 # The figures of a run (analysis/plots.py draws them): always these, and for a sweep of
 # more than two arms also SWEEP_FIGURES.
 FIGURES = ("timeline.png", "timeline.svg", "timeline.html", "cpu.png", "throughput.png",
-           "time_to_threshold.png")
+           "time_to_threshold.png", "questions.png")
 SWEEP_FIGURES = ("dose_response.png",)
 
 

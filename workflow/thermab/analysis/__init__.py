@@ -4,4 +4,4 @@ The tables a run gets, in ``tables/{name}.{csv,md}``: the one list that the anal
 writes and the workflow's outputs are declared from."""
 
 PHASE_TABLES = ["thresholds", "zones", "cpu", "performance", "validity", "energy"]
-TABLES = PHASE_TABLES + ["variance"]
+TABLES = PHASE_TABLES + ["variance", "questions"]

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from thermab.analysis import TABLES, energy, load_validity, metric_names, metrics, stats, summary
+from thermab.analysis import (TABLES, energy, load_validity, metric_names, metrics, questions, sequential, stats,
+                              summary, washout)
 from thermab.analysis.completeness import completeness, measured_intervals
 from thermab.analysis.model import Analysis, RunData, load_run, ordered_hosts, sibling_runs
 from thermab.config import UserError
+from thermab.experiment import plan
 from thermab.layout import RunDir
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,9 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
     windows = metrics.load_windows(run.events)
     reports = {**load_validity.derived_reports(run.requests, windows, run.events, run.config, run.validity),
                **run.validity}
-    validity = load_validity.server_view(load_validity.validity_table(reports, windows), run.telemetry, windows)
+    validity = washout.with_starts(
+        load_validity.server_view(load_validity.validity_table(reports, windows), run.telemetry, windows),
+        windows, run.telemetry, run.events, run.config["head"], run.config["timeline_zone"])
     performance = metrics.performance(run.requests, windows)
     tables = {
         "windows": windows,
@@ -51,6 +55,16 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
 
 
 def run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The per-phase metrics; in a crossover run (``until: decided``) each repeat carries its
+    own order, so that the fit separates the position from the arm."""
+    config = run.config
+    values = _run_metrics(run, tables)
+    if config.get("until") == "decided" and len(values):
+        values["order"] = [plan.order_of_repeat(config["order"], int(rep)) for rep in values["rep"]]
+    return values
+
+
+def _run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     config = run.config
     return load_validity.mark(pd.concat([metrics.phase_metrics(tables["zones"], tables["cpu"], tables["performance"],
                                                                ordered_hosts(config), config["timeline_zone"]),
@@ -73,12 +87,17 @@ def compute(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = N
     _check_poolable(runs)
     run = runs[0]
     config = run.config
-    tables = phase_tables(run)
-    pooled = pd.concat([run_metrics(run, tables)]
-                       + [run_metrics(other, phase_tables(other)) for other in runs[1:]], ignore_index=True)
+    every = [phase_tables(r) for r in runs]
+    tables = every[0]
+    pooled = pd.concat([run_metrics(r, t) for r, t in zip(runs, every)], ignore_index=True)
     variance = stats.compare(pooled, config["arms"], config["reference_arm"], detect_pct=detect_pct)
     variance["verdict"] = summary.verdicts(variance)
     tables["variance"] = variance = load_validity.note_verdicts(variance, pooled)
+    alpha = questions.ALPHA
+    if config.get("until") == "decided":  # each look spends its share of α (analysis.sequential)
+        repeats = int(pooled.groupby("arm")["rep"].nunique().min()) if len(pooled) else 0
+        alpha = sequential.look_alpha(config["order"], config.get("max_repeats", 8), repeats)
+    tables["questions"] = answer_questions(config, pooled, pd.concat([t["validity"] for t in every]), alpha)
     best = None
     if variance["arm"].nunique() > 2:
         best = stats.best_setting(variance, config["arms"], config["reference_arm"],
@@ -86,6 +105,14 @@ def compute(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = N
     if best is not None:  # the choice weighs every arm's phases
         best["load_short"] = load_validity.short_phases(pooled)
     return Analysis(run, [str(r.path) for r in runs], tables, pooled, best)
+
+
+def answer_questions(config: dict, pooled: pd.DataFrame, validity: pd.DataFrame, alpha: float = questions.ALPHA):
+    """questions.csv from the pooled per-phase metrics: a yes is withheld where a load fell
+    short or, for a temperature, where the arms' starts were not balanced."""
+    unbalanced = washout.unbalanced(validity, config["reference_arm"], config["start_balance_c"])
+    return questions.answer(config["questions"], stats.arm_effects(pooled, config["reference_arm"]), config,
+                            alpha=alpha, withheld=questions.withheld_yes(pooled, unbalanced))
 
 
 def analyze(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = None) -> dict[str, pd.DataFrame]:

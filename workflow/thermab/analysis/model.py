@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from thermab.config import UserError
+
+QUESTION_KINDS = ("lower", "higher", "non_inferior", "equivalent")
 from thermab.experiment import events as events_file
 from thermab.experiment import plan
 from thermab.layout import RunDir
@@ -256,6 +258,12 @@ def _check_plan(path: Path, config: dict) -> dict:
         values = config.get(key, [])
         if not (isinstance(values, list) and all(_finite(value) for value in values)):
             raise UserError(f"{path}: key '{key}' must be a list of finite numbers")
+    questions = config.get("questions", [])
+    if not (isinstance(questions, list) and all(
+            isinstance(q, dict) and isinstance(q.get("metric"), str) and q.get("kind") in QUESTION_KINDS
+            and all(_finite(q[k]) for k in ("by", "margin", "margin_pct") if k in q) for q in questions)):
+        raise UserError(f"{path}: key 'questions' must be a list of questions, each a metric, a kind "
+                        f"({', '.join(QUESTION_KINDS)}) and finite margins")
     return plan.run_plan(**{"cluster": "", "order": "".join(arms), "repeats": 1, "setting": "setting", "head": "",
                             "hosts": [], **{key: value for key, value in config.items()
                                             if key not in plan.DEFAULT_ANALYSIS}},

@@ -8,7 +8,7 @@ host's total sums, see ``energy``), and a server panel when the endpoint's ``/me
 scraped (vLLM's running and waiting requests, beside the configured users).  A figure whose data
 the run lacks (imported chart data has no CPU and no requests) is still written and says so,
 so that a workflow can declare every file as an output.  dose_response.png only for sweeps
-(more than two arms).  A phase whose load fell short of the configuration (``load_valid``
+(more than two arms).  questions.png: the forest plot of the declared questions.  A phase whose load fell short of the configuration (``load_valid``
 False) is drawn hollow and labelled "load short"; its load window on the timeline is hatched.
 """
 
@@ -26,6 +26,7 @@ from plotly.subplots import make_subplots  # noqa: E402
 from thermab.analysis.load_validity import is_short  # noqa: E402
 from thermab.analysis import energy  # noqa: E402
 from thermab.analysis import metric_names as names  # noqa: E402
+from thermab.analysis.questions import decisive_bounds  # noqa: E402
 from thermab.analysis.model import Analysis, RunData, ordered_hosts  # noqa: E402
 from thermab import layout  # noqa: E402
 from thermab.layout import RunDir  # noqa: E402
@@ -50,6 +51,8 @@ def render_figures(result: Analysis) -> list[Path]:
     written.append(cpu_png(result.tables["cpu"], result.run.config, colors, out("cpu.png")))
     written.append(throughput_png(result.tables["performance"], result.run.config, colors, out("throughput.png")))
     written.append(time_to_threshold_png(result.tables, result.run.config, colors, out("time_to_threshold.png")))
+    if "questions" in result.tables:
+        written.append(questions_png(result.tables["questions"], result.run.config, colors, out("questions.png")))
     # layout.figures names them: the report rule declares each, a sweep's dose response too
     if set(layout.SWEEP_FIGURES) <= set(layout.figures(len(set(result.run.config["order"])))):
         written.append(dose_response_png(result.pooled, result.run.config, result.best, out("dose_response.png")))
@@ -473,5 +476,47 @@ def dose_response_png(pooled: pd.DataFrame, config: dict, best: dict | None, pat
              f"{config.get('setting', 'setting')} = {best['value']} ({best['label']})")
     fig.suptitle(f"{_title(config, 'dose response')}\n{named}", fontsize=10)
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+VERDICT_MARKERS = {"yes": "o", "no": "X", "undecided": "s"}
+
+
+def questions_png(answers: pd.DataFrame, config: dict, colors: dict, path: Path) -> Path:
+    """A forest plot of the declared questions: one panel per question (each in its metric's
+    unit), each arm's estimate with the interval its test uses, zero dotted and the margin
+    (the bound the interval must clear) dashed; the verdict beside it."""
+    asked = config.get("questions", [])
+    if answers.empty or not asked:
+        return _placeholder(path, "Questions", "no question declared")
+    per_question = len(answers) // len(asked)
+    fig, axes = plt.subplots(len(asked), 1, figsize=(8, 0.9 + 0.75 * len(answers)), squeeze=False)
+    for (ax,), (index, question) in zip(axes, enumerate(asked)):
+        rows = answers.iloc[index * per_question:(index + 1) * per_question]
+        for y, row in enumerate(rows.itertuples(index=False)):
+            color = colors.get(row.arm, "black")
+            if pd.notna(row.ci_low):
+                ax.hlines(y, row.ci_low, row.ci_high, color=color, lw=2.5)
+            if pd.notna(row.estimate):
+                ax.plot(row.estimate, y, VERDICT_MARKERS.get(row.verdict, "s"), color=color, ms=8)
+            ax.annotate(f"{row.verdict.upper()} ({row.phases_per_arm} phases per arm)", (1.01, y),
+                        xycoords=("axes fraction", "data"), fontsize=8, va="center")
+        ax.axvline(0, color="grey", ls=":", lw=1)
+        margin = rows["margin"].dropna()
+        for bound in decisive_bounds(question, float(margin.iloc[0]) if len(margin) else 0.0):
+            if bound:
+                ax.axvline(bound, color="black", ls="--", lw=1)
+        ax.set_yticks(range(len(rows)), [f"{config['arms'].get(a, {}).get('label', a)} vs "
+                                         f"{config['arms'].get(r, {}).get('label', r)}"
+                                         for a, r in zip(rows["arm"], rows["reference"])])
+        ax.set_ylim(-0.7, len(rows) - 0.3)
+        ax.set_title(rows["question"].iloc[0], fontsize=9, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    level = answers["level"].dropna()
+    fig.suptitle(f"Declared questions: arm − reference with its {level.iloc[0] * 100:.0f} % interval"
+                 if len(level) else "Declared questions", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

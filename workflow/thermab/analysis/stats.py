@@ -85,7 +85,8 @@ def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> d
     """OLS ``value ~ arm + position`` over all arms of one metric (arm as treatment contrasts
     against ``reference``, position as a number: a linear drift per step).
 
-    Returns {"arms": {arm: (estimate, low, high)}, "period": (estimate, low, high)} with the
+    Returns {"arms": {arm: (estimate, low, high)}, "period": (estimate, low, high),
+    "se": {arm: (standard error, residual df)}} with the
     period effect per position step, or None when arm and position are confounded (a single
     order, or no phase of the reference arm) or no residual degree of freedom is left.
     """
@@ -108,7 +109,43 @@ def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> d
         return (fit.params[name], *interval.loc[name])
 
     others = [a for a in pd.unique(data["arm"]) if a != reference]
-    return {"arms": {a: estimate(f"{arm_term}[T.{a}]") for a in others}, "period": estimate("position")}
+    return {"arms": {a: estimate(f"{arm_term}[T.{a}]") for a in others}, "period": estimate("position"),
+            "se": {a: (float(fit.bse[f"{arm_term}[T.{a}]"]), float(fit.df_resid)) for a in others}}
+
+
+def arm_effects(long: pd.DataFrame, reference: str) -> dict:
+    """The arm effect ``compare`` reports, as (metric, arm) → {"diff", "se", "df", "method",
+    "n", "ref_n", "ref"} (``ref``: ``describe`` of the reference), for the tests of declared
+    questions at any level: the OLS fit where orders are pooled, else Welch's (standard error
+    and Satterthwaite df from statsmodels' CompareMeans).  se and df are NaN with one phase
+    in either arm."""
+    from statsmodels.stats.weightstats import CompareMeans, DescrStatsW
+
+    effects = {}
+    for metric, data in long.groupby("metric", sort=False):
+        fit = arm_period_fit(data, reference)
+        ref_values = data.loc[data["arm"] == reference, "value"].dropna()
+        ref = describe(ref_values)
+        for arm in pd.unique(data["arm"]):
+            values = data.loc[data["arm"] == arm, "value"].dropna()
+            if arm == reference or values.empty or ref["n"] == 0:
+                continue
+            diff, se, df = float(values.mean() - ref_values.mean()), math.nan, math.nan
+            method = "none (n = 1)"
+            if fit is not None:
+                diff, se, df = fit["arms"][arm][0], *fit["se"][arm]
+                method = "OLS arm + position, orders pooled"
+            elif min(len(values), len(ref_values)) >= 2:
+                method = "Welch t"
+                if values.var(ddof=1) + ref_values.var(ddof=1) == 0:
+                    se, df = 0.0, math.inf  # no spread: the difference is exact (as welch_interval)
+                else:
+                    means = CompareMeans(DescrStatsW(values.to_numpy(float)), DescrStatsW(ref_values.to_numpy(float)))
+                    se, df = float(means.std_meandiff_separatevar), float(means.ttest_ind(usevar="unequal")[2])
+            effects[(metric, arm)] = {"diff": float(diff), "se": se, "df": df, "method": method,
+                                      "n": len(values), "ref_n": ref["n"], "ref": ref,
+                                      "unit": data["unit"].iloc[0]}
+    return effects
 
 
 def repeats_needed(sd: float, difference: float, alpha: float = 0.05, power: float = 0.8) -> float:

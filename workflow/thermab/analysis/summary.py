@@ -165,6 +165,8 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
         + f". Orders in this run: {', '.join(pd.unique(windows['order']))}.",
         "",
     ]
+    if "questions" in tables:
+        parts += questions_section(tables["questions"], run)
     parts += load_validity_section(tables["validity"], run)
     short_arms = set(tables["validity"].loc[load_validity.is_short(tables["validity"]), "arm"])
     marked = {a: labels[a] + (SHORT_MARK if a in short_arms else "") for a in present}
@@ -225,6 +227,39 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
         parts += ["", completeness_section(completeness)]
     parts += ["", "## What was measured how", "", _definitions(run, tables, sample_interval_s)]
     return "\n".join(parts) + "\n"
+
+
+def questions_section(answers: pd.DataFrame, run: dict) -> list[str]:
+    """The answer first: one line per declared question and arm (``tables/questions.csv``)."""
+    if answers.empty:
+        return ["## Questions", "", "No question was declared (`questions` is empty).", ""]
+    labels = {a: spec["label"] for a, spec in run["arms"].items()}
+    rows = pd.DataFrame({
+        "question": answers["question"],
+        "arm vs reference": [f"{labels.get(a, a)} vs {labels.get(r, r)}" for a, r in zip(answers["arm"], answers["reference"])],
+        "estimate": [fmt(v, sign=True) for v in answers["estimate"]],
+        "interval": [f"[{fmt(lo, sign=True)}, {fmt(hi, sign=True)}]" if pd.notna(lo) else "—"
+                     for lo, hi in zip(answers["ci_low"], answers["ci_high"])],
+        "margin": [fmt(v) if pd.notna(v) else "" for v in answers["margin"]],
+        "phases per arm": answers["phases_per_arm"],
+        "verdict": answers["verdict"].str.upper(),
+        "phases needed": [f"{v:.0f}" if pd.notna(v) else "" for v in answers["phases_needed"]],
+    })
+    level = answers["level"].dropna()
+    lines = []
+    if run.get("until") == "decided":
+        open_ = answers.loc[answers["verdict"] == "undecided", "question"]
+        reached = int(answers["phases_per_arm"].max())
+        lines = [f"Repeats until decided: {reached} of at most {run.get('max_repeats')} repeats, each look at its"
+                 " share of α (README, \"Repeats until decided\"); "
+                 + (f"still open: {'; '.join(dict.fromkeys(open_))}." if len(open_) else "every question is decided."), ""]
+    return ["## Questions", "", *lines, markdown_table(rows),
+            (f"Each question is tested on the arm effect of the verdicts below (arm − reference, in the metric's"
+            f" unit), with its {level.iloc[0] * 100:.1f} % interval (each bound a one-sided test at"
+            f" {(1 - level.iloc[0]) / 2 * 100:.2g} %" if len(level) else "Each question is tested (")
+            + "; equivalence: both, TOST). YES: the interval clears the margin the"
+            " claimed way; NO: it rules the claim out; UNDECIDED: neither, and \"phases needed\" is how many phases"
+            " per arm would decide it at the observed spread.", ""]
 
 
 def load_validity_section(validity: pd.DataFrame, run: dict) -> list[str]:

@@ -242,6 +242,8 @@ def phase(run: ClusterRun, rep: int, arm: str, out_json: Path, out_requests: Pat
     run.event("server_ready", rep=rep, arm=arm, detail={"model": model})
     marks = MarkForwarder(run, PhaseDir(out_requests.parent).marks, rep, arm)
     interlock = Interlock(run, marks)
+    # every zone as the load begins: did the arms start alike (analysis/washout.py)?
+    start_zones = {host.name: deploy.latest(host, run.session, "thermal") for host in run.hosts}
     try:
         validity = _load(run, rep, arm, out_requests, load_log, model, interlock)
     except LoadAborted as error:
@@ -267,7 +269,8 @@ def phase(run: ClusterRun, rep: int, arm: str, out_json: Path, out_requests: Pat
     cooldown = _cooldown(run, rep, arm)
     result = {"phase": f"rep{rep}-{arm}", "order": run.order, "rep": rep, "arm": arm, "label": label,
               "value": run.config["arms"][arm]["value"], "model": model, "load_start": window["start"],
-              "load_end": window["end"], "validity": validity, "cooldown": cooldown}
+              "load_end": window["end"], "validity": validity, "cooldown": cooldown,
+              "start_zones_c": start_zones}
     out_json.write_text(json.dumps(result, indent=1, default=str))
     return result
 

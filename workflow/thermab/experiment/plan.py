@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
+from thermab.config import default_questions
 from thermab.config import defaults as schema_defaults
 from thermab.layout import BASELINE, PHASE_PATTERN, RunDir
 
@@ -20,16 +21,44 @@ class Phase(NamedTuple):
         return PHASE_PATTERN.format(rep=self.rep, arm=self.arm)
 
 
-def phases(order: str, repeats: int) -> list[Phase]:
-    return [Phase(rep, arm) for rep in range(1, repeats + 1) for arm in order]
+def williams_orders(order: str) -> list[str]:
+    """The rows of a Williams design for the arms of ``order`` (its first row ``order``):
+    every arm in every position equally often and every arm after every other equally often
+    (for an odd number of arms the design and its mirror, 2k rows).  For two arms: AB, BA."""
+    k = len(order)
+    first, low, high = [0], 1, k - 1  # the standard first row 0, 1, k−1, 2, k−2, …
+    while len(first) < k:
+        first.append(low)
+        low += 1
+        if len(first) < k:
+            first.append(high)
+            high -= 1
+    rows = [[(j + shift) % k for j in first] for shift in range(k)]
+    if k % 2:
+        rows += [row[::-1] for row in rows]
+    letter = {index: order[position] for position, index in enumerate(rows[0])}  # row 0 is ``order``
+    return ["".join(letter[i] for i in row) for row in rows]
 
 
-def previous(order: str, rep: int, arm: str) -> str:
+def order_of_repeat(order: str, rep: int, crossover: bool = True) -> str:
+    """The order of repeat ``rep`` (1-based): ``order`` itself, or in a crossover run
+    (``until: decided``) the rows of its Williams design in turn (AB, BA, AB, …)."""
+    if not crossover:
+        return order
+    rows = williams_orders(order)
+    return rows[(rep - 1) % len(rows)]
+
+
+def phases(order: str, repeats: int, crossover: bool = False) -> list[Phase]:
+    return [Phase(rep, arm) for rep in range(1, repeats + 1) for arm in order_of_repeat(order, rep, crossover)]
+
+
+def previous(order: str, rep: int, arm: str, crossover: bool = False) -> str:
     """Id of the phase that must finish before ``rep{rep}-{arm}``; the baseline for the first.
 
     Only earlier repeats are named, so raising ``repeats`` later never changes the chain
     of the phases that already ran."""
-    sequence = phases(order, rep)
+    sequence = phases(order, rep, crossover)
     index = sequence.index(Phase(rep, arm))
     return BASELINE if index == 0 else sequence[index - 1].id
 
@@ -48,14 +77,18 @@ def reanalysis(analysis: dict) -> dict:
 
 
 def run_plan(*, cluster: str, order: str, repeats: int, arms: dict, setting: str, head: str,
-             hosts: list[str], analysis: dict | None = None, **facts) -> dict:
+             hosts: list[str], analysis: dict | None = None, questions: list[dict] | None = None,
+             **facts) -> dict:
     """The experiment plan of a run directory (``run.json``): what the analysis needs to
     read the run without its config.  ``facts`` add what the writer knows (trip point,
-    max_tokens, load_s, where an import came from)."""
+    max_tokens, load_s, where an import came from).  Without ``questions``, the study's
+    default questions (config.default_questions)."""
     analysis = {**DEFAULT_ANALYSIS, **(analysis or {})}
+    if questions is None:
+        questions = default_questions(analysis["timeline_zone"])
     return {"cluster": cluster, "order": order, "repeats": repeats, "arms": arms,
             "reference_arm": next(iter(arms)), "setting": setting, "head": head, "hosts": hosts,
-            **{key: analysis[key] for key in DEFAULT_ANALYSIS}, **facts}
+            **{key: analysis[key] for key in DEFAULT_ANALYSIS}, "questions": questions, **facts}
 
 
 def write_run_json(run_dir: Path, plan: dict) -> Path:

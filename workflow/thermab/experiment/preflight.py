@@ -182,7 +182,8 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
     plan.write_run_json(run_json.parent, plan.run_plan(
         cluster=run.cluster.name, order=run.order, repeats=config["repeats"], arms=config["arms"],
         setting=config["setting"]["name"], head=run.cluster.head, hosts=[h.name for h in run.hosts],
-        analysis=config["analysis"], trip_point_c=min(trips, default=None),
+        analysis=config["analysis"], questions=config["questions"], until=config["until"],
+        max_repeats=config["max_repeats"], trip_point_c=min(trips, default=None),
         max_tokens=config["load"]["max_tokens"], load_s=config["timings"]["load_s"],
         users=config["load"]["users"], prompt_tokens=config["load"]["prompt_tokens"],
         probe_n=config["load"]["probe_n"] if config["load"]["probe"] else 0,

@@ -1,0 +1,104 @@
+"""Did the arms start alike?  Each phase's start temperature (the head's timeline zone at
+``load_start``), the cooldown before it, the head's idle power before its restart, and the arms whose mean start temperatures differ
+from the reference's by more than ``analysis.start_balance_c``.
+
+A later phase that starts warmer measures warmer whatever its setting: a community re-run of
+the spin-wait study reached the opposite thermal conclusion that way (issue 24).  The start
+is read from the telemetry itself (the last sample of the zone before ``load_start``),
+so an imported run is judged the same way.  Pure functions over frames.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from thermab.analysis.energy import host_total_domains, time_weighted_mean
+from thermab.analysis.metrics import PHASE_KEYS
+
+START_COLUMNS = ["start_c", "cooldown_before", "idle_w_before"]
+IDLE_BEFORE_S = 10.0  # the head's idle power: its total over this long before the restart
+DEFAULT_BALANCE_C = 2.0
+TARGET, CAP, FIRST = "reached target", "hit its cap", "after the baseline"
+
+
+def start_temperatures(telemetry, windows: pd.DataFrame, host: str, zone: str) -> pd.Series:
+    """°C of ``zone`` on ``host`` at each window's ``load_start`` (its last sample before it:
+    the first of the load already carries its heat; NaN when there is none), indexed like ``windows``."""
+    series = [arrays for _key, arrays in telemetry.series(kind="thermal", sensor=zone, host=host)]
+    if not series or windows.empty:
+        return pd.Series(np.nan, index=windows.index, dtype="float64")
+    t, value = series[0]["t"], series[0]["value"]
+    at = np.searchsorted(t, windows["load_start"].to_numpy(float), side="left") - 1
+    return pd.Series(np.where(at >= 0, value[np.clip(at, 0, None)], np.nan), index=windows.index, dtype="float64")
+
+
+def cooldowns_before(events: pd.DataFrame, windows: pd.DataFrame) -> list[str]:
+    """For each window, how the cooldown that ended last before its load ended: ``reached
+    target``, ``hit its cap``, or ``after the baseline`` for a first phase ('' when unknown)."""
+    ends = events[events["event"] == "cooldown_end"] if "event" in events else events.iloc[:0]
+    answers = []
+    for window in windows.itertuples(index=False):
+        before = ends[ends["t"] < window.load_start]
+        if before.empty:
+            answers.append(FIRST)
+            continue
+        detail = before["detail"].iloc[-1] if "detail" in before else None
+        reason = detail.get("reason", "") if isinstance(detail, dict) else ""
+        answers.append(CAP if reason.startswith("time cap") else TARGET if reason else "")
+    return answers
+
+
+def idle_power_before(telemetry, windows: pd.DataFrame, events: pd.DataFrame, host: str,
+                      seconds: float = IDLE_BEFORE_S) -> list[float]:
+    """W: ``host``'s total power (energy.host_total_domains) over ``seconds`` before each
+    phase's last ``restart_start``: how idle the node was when the phase began; NaN where a
+    domain has no sample there or the phase has no restart mark."""
+    series = {key["sensor"]: (arrays["t"], arrays["value"]) for key, arrays in telemetry.series(kind="power", host=host)}
+    domains = host_total_domains(series)
+    restarts = events[events["event"] == "restart_start"] if "event" in events else events.iloc[:0]
+    values = []
+    for window in windows.itertuples(index=False):
+        mine = restarts[(restarts["order"] == window.order) & (restarts["rep"] == window.rep)
+                        & (restarts["arm"] == window.arm) & (restarts["t"] < window.load_start)]
+        if mine.empty or not domains:
+            values.append(np.nan)
+            continue
+        end = float(mine["t"].max())
+        means = []
+        for domain in domains:
+            t, value = series[domain]
+            inside = (t >= end - seconds) & (t < end)
+            means.append(time_weighted_mean(t[inside], value[inside]))
+        values.append(float(np.sum(means)) if not np.isnan(means).any() else np.nan)
+    return values
+
+
+def with_starts(validity: pd.DataFrame, windows: pd.DataFrame, telemetry, events: pd.DataFrame,
+                host: str, zone: str) -> pd.DataFrame:
+    """validity.csv with ``start_c``, ``cooldown_before`` and ``idle_w_before`` appended, per phase."""
+    keyed = windows.assign(start_c=start_temperatures(telemetry, windows, host, zone),
+                           cooldown_before=cooldowns_before(events, windows),
+                           idle_w_before=idle_power_before(telemetry, windows, events, host))
+    keyed = keyed.astype({"rep": "int64"}).set_index(PHASE_KEYS)[START_COLUMNS]
+    keys = pd.MultiIndex.from_frame(validity[PHASE_KEYS].astype({"rep": "int64"}))
+    found = keyed.reindex(keys)
+    return validity.assign(start_c=found["start_c"].to_numpy(float),
+                           cooldown_before=found["cooldown_before"].fillna("").to_numpy(object),
+                           idle_w_before=found["idle_w_before"].to_numpy(float))
+
+
+def unbalanced(validity: pd.DataFrame, reference: str, tolerance_c: float = DEFAULT_BALANCE_C) -> dict[str, str]:
+    """arm → why its starts are not balanced with the reference's: mean start temperatures
+    more than ``tolerance_c`` apart.  Arms without start temperatures are left out."""
+    means = validity.groupby("arm")["start_c"].mean() if "start_c" in validity else pd.Series(dtype=float)
+    if reference not in means or math.isnan(means[reference]):
+        return {}
+    reasons = {}
+    for arm, mean in means.items():
+        if arm != reference and not math.isnan(mean) and abs(mean - means[reference]) > tolerance_c:
+            reasons[arm] = (f"unbalanced starts: {arm} started at {mean:.1f} °C on average, {reference} at "
+                            f"{means[reference]:.1f} °C (more than {tolerance_c:g} °C apart)")
+    return reasons
