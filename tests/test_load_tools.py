@@ -94,8 +94,10 @@ def test_vllm_bench_serve_completes_and_agrees_with_thermabs_load(tokenizer_dir,
     result = json.loads((tmp_path / "bench.json").read_text())
     assert result["completed"] == BENCH_PROMPTS and result["failed"] == 0
     assert result["total_output_tokens"] == BENCH_PROMPTS * OUTPUT_TOKENS
-    # the server counted what the client counted: prompt tokens too, by the same tokenizer
-    assert result["total_input_tokens"] == BENCH_PROMPTS * INPUT_TOKENS
+    # the prompts' tokens as the server counted them (usage), by the client's own tokenizer: a
+    # random prompt is token ids decoded to text, and a few re-encode a token or two apart
+    # (20 500 for 20 480 measured), as they do on a real vLLM serving that tokenizer
+    assert result["total_input_tokens"] == pytest.approx(BENCH_PROMPTS * INPUT_TOKENS, rel=0.01)
     assert generated_tokens(sim_endpoint) - before == BENCH_PROMPTS * OUTPUT_TOKENS
 
     duration = result["duration"]

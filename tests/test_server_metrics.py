@@ -13,6 +13,8 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from thermab.analysis import load_validity
+from thermab.analysis.model import Telemetry
 from thermab.sim.metrics import ServerMetrics
 from thermab.telemetry import server_metrics
 
@@ -183,3 +185,48 @@ def test_a_server_without_metrics_is_told_once(bad_server, tmp_path):
 def test_an_unreachable_server_is_an_error_row(tmp_path):
     rows, told, _ = scrape_rows("http://127.0.0.1:9", tmp_path, seconds=0.6, interval=0.2)
     assert rows and all("unreachable" in r["reason"] for r in rows) and not told
+
+
+def validity_with_server(running, waiting, inflight=4.0, users=4):
+    windows = pd.DataFrame({"order": ["AB"], "rep": [1], "arm": ["A"], "load_start": [0.0], "load_end": [10.0],
+                            "window_s": [10.0]})
+    validity = pd.DataFrame({"order": ["AB"], "rep": [1], "arm": ["A"], "users": [users], "inflight_mean": [inflight],
+                             "warnings": [""]})
+    t = np.arange(len(running), dtype=float)
+    frame = pd.concat([pd.DataFrame({"t": t, "host": "head", "kind": "server", "sensor": sensor, "value": values})
+                       for sensor, values in (("running", running), ("waiting", waiting))])
+    return load_validity.server_view(validity, Telemetry.from_frame(frame), windows).iloc[0]
+
+
+def test_server_view_beside_the_clients_in_flight():
+    row = validity_with_server([4, 4, 0, 4, 3, 4], [0, 0, 0, 0, 1, 0])
+    assert row.server_running_mean == pytest.approx(19 / 6)
+    assert row.server_waiting_mean == pytest.approx(1 / 6)
+    assert row.server_held_max == 4
+    assert row.warnings == ""  # below in flight: the time outside the engine, no warning
+
+
+def test_server_view_warns_of_another_client_and_of_requests_held_back():
+    shared = validity_with_server([6, 6, 6, 6], [1, 1, 1, 1])
+    assert "another client shares it" in shared.warnings
+    held_back = validity_with_server([2, 2, 1, 2], [0, 0, 0, 0])
+    assert "never held more than 2 of the 4 users' requests" in held_back.warnings
+    unscraped = validity_with_server([], [])
+    assert np.isnan(unscraped.server_running_mean) and unscraped.warnings == ""
+
+
+def test_ingest_files_each_phases_scrape_under_the_head_on_the_controller_clock(tmp_path):
+    from thermab.telemetry import ingest
+
+    for phase, base in (("rep1-A", 100.0), ("rep1-B", 200.0)):
+        (tmp_path / phase).mkdir()
+        rows = ["t,sensor,value,reason"]
+        for i in range(3):  # each phase's server starts its counters at 0 again
+            rows += [f"{base + i},vllm:num_requests_running,4.0,", f"{base + i},vllm:generation_tokens_total,{100.0 * i},"]
+        rows.append(f"{base + 3},,,/metrics unreachable: refused")
+        (tmp_path / phase / server_metrics.FILE).write_text("\n".join(rows) + "\n")
+    frame, dropped = ingest.server_telemetry([tmp_path / "rep1-A", tmp_path / "rep1-B", tmp_path / "none"], "head")
+    assert set(frame["host"]) == {"head"} and set(frame["kind"]) == {"server"}
+    rates = frame[frame["sensor"] == "generation_tok_s"]
+    assert list(rates["t"]) == [100.5, 101.5, 200.5, 201.5] and set(rates["value"]) == {100.0}
+    assert dropped == {"head/server: /metrics unreachable: refused": 2}

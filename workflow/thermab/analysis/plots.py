@@ -92,14 +92,17 @@ def _server_lines(run: RunData, t0: float) -> list[tuple[str, pd.DataFrame]]:
         samples = server[server["sensor"] == sensor].sort_values("t")
         if len(samples):
             # scraped during the phases only: a gap between them is a break in the line
-            breaks = samples[samples["t"].diff() > SERVER_GAP_S].assign(value=np.nan)
-            samples = pd.concat([samples, breaks.assign(t=breaks["t"] - 1e-3)]).sort_values("t", kind="stable")
+            spacing = samples["t"].diff()
+            gap = spacing > SERVER_GAP_INTERVALS * spacing.median()
+            # just after the last sample before a gap: a step line holds its value up to the break
+            breaks = samples[gap].assign(t=samples["t"].shift()[gap] + 1e-3, value=np.nan)
+            samples = pd.concat([samples, breaks]).sort_values("t", kind="stable")
             lines.append((sensor, samples.assign(minutes=(samples["t"] - t0) / 60)))
     return lines
 
 
 SERVER_SENSORS = {"running": ("#1b7837", "-"), "waiting": ("#762a83", "--")}
-SERVER_GAP_S = 30.0
+SERVER_GAP_INTERVALS = 5  # a gap of more scrape intervals than this breaks the line
 
 
 def _server_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, t0: float) -> None:
