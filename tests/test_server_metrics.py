@@ -16,6 +16,7 @@ from hypothesis import given, settings, strategies as st
 from thermab.analysis import load_validity
 from thermab.analysis.model import Telemetry
 from thermab.sim.metrics import ServerMetrics
+from thermab.layout import PhaseDir
 from thermab.telemetry import server_metrics
 
 
@@ -151,7 +152,7 @@ def bad_server():
 
 def scrape_rows(endpoint, tmp_path, seconds=1.5, interval=0.5):
     told = []
-    path = tmp_path / server_metrics.FILE
+    path = PhaseDir(tmp_path).server_metrics
     started = time.monotonic()
     with server_metrics.Scraper(endpoint, path, interval, progress=told.append):
         time.sleep(seconds)
@@ -224,7 +225,7 @@ def test_ingest_files_each_phases_scrape_under_the_head_on_the_controller_clock(
         for i in range(3):  # each phase's server starts its counters at 0 again
             rows += [f"{base + i},vllm:num_requests_running,4.0,", f"{base + i},vllm:generation_tokens_total,{100.0 * i},"]
         rows.append(f"{base + 3},,,/metrics unreachable: refused")
-        (tmp_path / phase / server_metrics.FILE).write_text("\n".join(rows) + "\n")
+        PhaseDir(tmp_path / phase).server_metrics.write_text("\n".join(rows) + "\n")
     frame, dropped = ingest.server_telemetry([tmp_path / "rep1-A", tmp_path / "rep1-B", tmp_path / "none"], "head")
     assert set(frame["host"]) == {"head"} and set(frame["kind"]) == {"server"}
     rates = frame[frame["sensor"] == "generation_tok_s"]

@@ -55,6 +55,10 @@ class PhaseDir:
     def validity(self) -> Path:
         return self.path / "validity.json"
 
+    @property
+    def server_metrics(self) -> Path:  # the endpoint's /metrics scraped during the load
+        return self.path / "server.csv"
+
 
 @dataclass(frozen=True)
 class RunDir:

@@ -277,7 +277,7 @@ def phase(run: ClusterRun, rep: int, arm: str, out_json: Path, out_requests: Pat
 
 def _load(run: ClusterRun, rep: int, arm: str, out_requests: Path, load_log: Path, model: str,
           interlock: Interlock) -> dict:
-    scrape = server_metrics.Scraper(run.cluster.endpoint, out_requests.parent / server_metrics.FILE,
+    scrape = server_metrics.Scraper(run.cluster.endpoint, PhaseDir(out_requests.parent).server_metrics,
                                     run.config["monitor"]["intervals"]["server"], progress=run.progress)
     with scrape:  # the server's own view of the load, beside the client's
         return run_load(run.cluster.endpoint, out_requests, LoadSpec.from_config(run.config, model),

@@ -32,7 +32,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from thermab import jsonl
-from thermab.layout import RunDir
+from thermab.layout import PhaseDir, RunDir
 from thermab.telemetry import power, server_metrics
 from thermab.telemetry.agent import SOURCES
 
@@ -287,7 +287,7 @@ def server_telemetry(phase_dirs: list[Path], host: str) -> tuple[pd.DataFrame, d
     and the rows left out, counted by reason."""
     frames, dropped = [], {}
     for phase_dir in phase_dirs:
-        path = Path(phase_dir) / server_metrics.FILE
+        path = PhaseDir(Path(phase_dir)).server_metrics
         if not path.exists():
             continue
         readings, counts = read_agent_csv(path, host, "server", ClockMap.constant(0.0))

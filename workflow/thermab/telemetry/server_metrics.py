@@ -37,7 +37,6 @@ import numpy as np
 import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
-FILE = "server.csv"
 DEFAULT_INTERVAL_S = 1.0  # monitor.intervals.server's default (the schema's, kept in step by a test)
 MAX_BYTES = 4 << 20  # vLLM's own /metrics is ~100 kB; more is not a vLLM server's
 READ_CHUNK = 64 << 10
