@@ -19,7 +19,7 @@ BRANCHES = {
     "thermab.hosts.transport.TransportError": HostError, "thermab.hosts.transport.CommandError": HostError,
     "thermab.hosts.ssh.RefusedError": HostError, "thermab.hosts.known_hosts.HostKeyError": HostError,
     "thermab.experiment.patch.PatchError": HostError, "thermab.telemetry.deploy.AgentError": HostError,
-    "thermab.load.stream.StreamFailure": HostError,
+    "thermab.load.stream.StreamFailure": HostError, "thermab.telemetry.server_metrics.ScrapeError": HostError,
     "thermab.experiment.preflight.PreflightError": StageFailed, "thermab.experiment.server.NotReady": StageFailed,
     "thermab.load.runner.LoadAborted": StageFailed,
 }

@@ -37,6 +37,8 @@ import numpy as np
 import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
+from thermab.errors import HostError
+
 DEFAULT_INTERVAL_S = 1.0  # monitor.intervals.server's default (the schema's, kept in step by a test)
 MAX_BYTES = 4 << 20  # vLLM's own /metrics is ~100 kB; more is not a vLLM server's
 READ_CHUNK = 64 << 10
@@ -50,7 +52,7 @@ KEPT = set(GAUGES) | set(COUNTERS) | {name for pair in HISTOGRAMS.values() for n
 MEAN_GAUGES = {"kv_cache_usage"}  # a share: averaged over engines, not summed
 
 
-class ScrapeError(Exception):
+class ScrapeError(HostError):
     """One scrape's failure, the reason its row gives."""
 
 
