@@ -198,9 +198,10 @@ def read_file(path: str | Path) -> dict:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not UTF-8 text (byte {error.start})") from None
-    loader = StrictLoader(text)
-    loader.name = str(path)
+    loader = None
     try:
+        loader = StrictLoader(text)  # its reader refuses control characters already
+        loader.name = str(path)
         raw = loader.get_single_data()
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
@@ -210,7 +211,8 @@ def read_file(path: str | Path) -> dict:
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if raw is None:
         return {}
     if not isinstance(raw, dict):

@@ -142,6 +142,14 @@ class Patcher:
         state = {"host": self.host.name, "file": self.file, "sha256": sha256(data), "saved_at": time.time()}
         (self.state_dir / "state.json").write_text(json.dumps(state, indent=1))
 
+    def keep_original(self) -> None:
+        """Keep the file's bytes as its original, unless kept already.  Every host's is kept
+        before any host is written (phase.py), so that hosts that turn out to share
+        one file (one install behind two names) all keep its unpatched bytes, and restoring
+        them in any order puts those back."""
+        if not self.is_patched:
+            self._save_original(self.host.read_file(self.file))
+
     def _write_verified(self, data: bytes) -> None:
         self.host.write_file(self.file, data)
         reread = self.host.read_file(self.file)
@@ -174,3 +182,4 @@ class Patcher:
         for name in ("state.json", "original"):
             (self.state_dir / name).unlink()
         return {"file": self.file, "sha256": sha256(original)}
+

@@ -261,11 +261,14 @@ class SshTransport:
                 self.progress(f"host {self.host}: connection lost ({error or type(error).__name__}); reconnecting")
         raise AssertionError("unreachable")
 
-    def run(self, command: str, *, timeout: float = 60, check: bool = True) -> Result:
+    def run(self, command: str, *, timeout: float = 60, check: bool = True, input: str | None = None) -> Result:
         channel = self._start(command)
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
         try:
+            if input is not None:  # data too large for a command line goes on stdin
+                channel.sendall(input.encode())
+                channel.shutdown_write()
             # drain both streams as they come, so a chatty command never blocks on a full window
             while True:
                 if channel.recv_ready():
