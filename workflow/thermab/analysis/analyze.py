@@ -21,7 +21,8 @@ import pandas as pd
 
 from thermab.analysis import TABLES, energy, load_validity, metrics, stats, summary
 from thermab.analysis.completeness import completeness
-from thermab.analysis.model import Analysis, RunData, Telemetry, load_run, ordered_hosts, sibling_runs
+from thermab.analysis.model import (Analysis, RunData, Telemetry, distinct_runs, load_run, ordered_hosts,
+                                   sibling_runs)
 from thermab.config import UserError
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,10 @@ def _check_poolable(runs: list[RunData]) -> None:
 
 def compute(run_dir, also=(), detect_pct: float = 5.0) -> Analysis:
     """Everything the tables, summary and figures show, without writing anything."""
-    runs = [load_run(run_dir)] + [load_run(other) for other in also]
+    unique, dropped = distinct_runs([run_dir, *also])
+    for other, same in dropped:  # pooled twice, one run's sd would be 0 and its n doubled
+        log.warning("%s is the same run as %s: pooled once", other, same)
+    runs = [load_run(path) for path in unique]
     _check_poolable(runs)
     run = runs[0]
     config = run.config
