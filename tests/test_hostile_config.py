@@ -329,3 +329,68 @@ def test_no_refusal_echoes_a_password_from_a_url(password):
                       "'clusters.sim.endpoint'")
     assert password not in message
     assert password not in redact_url(f"ssh://user:{password}@host:22")
+
+
+# -- 9. SSH errors -----------------------------------------------------------------------------
+
+@pytest.fixture
+def not_ssh():
+    """A TCP port that answers, as a web server would, and hangs up."""
+    import socket
+    import threading
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            connection.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            connection.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server.getsockname()[1]
+    server.close()
+
+
+def ssh_failure(**options) -> str:
+    from thermab.hosts.ssh import SshTransport
+    transport = SshTransport("h", "127.0.0.1", connect_timeout=5, retries=1, **{
+        "own_known_hosts": "/nonexistent/known_hosts", **options})
+    with pytest.raises((TransportError, UserError)) as caught:
+        transport.run("true")
+    return str(caught.value)
+
+
+def test_a_port_that_is_not_ssh_is_one_true_line(not_ssh, capfd):
+    message = ssh_failure(port=not_ssh)
+    assert "not an SSH server" in message and "\n" not in message
+    assert "Traceback" not in capfd.readouterr().err  # paramiko's thread logs nothing to the terminal
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "device"])
+def test_a_special_known_hosts_or_key_file_is_one_line(not_ssh, tmp_path, specials, kind):
+    path = specials[kind]
+    message = ssh_failure(port=not_ssh, known_hosts=str(path))
+    assert message.startswith("known_hosts") and str(path) in message and "\n" not in message
+    message = ssh_failure(port=not_ssh, key_file=str(path))
+    assert "key_file" in message and str(path) in message and "\n" not in message
+
+
+@PROFILE
+@given(password=st.text(alphabet="abcXYZ019!$%^&*()-_=+:", min_size=3, max_size=20).map("pw-".__add__),
+       port=st.sampled_from(["", ":22", ":99999", ":x"]))
+def test_discover_never_echoes_a_password_from_a_url(password, port):
+    from thermab.experiment.discover import UsageError, parse_target
+    with pytest.raises(UsageError) as caught:
+        parse_target(f"head=ssh://ubuntu:{password}@gx10-a{port}")
+    assert password not in str(caught.value)
+
+
+@PROFILE
+@given(port=st.one_of(st.integers(65536, 10**9), st.just(0)).map(str))
+def test_discover_refuses_a_port_outside_1_to_65535(port):
+    from thermab.experiment.discover import UsageError, parse_target
+    with pytest.raises(UsageError):
+        parse_target(f"head=ssh://ubuntu@gx10-a:{port}")

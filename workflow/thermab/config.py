@@ -14,7 +14,6 @@ import ipaddress
 import json
 import math
 import os
-import posixpath
 import re
 import shlex
 import stat
@@ -509,7 +508,8 @@ def _host_name_problem(name: str) -> str | None:
     return f"host is not ASCII: write it punycoded, as {ascii_name}"
 
 
-def _endpoint_problem(url: str) -> str | None:
+def endpoint_problem(url: str) -> str | None:
+    """Why ``url`` is no OpenAI endpoint (http(s)://host:port[/path]), or None."""
     if url != url.strip() or any(c.isspace() for c in url):
         return "contains whitespace"
     try:
@@ -601,6 +601,13 @@ def _setting_problems(config: dict, problems: list[str]) -> None:
                         + ", ".join(f"{letter} {kind}" for letter, kind in kinds.items() if kind) + ")")
 
 
+def host_root(workdir: Path, root: str) -> Path:
+    """A host's root as written, absolute and normalised: a '..' is resolved by the text, so
+    it cannot climb out unseen; a link (.thermab to a shared directory) stays where the user
+    put it, and a link loop is for the first read to report, not a traceback here."""
+    return Path(os.path.abspath(Path(workdir) / root))
+
+
 def _normalised(key: str, path: str, problems: list[str]) -> None:
     """A path that reaches a host is written normalised: a '..' would climb out of the
     simulated root (or the vllm package) the path is meant to stay in."""
@@ -625,7 +632,7 @@ def _address_problem(address: str) -> str | None:
 def _reaches(host: dict, workdir: Path) -> tuple:
     """What decides which files a host's paths reach: two hosts alike reach the same files."""
     where = (host.get("address", "").lower(), host.get("port", 22)) if host["transport"] == "ssh" else ("local",)
-    root = str((workdir / host["root"]).resolve()) if "root" in host else None
+    root = str(host_root(workdir, host["root"])) if "root" in host else None
     return (*where, host.get("container_engine", "none"), host.get("container"), root)
 
 
@@ -653,9 +660,7 @@ def _host_problems(where: str, host: dict, workdir: Path, problems: list[str]) -
         if "root" not in host:
             problems.append(f"config key '{where}.root': a simulated host needs its node directory")
         else:
-            # as written, normalised: '..' may not climb out; a link (.thermab to a shared
-            # directory) is where the user put it
-            root = Path(posixpath.normpath(workdir / host["root"]))
+            root = host_root(workdir, host["root"])
             if root == workdir or not root.is_relative_to(workdir):
                 problems.append(f"config key '{where}.root': a simulated node's directory must lie inside "
                                 f"the working directory ({workdir}), not at {_short(str(root))}")
@@ -709,7 +714,7 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
         if cluster["head"] not in hosts:
             problems.append(f"config key 'clusters.{name}.head': '{_short(cluster['head'])}' is not one of its "
                             f"hosts ({', '.join(hosts)})")
-        problem = _endpoint_problem(cluster["endpoint"])
+        problem = endpoint_problem(cluster["endpoint"])
         if problem:
             problems.append(f"config key 'clusters.{name}.endpoint': {_short(redact_url(cluster['endpoint']))!r} "
                             f"{problem}")
@@ -824,7 +829,7 @@ def cluster_spec(config: dict, name: str, workdir: Path | None = None) -> Cluste
     raw = config["clusters"][name]
     hosts = []
     for host_name, host in raw["hosts"].items():
-        root = (workdir / host["root"]).resolve() if "root" in host else None
+        root = host_root(workdir, host["root"]) if "root" in host else None
         hosts.append(HostSpec(host_name, name, host["transport"], host, root, host.get("simulated")))
     return ClusterSpec(name, raw["head"], raw["endpoint"].rstrip("/"), raw["end_state"], tuple(hosts))
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from thermab.config import literal_kind
 from thermab.hosts.host import Host
+from thermab.hosts.transport import TransportError
 
 
 class PatchError(RuntimeError):
@@ -177,7 +178,11 @@ class Patcher:
         if not self.is_patched:
             return None
         original = (self.state_dir / "original").read_bytes()
-        if self.host.read_file(self.file) != original:
+        try:
+            current = self.host.read_file(self.file)
+        except TransportError:  # gone or replaced: the original is written back all the same
+            current = None
+        if current != original:
             self._write_verified(original)
         for name in ("state.json", "original"):
             (self.state_dir / name).unlink()
