@@ -16,7 +16,6 @@ from thermab.config import HostSpec
 from thermab.hosts.transport import LocalTransport, Result, Transport, TransportError
 
 MAX_FILE_BYTES = 16 * 2**20  # a file of a host thermab reads (the setting's file): a larger one is not it
-NOT_A_FILE = "thermab: not a regular file"
 
 
 def connect(spec: HostSpec, progress=print) -> Transport:
@@ -75,10 +74,9 @@ class Host:
         """A regular file of the host, at most MAX_FILE_BYTES: anything else (a FIFO, which
         would block, a device, a directory, a huge file) is refused naming it."""
         quoted = shlex.quote(self.path(path))
-        result = self.exec(f"if [ -f {quoted} ]; then head -c {MAX_FILE_BYTES + 1} < {quoted} | base64; "
-                           f"else echo {NOT_A_FILE}; fi")
-        if result.stdout.strip() == NOT_A_FILE:
-            raise TransportError(self.name, f"{path}: missing, or not a regular file")
+        # `[ -f ]` first: opening a FIFO to read it would wait for a writer
+        result = self.exec(f"if [ -f {quoted} ]; then head -c {MAX_FILE_BYTES + 1} < {quoted} | base64; else "
+                           f"echo {shlex.quote(path + ': missing, or not a regular file')} >&2; exit 1; fi")
         data = base64.b64decode(result.stdout)
         if len(data) > MAX_FILE_BYTES:
             raise TransportError(self.name, f"{path}: more than {MAX_FILE_BYTES} bytes")
