@@ -208,7 +208,7 @@ class SshTransport:
                 raise RefusedError(self.host, f"authentication to {where} failed: no key to offer "
                                               f"({self._keys_offered()} found none)") from None
             if "banner" in str(error):
-                if isinstance(error.__context__, EOFError):  # it answered, then hung up without a greeting
+                if not isinstance(error.__context__, socket.timeout):  # it answered, then hung up or reset
                     raise TransportError(self.host, f"{address}:{port} answered, but is not an SSH server (it "
                                                     "closed without an SSH greeting): a wrong port?") from None
                 raise TransportError(self.host, f"no SSH server answered on {address}:{port} within "
