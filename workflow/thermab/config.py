@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import ast
 import copy
+import datetime
 import functools
 import io
+import ipaddress
+import json
 import math
+import os
 import re
 import shlex
+import stat
 import string
 import sys
 import tokenize
+import unicodedata
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -25,10 +31,19 @@ import yaml
 
 from thermab.errors import UserError  # noqa: F401 (imported from here by much of the package)
 
+try:  # the regex parser, to judge a user's pattern before it runs (no public API has it)
+    from re import _constants as _re_constants, _parser as _re_parser
+except ImportError:  # Python 3.10
+    import sre_constants as _re_constants
+    import sre_parse as _re_parser
+
 # package data, so a non-editable install validates the same way (workflow/schemas/ links here)
 SCHEMA = resources.files("thermab") / "config.schema.yaml"
 MAX_VALUES = 100_000  # values in one config, counted through YAML aliases (a billion laughs stops here)
 MAX_MESSAGE = 300  # characters of a value shown in an error
+MAX_CONFIG_BYTES = 4 * 2**20  # a config file; larger is not a config
+MAX_EXTRA_BODY = 64 * 2**10  # load.extra_body as JSON: it rides in every request
+MAX_DIGITS = 100  # an integer written longer is a mistake (Python refuses to convert past 4300)
 
 
 class ConfigError(UserError, ValueError):
@@ -55,9 +70,72 @@ def _raise(problems: list[str]) -> None:
 
 # -- reading a file ----------------------------------------------------------------------
 
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_file(path: str | Path, limit: int) -> os.stat_result:
+    """``path`` is a regular file of at most ``limit`` bytes, or a UserError naming it; for
+    files a library opens itself (parquet). ``stat`` never blocks, as opening a FIFO would."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path}: cannot read: {getattr(error, 'strerror', None) or error}") from None
+    return _checked(path, info, limit)
+
+
+def _checked(path, info: os.stat_result, limit: int) -> os.stat_result:
+    if not stat.S_ISREG(info.st_mode):
+        raise UserError(f"{path}: {_file_kind(info.st_mode)}, not a file")
+    if info.st_size > limit:
+        raise UserError(f"{path}: {info.st_size} bytes, more than the {limit} such a file may have")
+    return info
+
+
+def read_bounded(path: str | Path, limit: int) -> bytes:
+    """The bytes of a file the user named, refused at once (a UserError naming it) when it
+    is not a regular file (a FIFO, a device such as /dev/zero, a directory) or is larger
+    than ``limit``.  Opened non-blocking, so a FIFO without a writer cannot hang the open;
+    at most ``limit`` + 1 bytes are read, so a file still growing cannot exhaust memory.
+    Every reader of a user's file goes through here (configs, known_hosts, key files,
+    chart sources and marks, the files of a run directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path}: cannot read: {getattr(error, 'strerror', None) or error}") from None
+    try:
+        _checked(path, os.fstat(fd), limit)
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(2**20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as error:
+        raise UserError(f"{path}: cannot read: {error.strerror}") from None
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise UserError(f"{path}: more than the {limit} bytes such a file may have (it grew while read)")
+    return b"".join(chunks)
+
+
 class StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last
-    one silently, so an arm or host written twice would vanish without a word."""
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last
+    one silently, so an arm or host written twice would vanish without a word), on one line
+    of a flow mapping too, and refusing YAML 1.1's implicit readings that change what was
+    written: ``0600`` (octal, 384), ``1_000``, ``1:30`` (sexagesimal, 90), ``0x1F``, ``yes``
+    / ``no`` / ``on`` / ``off`` as booleans.  A plain number is decimal as written, a
+    boolean is true or false; anything else is quoted."""
+
+
+def _line(loader: StrictLoader, node: yaml.Node) -> str:
+    return f"{loader.name}: line {node.start_mark.line + 1}"
 
 
 def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -67,31 +145,58 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool 
             continue  # `<<: *defaults`: keys written beside it override it, as YAML says
         key = loader.construct_object(key_node, deep=True)
         try:
-            first = seen.setdefault(key, key_node.start_mark.line + 1)
+            if key in seen:
+                raise ConfigError(f"{_line(loader, key_node)}: key {_short(repr(key))} given twice in one "
+                                  f"mapping (first on line {seen[key]})")
+            seen[key] = key_node.start_mark.line + 1
         except TypeError:
             continue  # an unhashable key: the constructor below reports it
-        if first != key_node.start_mark.line + 1:
-            raise ConfigError(f"{loader.name}: line {key_node.start_mark.line + 1}: key {_short(repr(key))} "
-                              f"given twice in one mapping (first on line {first})")
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
+DECIMAL_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+DECIMAL_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+\.[0-9]*)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
+BOOLEANS = ("true", "True", "TRUE", "false", "False", "FALSE")
+
+
+def _as_written(kind: str, pattern: re.Pattern | None, construct):
+    def constructor(loader: StrictLoader, node: yaml.ScalarNode):
+        text = node.value
+        if kind == "integer" and len(text) > MAX_DIGITS:
+            raise ConfigError(f"{_line(loader, node)}: an integer of {len(text)} characters (at most {MAX_DIGITS})")
+        written = text in BOOLEANS if pattern is None else pattern.fullmatch(text)
+        if not written:
+            value = construct(loader, node)
+            raise ConfigError(f"{_line(loader, node)}: {_short(text)!r} would be read by YAML 1.1 as the {kind} "
+                              f"{_short(repr(value))}; write a plain decimal number, true or false, or quote it "
+                              "to keep it text")
+        return construct(loader, node)
+    return constructor
+
+
 StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+StrictLoader.add_constructor("tag:yaml.org,2002:int", _as_written("integer", DECIMAL_INT,
+                                                                   yaml.SafeLoader.construct_yaml_int))
+StrictLoader.add_constructor("tag:yaml.org,2002:float", _as_written("number", DECIMAL_FLOAT,
+                                                                     yaml.SafeLoader.construct_yaml_float))
+StrictLoader.add_constructor("tag:yaml.org,2002:bool", _as_written("boolean", None,
+                                                                    yaml.SafeLoader.construct_yaml_bool))
 
 
 def read_file(path: str | Path) -> dict:
     """A config file (YAML or JSON) as a mapping; anything else is a ConfigError naming the file."""
     try:
-        data = Path(path).read_bytes()
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
+        data = read_bounded(path, MAX_CONFIG_BYTES)
+    except UserError as error:
+        raise ConfigError(str(error)) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not UTF-8 text (byte {error.start})") from None
-    loader = StrictLoader(text)
-    loader.name = str(path)
+    loader = None
     try:
+        loader = StrictLoader(text)  # its reader refuses control characters already
+        loader.name = str(path)
         raw = loader.get_single_data()
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
@@ -101,7 +206,8 @@ def read_file(path: str | Path) -> dict:
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -131,7 +237,13 @@ def _validator() -> jsonschema.protocols.Validator:
                     instance[name] = copy.deepcopy(subschema["default"])
         yield from validate_properties(validator, properties, instance, schema)
 
-    validator = jsonschema.validators.extend(base, {"properties": set_defaults},
+    def full_pattern(validator, pattern, instance, schema):
+        # JSON Schema's `pattern` is re.search, where `$` also matches before a final
+        # newline ("AB\n" would pass "^[A-Z]+$"): here every pattern matches the whole text
+        if validator.is_type(instance, "string") and re.fullmatch(pattern, instance) is None:
+            yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+    validator = jsonschema.validators.extend(base, {"properties": set_defaults, "pattern": full_pattern},
                                              type_checker=base.TYPE_CHECKER.redefine("integer", _is_integer))
     return validator(load_schema())
 
@@ -178,6 +290,9 @@ def _value_problems(value, path: list, problems: list[str], budget: list[int]) -
         return
     if isinstance(value, float) and not math.isfinite(value):
         problems.append(f"config key '{_key(path)}': {value} is not a finite number")
+    elif isinstance(value, (datetime.date, bytes)):  # YAML's dates and !!binary: run.json is JSON
+        problems.append(f"config key '{_key(path)}': YAML reads this as a {type(value).__name__}, which JSON "
+                        "cannot hold (quote it to keep it text)")
     elif isinstance(value, str) and "\0" in value:
         problems.append(f"config key '{_key(path)}': contains a NUL character")
     elif isinstance(value, dict):
@@ -233,7 +348,7 @@ def _typed(value, schema: dict):
         return value
     try:
         parsed = yaml.load(value, Loader=StrictLoader)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ConfigError):
         return value
     wanted = tuple(SCALAR_TYPES[t] for t in types if t in SCALAR_TYPES)
     if isinstance(parsed, bool) and "boolean" not in types:
@@ -279,11 +394,74 @@ def template_fields(key: str, text: str, allowed: tuple[str, ...], problems: lis
     return names
 
 
+ANY_CHAR = object()  # a first character that could be anything
+
+
+def _first_chars(items) -> set:
+    """What the text matched by a parsed regex sequence can start with: characters,
+    ANY_CHAR, and None when it can match the empty string."""
+    c = _re_constants
+    for at, (op, arg) in enumerate(items):
+        if op is c.AT:
+            continue
+        if op is c.LITERAL:
+            return {arg}
+        if op is c.SUBPATTERN:
+            first = _first_chars(arg[-1])
+        elif op is c.BRANCH:
+            first = set().union(*(_first_chars(branch) for branch in arg[1]))
+        elif op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+            first = _first_chars(arg[2]) | ({None} if arg[0] == 0 else set())
+        else:
+            return {ANY_CHAR}
+        if None not in first:
+            return first
+        return (first - {None}) | _first_chars(items[at + 1:])
+    return {None}
+
+
+def _ambiguous_repeat(items, inside_repeat: bool = False) -> bool:
+    """A repeat that can split one text in many ways, so a failing match backtracks
+    through exponentially many: a repeat inside a repeat (``(a+)+``, ``(\\w*\\s?)*``), or,
+    inside a repeat, an alternation whose branches may start alike or match nothing
+    (``(a|aa)*``, ``(\\d|\\w)+``).  Conservative: some harmless patterns are refused too."""
+    c = _re_constants
+    for op, arg in items:
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT) and arg[1] > 1:
+            if inside_repeat or _ambiguous_repeat(arg[2], True):
+                return True
+        elif op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+            if _ambiguous_repeat(arg[2], inside_repeat and op is not c.POSSESSIVE_REPEAT):
+                return True
+        elif op is c.SUBPATTERN:
+            if _ambiguous_repeat(arg[-1], inside_repeat):
+                return True
+        elif op is c.BRANCH:
+            if inside_repeat:
+                firsts = [_first_chars(branch) for branch in arg[1]]
+                seen: set = set()
+                for first in firsts:
+                    if None in first or ANY_CHAR in first or first & seen or (ANY_CHAR in seen):
+                        return True
+                    seen |= first
+            if any(_ambiguous_repeat(branch, inside_repeat) for branch in arg[1]):
+                return True
+        elif op is c.ATOMIC_GROUP and _ambiguous_repeat(arg, False):
+            return True
+    return False
+
+
 def _regex(key: str, pattern: str, problems: list[str]) -> re.Pattern | None:
     try:
         compiled = re.compile(pattern)
+        ambiguous = _ambiguous_repeat(_re_parser.parse(pattern))
     except (re.error, RecursionError, OverflowError) as error:
         problems.append(f"config key '{key}': not a regular expression: {error}")
+        return None
+    if ambiguous:
+        problems.append(f"config key '{key}': a repeat inside a repeat, or a repeated alternation whose branches "
+                        "can match alike: matching it can take exponential time (catastrophic backtracking); "
+                        "rewrite it with one repeat, e.g. [0-9.]+ for ([0-9]+\\.?)+")
         return None
     if compiled.search("") is not None:
         problems.append(f"config key '{key}': matches the empty string, so it matches everywhere")
@@ -298,7 +476,43 @@ def _one_line(key: str, text: str | None, problems: list[str]) -> bool:
     return True
 
 
-def _endpoint_problem(url: str) -> str | None:
+URL_PASSWORD = re.compile(r"(//[^/@\s:]*):[^/@\s]*@")
+
+
+def redact_url(text: str) -> str:
+    """``text`` with any password of a URL in it (``//user:secret@``) replaced by ``***``:
+    an error message never echoes one."""
+    return URL_PASSWORD.sub(r"\1:***@", text)
+
+
+def port_problem(port) -> str | None:
+    """Why ``port`` (an int, or its digits) is no TCP port; never wrapped to one."""
+    if isinstance(port, str):
+        if not port.isascii() or not port.isdigit():
+            return f"port {_short(port)!r} is not a number"
+        if len(port) > 5:
+            return f"port {_short(port)} is outside 1-65535"
+        port = int(port)
+    return None if 1 <= port <= 65535 else f"port {port} is outside 1-65535"
+
+
+def _host_name_problem(name: str) -> str | None:
+    """A host name that is not plain ASCII: shown punycoded, or refused for an invisible character."""
+    if name.isascii():
+        return None
+    hidden = [c for c in name if not c.isprintable() or unicodedata.category(c) in ("Cf", "Zs", "Mn")]
+    if hidden:
+        return (f"host has an invisible character ({', '.join(f'U+{ord(c):04X}' for c in hidden[:3])}); "
+                "write the host in ASCII")
+    try:
+        ascii_name = name.encode("idna").decode("ascii")
+    except UnicodeError:
+        return "host is not ASCII, and has no punycode form: write the host in ASCII"
+    return f"host is not ASCII: write it punycoded, as {ascii_name}"
+
+
+def endpoint_problem(url: str) -> str | None:
+    """Why ``url`` is no OpenAI endpoint (http(s)://host:port[/path]), or None."""
     if url != url.strip() or any(c.isspace() for c in url):
         return "contains whitespace"
     try:
@@ -310,8 +524,10 @@ def _endpoint_problem(url: str) -> str | None:
         return "must start with http:// or https://"
     if not parts.hostname:
         return "has no host"
-    if port == 0:
-        return "port 0"
+    if _host_name_problem(parts.hostname):
+        return _host_name_problem(parts.hostname)
+    if port is not None and port_problem(port):
+        return port_problem(port)
     if parts.username is not None or parts.query or parts.fragment:
         return "must be http(s)://host:port[/path], without user, query or fragment"
     return None
@@ -360,6 +576,7 @@ def _setting_problems(config: dict, problems: list[str]) -> None:
     if missing:
         return
     _one_line("setting.file", setting["file"], problems)
+    _normalised("setting.file", setting["file"], problems)
     anchor = _regex("setting.anchor", setting["anchor"], problems)
     fields = template_fields("setting.replacement", setting["replacement"], (VALUE_PLACEHOLDER,), problems)
     if fields is not None and fields != [VALUE_PLACEHOLDER]:
@@ -387,9 +604,52 @@ def _setting_problems(config: dict, problems: list[str]) -> None:
                         + ", ".join(f"{letter} {kind}" for letter, kind in kinds.items() if kind) + ")")
 
 
+def host_root(workdir: Path, root: str) -> Path:
+    """A host's root as written, absolute and normalised: a '..' is resolved by the text, so
+    it cannot climb out unseen; a link (.thermab to a shared directory) stays where the user
+    put it, and a link loop is for the first read to report, not a traceback here."""
+    return Path(os.path.abspath(Path(workdir) / root))
+
+
+def _normalised(key: str, path: str, problems: list[str]) -> None:
+    """A path that reaches a host is written normalised: a '..' would climb out of the
+    simulated root (or the vllm package) the path is meant to stay in."""
+    if any(part in ("", ".", "..") for part in path.split("/")[1:]) or path.startswith(("./", "../")):
+        problems.append(f"config key '{key}': {_short(path)!r} is not a normalised path (no '.', '..' "
+                        "or empty component, no trailing /): it must stay where it is written")
+
+
+def _address_problem(address: str) -> str | None:
+    if address.startswith("["):
+        return "write an IPv6 address without brackets (the port goes under 'port')"
+    if address.count(":") == 1:
+        return "carries its own port: give the host alone, and the port under 'port'"
+    if ":" in address:
+        try:
+            ipaddress.IPv6Address(address.partition("%")[0])
+        except ValueError:
+            return "is not an IPv6 address (a port goes under 'port')"
+    return None
+
+
+def _reaches(host: dict, workdir: Path) -> tuple:
+    """What decides which files a host's paths reach: two hosts alike reach the same files."""
+    where = (host.get("address", "").lower(), host.get("port", 22)) if host["transport"] == "ssh" else ("local",)
+    root = str(host_root(workdir, host["root"])) if "root" in host else None
+    return (*where, host.get("container_engine", "none"), host.get("container"), root)
+
+
 def _host_problems(where: str, host: dict, workdir: Path, problems: list[str]) -> None:
     if host["transport"] == "ssh" and "address" not in host:
         problems.append(f"config key '{where}.address': required for transport ssh")
+    if "address" in host and _address_problem(host["address"]):
+        problems.append(f"config key '{where}.address': {_short(host['address'])!r} {_address_problem(host['address'])}")
+    if "jump" in host:
+        jump_port = host["jump"].rpartition("@")[2].partition(":")[2]
+        if jump_port and port_problem(jump_port):
+            problems.append(f"config key '{where}.jump': {port_problem(jump_port)}")
+    if "agent_dir" in host:
+        _normalised(f"{where}.agent_dir", host["agent_dir"], problems)
     if host.get("container_engine", "none") != "none" and "container" not in host:
         problems.append(f"config key '{where}.container': required with container_engine "
                         f"{host['container_engine']}")
@@ -403,7 +663,7 @@ def _host_problems(where: str, host: dict, workdir: Path, problems: list[str]) -
         if "root" not in host:
             problems.append(f"config key '{where}.root': a simulated host needs its node directory")
         else:
-            root = (workdir / host["root"]).resolve()
+            root = host_root(workdir, host["root"])
             if root == workdir or not root.is_relative_to(workdir):
                 problems.append(f"config key '{where}.root': a simulated node's directory must lie inside "
                                 f"the working directory ({workdir}), not at {_short(str(root))}")
@@ -440,14 +700,28 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
         problems.append(f"config key 'safety.max_sensor_silence_s': {silence} s is shorter than two thermal "
                         f"sample intervals ('monitor.intervals.thermal' = {thermal_interval} s)")
     _question_problems(config, problems)
+    _across_keys(config, problems)
+    extra = len(json.dumps(config["load"]["extra_body"]))
+    if extra > MAX_EXTRA_BODY:
+        problems.append(f"config key 'load.extra_body': {extra} bytes as JSON, more than {MAX_EXTRA_BODY}")
     for name, cluster in config["clusters"].items():
         hosts = cluster["hosts"]
+        if config["setting"]["method"] == "file":
+            reached: dict = {}
+            for host_name, host in hosts.items():
+                first = reached.setdefault(_reaches(host, workdir), host_name)
+                if first != host_name:
+                    problems.append(f"config key 'clusters.{name}.hosts.{host_name}': reaches the same files as "
+                                    f"host {first} (same address, container and root): the setting's file "
+                                    "would be patched twice, and the second copy of its original would be "
+                                    "the patched one")
         if cluster["head"] not in hosts:
             problems.append(f"config key 'clusters.{name}.head': '{_short(cluster['head'])}' is not one of its "
                             f"hosts ({', '.join(hosts)})")
-        problem = _endpoint_problem(cluster["endpoint"])
+        problem = endpoint_problem(cluster["endpoint"])
         if problem:
-            problems.append(f"config key 'clusters.{name}.endpoint': {_short(cluster['endpoint'])!r} {problem}")
+            problems.append(f"config key 'clusters.{name}.endpoint': {_short(redact_url(cluster['endpoint']))!r} "
+                            f"{problem}")
         for host_name, host in hosts.items():
             _host_problems(f"clusters.{name}.hosts.{host_name}", host, workdir, problems)
     return problems
@@ -530,6 +804,29 @@ def _question_problems(config: dict, problems: list[str]) -> None:
         if config["max_repeats"] < max(2, config["repeats"]):
             problems.append(f"config key 'max_repeats': {config['max_repeats']} is below 'repeats' "
                             f"({config['repeats']}) or one crossover pair (2)")
+
+
+def _across_keys(config: dict, problems: list[str]) -> None:
+    """Keys that are each valid but contradict one another."""
+    timings, intervals = config["timings"], config["monitor"]["intervals"]
+    for kind in ("thermal", "cpu"):  # the phase tables' samples: none would fall inside a load window
+        if intervals[kind] >= timings["load_s"]:
+            problems.append(f"config key 'monitor.intervals.{kind}': {intervals[kind]} s is not shorter than the "
+                            f"load window ('timings.load_s' = {timings['load_s']} s)")
+    abort = config["safety"]["abort_at_c"]
+    if abort is not None and timings["cooldown_below_c"] >= abort:
+        problems.append(f"config key 'timings.cooldown_below_c': {timings['cooldown_below_c']} °C is not below "
+                        f"the interlock ('safety.abort_at_c' = {abort} °C): a cooldown would wait for a "
+                        "temperature that stops the run")
+    thresholds = config["analysis"]["thresholds_c"]
+    for index in range(1, len(thresholds)):
+        if thresholds[index] <= thresholds[index - 1]:
+            before = thresholds.index(thresholds[index]) if thresholds[index] in thresholds[:index] else index - 1
+            problems.append(f"config key 'analysis.thresholds_c.{index}': {thresholds[index]} "
+                            + ("is given twice" if thresholds[before] == thresholds[index] else "is not above")
+                            + f" ('analysis.thresholds_c.{before}' = {thresholds[before]}); thresholds are listed "
+                            "once each, ascending")
+            break
 
 
 def sensor_silence_s(config: dict) -> float:
@@ -615,7 +912,7 @@ def cluster_spec(config: dict, name: str, workdir: Path | None = None) -> Cluste
     raw = config["clusters"][name]
     hosts = []
     for host_name, host in raw["hosts"].items():
-        root = (workdir / host["root"]).resolve() if "root" in host else None
+        root = host_root(workdir, host["root"]) if "root" in host else None
         hosts.append(HostSpec(host_name, name, host["transport"], host, root, host.get("simulated")))
     return ClusterSpec(name, raw["head"], raw["endpoint"].rstrip("/"), raw["end_state"], tuple(hosts))
 

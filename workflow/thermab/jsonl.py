@@ -5,7 +5,12 @@ written, or cut short by a crash, is handled the same way everywhere."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+
+from thermab.config import read_bounded
+
+MAX_JSONL_BYTES = 2**30  # an events.jsonl or records file of a run: a larger one is not thermab's
 
 
 class JsonlTail:
@@ -44,15 +49,18 @@ def read_checked(path: Path, time_key: str = "t", required: tuple[str, ...] = ()
     if not Path(path).exists():
         return records, problems
     latest = float("-inf")
-    for line in Path(path).read_text(errors="replace").splitlines():
+    for line in read_bounded(path, MAX_JSONL_BYTES).decode(errors="replace").splitlines():
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-            t = float(record[time_key])
+            t = record[time_key]
+            # a time is a finite number: text, true, NaN or Infinity (JSON as Python writes it) is no time
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+                raise ValueError(t)
             for key in required:
                 record[key]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             problems["malformed_lines"] += 1
             continue
         if t < latest:

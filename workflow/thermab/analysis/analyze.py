@@ -21,7 +21,7 @@ import pandas as pd
 from thermab.analysis import (TABLES, energy, load_validity, metric_names, metrics, questions, sequential, stats,
                               summary, washout)
 from thermab.analysis.completeness import completeness, measured_intervals
-from thermab.analysis.model import Analysis, RunData, load_run, ordered_hosts, sibling_runs
+from thermab.analysis.model import Analysis, RunData, distinct_runs, load_run, ordered_hosts, sibling_runs
 from thermab.config import UserError
 from thermab.experiment import plan
 from thermab.layout import RunDir
@@ -83,7 +83,10 @@ def _check_poolable(runs: list[RunData]) -> None:
 def compute(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = None) -> Analysis:
     """Everything the tables, summary and figures show, without writing anything.
     ``analysis``: settings in place of run.json's (``model.load_run``), for every run pooled."""
-    runs = [load_run(run_dir, analysis)] + [load_run(other, analysis) for other in also]
+    unique, dropped = distinct_runs([run_dir, *also])
+    for other, same in dropped:  # pooled twice, one run's sd would be 0 and its n doubled
+        log.warning("%s is the same run as %s: pooled once", other, same)
+    runs = [load_run(path, analysis) for path in unique]
     _check_poolable(runs)
     run = runs[0]
     config = run.config

@@ -24,12 +24,16 @@ samples.  The study's labels carry a prefix that is dropped: ``ustock`` → stoc
 
 import argparse
 import contextlib
+import io
 import json
+import math
+import numbers
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from thermab.config import UserError
+from thermab.config import UserError, read_bounded
 from thermab.experiment import plan
 from thermab.layout import RunDir
 from thermab.telemetry import ingest
@@ -39,6 +43,7 @@ NAMED_MARKS = {"baseline-start": "baseline_start", "baseline-end": "baseline_end
                "cooldown-end": "cooldown_end"}
 # run.json default: the study's GB10 nodes
 DEFAULTS = {"trip_point_c": 104.8}
+MAX_SOURCE_BYTES = 2**30  # a chart source or marks file
 
 
 def chart_frames(chart: dict, head: str = "head", worker: str = "worker") -> tuple[dict, list]:
@@ -50,20 +55,36 @@ def chart_frames(chart: dict, head: str = "head", worker: str = "worker") -> tup
 
 
 def csv_frames(table: pd.DataFrame, time_col: str = "t", head: str = "head") -> dict:
-    """A wide CSV as {host: wide frame}: ``ZONE`` columns are the head's, ``HOST:ZONE`` another host's."""
-    frames = {}
+    """A wide CSV as {host: wide frame}: ``ZONE`` columns are the head's, ``HOST:ZONE`` another host's.
+    Each host's frame is one selection, not a column inserted at a time (10,000 zones)."""
+    columns: dict[str, list] = {}
     for column in table.columns.drop(time_col):
-        host, _, zone = column.rpartition(":")
-        frames.setdefault(host or head, table[[time_col]].rename(columns={time_col: "t"}))[zone] = table[column]
-    return frames
+        host, _, _zone = str(column).rpartition(":")
+        columns.setdefault(host or head, []).append(column)
+    return {host: table[[time_col, *names]].set_axis(["t", *(str(n).rpartition(":")[2] for n in names)], axis=1)
+            for host, names in columns.items()}
 
 
 def telemetry_from_frames(frames: dict, epoch_s: float, minutes: bool = True) -> pd.DataFrame:
     """Long tidy telemetry (t, host, kind=thermal, sensor, value) from wide frames."""
     scale = 60.0 if minutes else 1.0
-    parts = [frame.melt(id_vars="t", var_name="sensor", value_name="value").assign(host=host)
-             for host, frame in frames.items()]
+    # long by reshaping the value matrix at once (melt goes column by column: minutes for 10,000 zones)
+    parts = [pd.DataFrame({"t": np.repeat(frame["t"].to_numpy(), frame.shape[1] - 1),
+                           "sensor": np.tile(np.asarray(frame.columns.drop("t"), dtype=object), len(frame)),
+                           "value": frame.drop(columns="t").to_numpy().ravel(), "host": host})
+             for host, frame in frames.items() if frame.shape[1] > 1]
+    if not parts:
+        raise UserError("no zone columns beside the time")
     long = pd.concat(parts, ignore_index=True).dropna(subset=["value"])
+    if long.empty:
+        raise UserError("no samples: the table has no rows with a value")
+    try:
+        long["value"] = long["value"].astype("float64")
+        times = long["t"].astype("float64")
+    except (ValueError, TypeError):
+        raise UserError("a time or a zone's value is not a number") from None
+    if not np.isfinite(times).all():
+        raise UserError("a sample's time is empty or not a finite number")
     long["t"] = epoch_s + long["t"].astype(float) * scale
     long["kind"] = "thermal"
     long = long.astype({"host": "string", "kind": "string", "sensor": "string", "value": "float64"})
@@ -74,6 +95,7 @@ def events_from_marks(marks: list, load_s: float, start_s: float, end_s: float,
                       epoch_s: float, minutes: bool = True) -> tuple[list[dict], dict, str]:
     """(events, {letter: label}, order) from chart marks; see the module docstring for the rules."""
     scale = 60.0 if minutes else 1.0
+    check_marks(marks)
     marks = sorted((epoch_s + t * scale, name) for t, name in marks)
     letters, reps, order = {}, {}, ""
     for _, name in marks:
@@ -105,6 +127,20 @@ def events_from_marks(marks: list, load_s: float, start_s: float, end_s: float,
     events.append({"t": end_s, "event": "run_end"})
     events.sort(key=lambda e: e["t"])
     return events, {letter: label for label, letter in letters.items()}, order
+
+
+def check_marks(marks: list) -> None:
+    """Each mark a name (printable text, not blank) at a finite time, or a UserError saying which."""
+    for t, name in marks:
+        if not isinstance(name, str) or not name.strip() or not name.isprintable():
+            raise UserError(f"mark {_shown(name)} at t = {_shown(t)} is not a name (text on one line)")
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t):
+            raise UserError(f"mark {name!r}: its time {_shown(t)} is not a finite number")
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def _label(mark_prefix: str) -> str:
@@ -153,10 +189,35 @@ def _reading(path):
         raise UserError(f"{path}: {type(error).__name__}: {' '.join(str(error).split())[:200]}") from None
 
 
+def _read_csv(path) -> pd.DataFrame:
+    """A CSV the user named: bounded (read_bounded), then parsed; a header alone is no table."""
+    try:
+        table = pd.read_csv(io.BytesIO(read_bounded(path, MAX_SOURCE_BYTES)), engine="c")
+    except pd.errors.EmptyDataError:
+        raise UserError("empty: no header and no rows") from None
+    if table.empty:
+        raise UserError(f"a header ({', '.join(map(str, table.columns[:5]))}{', …' if len(table.columns) > 5 else ''}) "
+                        "and no rows")
+    return table
+
+
+def finite_number(minimum: float):
+    """An argparse type: a finite number at least ``minimum`` (a negative load or epoch is a mistake)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of at least {minimum:g}")
+        return value
+    return parse
+
+
 def import_chart(json_path, out_dir, load_minutes: float = 30.0, arms: dict | None = None, **options) -> Path:
     """The study's chart JSON → run directory (see ``write_run`` for ``arms`` and options)."""
     with _reading(json_path):
-        chart = json.loads(Path(json_path).read_text(encoding="utf-8"))
+        chart = json.loads(read_bounded(json_path, MAX_SOURCE_BYTES).decode("utf-8"))
         if not isinstance(chart, dict) or not isinstance(chart.get("head"), list) or not chart["head"]:
             raise UserError("not the study's chart JSON: no 'head' list of samples")
         frames, marks = chart_frames(chart)
@@ -169,12 +230,13 @@ def import_wide_csv(csv_path, out_dir, marks, load_minutes: float = 30.0, arms: 
     t, m, in the same time unit as the table (``min`` or ``s``)."""
     if isinstance(marks, (str, Path)):
         with _reading(marks):
-            table = pd.read_csv(marks)
+            table = _read_csv(marks)
             if not {"t", "m"} <= set(table.columns):
                 raise UserError(f"needs columns t and m (has {', '.join(map(str, table.columns))})")
             marks = list(table[["t", "m"]].itertuples(index=False, name=None))
+            check_marks(marks)
     with _reading(csv_path):
-        table = pd.read_csv(csv_path)
+        table = _read_csv(csv_path)
         if time_col not in table.columns:
             raise UserError(f"no time column '{time_col}' (columns: {', '.join(map(str, table.columns))[:200]})")
         return write_run(out_dir, csv_frames(table, time_col), marks, load_minutes, arms,
@@ -186,12 +248,12 @@ def main(argv=None) -> int:
                                      description="Import chart data (JSON) or a wide CSV as a run directory.")
     parser.add_argument("source", help="chart JSON or wide CSV")
     parser.add_argument("out_dir", help="run directory to write")
-    parser.add_argument("--load-minutes", type=float, default=30.0, help="load phase duration (default 30)")
+    parser.add_argument("--load-minutes", type=finite_number(1 / 60), default=30.0, help="load phase duration (default 30)")
     parser.add_argument("--arm", action="append", default=[], metavar="LABEL=VALUE",
                         help="setting value of an arm, e.g. --arm stock=1 --arm patched=0.002")
     parser.add_argument("--setting", default="setting", help="name of the manipulated setting, e.g. busy_loop_s")
     parser.add_argument("--cluster", default="imported")
-    parser.add_argument("--epoch-s", type=float, default=0.0, help="epoch seconds of chart time 0")
+    parser.add_argument("--epoch-s", type=finite_number(0), default=0.0, help="epoch seconds of chart time 0")
     parser.add_argument("--marks", help="CSV with columns t, m (wide CSV sources)")
     parser.add_argument("--time-col", default="t", help="time column of a wide CSV")
     parser.add_argument("--time-unit", choices=["min", "s"], default="min", help="time unit of a wide CSV")

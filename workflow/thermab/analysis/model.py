@@ -5,6 +5,7 @@ of a run show."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -17,15 +18,48 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from thermab.config import UserError
-
-QUESTION_KINDS = ("lower", "higher", "non_inferior", "equivalent")
+from thermab.config import UserError, check_file, read_bounded
 from thermab.experiment import events as events_file
 from thermab.experiment import plan
+from thermab.jsonl import MAX_JSONL_BYTES
 from thermab.layout import RunDir
+from thermab.load.validity import COLUMNS as REQUEST_DTYPES
 from thermab.telemetry.ingest import SERIES_KEYS, TELEMETRY_COLUMNS
 
+QUESTION_KINDS = ("lower", "higher", "non_inferior", "equivalent")
 INDEX_COLUMNS = SERIES_KEYS + ["rows", "t_min", "t_max", "where"]
+MAX_JSON_BYTES = 64 * 2**20  # run.json, validity.json: a larger one is not thermab's
+MAX_PARQUET_BYTES = 64 * 2**30  # read by row group and column, never whole: a bound on what a run can be
+TELEMETRY_DTYPES = {"t": "float64", "value": "float64", "host": "string", "kind": "string", "sensor": "string"}
+REQUIRED_REQUEST_COLUMNS = ["order", "rep", "arm", "kind", "t_start", "t_end", "ok"]
+
+
+def _dtype_kind(dtype) -> str:
+    if pd.api.types.is_bool_dtype(dtype):
+        return "bool"
+    if pd.api.types.is_numeric_dtype(dtype):
+        return "number"
+    if pd.api.types.is_string_dtype(dtype) or isinstance(dtype, pd.CategoricalDtype):
+        return "string"
+    return str(dtype)
+
+
+def check_columns(path, frame: pd.DataFrame, dtypes: dict[str, str], required) -> None:
+    """A parquet file another tool wrote: the ``required`` columns there, and every known
+    column of the kind docs/design.md gives it (times and values numbers, not timestamps
+    or text), or a UserError naming the file and the column."""
+    missing = [column for column in required if column not in frame.columns]
+    if missing:
+        raise UserError(f"{path}: missing column(s) {', '.join(missing)}")
+    for column, dtype in dtypes.items():
+        if column not in frame.columns:
+            continue
+        wanted = "bool" if dtype == "bool" else "number" if dtype[0] in "fiI" else "string"
+        kind = _dtype_kind(frame[column].dtype)
+        if kind != wanted and not (wanted == "string" and kind == "object"):
+            shown = {"number": "numbers (seconds since the epoch for times)", "string": "text",
+                     "bool": "true/false"}[wanted]
+            raise UserError(f"{path}: column '{column}' holds {kind}, not {shown}")
 
 
 class Telemetry:
@@ -49,6 +83,9 @@ class Telemetry:
 
     @classmethod
     def open(cls, path) -> "Telemetry":
+        check_file(path, MAX_PARQUET_BYTES)
+        check_columns(path, pq.ParquetFile(path).schema_arrow.empty_table().to_pandas(), TELEMETRY_DTYPES,
+                      TELEMETRY_COLUMNS)
         metadata = pq.ParquetFile(path).metadata
         index = _row_group_index(metadata)
         if index is None:
@@ -183,11 +220,11 @@ def read_events(path: Path) -> pd.DataFrame:
 
 def _read_json(path: Path) -> dict:
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise UserError(f"{path}: cannot read: {error.strerror}") from None
-    except ValueError as error:
-        raise UserError(f"{path}: not JSON: {error}") from None
+        value = json.loads(read_bounded(path, MAX_JSON_BYTES).decode("utf-8"))
+    except RecursionError:
+        raise UserError(f"{path}: not JSON: nested too deeply") from None
+    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError: a truncated file
+        raise UserError(f"{path}: not JSON: {' '.join(str(error).split())[:200]}") from None
     if not isinstance(value, dict):
         raise UserError(f"{path}: not a JSON object")
     return value
@@ -201,6 +238,7 @@ def _unreadable(path: Path, error: Exception) -> UserError:
 
 
 def _read_parquet(path: Path, **options) -> pd.DataFrame:
+    check_file(path, MAX_PARQUET_BYTES)
     try:
         return pd.read_parquet(path, **options)
     except PARQUET_ERRORS as error:
@@ -288,6 +326,8 @@ def load_run(run_dir, analysis: dict | None = None) -> RunData:
         raise _unreadable(telemetry_path, error) from None
     requests_path = files.tidy_requests
     requests = _read_parquet(requests_path) if requests_path.exists() else None
+    if requests is not None:
+        check_columns(requests_path, requests, REQUEST_DTYPES, REQUIRED_REQUEST_COLUMNS)
     if requests is not None and requests.empty:
         requests = None
     events = read_events(files.events)
@@ -302,9 +342,31 @@ def read_validity(path: Path) -> dict:
     """Each phase's validity.json by (order, rep, arm). The load stage writes it even for a
     load that was aborted; tidy/requests.parquet waits for every phase, so when the
     analysis runs they are all there."""
-    validity = RunDir(path).phase("*").validity.relative_to(path)
-    reports = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(path.glob(str(validity)))]
-    return {(r["order"], int(r["rep"]), r["arm"]): r for r in reports}
+    reports = {}
+    for report_path in sorted(path.glob(str(RunDir(path).phase("*").validity.relative_to(path)))):
+        report = _read_json(report_path)
+        order, rep, arm = (report.get(key) for key in ("order", "rep", "arm"))
+        if not (isinstance(order, str) and isinstance(arm, str) and isinstance(rep, int) and not isinstance(rep, bool)):
+            raise UserError(f"{report_path}: keys 'order' and 'arm' (text) and 'rep' (a whole number) are required")
+        reports[(order, rep, arm)] = report
+    return reports
+
+
+def distinct_runs(run_dirs) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """Each run once: the run directories given, without any that is the same run as one
+    before it (the same directory by another name, link or glob, or a copy of it: two runs
+    never share every event's time); returns them and the (dropped, same as) pairs."""
+    kept, dropped, seen = [], [], {}
+    for run_dir in map(Path, run_dirs):
+        events = RunDir(run_dir).events
+        data = read_bounded(events, MAX_JSONL_BYTES) if events.is_file() else b""
+        key = hashlib.sha256(data).hexdigest() if data.strip() else str(run_dir.resolve())
+        if key in seen:
+            dropped.append((run_dir, seen[key]))
+        else:
+            seen[key] = run_dir
+            kept.append(run_dir)
+    return kept, dropped
 
 
 def sibling_runs(run_dir) -> list[Path]:

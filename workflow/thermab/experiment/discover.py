@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 
 from thermab import config as thermab_config
-from thermab.config import ConfigError, HostSpec
+from thermab.config import ConfigError, HostSpec, endpoint_problem, port_problem, redact_url
 from thermab.errors import UserError
 from thermab.experiment import server as server_api
 from thermab.experiment.cluster import clock_offsets
@@ -89,14 +89,15 @@ JUMP = re.compile(r"^([^@\s]+@)?[^@:\s]+(:[0-9]+)?$")  # the schema's `jump` pat
 
 def parse_target(text: str) -> Target:
     name, equals, url = text.partition("=")
-    if not equals or not HOST_NAME.match(name):
-        raise UsageError(f"{text!r}: expected NAME=ssh://[user@]host[:port] or NAME=local:// "
+    if not equals or not HOST_NAME.fullmatch(name):
+        raise UsageError(f"{redact_url(text)!r}: expected NAME=ssh://[user@]host[:port] or NAME=local:// "
                          "(NAME: letters, digits, _ . -)")
     if url == "local://":
         return Target(name, "local")
-    match = SSH_URL.match(url)
-    if not match or not 1 <= int(match["port"] or 22) <= 65535:
-        raise UsageError(f"host {name}: {url!r} is not ssh://[user@]host[:port] or local://")
+    match = SSH_URL.fullmatch(url)
+    if not match or port_problem(match["port"] or "22"):
+        raise UsageError(f"host {name}: {redact_url(url)!r} is not ssh://[user@]host[:port] or local:// "
+                         "(a password is never taken: keys or the ssh-agent)")
     return Target(name, "ssh", match["address"], int(match["port"] or 22), match["user"])
 
 
@@ -1029,12 +1030,13 @@ def main(argv: list[str]) -> int:
             raise UsageError(f"a host name is given twice: {' '.join(args.hosts)}")
         if args.head and args.head not in names:
             raise UsageError(f"--head {args.head}: not one of the hosts ({', '.join(names)})")
-        if args.jump and not JUMP.match(args.jump):
-            raise UsageError(f"--jump {args.jump}: expected user@host:port")
+        jump_port = (args.jump or "").rpartition("@")[2].partition(":")[2]
+        if args.jump and (not JUMP.fullmatch(args.jump) or (jump_port and port_problem(jump_port))):
+            raise UsageError(f"--jump {redact_url(args.jump)}: expected user@host:port (port 1-65535)")
         if not re.match(r"^[A-Za-z0-9_-]+$", args.cluster) or args.cluster == "fleet":
             raise UsageError(f"--cluster {args.cluster}: letters, digits, _ and - (not 'fleet')")
-        if args.endpoint and not re.match(r"^https?://[^/\s]+", args.endpoint):
-            raise UsageError(f"--endpoint {args.endpoint}: expected http://host:port")
+        if args.endpoint and endpoint_problem(args.endpoint):
+            raise UsageError(f"--endpoint {redact_url(args.endpoint)}: {endpoint_problem(args.endpoint)}")
         args.choices = parse_containers(args.container, names)
         setting, arms = load_setting(args.setting_from)
         probes = {t.name: HostProbe(t, Host(host_spec(t, args.option_values))) for t in targets}

@@ -22,6 +22,7 @@ from pathlib import Path
 from thermab.config import literal_kind
 from thermab.errors import HostError
 from thermab.hosts.host import Host
+from thermab.hosts.transport import TransportError
 
 
 class PatchError(HostError):
@@ -143,6 +144,14 @@ class Patcher:
         state = {"host": self.host.name, "file": self.file, "sha256": sha256(data), "saved_at": time.time()}
         (self.state_dir / "state.json").write_text(json.dumps(state, indent=1))
 
+    def keep_original(self) -> None:
+        """Keep the file's bytes as its original, unless kept already.  Every host's is kept
+        before any host is written (phase.py), so that hosts that turn out to share
+        one file (one install behind two names) all keep its unpatched bytes, and restoring
+        them in any order puts those back."""
+        if not self.is_patched:
+            self._save_original(self.host.read_file(self.file))
+
     def _write_verified(self, data: bytes) -> None:
         self.host.write_file(self.file, data)
         reread = self.host.read_file(self.file)
@@ -170,8 +179,13 @@ class Patcher:
         if not self.is_patched:
             return None
         original = (self.state_dir / "original").read_bytes()
-        if self.host.read_file(self.file) != original:
+        try:
+            current = self.host.read_file(self.file)
+        except TransportError:  # gone or replaced: the original is written back all the same
+            current = None
+        if current != original:
             self._write_verified(original)
         for name in ("state.json", "original"):
             (self.state_dir / name).unlink()
         return {"file": self.file, "sha256": sha256(original)}
+

@@ -64,9 +64,11 @@ def _restart(run: ClusterRun, rep: int, arm: str) -> str:
     value = run.config["arms"][arm]["value"]
     env = {}
     if setting["method"] == "file":
-        for host in run.hosts:
-            done = run.patcher(host).apply(value)
-            run.event("patch_applied", rep=rep, arm=arm, host=host.name, detail=done)
+        patchers = [run.patcher(host) for host in run.hosts]
+        for patcher in patchers:  # every original before any write: hosts sharing one file keep its unpatched bytes
+            patcher.keep_original()
+        for host, patcher in zip(run.hosts, patchers):
+            run.event("patch_applied", rep=rep, arm=arm, host=host.name, detail=patcher.apply(value))
     else:
         env = {setting["env_var"]: value}
         run.event("patch_applied", rep=rep, arm=arm, detail={"env": env})

@@ -7,12 +7,15 @@ reaches a shell goes through ``shlex.quote``."""
 from __future__ import annotations
 
 import base64
+import posixpath
 import shlex
 import sys
 from functools import cached_property
 
 from thermab.config import HostSpec
-from thermab.hosts.transport import LocalTransport, Result, Transport
+from thermab.hosts.transport import LocalTransport, Result, Transport, TransportError
+
+MAX_FILE_BYTES = 16 * 2**20  # a file of a host thermab reads (the setting's file): a larger one is not it
 
 
 def connect(spec: HostSpec, progress=print) -> Transport:
@@ -47,30 +50,42 @@ class Host:
         return sys.executable if self.spec.transport == "local" else "python3"
 
     def path(self, path: str) -> str:
-        """Where ``path`` of the host's filesystem lies as the transport sees it."""
+        """Where ``path`` of the host's filesystem lies as the transport sees it: under the
+        root, normalised there, so that no '..' climbs out of it."""
         if self.spec.root is None:
             return path
-        return str(self.spec.root) + "/" + path.lstrip("/")
+        return str(self.spec.root) + posixpath.normpath("/" + path.lstrip("/"))
 
-    def run(self, command: str, *, timeout: float = 60, check: bool = True) -> Result:
-        """Run on the host itself (lifecycle commands, the agent)."""
-        return self.transport.run(command, timeout=timeout, check=check)
+    def run(self, command: str, *, timeout: float = 60, check: bool = True, input: str | None = None) -> Result:
+        """Run on the host itself (lifecycle commands, the agent); ``input`` is its stdin."""
+        if input is None:  # a transport without stdin support still runs everything else
+            return self.transport.run(command, timeout=timeout, check=check)
+        return self.transport.run(command, timeout=timeout, check=check, input=input)
 
-    def exec(self, command: str, *, timeout: float = 60, check: bool = True) -> Result:
+    def exec(self, command: str, *, timeout: float = 60, check: bool = True, input: str | None = None) -> Result:
         """Run where the server lives: inside the container if there is one."""
         engine = self.spec.container_engine
         if engine != "none":
-            command = f"{engine} exec {shlex.quote(self.spec.container)} sh -c {shlex.quote(command)}"
-        return self.run(command, timeout=timeout, check=check)
+            stdin = "-i " if input is not None else ""
+            command = f"{engine} exec {stdin}{shlex.quote(self.spec.container)} sh -c {shlex.quote(command)}"
+        return self.run(command, timeout=timeout, check=check, input=input)
 
     def read_file(self, path: str) -> bytes:
-        result = self.exec(f"base64 < {shlex.quote(self.path(path))}")
-        return base64.b64decode(result.stdout)
+        """A regular file of the host, at most MAX_FILE_BYTES: anything else (a FIFO, which
+        would block, a device, a directory, a huge file) is refused naming it."""
+        quoted = shlex.quote(self.path(path))
+        # `[ -f ]` first: opening a FIFO to read it would wait for a writer
+        result = self.exec(f"if [ -f {quoted} ]; then head -c {MAX_FILE_BYTES + 1} < {quoted} | base64; else "
+                           f"echo {shlex.quote(path + ': missing, or not a regular file')} >&2; exit 1; fi")
+        data = base64.b64decode(result.stdout)
+        if len(data) > MAX_FILE_BYTES:
+            raise TransportError(self.name, f"{path}: more than {MAX_FILE_BYTES} bytes")
+        return data
 
     def write_file(self, path: str, data: bytes) -> None:
-        encoded = base64.b64encode(data).decode()
-        # in place (not rename) so the file keeps its owner and mode inside the container
-        self.exec(f"printf %s {encoded} | base64 -d > {shlex.quote(self.path(path))}")
+        # on stdin: a command line holds no argument over 128 KiB; in place (not rename) so
+        # the file keeps its owner and mode inside the container
+        self.exec(f"base64 -d > {shlex.quote(self.path(path))}", input=base64.b64encode(data).decode())
 
     def close(self) -> None:
         if self._transport is not None or "transport" in self.__dict__:

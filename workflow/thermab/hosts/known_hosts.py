@@ -26,9 +26,11 @@ from pathlib import Path
 import paramiko
 from paramiko.pkey import UnknownKeyType
 
+from thermab.config import UserError, read_bounded
 from thermab.errors import HostError
 
 CA = "@cert-authority"
+MAX_KNOWN_HOSTS_BYTES = 64 * 2**20
 REVOKED = "@revoked"
 CERT_SUFFIX = "-cert-v01@openssh.com"
 # the public-key fields of each certificate type, after its nonce (PROTOCOL.certkeys)
@@ -115,8 +117,12 @@ class KnownHosts:
         self.files = [Path(f) for f in files]
         self.entries: list[Entry] = []
         for path in self.files:
-            if path.exists():
-                self.entries += parse(path.read_text(errors="replace"), str(path))
+            if path.exists():  # bounded, and a directory or FIFO named as known_hosts is one line
+                try:
+                    data = read_bounded(path, MAX_KNOWN_HOSTS_BYTES)
+                except UserError as error:
+                    raise UserError(f"known_hosts {error}") from None
+                self.entries += parse(data.decode(errors="replace"), str(path))
 
     def for_host(self, name: str) -> list[Entry]:
         return [e for e in self.entries if hosts_match(e.hosts, name)]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import getpass
+import logging
 import os
 import socket
 import time
@@ -23,10 +24,16 @@ from pathlib import Path
 
 import paramiko
 
+from thermab.config import UserError, check_file
 from thermab.hosts import known_hosts
 from thermab.hosts.transport import CommandError, LineReader, Result, TransportError
 
 CONNECTION_LOST = (paramiko.SSHException, EOFError, OSError, socket.timeout)
+MAX_KEY_BYTES = 2**20
+# paramiko's transport thread logs each failure with its traceback; thermab reports every
+# one itself, in one line, so those records go nowhere (not to Python's last-resort stderr)
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 # thermab's own pins (accept-new), beside the simulated nodes under the workflow directory
 OWN_KNOWN_HOSTS = ".thermab/known_hosts"
@@ -110,8 +117,9 @@ class SshTransport:
         self.address, self.port = address, port
         self.user = user or getpass.getuser()
         self.key_file = os.path.expanduser(key_file) if key_file else None
-        own = Path(own_known_hosts).resolve()
-        named = Path(os.path.expanduser(known_hosts)).resolve() if known_hosts else None
+        # normalised as written (a link loop is for the read to report, not a traceback here)
+        own = Path(os.path.abspath(own_known_hosts))
+        named = Path(os.path.abspath(os.path.expanduser(known_hosts))) if known_hosts else None
         user_file = named or Path(os.path.expanduser(USER_KNOWN_HOSTS))
         # read: the user's file (or the one named) and thermab's own; written (accept-new
         # only, append only): the named file, else thermab's own, never ~/.ssh/known_hosts
@@ -165,6 +173,11 @@ class SshTransport:
         where = f"{user}@{address}:{port}"
         if self.key_file and not os.path.exists(self.key_file):
             raise RefusedError(self.host, f"key_file {self.key_file} does not exist")
+        if self.key_file:  # paramiko opens it itself: a FIFO would hang it, a device feed it forever
+            try:
+                check_file(self.key_file, MAX_KEY_BYTES)
+            except UserError as error:
+                raise RefusedError(self.host, f"key_file {error}") from None
         # read afresh for every connection: another job may have pinned a key since
         known = known_hosts.KnownHosts(self.read_files)
         name = known_hosts.host_name(address, port)
@@ -195,8 +208,12 @@ class SshTransport:
                 raise RefusedError(self.host, f"authentication to {where} failed: no key to offer "
                                               f"({self._keys_offered()} found none)") from None
             if "banner" in str(error):
+                if not isinstance(error.__context__, socket.timeout):  # it answered, then hung up or reset
+                    raise TransportError(self.host, f"{address}:{port} answered, but is not an SSH server (it "
+                                                    "closed without an SSH greeting): a wrong port?") from None
                 raise TransportError(self.host, f"no SSH server answered on {address}:{port} within "
-                                                f"{self.connect_timeout:g} s ({error})") from None
+                                                f"{self.connect_timeout:g} s (no SSH greeting: a wrong port, or "
+                                                "a server too busy to answer)") from None
             raise TransportError(self.host, f"SSH handshake with {where} failed: {error}") from None
         except OSError as error:
             client.close()
@@ -261,11 +278,14 @@ class SshTransport:
                 self.progress(f"host {self.host}: connection lost ({error or type(error).__name__}); reconnecting")
         raise AssertionError("unreachable")
 
-    def run(self, command: str, *, timeout: float = 60, check: bool = True) -> Result:
+    def run(self, command: str, *, timeout: float = 60, check: bool = True, input: str | None = None) -> Result:
         channel = self._start(command)
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
         try:
+            if input is not None:  # data too large for a command line goes on stdin
+                channel.sendall(input.encode())
+                channel.shutdown_write()
             # drain both streams as they come, so a chatty command never blocks on a full window
             while True:
                 if channel.recv_ready():

@@ -59,7 +59,7 @@ class Lines(Protocol):
 class Transport(Protocol):
     host: str
 
-    def run(self, command: str, *, timeout: float = 60, check: bool = True) -> Result: ...
+    def run(self, command: str, *, timeout: float = 60, check: bool = True, input: str | None = None) -> Result: ...
 
     def open_lines(self, command: str) -> Lines: ...
 
@@ -76,10 +76,12 @@ class LocalTransport:
     def __init__(self, host: str):
         self.host = host
 
-    def run(self, command: str, *, timeout: float = 60, check: bool = True) -> Result:
+    def run(self, command: str, *, timeout: float = 60, check: bool = True, input: str | None = None) -> Result:
+        """``input``: the command's standard input (data too large for its command line)."""
+        stdin = {"stdin": subprocess.DEVNULL} if input is None else {"input": input}
         try:
             completed = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                                       timeout=timeout, stdin=subprocess.DEVNULL)
+                                       timeout=timeout, **stdin)
         except subprocess.TimeoutExpired:
             raise TransportError(self.host, f"command timed out after {timeout:.0f} s: {command}") from None
         result = Result(command, completed.returncode, completed.stdout, completed.stderr)
