@@ -114,10 +114,15 @@ def _server_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, 
     users = run.config.get("users")
     if users:
         ax.axhline(users, ls=":", lw=1, color="#555555", label=f"{users} users")
+    _finish_panel(ax, windows, colors, t0, "requests (server)")
+
+
+def _finish_panel(ax, windows: pd.DataFrame, colors: dict, t0: float, ylabel: str) -> None:
+    """A panel under the temperatures: load windows shaded in their arm's colour, from zero."""
     for window in windows.itertuples(index=False):
         ax.axvspan((window.load_start - t0) / 60, (window.load_end - t0) / 60,
                    color=colors.get(window.arm, "#999999"), alpha=0.13, lw=0)
-    ax.set_ylabel("requests (server)")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.25)
 
@@ -140,12 +145,7 @@ def _power_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, t
         styles[host] = styles.get(host, -1) + 1
         ax.plot(samples["minutes"], samples["value"], color=_host_color(run, host), lw=1.2,
                 ls=POWER_DASHES[styles[host] % len(POWER_DASHES)], label=f"{host} {domain} power")
-    for window in windows.itertuples(index=False):
-        ax.axvspan((window.load_start - t0) / 60, (window.load_end - t0) / 60,
-                   color=colors.get(window.arm, "#999999"), alpha=0.13, lw=0)
-    ax.set_ylabel("power (W)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.25)
+    _finish_panel(ax, windows, colors, t0, "power (W)")
 
 
 def _last_t(run: RunData) -> float:
