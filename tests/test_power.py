@@ -236,13 +236,6 @@ def test_simulated_counters_continue_after_a_restart(tmp_path):
     assert os.access(tmp_path / "sys/class/hwmon/hwmon0/power1_input", os.R_OK)
 
 
-def test_every_source_has_its_default_interval_in_the_config_schema():
-    from thermab.config import load_schema
-    intervals = load_schema()["properties"]["monitor"]["properties"]["intervals"]["properties"]
-    assert {name: spec["default"] for name, spec in intervals.items()} == {
-        source.name: source.default_interval_s for source in agent.SOURCES}
-
-
 def test_thermal_daemon_drives_the_counters(tmp_path):
     node.create_node(tmp_path, "head")
     counter = tmp_path / "sys/class/powercap/intel-rapl:0/energy_uj"

@@ -23,7 +23,6 @@ rule analyze:
         run=RUN.run_json,
         telemetry=RUN.tidy_telemetry,
         requests=RUN.tidy_requests,
-        validity=get_phase_files("validity"),
     output:
         tables=report(tables("csv"), caption="../report/tables.rst", category="Tables"),
         markdown=tables("md"),

@@ -147,7 +147,9 @@ def main(argv=None) -> int:
     if patched:
         progress(f"STILL PATCHED: {', '.join(patched)} (originals kept under patch-state/; "
                  "`python -m thermab restore` tries again)")
-    (args.run_dir / PID_FILE).unlink(missing_ok=True)
+    if not problems and not patched:
+        # kept while a step failed, so `restore` knows this run is not yet put back and tries again
+        (args.run_dir / PID_FILE).unlink(missing_ok=True)
     return exit_status(problems, patched)
 
 
