@@ -122,6 +122,10 @@ def main(argv=None) -> int:
     signal.signal(RELEASE, on_release)
     signal.signal(signal.SIGTERM, on_terminate)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal is for Snakemake
+    # loaded now, not when needed: the checkout may change under a long run (an upgrade, a
+    # half-done merge), and putting the hosts back must not depend on it then
+    from thermab.experiment.cluster import ClusterRun, exit_status
+
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, RELEASE})
     while not released and not terminated and alive(args.watch):
         time.sleep(0.5)
@@ -130,9 +134,6 @@ def main(argv=None) -> int:
         time.sleep(0.1)
     if released:
         return 0
-    # imported late: the guardian idles with few modules loaded
-    from thermab.experiment.cluster import ClusterRun, exit_status
-
     def progress(message: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} guardian: {message}", flush=True)
 
