@@ -744,6 +744,11 @@ def default_questions(zone: str = "TSOC") -> list[dict]:
             {"metric": "stall gaps", "kind": "non_inferior", "better": "lower", "margin": 0.5}]
 
 
+def question_kinds() -> tuple[str, ...]:
+    """The kinds a question may be: the schema's, their one owner."""
+    return tuple(_validator().schema["properties"]["questions"]["items"]["properties"]["kind"]["enum"])
+
+
 def question_hosts(config: dict) -> list[str]:
     return ["head"] + sorted({name for cluster in config["clusters"].values() for name in cluster["hosts"]} - {"head"})
 

@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from thermab.config import UserError, check_file, read_bounded
+from thermab.config import UserError, check_file, question_kinds, read_bounded
 from thermab.experiment import events as events_file
 from thermab.experiment import plan
 from thermab.jsonl import MAX_JSONL_BYTES
@@ -26,7 +26,6 @@ from thermab.layout import RunDir
 from thermab.load.validity import COLUMNS as REQUEST_DTYPES
 from thermab.telemetry.ingest import SERIES_KEYS, TELEMETRY_COLUMNS
 
-QUESTION_KINDS = ("lower", "higher", "non_inferior", "equivalent")
 INDEX_COLUMNS = SERIES_KEYS + ["rows", "t_min", "t_max", "where"]
 MAX_JSON_BYTES = 64 * 2**20  # run.json, validity.json: a larger one is not thermab's
 MAX_PARQUET_BYTES = 64 * 2**30  # read by row group and column, never whole: a bound on what a run can be
@@ -298,10 +297,10 @@ def _check_plan(path: Path, config: dict) -> dict:
             raise UserError(f"{path}: key '{key}' must be a list of finite numbers")
     questions = config.get("questions", [])
     if not (isinstance(questions, list) and all(
-            isinstance(q, dict) and isinstance(q.get("metric"), str) and q.get("kind") in QUESTION_KINDS
+            isinstance(q, dict) and isinstance(q.get("metric"), str) and q.get("kind") in question_kinds()
             and all(_finite(q[k]) for k in ("by", "margin", "margin_pct") if k in q) for q in questions)):
         raise UserError(f"{path}: key 'questions' must be a list of questions, each a metric, a kind "
-                        f"({', '.join(QUESTION_KINDS)}) and finite margins")
+                        f"({', '.join(question_kinds())}) and finite margins")
     return plan.run_plan(**{"cluster": "", "order": "".join(arms), "repeats": 1, "setting": "setting", "head": "",
                             "hosts": [], **{key: value for key, value in config.items()
                                             if key not in plan.DEFAULT_ANALYSIS}},
