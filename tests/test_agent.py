@@ -556,13 +556,22 @@ def test_the_default_pattern_matches_vllms_titles_and_commands_only():
 
 
 def fake_process(proc: Path, pid: int, cmdline: str, ticks: int, start: int = 100) -> None:
+    """A process in a /proc of its own, as the kernel shows it; a title (``VLLM::...``) is
+    what setproctitle leaves: the command line and ``comm`` both replaced."""
     directory = proc / str(pid)
-    (proc / "loadavg").write_text(f"0.1 0.1 0.1 1/100 {pid}\n")  # the last pid handed out
+    if not directory.exists():  # the kernel hands out a pid; an exec or a title keeps it
+        hand_out(proc, pid)
     (directory / "task" / str(pid)).mkdir(parents=True, exist_ok=True)
     (directory / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
-    stat = f"{pid} (python3) S 1 {pid} {pid} 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0 1 0 {start} 0 0"
+    comm = (cmdline if cmdline.startswith("VLLM::") else "python3")[:15]
+    (directory / "comm").write_text(comm + "\n")
+    stat = f"{pid} ({comm}) S 1 {pid} {pid} 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0 1 0 {start} 0 0"
     (directory / "stat").write_text(stat + " 0" * 20 + "\n")
     (directory / "task" / str(pid) / "stat").write_text(stat + " 0" * 20 + "\n")
+
+
+def hand_out(proc: Path, last_pid: int) -> None:
+    (proc / "loadavg").write_text(f"0.1 0.1 0.1 1/100 {last_pid}\n")  # the last pid the kernel handed out
 
 
 def test_processes_are_matched_when_they_appear_take_a_title_or_exec(tmp_path):
@@ -654,3 +663,82 @@ def test_each_die_keeps_its_counter_and_counts_once_in_the_host_total(tmp_path):
                        "dram-0-die-1", "psys"]
     assert len(rapl.sample()) == 6, "a counter for every zone"
     assert host_total_domains(domains) == ["dram-0-die-0", "dram-0-die-1", "package-0-die-0", "package-0-die-1"]
+
+
+# -- the cache of verdicts by pid: a number that changes hands, a title, an exec ----------------
+
+UPTIME_S = 1_000_000  # the fake /proc's uptime; a process born "now" has this start time in ticks
+
+
+def cpu_rows(source: ProcessCpu, seconds: float) -> dict:
+    """A sample over an interval of ``seconds`` (the last sample's time set back), as a dict."""
+    source.previous_t = time.time() - seconds
+    return dict((s, v) for s, v, _ in source.sample())
+
+
+def test_a_pid_handed_out_again_is_a_new_process_and_its_ticks_are_its_own(tmp_path):
+    """A verdict is cached by pid, so a number the kernel hands out again must not keep the
+    old process's: a vLLM engine under an old shell's number is summed from its first
+    sample (the number passed in loadavg's last pid, or the pids wrapped at pid_max), and
+    a shell under a vLLM process's old number leaves the sum at once, its ticks never
+    taken as the engine's."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "uptime").write_text(f"{UPTIME_S}.0 1.0\n")
+    fake_process(proc, 20, "bash", 7)
+    fake_process(proc, 30, "vllm serve m", 500)
+    fake_process(proc, 40, "bash", 9)
+    source = ProcessCpu(proc_root=str(proc))  # rescan_s 120: no look is due in this test
+    source.sample()
+    assert source.matching_pids() == ["30"]
+
+    # 20 ends; the kernel wraps at pid_max and hands 20 to vLLM's engine, born this interval
+    shutil.rmtree(proc / "20")
+    fake_process(proc, 20, "VLLM::EngineCore", 40, start=UPTIME_S * 100)
+    fake_process(proc, 30, "vllm serve m", 600)
+    rows = cpu_rows(source, 10.0)
+    assert source.matching_pids() == ["20", "30"] and rows["vllm_processes"] == 2
+    assert rows["vllm_cpu_pct"] == pytest.approx((100 + 40) / 10.0, rel=0.01), "the engine's 40 ticks are new"
+
+    # 40 changes hands with no listing between samples that shows it gone: loadavg's last
+    # pid passed 40 (21 -> 45), so 40 is new: looked at, and it matches
+    (proc / "40" / "cmdline").write_bytes(b"VLLM::Worker_TP0\0")
+    hand_out(proc, 21)
+    source.matching_pids()
+    hand_out(proc, 45)
+    assert source.matching_pids() == ["20", "30", "40"]
+
+    # vLLM's api server ends and a shell gets 30: out of the sum at its first sample, and
+    # its 3 ticks are not taken as a fall from 600
+    source.sample()
+    shutil.rmtree(proc / "30")
+    fake_process(proc, 30, "bash", 3, start=UPTIME_S * 100)
+    rows = cpu_rows(source, 10.0)
+    assert source.matching_pids() == ["20", "40"] and rows["vllm_processes"] == 2
+    assert rows["vllm_cpu_pct"] == 0.0
+
+
+def test_a_renamed_or_execd_process_is_summed_from_its_next_look(tmp_path):
+    """A process renamed in place as setproctitle renames vLLM's engine (the command line
+    and comm replaced, pid and start time kept), or one that exec'd, keeps its pid: an
+    old one is looked at again within rescan_s, a young one at the next sample, and it
+    is summed from that look on, its earlier ticks never counted."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "uptime").write_text(f"{UPTIME_S}.0 1.0\n")
+    fake_process(proc, 50, "python -c from multiprocessing.spawn import spawn_main", 1000)  # old
+    source = ProcessCpu(proc_root=str(proc))
+    source.rescan_s = 0.5
+    source.sample()
+    fake_process(proc, 50, "VLLM::EngineCore", 1100)
+    assert cpu_rows(source, 10.0)["vllm_processes"] == 0, "not looked at yet"
+    time.sleep(0.6)
+    rows = cpu_rows(source, 10.0)
+    assert rows["vllm_processes"] == 1 and rows["vllm_cpu_pct"] == 0.0, "seen: its ticks so far are no delta"
+    fake_process(proc, 50, "VLLM::EngineCore", 1150)
+    assert cpu_rows(source, 10.0)["vllm_cpu_pct"] == pytest.approx(5.0, rel=0.01)
+    fake_process(proc, 51, "bash -c exec vllm serve m", 0)  # a young wrapper, then its exec
+    source.sample()
+    fake_process(proc, 51, "/venv/bin/python3 /venv/bin/vllm serve m", 0)
+    time.sleep(0.05)
+    assert source.matching_pids() == ["50", "51"], "a young process is looked at again at the next sample"

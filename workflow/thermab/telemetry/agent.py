@@ -26,9 +26,11 @@ gap is visible.  ``out_dir/agent.json`` says what each source found at start.
 import argparse
 import csv
 import errno
+import heapq
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -40,9 +42,30 @@ VERSION = "0.1.0"
 PLAUSIBLE_C = (-40.0, 150.0)
 
 
+READ_SIZE = 16384
+
+
+def read_bytes(path):
+    """A whole file in as few system calls as the kernel allows: open, read, close.  sysfs
+    and procfs hand a whole file to one read of a larger buffer (and a regular file reads
+    short only at its end), so a read that comes back short is the end.  Python's
+    ``open()`` adds fstat, ioctl and lseek calls and its buffer objects: three times the
+    CPU per /proc file (docs/benchmarks.md), and the agent reads hundreds a minute."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.read(fd, READ_SIZE)
+        if len(data) < READ_SIZE:
+            return data
+        chunks = [data]
+        while chunks[-1]:
+            chunks.append(os.read(fd, READ_SIZE))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_text(path):
-    with open(path, "r", encoding="utf-8", errors="replace") as handle:
-        return handle.read().strip()
+    return read_bytes(path).decode("utf-8", "replace").strip()
 
 
 # a read failing with one of these means the file, or the device behind it, went away: the
@@ -355,6 +378,19 @@ def parse_thread_stat(text):
     return comm, int(fields[11]) + int(fields[12]), int(fields[36])
 
 
+def handed_out_again(previous_last, last, known):
+    """The pids among ``known`` that the kernel handed out since its last pid was
+    ``previous_last`` (now ``last``; the numbers wrap at pid_max): new processes under
+    numbers that belonged to others."""
+    if previous_last is None or last is None or last == previous_last:
+        return set()
+    if 0 < last - previous_last <= len(known):
+        return {str(n) for n in range(previous_last + 1, last + 1)} & known
+    if last > previous_last:
+        return {pid for pid in known if previous_last < int(pid) <= last}
+    return {pid for pid in known if int(pid) > previous_last or int(pid) <= last}  # wrapped
+
+
 # vLLM's API server by its command (``vllm serve``, ``python -m vllm.entrypoints...``), its
 # engine and workers by the titles vLLM gives them with setproctitle (``VLLM::EngineCore``,
 # ``VLLM::Worker_TP0``), which replace their command lines; plain ``vllm`` would miss none of
@@ -372,8 +408,13 @@ class ProcessCpu(Source):
     twice as old as when last read, at most ``rescan_s`` apart: often while it is young
     (vLLM's children take their titles after they start, a wrapper execs into vLLM),
     rarely after.  A process that turns into a match is counted from its next look on.
-    /proc itself is listed only when a process started since the last sample (the last
-    pid in /proc/loadavg moved) or one is due a look."""
+
+    Listing /proc costs more than anything else the agent does (the kernel walks every
+    task), so it is listed only when a process started since the last sample (the last
+    pid in /proc/loadavg moved), and at least every ``rescan_s`` (a /proc whose loadavg
+    speaks for another pid namespace).  A pid the kernel handed out again since the last
+    sample (it wraps at pid_max) is a new process even if its number is known: it is looked
+    at as new, so an old process's verdict never passes to the next one with its number."""
 
     name = "cpu"
     kind = "cpu"  # the kind of its rows in tidy/telemetry.parquet
@@ -389,11 +430,13 @@ class ProcessCpu(Source):
         self.previous = None
         self.previous_t = None
         self.previous_threads = {}
-        self.own_pids = {os.getpid()}
+        self.own_pids = {str(os.getpid())}
         self.known = {}  # pid -> (matches, monotonic time first seen, when to look again)
-        self.matched = []
+        self.looks = []  # heap of (when, pid): the non-matching processes to look at again
+        self.matched = set()
         self.seen_last_pid = None
-        self.next_due = 0.0
+        self.listed_at = None  # monotonic time of the last listing of /proc
+        self.prefix = os.path.join(self.proc_root, "")
 
     @classmethod
     def from_settings(cls, settings, sys_root, proc_root):
@@ -402,57 +445,65 @@ class ProcessCpu(Source):
     def cmdline(self, pid):
         """The command line (or the title vLLM set) of a process, None once it has gone."""
         try:
-            with open(self.proc_path(pid, "cmdline"), "rb") as handle:
-                return handle.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            return read_bytes(self.prefix + pid + "/cmdline").replace(b"\0", b" ").decode("utf-8", "replace").strip()
         except OSError:
             return None
 
     def last_pid(self):
         """The pid the kernel handed out last (/proc/loadavg): unchanged, no process started."""
-        value, _ = read_parsed(self.proc_path("loadavg"), lambda text: int(text.split()[4]))
+        value, _ = read_parsed(self.prefix + "loadavg", lambda text: int(text.split()[4]))
         return value
+
+    def look(self, pid, now, first_seen):
+        """Read a process's cmdline, note whether it matches and, if not, when to look again
+        (once it is twice as old as the agent knows it, at most ``rescan_s`` on)."""
+        cmdline = self.cmdline(pid)
+        if cmdline is None:  # ended
+            self.known.pop(pid, None)
+            self.matched.discard(pid)
+            return
+        matches = bool(self.pattern.search(cmdline))
+        when = now + min(now - first_seen, self.rescan_s)
+        self.known[pid] = (matches, first_seen, when)
+        if matches:
+            self.matched.add(pid)
+        else:
+            self.matched.discard(pid)
+            heapq.heappush(self.looks, (when, pid))
 
     def matching_pids(self):
         now = time.monotonic()
         last_pid = self.last_pid()
-        if last_pid is None or last_pid != self.seen_last_pid or now >= self.next_due:
-            entries = os.listdir(self.proc_root)  # new pids among them, or some due a look
-            forget = True
-        else:
-            entries = self.matched  # no process started and none due: only the matches change
-            forget = False
-        first_scan, self.seen_last_pid = self.next_due == 0.0, last_pid
-        known, matched = {} if forget else self.known, []
-        for entry in entries:
-            seen = self.known.get(entry)
-            if seen is not None and not seen[0] and now < seen[2]:
-                known[entry] = seen  # not a match when last looked at, and not due a look yet
-                continue
-            if not entry.isdigit() or int(entry) in self.own_pids:
-                known[entry] = (False, now, float("inf"))
-                continue
-            cmdline = self.cmdline(entry)
-            if cmdline is None:
-                known.pop(entry, None)  # ended between listing and reading
-                continue
+        first_scan = self.listed_at is None
+        new = set()
+        if (first_scan or last_pid is None or last_pid != self.seen_last_pid
+                or now - self.listed_at >= self.rescan_s):
+            listed = {entry for entry in os.listdir(self.proc_root) if entry.isdigit()} - self.own_pids
+            for pid in self.known.keys() - listed:  # ended
+                del self.known[pid]
+                self.matched.discard(pid)
+            new = (listed - self.known.keys()) | handed_out_again(self.seen_last_pid, last_pid, listed & self.known.keys())
+            self.listed_at = now
+        self.seen_last_pid = last_pid
+        for pid in new:
             # a process there when the agent started counts as old
-            first_seen = seen[1] if seen else (now - self.rescan_s if first_scan else now)
-            # looked at again once it is twice as old (as the agent knows it), at most
-            # every rescan_s: a process is looked at a few times while young, where vLLM's
-            # children take their titles and wrappers exec
-            known[entry] = (bool(self.pattern.search(cmdline)), first_seen,
-                            now + min(now - first_seen, self.rescan_s))
-            if known[entry][0]:
-                matched.append(entry)
-        self.known, self.matched = known, matched
-        self.next_due = min([seen[2] for seen in known.values() if not seen[0]] + [now + self.rescan_s])
-        return matched
+            self.look(pid, now, now - self.rescan_s if first_scan else now)
+        for pid in list(self.matched - new):  # a match is looked at every sample
+            self.look(pid, now, self.known[pid][1])
+        due = []
+        while self.looks and self.looks[0][0] <= now:
+            due.append(heapq.heappop(self.looks))
+        for when, pid in due:  # (a look pushes its next one, which may be due now: next sample)
+            seen = self.known.get(pid)
+            if seen is not None and not seen[0] and seen[2] == when:  # else a look since made it stale
+                self.look(pid, now, seen[1])
+        return sorted(self.matched, key=int)
 
     def ticks(self):
         result = {}
         for pid in self.matching_pids():
             try:
-                result[pid] = parse_stat(read_text(self.proc_path(pid, "stat")))
+                result[pid] = parse_stat(read_text(self.prefix + pid + "/stat"))
             except (OSError, ValueError, IndexError):
                 continue  # the process ended between listing and reading
         return result
@@ -515,13 +566,14 @@ class ProcessCpu(Source):
     def thread_ticks(self, pids):
         threads = {}
         for pid in pids:
+            task = self.prefix + pid + "/task/"
             try:
-                tids = os.listdir(self.proc_path(pid, "task"))
+                tids = os.listdir(task)
             except OSError:
                 continue
             for tid in tids:
                 try:
-                    threads[(pid, tid)] = parse_thread_stat(read_text(self.proc_path(pid, "task", tid, "stat")))
+                    threads[(pid, tid)] = parse_thread_stat(read_text(task + tid + "/stat"))
                 except (OSError, ValueError, IndexError):
                     continue
         return threads
@@ -1220,6 +1272,11 @@ class Agent:
             if self._safely(source.available, False):
                 self.sources.append((source, interval))
         self.stopping = False
+        # a signal writes to this pipe (main() hands it to signal.set_wakeup_fd), so a SIGTERM
+        # ends the wait between samples at once however long it is
+        self.wake_fd, self.signal_fd = os.pipe()
+        for fd in (self.wake_fd, self.signal_fd):
+            os.set_blocking(fd, False)
 
     @staticmethod
     def _safely(call, otherwise):
@@ -1258,6 +1315,18 @@ class Agent:
         except OSError as error:  # a full disk may free up; the next sample tries again
             sys.stderr.write("agent: cannot write %s.csv: %s\n" % (source.name, error))
 
+    # every wake-up costs the host (some 50 µs of CPU here, docs/benchmarks.md): the loop
+    # sleeps until the next sample is due, waking between only to look for the stop file
+    stop_poll_s = 2.0
+
+    def wait(self, timeout_s):
+        """Sleep ``timeout_s``, or until a signal arrives."""
+        if select.select([self.wake_fd], [], [], timeout_s)[0]:
+            try:
+                os.read(self.wake_fd, 512)
+            except OSError:
+                pass
+
     def stop_requested(self):
         stop_file = self.settings.get("stop_file")
         return self.stopping or bool(stop_file and os.path.exists(stop_file))
@@ -1283,7 +1352,7 @@ class Agent:
                 if now >= due[source.name]:
                     due[source.name] = now + interval
                     self.record(source)
-            time.sleep(max(0.05, min([d - time.time() for d in due.values()] + [0.5])))
+            self.wait(max(0.05, min([d - time.time() for d in due.values()] + [self.stop_poll_s])))
         for source, _ in self.sources:
             source.close()  # a command still in flight does not outlive the agent
         self.event("agent_stop", {"pid": os.getpid()})
@@ -1316,6 +1385,7 @@ def main(argv=None):
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    signal.set_wakeup_fd(agent.signal_fd)
     agent.run()
     return 0
 
