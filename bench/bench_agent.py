@@ -12,10 +12,11 @@
    amortises). Target: <= 0.05 %. ``--repeat`` runs each agent that many times and prints
    the median and spread; ``--agent FILE`` (repeatable) runs another agent.py there (an
    older one, for before/after), the runs alternating; ``--profile`` runs it under cProfile
-   and prints where its time went.
+   and prints where its time went; ``--process-pattern`` sets the live agent's pattern (one
+   matching nothing on a host that runs vLLM-like processes measures the scan alone).
 
     python bench/bench_agent.py [--rounds 200] [--seconds 60] [--processes 500] [--repeat 3]
-                                [--agent FILE ...] [--profile]
+                                [--agent FILE ...] [--profile] [--process-pattern RE]
 """
 
 from __future__ import annotations
@@ -55,13 +56,16 @@ def gb10_tree(root: Path) -> None:
         (policy / "cpuinfo_avg_freq").write_text("3978000\n")
 
 
-def live(root: Path, seconds: float, processes: int, agent_file: str, profile: bool) -> float:
+def live(root: Path, seconds: float, processes: int, agent_file: str, profile: bool, pattern: str | None) -> float:
     """One live run; returns the agent's CPU share of one core in %."""
     sleepers = [subprocess.Popen(["sleep", str(seconds + 60)]) for _ in range(processes)]
     out = root / "agent-out"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
-    (root / "agent.json").write_text(json.dumps({"out_dir": str(out), "sys_root": str(root)}))
+    settings = {"out_dir": str(out), "sys_root": str(root)}
+    if pattern is not None:
+        settings["process_pattern"] = pattern
+    (root / "agent.json").write_text(json.dumps(settings))
     profiler = ["-m", "cProfile", "-o", str(root / "agent.prof")] if profile else []
     agent = subprocess.Popen([sys.executable, *profiler, agent_file, "--config", str(root / "agent.json")])
     try:
@@ -118,6 +122,8 @@ def main() -> None:
                         help="an agent.py to run live (again for another: the runs alternate); default this one")
     parser.add_argument("--repeat", type=int, default=3, help="live runs of each agent")
     parser.add_argument("--profile", action="store_true", help="run the live agent under cProfile")
+    parser.add_argument("--process-pattern", help="the live agent's pattern (default the agent's): one that "
+                        "matches nothing here measures the scan alone, without the processes it follows")
     args = parser.parse_args()
     agents = args.agent or [agent_module.__file__]
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,7 +151,8 @@ def main() -> None:
         gb10_tree(Path(tmp))
         for _ in range(args.repeat):
             for agent in agents:
-                shares[agent].append(live(Path(tmp), args.seconds, args.processes, agent, args.profile))
+                shares[agent].append(live(Path(tmp), args.seconds, args.processes, agent, args.profile,
+                                          args.process_pattern))
     for agent, values in shares.items():
         print(f"{agent}: {len(values)} runs of {args.seconds:.0f} s, % of one core: median "
               f"{statistics.median(values):.4f}, min {min(values):.4f}, max {max(values):.4f} "

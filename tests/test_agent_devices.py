@@ -157,3 +157,23 @@ def test_devices_swapped_under_a_running_agent_never_trade_names(tmp_path):
         for row in rows:
             assert float(row["value"]) == pytest.approx(expected[name_of(row["sensor"])]), (stem, row)
         assert len({r["sensor"] for r in rows}) > 3, f"{stem}: the swapped devices were read"
+
+
+def test_cpufreq_without_the_scaling_file_reads_the_hardwares_or_says_why(tmp_path):
+    """A driver without ``scaling_cur_freq`` (nor GB10's ``cpuinfo_avg_freq``): the
+    hardware's ``cpuinfo_cur_freq`` is read, and where it cannot be (root's alone) the value
+    is missing with the reason; a policy with none of the files is named, not dropped."""
+    base = tmp_path / "sys/devices/system/cpu/cpufreq"
+    for number, files in [(0, {"cpuinfo_cur_freq": "2100000"}), (1, {"cpuinfo_cur_freq": "2200000"}),
+                          (2, {"scaling_governor": "performance"})]:
+        (base / f"policy{number}").mkdir(parents=True)
+        for name, text in files.items():
+            (base / f"policy{number}" / name).write_text(text + "\n")
+    freq = CpuFrequency(str(tmp_path))
+    assert freq.discover() == {"policies": {"cpu0": "cpuinfo_cur_freq", "cpu1": "cpuinfo_cur_freq"},
+                               "unread": ["policy2"]}
+    (base / "policy1/cpuinfo_cur_freq").chmod(0)
+    rows = {sensor: (value, reason) for sensor, value, reason in freq.sample()}
+    assert rows["cpu0"] == (2100.0, "")
+    if os.geteuid() != 0:  # root reads a file of mode 0 all the same
+        assert rows["cpu1"][0] is None and "Permission denied" in rows["cpu1"][1]

@@ -313,8 +313,11 @@ class ThermalZones(ResolvedSource):
 
 class CpuFrequency(ResolvedSource):
     """Every cpufreq policy; ``cpuinfo_avg_freq`` where the kernel has it (GB10's
-    ``scaling_cur_freq`` can over-read), else ``scaling_cur_freq``.  A policy is named by
-    its first CPU (``policy12`` -> ``cpu12``), which stays that CPU through hotplug."""
+    ``scaling_cur_freq`` can over-read), else ``scaling_cur_freq``, else the hardware's
+    ``cpuinfo_cur_freq`` (a driver without the scaling file; often root's alone, and then
+    a missing value that says so).  A policy is named by its first CPU (``policy12`` ->
+    ``cpu12``), which stays that CPU through hotplug; one without any of these files is
+    named in agent.json (``unread``), never left out unsaid."""
 
     name = "freq"
     kind = "freq"  # the kind of its rows in tidy/telemetry.parquet
@@ -330,7 +333,7 @@ class CpuFrequency(ResolvedSource):
     def available(self):
         return os.path.isdir(self.base())
 
-    FILES = ("cpuinfo_avg_freq", "scaling_cur_freq")  # in order of preference
+    FILES = ("cpuinfo_avg_freq", "scaling_cur_freq", "cpuinfo_cur_freq")  # in order of preference
 
     def layout(self):
         try:
@@ -339,13 +342,16 @@ class CpuFrequency(ResolvedSource):
             return ()
 
     def resolve(self):
-        self.policies = {}
+        self.policies, unread = {}, []
         for entry in self.resolved_layout:
             policy_dir = os.path.join(self.base(), entry)
             files = [os.path.join(policy_dir, f) for f in self.FILES if os.path.exists(os.path.join(policy_dir, f))]
             if files:
                 self.policies["cpu" + entry[len("policy"):]] = files
-        return {"policies": {k: os.path.basename(v[0]) for k, v in self.policies.items()}}
+            else:
+                unread.append(entry)
+        found = {"policies": {k: os.path.basename(v[0]) for k, v in self.policies.items()}}
+        return dict(found, unread=unread) if unread else found
 
     def read(self, gone):
         """Per policy and per sample, the first file that reads: ``cpuinfo_avg_freq``
@@ -410,11 +416,13 @@ class ProcessCpu(Source):
     rarely after.  A process that turns into a match is counted from its next look on.
 
     Listing /proc costs more than anything else the agent does (the kernel walks every
-    task), so it is listed only when a process started since the last sample (the last
-    pid in /proc/loadavg moved), and at least every ``rescan_s`` (a /proc whose loadavg
-    speaks for another pid namespace).  A pid the kernel handed out again since the last
-    sample (it wraps at pid_max) is a new process even if its number is known: it is looked
-    at as new, so an old process's verdict never passes to the next one with its number."""
+    task), so the pids handed out since the last sample (after the last one it saw, up to
+    the last pid in /proc/loadavg) are looked up one by one where they are few, /proc is
+    listed where they are many or the numbers wrapped at pid_max, and at least every
+    ``rescan_s`` (a /proc without loadavg, or whose loadavg speaks for another pid
+    namespace).  A pid handed out again is a new process even if its number is known: it
+    is looked at as new, so an old process's verdict never passes to the next one with its
+    number."""
 
     name = "cpu"
     kind = "cpu"  # the kind of its rows in tidy/telemetry.parquet
@@ -454,6 +462,26 @@ class ProcessCpu(Source):
         value, _ = read_parsed(self.prefix + "loadavg", lambda text: int(text.split()[4]))
         return value
 
+    def probe(self, numbers):
+        """The processes among the pids the kernel handed out since the last sample, found
+        without listing /proc: most of those numbers went to threads (whose /proc/TID is
+        there to open but belongs to its process: ``Tgid`` tells) or have ended."""
+        found = set()
+        for number in numbers:
+            pid = str(number)
+            try:
+                status = read_bytes(self.prefix + pid + "/status")
+            except OSError:  # ended, or never a process
+                if self.known.pop(pid, None) is not None:
+                    self.matched.discard(pid)
+                continue
+            start = status.find(b"\nTgid:") + 6
+            end = status.find(b"\n", start)
+            if start >= 6 and status[start:end if end >= 0 else None].strip() == pid.encode() \
+                    and pid not in self.own_pids:
+                found.add(pid)
+        return found
+
     def look(self, pid, now, first_seen):
         """Read a process's cmdline, note whether it matches and, if not, when to look again
         (once it is twice as old as the agent knows it, at most ``rescan_s`` on)."""
@@ -476,8 +504,12 @@ class ProcessCpu(Source):
         last_pid = self.last_pid()
         first_scan = self.listed_at is None
         new = set()
-        if (first_scan or last_pid is None or last_pid != self.seen_last_pid
-                or now - self.listed_at >= self.rescan_s):
+        handed_out = None if first_scan or last_pid is None else last_pid - self.seen_last_pid
+        listing_due = handed_out is None or now - self.listed_at >= self.rescan_s
+        # a listing costs about as much as looking at one pid in eight of those it lists
+        if not listing_due and 0 < handed_out <= max(8, len(self.known) // 8):
+            new = self.probe(range(self.seen_last_pid + 1, last_pid + 1))
+        elif listing_due or handed_out != 0:
             listed = {entry for entry in os.listdir(self.proc_root) if entry.isdigit()} - self.own_pids
             for pid in self.known.keys() - listed:  # ended
                 del self.known[pid]
@@ -822,7 +854,7 @@ def parse_nvidia_smi(text):
     rows = []
     for line in text.strip().splitlines():
         fields = [f.strip() for f in line.split(",")]
-        if len(fields) != len(GPU_QUERY):
+        if len(fields) != len(GPU_QUERY) or not fields[0].isdigit():  # a header or a message is no row
             rows.append(("gpu" + PARSE_ERROR, None, failure_reason("unexpected line", line)))
             continue
         for sensor, raw in zip(GPU_SENSORS, fields[1:]):
@@ -1317,7 +1349,7 @@ class Agent:
 
     # every wake-up costs the host (some 50 µs of CPU here, docs/benchmarks.md): the loop
     # sleeps until the next sample is due, waking between only to look for the stop file
-    stop_poll_s = 2.0
+    stop_poll_s = 5.0
 
     def wait(self, timeout_s):
         """Sleep ``timeout_s``, or until a signal arrives."""
