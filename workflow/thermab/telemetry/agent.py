@@ -514,7 +514,8 @@ class ProcessCpu(Source):
             for pid in self.known.keys() - listed:  # ended
                 del self.known[pid]
                 self.matched.discard(pid)
-            new = (listed - self.known.keys()) | handed_out_again(self.seen_last_pid, last_pid, listed & self.known.keys())
+            again = handed_out_again(self.seen_last_pid, last_pid, listed & self.known.keys())
+            new = (listed - self.known.keys()) | again
             self.listed_at = now
         self.seen_last_pid = last_pid
         for pid in new:
