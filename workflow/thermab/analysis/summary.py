@@ -251,7 +251,7 @@ def questions_section(answers: pd.DataFrame, run: dict) -> list[str]:
         open_ = answers.loc[answers["verdict"] == "undecided", "question"]
         reached = int(answers["phases_per_arm"].max())
         lines = [f"Repeats until decided: {reached} of at most {run.get('max_repeats')} repeats, each look at its"
-                 " share of α (README, \"Repeats until decided\"); "
+                 " level of O'Brien–Fleming-type alpha spending (README, \"Repeats until decided\"); "
                  + (f"still open: {'; '.join(dict.fromkeys(open_))}." if len(open_) else "every question is decided."), ""]
     return ["## Questions", "", *lines, markdown_table(rows),
             (f"Each question is tested on the arm effect of the verdicts below (arm − reference, in the metric's"
