@@ -15,11 +15,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from thermab.analysis.energy import host_total_domains, time_weighted_mean
 from thermab.analysis.metrics import PHASE_KEYS
+from thermab.telemetry.power import IDLE_BEFORE_S, total_watts
 
 START_COLUMNS = ["start_c", "cooldown_before", "idle_w_before"]
-IDLE_BEFORE_S = 10.0  # the head's idle power: its total over this long before the restart
 DEFAULT_BALANCE_C = 2.0
 TARGET, CAP, FIRST = "reached target", "hit its cap", "after the baseline"
 
@@ -53,26 +52,22 @@ def cooldowns_before(events: pd.DataFrame, windows: pd.DataFrame) -> list[str]:
 
 def idle_power_before(telemetry, windows: pd.DataFrame, events: pd.DataFrame, host: str,
                       seconds: float = IDLE_BEFORE_S) -> list[float]:
-    """W: ``host``'s total power (energy.host_total_domains) over ``seconds`` before each
-    phase's last ``restart_start``: how idle the node was when the phase began; NaN where a
-    domain has no sample there or the phase has no restart mark."""
+    """W: ``host``'s total power (power.total_watts) over ``seconds`` before each phase's last
+    ``restart_start``: how idle the node was when the phase began, at the end of the cooldown
+    before it or of the baseline for the first (phase.json's ``idle_w_before`` is the same
+    figure as the phase read it from the agent); NaN where a domain has no sample there or
+    the phase has no restart mark."""
     series = {key["sensor"]: (arrays["t"], arrays["value"]) for key, arrays in telemetry.series(kind="power", host=host)}
-    domains = host_total_domains(series)
     restarts = events[events["event"] == "restart_start"] if "event" in events else events.iloc[:0]
     values = []
     for window in windows.itertuples(index=False):
         mine = restarts[(restarts["order"] == window.order) & (restarts["rep"] == window.rep)
                         & (restarts["arm"] == window.arm) & (restarts["t"] < window.load_start)]
-        if mine.empty or not domains:
+        if mine.empty:
             values.append(np.nan)
             continue
         end = float(mine["t"].max())
-        means = []
-        for domain in domains:
-            t, value = series[domain]
-            inside = (t >= end - seconds) & (t < end)
-            means.append(time_weighted_mean(t[inside], value[inside]))
-        values.append(float(np.sum(means)) if not np.isnan(means).any() else np.nan)
+        values.append(total_watts(series, end - seconds, end))
     return values
 
 
