@@ -21,6 +21,8 @@ from thermab.telemetry.power import IDLE_BEFORE_S, total_watts
 START_COLUMNS = ["start_c", "cooldown_before", "idle_w_before"]
 DEFAULT_BALANCE_C = 2.0
 TARGET, CAP, FIRST = "reached target", "hit its cap", "after the baseline"
+ARM_START_COLUMNS = ["arm", "phases", "start_c", "start_min_c", "start_max_c", "idle_w_before", "cooldown_capped",
+                     "diff_c", "balanced"]
 
 
 def start_temperatures(telemetry, windows: pd.DataFrame, host: str, zone: str) -> pd.Series:
@@ -85,15 +87,32 @@ def with_starts(validity: pd.DataFrame, windows: pd.DataFrame, telemetry, events
                            idle_w_before=found["idle_w_before"].to_numpy(float))
 
 
+def arm_starts(validity: pd.DataFrame, reference: str, tolerance_c: float = DEFAULT_BALANCE_C) -> pd.DataFrame:
+    """One row per arm with start temperatures: its phases, mean and range of ``start_c``,
+    the mean's difference from the reference's, the mean ``idle_w_before``, how many of its
+    cooldowns hit their cap, and ``balanced`` (False where the means are more than
+    ``tolerance_c`` apart; the reference itself True)."""
+    if "start_c" not in validity:
+        return pd.DataFrame(columns=ARM_START_COLUMNS)
+    known = validity.reindex(columns=["arm", *START_COLUMNS])
+    known = known[known["start_c"].notna()]
+    rows = [{"arm": arm, "phases": len(part), "start_c": part["start_c"].mean(), "start_min_c": part["start_c"].min(),
+             "start_max_c": part["start_c"].max(), "idle_w_before": part["idle_w_before"].mean(),
+             "cooldown_capped": int((part["cooldown_before"] == CAP).sum())}
+            for arm, part in known.groupby("arm", sort=False)]
+    starts = pd.DataFrame(rows, columns=ARM_START_COLUMNS[:-2])
+    reference_c = starts.loc[starts["arm"] == reference, "start_c"]
+    diff = starts["start_c"] - (reference_c.iloc[0] if len(reference_c) else np.nan)
+    return starts.assign(diff_c=diff, balanced=~(diff.abs() > tolerance_c))
+
+
 def unbalanced(validity: pd.DataFrame, reference: str, tolerance_c: float = DEFAULT_BALANCE_C) -> dict[str, str]:
     """arm → why its starts are not balanced with the reference's: mean start temperatures
     more than ``tolerance_c`` apart.  Arms without start temperatures are left out."""
-    means = validity.groupby("arm")["start_c"].mean() if "start_c" in validity else pd.Series(dtype=float)
-    if reference not in means or math.isnan(means[reference]):
+    starts = arm_starts(validity, reference, tolerance_c).set_index("arm")
+    if reference not in starts.index:
         return {}
-    reasons = {}
-    for arm, mean in means.items():
-        if arm != reference and not math.isnan(mean) and abs(mean - means[reference]) > tolerance_c:
-            reasons[arm] = (f"unbalanced starts: {arm} started at {mean:.1f} °C on average, {reference} at "
-                            f"{means[reference]:.1f} °C (more than {tolerance_c:g} °C apart)")
-    return reasons
+    reference_c = starts.loc[reference, "start_c"]
+    return {arm: (f"unbalanced starts: {arm} started at {row.start_c:.1f} °C on average, {reference} at "
+                  f"{reference_c:.1f} °C (more than {tolerance_c:g} °C apart)")
+            for arm, row in starts.iterrows() if not row.balanced}
