@@ -60,13 +60,13 @@ def baseline(run: ClusterRun, out_path: Path) -> None:
     out_path.write_text(json.dumps({"phase": "baseline", "t_start": start, "t_end": end}, indent=1))
 
 
-POWER_TAIL_ROWS = 2000  # of the head's power.csv: far more than IDLE_BEFORE_S of its readings
+POWER_TAIL_ROWS = 2000  # of each of the head's power files: far more than IDLE_BEFORE_S of its readings
 
 
 def head_power(run: ClusterRun, seconds: float) -> float | None:
     """W: the head's total power over the last ``seconds`` of its agent's readings (None
     where it has no total domain or no reading there), read as the run goes."""
-    watts = power.recent_total_watts(deploy.tail_rows(run.head, run.session, "power", POWER_TAIL_ROWS), seconds)
+    watts = power.recent_total_watts(deploy.tail_power_rows(run.head, run.session, POWER_TAIL_ROWS), seconds)
     return None if math.isnan(watts) else round(watts, 3)
 
 

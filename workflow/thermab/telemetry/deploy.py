@@ -198,6 +198,13 @@ def tail_rows(host: Host, session: str, source: str, lines: int = 200) -> list[t
     return rows
 
 
+def tail_power_rows(host: Host, session: str, lines: int) -> list[tuple[float, str, float]]:
+    """``tail_rows`` of every power source the agent writes (RAPL, hwmon, GPUs, IPMI: one
+    file each), as ingest reads them into the ``power`` kind."""
+    return [row for source in agent_module.SOURCES if source.kind == "power"
+            for row in tail_rows(host, session, source.name, lines)]
+
+
 def latest_readings(host: Host, session: str, source: str = "thermal") -> dict[str, tuple[float, float]]:
     """The newest reading (host time, value) of each sensor of one source, read from the
     tail of its CSV."""
