@@ -112,8 +112,11 @@ def boundaries(fractions, alpha: float = ALPHA, method: str = METHOD) -> list[fl
         if grid is None:
             density = norm.pdf(new_grid, scale=math.sqrt(t))
         else:
-            kernel = norm.pdf((new_grid[:, None] - grid[None, :]) / math.sqrt(step)) / math.sqrt(step)
-            density = integrate.trapezoid(kernel * density[None, :], grid, axis=1)
+            # the trapezoid rule over the old grid as one product: density × weights, by the kernel
+            weights = np.full(len(grid), grid[1] - grid[0])
+            weights[[0, -1]] /= 2
+            gap = (new_grid[:, None] - grid[None, :]) / math.sqrt(step)
+            density = np.exp(-0.5 * gap * gap) @ (weights * density) / math.sqrt(2 * math.pi * step)
         grid, previous_t, previous_spent = new_grid, t, previous_spent + target
         bounds.append(z)
     return bounds
