@@ -1,6 +1,7 @@
 """Power telemetry: the agent's power sources on fixture trees, counters to watts at ingest
 (wrap, reset, counter over readings), and the simulated node's powercap tree and meter."""
 
+import math
 import os
 import subprocess
 import sys
@@ -170,6 +171,25 @@ def test_power_rows_counter_wins_over_readings_and_names_are_checked():
     assert set(rows["kind"]) == {"power"}
     assert notes == {"h/power: not a power sensor name": 1,
                      "h/power: gpu0 W readings not used (its energy counter is)": 3}
+
+
+def test_a_hosts_recent_total_power_sums_its_total_domains_over_the_window():
+    # as a phase reads it before its restart: the agent's own rows, host time, the last 10 s
+    rows = []
+    for second in range(30):
+        t = 1000.0 + second
+        # package-0 draws 10 W, then 30 W over the last 10 s
+        rows.append((t, "package-0 uJ", sum(10.0 if s < 20 else 30.0 for s in range(second)) * 1e6))
+        rows.append((t, "package-0/core uJ", second * 5e6))  # a sub-domain: inside package-0, never added
+        rows.append((t, "dram-0 W", 2.0))
+    assert power.recent_total_watts(rows, 9.5) == pytest.approx(32.0)
+    assert power.recent_total_watts(rows + [(1029.5, "node W", 70.0)], 5.0) == 70.0  # a node domain is the total
+    # a domain without a reading in the window makes the total unknown, not smaller
+    stale = [row for row in rows if not (row[1] == "dram-0 W" and row[0] > 1015)]
+    assert math.isnan(power.recent_total_watts(stale, 9.5))
+    assert math.isnan(power.recent_total_watts([], 10.0))
+    assert math.isnan(power.recent_total_watts([(1.0, "psys W", 5.0)], 10.0))  # no total domain
+    assert power.host_total_domains(["package-0", "package-0/core", "dram-0", "psys"]) == ["dram-0", "package-0"]
 
 
 def test_ingest_turns_a_wrapping_rapl_file_into_watts_and_keeps_missing_empty(tmp_path):

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest_analysis import write_synthetic_run
 from thermab import config as thermab_config
-from thermab.analysis import metrics, questions, washout
+from thermab.analysis import metrics, questions, summary, washout
 from thermab.analysis.analyze import analyze
 from thermab.analysis.questions import NO, UNDECIDED, YES
 from thermab.config import ConfigError, validate
@@ -173,6 +173,11 @@ def test_a_short_load_or_unbalanced_starts_never_give_yes(tmp_path):
     reasons = washout.unbalanced(validity, "A", 2.0)
     assert set(reasons) == {"B"} and "unbalanced starts" in reasons["B"]
     assert washout.unbalanced(validity, "A", 5.0) == {}
+    starts = washout.arm_starts(validity, "A", 2.0).set_index("arm")
+    assert starts.at["B", "diff_c"] == pytest.approx(3.0) and not starts.at["B", "balanced"] and starts.at["A", "balanced"]
+    section = "\n".join(summary.start_balance_section(validity, {"reference_arm": "A", "start_balance_c": 2.0,
+                                                                   "arms": {"A": {"label": "stock"}, "B": {"label": "patched"}}}))
+    assert "| B (patched) | 2 | 53.2 (53.0–53.5) | +3.0 °C |" in section and "**unbalanced**" in section
 
 
 def test_the_forest_plot_is_drawn_and_in_the_report(tmp_path):
@@ -221,3 +226,5 @@ def test_validity_shows_each_phases_start_and_idle_power(tmp_path):
     assert validity["start_c"].between(49, 51).all()  # idle before every load, not the load's own heat
     assert validity["cooldown_before"].iloc[0] == washout.FIRST
     assert validity["idle_w_before"].notna().all()
+    text = (run_dir / "summary.md").read_text()
+    assert "## Balanced starts" in text and "**unbalanced**" not in text.split("## Balanced starts")[1].split("\n## ")[0]

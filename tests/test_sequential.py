@@ -1,76 +1,137 @@
 """The decision rule of ``until: decided`` alone, simulated (issue 24): crossover pairs of
-phases with 5 % CV, the OLS arm + position estimate at each look, the question ``lower``
-tested at the look's α.  With no true difference a wrong ``yes`` stays at most 5 %; with a
-true 10 % difference the median phases to a decision is below a fixed design's of the same
-power."""
+phases (AB, BA, …) with unit sd between phases and a drift per position, the OLS arm +
+position estimate at each look, the question ``lower`` (superiority, bound 0) tested at the
+look's nominal α, stopping at the first ``yes`` or ``no`` or at 8 repeats (16 phases).  A
+non-inferiority question is the same test with its bound moved by the margin, so the effect
+``d`` below is the distance from the decisive bound in sd of a phase.
+
+What the simulation measured (seeds fixed; 50,000 null experiments per design, 4,000 per
+effect; one-sided α = 0.05, at most 8 repeats = 16 phases):
+
+* a wrong ``yes`` with no true difference: the rule (O'Brien–Fleming-type spending on the df
+  scale) 0.0502 (95 % Wilson 0.0483–0.0522); the same on the repeats scale 0.0520
+  (0.0501–0.0540); Pocock-type 0.0489 (0.0470–0.0508); Bonferroni, the first session's rule,
+  0.0357 (0.0341–0.0374); a fixed design of 16 phases 0.0496 (0.0478–0.0516);
+* power / median phases to a decision at the study's effects (d: distance from the decisive
+  bound in sd of a phase, from the default study's until=decided run):
+
+  =========================================  ==========  ==========  ==========  ==========
+  effect                                     rule        Pocock      Bonferroni  fixed 16
+  =========================================  ==========  ==========  ==========  ==========
+  energy per token lower, d = 0.79           0.430 / 16  0.359 / 16  0.300 / 16  0.441 / 16
+  throughput non-inferior, d = 0.94          0.533 / 16  0.459 / 16  0.390 / 16  0.546 / 16
+  probe decode speed non-inferior, d = 1.9   0.973 / 12  0.948 / 8   0.924 / 12  0.974 / 16
+  10 % at 5 % CV (the issue's), d = 2        0.980 / 12  0.966 / 8   0.950 / 8   0.983 / 16
+  =========================================  ==========  ==========  ==========  ==========
+
+  (mean phases for the rule: 15.2, 15.0, 12.4, 12.2).  The two open questions of the study
+  are beyond what 16 phases can decide reliably by any of these rules: at d ≈ 0.8–0.9 a
+  fixed design needs 15 (d = 0.94) and 21 (d = 0.79) phases per arm for 80 % power.
+"""
 
 import math
 
 import numpy as np
 import pandas as pd
 import pytest
+from scipy.stats import multivariate_normal
 from statsmodels.stats.power import TTestIndPower
 from statsmodels.stats.proportion import proportion_confint
 
 from thermab.analysis import questions, sequential, stats
 
-MEAN, CV = 100.0, 0.05
 MAX_REPEATS = 8
+PERIOD = 0.5  # the drift per position in the order, in sd (the study's throughput had −0.7 sd)
+# d of the default study's open and nearly open questions (tables/questions.csv of its run
+# with until=decided, 8 repeats): distance from the decisive bound / residual sd of a phase
+STUDY_EFFECTS = {"cluster energy per token lower": 0.79, "output throughput non-inferior": 0.94,
+                 "probe decode speed non-inferior": 1.9, "10 % at 5 % CV (the issue's)": 2.0}
+FIXED = "fixed 16 phases"
 
 
-def crossover(rng, diff: float, repeats: int, period: float = 1.0) -> pd.DataFrame:
-    """Phases of A (reference) and B = A + diff, in the crossover orders, a drift per position."""
-    rows = []
-    for rep in range(1, repeats + 1):
-        order = sequential.order_of_repeat("AB", rep)
-        for position, arm in enumerate(order):
-            value = MEAN + diff * (arm == "B") + period * position + rng.normal(0, CV * MEAN)
-            rows.append({"order": order, "rep": rep, "arm": arm, "metric": "m", "unit": "u", "value": value})
-    return pd.DataFrame(rows)
+def design(repeats: int) -> tuple[np.ndarray, np.ndarray]:
+    """(is B, position) of every phase in time order over ``repeats`` crossover repeats."""
+    orders = [sequential.order_of_repeat("AB", rep) for rep in range(1, repeats + 1)]
+    is_b = np.array([arm == "B" for order in orders for arm in order], float)
+    position = np.array([order.index(arm) for order in orders for arm in order], float)
+    return is_b, position
 
 
-def ols_effect(frame: pd.DataFrame) -> tuple[float, float, float]:
-    """B − A of ``value ~ arm + position`` by least squares (what stats.arm_period_fit fits,
-    here in numpy: 16,000 formula fits would take minutes)."""
-    position = np.array([o.index(a) for o, a in zip(frame["order"], frame["arm"])], float)
-    return _least_squares(frame["value"].to_numpy(float), (frame["arm"] == "B").to_numpy(float), position)
+def least_squares(y: np.ndarray, is_b: np.ndarray, position: np.ndarray):
+    """B − A of ``value ~ arm + position`` for every row of ``y`` at once (what
+    stats.arm_period_fit fits, here in numpy: 100,000 formula fits would take an hour):
+    (estimates, their se, residual df)."""
+    x = np.c_[np.ones(len(is_b)), is_b, position]
+    inverse = np.linalg.inv(x.T @ x)
+    beta = y @ (inverse @ x.T).T
+    residual = y - beta @ x.T
+    df = len(is_b) - x.shape[1]
+    se = np.sqrt((residual ** 2).sum(axis=1) / df * inverse[1, 1])
+    return beta[:, 1], se, df
 
 
-def _least_squares(y, is_b, position) -> tuple[float, float, float]:
-    design = np.c_[np.ones(len(y)), is_b, position]
-    beta, *_ = np.linalg.lstsq(design, y, rcond=None)
-    df = len(y) - design.shape[1]
-    residual = y - design @ beta
-    cov = residual @ residual / df * np.linalg.inv(design.T @ design)
-    return float(beta[1]), float(math.sqrt(cov[1, 1])), float(df)
-
-
-def sequential_run(rng, diff: float) -> tuple[str, int]:
-    """(final verdict, phases run) of one experiment under the decision rule."""
-    frame = crossover(rng, diff, MAX_REPEATS)  # in time order: a look at r repeats sees the first 2r phases
-    y, is_b = frame["value"].to_numpy(float), (frame["arm"] == "B").to_numpy(float)
-    position = np.array([o.index(a) for o, a in zip(frame["order"], frame["arm"])], float)
-    alphas = sequential.look_alphas("AB", MAX_REPEATS)
-    repeats, verdict = sequential.looks("AB", MAX_REPEATS)[0], questions.UNDECIDED
-    while repeats is not None:
+def simulate(seed: int, d: float, method: str, n: int, information: str = sequential.INFORMATION):
+    """(final verdicts, phases run) of ``n`` experiments with B − A = −d sd under the rule
+    with ``method``'s look levels; ``FIXED``: one test at α after all 16 phases."""
+    is_b, position = design(MAX_REPEATS)
+    rng = np.random.default_rng(seed)
+    y = rng.normal(size=(n, len(is_b))) - d * is_b + PERIOD * position
+    levels = ({MAX_REPEATS: questions.ALPHA} if method == FIXED
+              else sequential.look_alphas("AB", MAX_REPEATS, method=method, information=information))
+    verdicts = np.full(n, questions.UNDECIDED, dtype=object)
+    phases = np.full(n, 2 * MAX_REPEATS)
+    open_ = np.ones(n, bool)
+    for repeats, alpha in levels.items():
         seen = 2 * repeats
-        if alphas[repeats] > 0:
-            low, high = questions.interval(*_least_squares(y[:seen], is_b[:seen], position[:seen]), alphas[repeats])
-            verdict = questions.verdict("lower", -1, 0.0, low, high)
-        repeats = sequential.next_repeats("AB", MAX_REPEATS, repeats, [verdict])
-    return verdict, seen
+        if alpha > 0:
+            estimate, se, df = least_squares(y[open_, :seen], is_b[:seen], position[:seen])
+            half = questions.interval(0.0, 1.0, df, alpha)[1]  # the look's t quantile, as the analysis takes it
+            found = [questions.verdict("lower", -1, 0.0, e - half * s, e + half * s) for e, s in zip(estimate, se)]
+            verdicts[open_] = found
+        now = open_ & (verdicts != questions.UNDECIDED)
+        phases[now] = seen
+        open_ &= ~now
+        if repeats >= MAX_REPEATS or sequential.next_repeats("AB", MAX_REPEATS, repeats, [questions.UNDECIDED]) is None:
+            break
+    return verdicts, phases
 
 
 def test_the_simulations_estimate_is_the_analysis_estimate():
-    frame = crossover(np.random.default_rng(0), -10.0, 4)
+    is_b, position = design(4)
+    values = np.random.default_rng(0).normal(size=len(is_b)) - 2.0 * is_b + PERIOD * position
+    frame = pd.DataFrame({"order": [sequential.order_of_repeat("AB", rep) for rep in range(1, 5) for _ in "AB"],
+                          "rep": [rep for rep in range(1, 5) for _ in "AB"],
+                          "arm": ["B" if b else "A" for b in is_b], "metric": "m", "unit": "u", "value": values})
     effect = stats.arm_effects(frame, "A")[("m", "B")]
-    assert ols_effect(frame) == pytest.approx((effect["diff"], effect["se"], effect["df"]))
+    estimate, se, df = least_squares(values[None, :], is_b, position)
+    assert (estimate[0], se[0], df) == pytest.approx((effect["diff"], effect["se"], effect["df"]))
 
 
-def test_the_looks_spend_alpha_once():
+def test_the_boundaries_are_lan_demets_spending():
+    # O'Brien–Fleming-type spending, 4 equally spaced looks, one-sided 0.025: the published
+    # boundaries (Jennison & Turnbull; gsDesign's sfLDOF) 4.3326, 2.9631, 2.3590, 2.0141
+    fractions = [0.25, 0.5, 0.75, 1.0]
+    assert sequential.boundaries(fractions, 0.025) == pytest.approx([4.3326, 2.9631, 2.3590, 2.0141], abs=2e-4)
+    # independently: the chance of any crossing of either boundary under the null is α
+    # (scipy's multivariate normal, corr √(tⱼ/tₖ))
+    t = np.array(fractions)
+    corr = np.sqrt(np.minimum.outer(t, t) / np.maximum.outer(t, t))
+    for method in (sequential.OBRIEN_FLEMING, sequential.POCOCK):
+        bounds = sequential.boundaries(fractions, 0.05, method)
+        assert 1 - multivariate_normal.cdf(bounds, cov=corr, abseps=1e-6, releps=1e-6) == pytest.approx(
+            0.05, abs=1e-4), method
+    pocock = sequential.boundaries(fractions, 0.05, sequential.POCOCK)
+    assert pocock == sorted(pocock, reverse=True) and pocock[0] - pocock[-1] < 0.1  # Pocock-type: nearly flat
+    assert sequential.spent(1.0) == pytest.approx(questions.ALPHA) and sequential.spent(0.0) == 0.0
+
+
+def test_the_looks_test_at_the_boundarys_nominal_levels():
     alphas = sequential.look_alphas("AB", MAX_REPEATS)
-    assert list(alphas) == [2, 4, 6, 8] and alphas[2] == 0  # 1 residual df: no look worth spending on
-    assert sum(alphas.values()) == pytest.approx(questions.ALPHA)
+    assert list(alphas) == [2, 4, 6, 8] and alphas[2] == 0  # 1 residual df: the look does not test
+    assert alphas[4] < alphas[6] < alphas[8] < questions.ALPHA  # O'Brien–Fleming: strict early, near α at the end
+    bonferroni = sequential.look_alphas("AB", MAX_REPEATS, method=sequential.BONFERRONI)
+    assert sum(bonferroni.values()) == pytest.approx(questions.ALPHA)
+    assert sequential.look_alpha("AB", 8, 5) == alphas[4]
     assert sequential.williams_orders("AB") == ["AB", "BA"]
     orders = sequential.williams_orders("ABCD")
     assert orders[0] == "ABCD" and len(orders) == 4
@@ -84,28 +145,52 @@ def test_the_looks_spend_alpha_once():
     assert sequential.next_repeats("AB", 8, 8, ["undecided"]) is None
 
 
-def test_no_true_difference_gives_a_wrong_yes_at_most_5_percent():
-    rng = np.random.default_rng(24)
-    n = 2000
-    wrong = sum(sequential_run(rng, 0.0)[0] == questions.YES for _ in range(n))
-    low, high = proportion_confint(wrong, n, alpha=0.05, method="wilson")
-    print(f"wrong yes for 'lower' under no difference: {wrong}/{n} = {wrong / n:.3f} "
-          f"(95 % Wilson interval {low:.3f}–{high:.3f})")
-    assert wrong / n <= 0.05
+def test_no_true_difference_gives_a_wrong_yes_at_the_nominal_level():
+    """Test: the rule's one-sided ``lower`` at α = 0.05 over its looks (4, 6, 8 repeats);
+    n = 50,000 experiments with B = A for each design.  The rule's wrong-yes rate has a 95 %
+    Wilson interval that holds 0.05 (or lies below it) and reaches above 0.045 (it spends its
+    α, unlike Bonferroni).  Also printed: the same boundary on the repeats scale of
+    information (the textbook's for a known variance), which lets a little more through."""
+    n = 50_000
+    designs = {"rule": (sequential.METHOD, "df"), "O'Brien–Fleming on repeats": (sequential.METHOD, "repeats"),
+               "Pocock": (sequential.POCOCK, "df"), "Bonferroni": (sequential.BONFERRONI, "df"), FIXED: (FIXED, "df")}
+    rates = {}
+    for name, (method, information) in designs.items():
+        verdicts, _ = simulate(24, 0.0, method, n, information)
+        wrong = int((verdicts == questions.YES).sum())
+        rates[name] = (wrong / n, *proportion_confint(wrong, n, alpha=0.05, method="wilson"))
+    table = "; ".join(f"{m}: {r:.4f} (Wilson 95 % {lo:.4f}–{hi:.4f})" for m, (r, lo, hi) in rates.items())
+    print(f"wrong yes for 'lower' under no difference, n = {n} each: {table}")
+    rate, low, high = rates["rule"]
+    assert low <= questions.ALPHA, table
+    assert high >= 0.045, f"the rule does not spend its α: {table}"
+    assert rates["Bonferroni"][2] < questions.ALPHA, table
 
 
-def test_a_true_difference_is_decided_in_fewer_phases_than_a_fixed_design_of_the_same_power():
-    rng = np.random.default_rng(10)
-    runs = [sequential_run(rng, -0.10 * MEAN) for _ in range(500)]
-    power = np.mean([verdict == questions.YES for verdict, _ in runs])
-    median_phases = float(np.median([phases for _, phases in runs]))
-    # the fixed design with the same power: one-sided t test at 5 %, effect 10 % / 5 % CV = 2 sd
-    per_arm = TTestIndPower().solve_power(effect_size=0.10 / CV, alpha=0.05, power=min(power, 0.99),
+def test_power_and_phases_at_the_studys_effects():
+    """Power (a ``yes``) and median phases to a decision at the study's effects, for the rule
+    (O'Brien–Fleming-type), Pocock-type, Bonferroni and a fixed design of 16 phases; n = 4,000
+    experiments each.  The rule has more power than Bonferroni at every effect, and at the
+    issue's 10 % difference at 5 % CV (d = 2) decides in fewer phases than a fixed design of
+    the same power (one-sided t test at 5 %, statsmodels' TTestIndPower)."""
+    n = 4000
+    rows = []
+    for seed, (name, d) in enumerate(STUDY_EFFECTS.items()):
+        for method in (*sequential.METHODS, FIXED):
+            verdicts, phases = simulate(100 + seed, d, method, n)
+            rows.append({"effect": name, "d": d, "method": method, "power": float((verdicts == questions.YES).mean()),
+                         "median_phases": float(np.median(phases)), "mean_phases": float(phases.mean())})
+    table = pd.DataFrame(rows)
+    print(table.to_string(index=False))
+    power = table.pivot(index="effect", columns="method", values="power")
+    assert (power[sequential.METHOD] > power[sequential.BONFERRONI]).all(), table.to_string()
+    issue = table[(table["d"] == 2.0) & (table["method"] == sequential.METHOD)].iloc[0]
+    per_arm = TTestIndPower().solve_power(effect_size=2.0, alpha=0.05, power=min(issue["power"], 0.99),
                                           alternative="larger")
     fixed_phases = 2 * math.ceil(per_arm)
-    print(f"10 % difference at 5 % CV: power {power:.3f}, median {median_phases:.0f} phases to a decision; "
-          f"a fixed design of that power: {fixed_phases} phases")
-    assert median_phases < fixed_phases
+    assert issue["median_phases"] < fixed_phases, (
+        f"d = 2: power {issue['power']:.3f}, median {issue['median_phases']:.0f} phases; a fixed design of that "
+        f"power needs {fixed_phases}")
 
 
 def test_crossover_phases_alternate_and_chain():

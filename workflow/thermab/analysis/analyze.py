@@ -97,7 +97,7 @@ def compute(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = N
     variance["verdict"] = summary.verdicts(variance)
     tables["variance"] = variance = load_validity.note_verdicts(variance, pooled)
     alpha = questions.ALPHA
-    if config.get("until") == "decided":  # each look spends its share of α (analysis.sequential)
+    if config.get("until") == "decided":  # each look tests at its boundary's level (analysis.sequential)
         repeats = int(pooled.groupby("arm")["rep"].nunique().min()) if len(pooled) else 0
         alpha = sequential.look_alpha(config["order"], config.get("max_repeats", 8), repeats)
     tables["questions"] = answer_questions(config, pooled, pd.concat([t["validity"] for t in every]), alpha)

@@ -22,35 +22,21 @@ phase's total empty, as a partial sum would read as less energy.  Pure functions
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
 from thermab.analysis import metric_names as names
 from thermab.analysis.metrics import PHASE_KEYS, PHASE_METRIC_COLUMNS
 from thermab.analysis.model import as_telemetry
+from thermab.telemetry.power import host_total_domains, time_weighted_mean
 
 ENERGY_COLUMNS = PHASE_KEYS + [
     "host", "domain", "window_s", "mean_w", "energy_j", "idle_w", "energy_above_idle_j",
     "output_tokens", "j_per_token", "j_per_token_above_idle",
 ]
 TOTAL_HOST, TOTAL_DOMAIN = "all", "total"
-NODE_DOMAIN = "node"
-# packages, DRAM and GPUs as the agent names them (package-0, dram-0, gpu0; each die of a
-# multi-die package its own counter, package-0-die-1), and as other importers may (gpu-0, package)
-TOP_LEVEL_DOMAIN = re.compile(r"^(package|dram|gpu)(-?\d+)?(-die-\d+)?$")
 METRIC = names.CLUSTER_ENERGY_PER_TOKEN
 METRIC_UNIT = "J/token"
-
-
-def time_weighted_mean(t: np.ndarray, value: np.ndarray) -> float:
-    """Trapezoid over the samples divided by the span they cover; NaN without samples."""
-    if len(t) == 0:
-        return np.nan
-    if len(t) == 1 or t[-1] == t[0]:
-        return float(np.mean(value))
-    return float(np.trapezoid(value, t) / (t[-1] - t[0]))
 
 
 def baseline_window(events: pd.DataFrame) -> tuple[float, float] | None:
@@ -63,13 +49,6 @@ def baseline_window(events: pd.DataFrame) -> tuple[float, float] | None:
         return None
     ends = events.loc[(events["event"] == "baseline_end") & (events["t"] > starts.max()), "t"]
     return None if ends.empty else (float(starts.max()), float(ends.min()))
-
-
-def host_total_domains(domains) -> list[str]:
-    """The domains whose sum is a host's total power (see the module docstring)."""
-    if NODE_DOMAIN in domains:
-        return [NODE_DOMAIN]
-    return sorted(d for d in domains if TOP_LEVEL_DOMAIN.match(d))
 
 
 def _series(power: pd.DataFrame) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:

@@ -8,25 +8,40 @@ the OLS arm + position fit of ``stats`` applies at every look.  After each pair 
 question is tested again (``questions.answer``) at the look's α; the run stops when every
 question is ``yes`` or ``no``, or at ``max_repeats``.
 
-Error control: **alpha spending by the union bound** (Bonferroni over the looks).  Look k
-tests at αₖ with Σ αₖ = α, so the chance of a wrong ``yes`` at any look is at most α
-whatever the looks' correlation, with the exact t quantile of each look's residual degrees
-of freedom.  Looks with fewer than ``MIN_DF`` residual df spend nothing (a t quantile on 1 df
-is ±6.3 at 5 %: such a look cannot decide, so its α would be wasted); the rest share α
-equally.  Why not the alternatives (README, "Repeats until decided"): group-sequential
-boundaries (O'Brien–Fleming, Pocock via Lan–DeMets spending, e.g. spotify-confidence) are
-exact for normal statistics with known variance, not for t statistics on 1–13 df; anytime-
-valid confidence sequences (confseq, savvi) allow unlimited looks but are far wider at the
-4–8 phases per arm a thermal study affords.  The union bound is conservative (a wrong-yes
-rate of about 0.04 at α = 0.05 in the simulation) and needs no library beyond statsmodels'
-t machinery.
+Error control: **a group-sequential boundary by Lan–DeMets alpha spending, the
+O'Brien–Fleming-type function** α(t) = 2 − 2Φ(z₁₋α/₂ / √t) (``METHOD``), t the information
+fraction of a look.  The boundary zₖ of look k is found so that, with no true difference, the
+chance of a first crossing at look k is α(tₖ) − α(tₖ₋₁); those chances come from the joint
+normal law of the looks' statistics (corr √(tⱼ/tₖ)), integrated numerically on a grid (the
+recursion of Armitage, McPherson and Rowe, with scipy's normal law, trapezoid rule and
+Brent's root finder).  Each look then tests at the nominal one-sided α′ₖ = 1 − Φ(zₖ) with
+the exact t quantile of its residual degrees of freedom (the nominal-significance-level use
+of a z boundary for t statistics).
+
+The information fraction is measured in **residual degrees of freedom** (dfₖ / df at
+``max_repeats``), not in repeats, because the looks' t statistics estimate the variance
+afresh: on 5–13 df they correlate less than the z statistics' √(rⱼ/rₖ) (simulated: 0.78
+between 4 and 6 repeats of two arms, where √(4/6) = 0.82), so a boundary built on √(rⱼ/rₖ)
+lets slightly more than α through (0.052 in 200,000 null experiments); √(dfⱼ/dfₖ) (0.75
+there) is below the t statistics' correlation, and the simulated rate is 0.050
+(tests/test_sequential.py measures both).  Looks with fewer than ``MIN_DF`` residual df do
+not test (a t quantile on 1 df is ±6.3 at 5 %: such a look cannot decide); what they would
+have spent stays for the next look, as Lan–DeMets spending allows.  The Pocock-type function
+α·ln(1 + (e − 1)t) and the union bound (Bonferroni, the first session's rule: equal shares
+summing to α) are kept as ``METHODS`` for that simulation's comparison (README, "Repeats
+until decided").  Why not a library: spotify-confidence's boundaries are this Lan–DeMets
+computation for z statistics; anytime-valid confidence sequences (confseq, savvi) allow
+unlimited looks but are far wider at the 4–8 phases per arm a thermal study affords.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from scipy import integrate, optimize, stats as scipy_stats
 
 from thermab.analysis.questions import ALPHA, UNDECIDED
 from thermab.experiment.plan import order_of_repeat, phases, williams_orders  # noqa: F401 (re-exported)
@@ -53,17 +68,90 @@ def residual_df(arms: int, repeats: int) -> int:
     return arms * repeats - arms - 1
 
 
-def look_alphas(order: str, max_repeats: int, alpha: float = ALPHA) -> dict[int, float]:
-    """repeat → the one-sided α its look spends (zero below MIN_DF residual df); they sum to α."""
+OBRIEN_FLEMING, POCOCK, BONFERRONI = "obrien_fleming", "pocock", "bonferroni"
+METHODS = (OBRIEN_FLEMING, POCOCK, BONFERRONI)
+METHOD = OBRIEN_FLEMING
+METHOD_WORDS = {OBRIEN_FLEMING: "O'Brien–Fleming-type Lan–DeMets alpha spending",
+                POCOCK: "Pocock-type Lan–DeMets alpha spending", BONFERRONI: "Bonferroni over the looks"}
+INFORMATION = "df"  # the information scale of the looks (module docstring)
+GRID_POINTS = 601  # per look: the boundaries to about 1e-5 in z (tests/test_sequential.py checks 1e-4)
+
+
+def spent(fraction: float, alpha: float = ALPHA, method: str = METHOD) -> float:
+    """The one-sided α spent by information fraction ``fraction`` (0–1): Lan–DeMets spending."""
+    if fraction <= 0:
+        return 0.0
+    fraction = min(fraction, 1.0)
+    if method == OBRIEN_FLEMING:
+        return float(2 * scipy_stats.norm.sf(scipy_stats.norm.isf(alpha / 2) / math.sqrt(fraction)))
+    if method == POCOCK:
+        return float(alpha * math.log(1 + (math.e - 1) * fraction))
+    raise ValueError(f"no spending function {method!r}: one of {OBRIEN_FLEMING}, {POCOCK}")
+
+
+def boundaries(fractions, alpha: float = ALPHA, method: str = METHOD) -> list[float]:
+    """The one-sided z boundaries of looks at increasing information ``fractions``: with no
+    true difference, the chance of a first crossing at look k is spent(tₖ) − spent(tₖ₋₁).
+    The density of the score Sₖ = Zₖ√tₖ on the continuation region is carried from look to
+    look (Sₖ − Sₖ₋₁ ~ N(0, tₖ − tₖ₋₁)) and integrated on a grid."""
+    norm = scipy_stats.norm
+    bounds, grid, density, previous_t, previous_spent = [], None, None, 0.0, 0.0
+    for t in fractions:
+        step, target = t - previous_t, spent(t, alpha, method) - previous_spent
+        if grid is None:  # the first look: a plain normal tail
+            z = float(norm.isf(target))
+        else:
+            sd = math.sqrt(step)
+
+            def crossing(z, grid=grid, density=density, sd=sd, t=t):
+                return integrate.trapezoid(density * norm.sf((z * math.sqrt(t) - grid) / sd), grid) - target
+
+            z = float(optimize.brentq(crossing, -10.0, 40.0, xtol=1e-10))
+        upper = z * math.sqrt(t)
+        new_grid = np.linspace(min(-10.0 * math.sqrt(t), upper - 1.0), upper, GRID_POINTS)
+        if grid is None:
+            density = norm.pdf(new_grid, scale=math.sqrt(t))
+        else:
+            # the trapezoid rule over the old grid as one product: density × weights, by the kernel
+            weights = np.full(len(grid), grid[1] - grid[0])
+            weights[[0, -1]] /= 2
+            gap = (new_grid[:, None] - grid[None, :]) / math.sqrt(step)
+            density = np.exp(-0.5 * gap * gap) @ (weights * density) / math.sqrt(2 * math.pi * step)
+        grid, previous_t, previous_spent = new_grid, t, previous_spent + target
+        bounds.append(z)
+    return bounds
+
+
+def information_fractions(order: str, max_repeats: int, repeats, information: str = INFORMATION) -> list[float]:
+    """The information fractions of looks at ``repeats``: residual df over the last look's
+    (``df``, the rule) or repeats over ``max_repeats`` (``repeats``, the textbook's for a
+    known variance)."""
+    if information == "repeats":
+        return [r / max_repeats for r in repeats]
+    last = residual_df(len(order), max_repeats)
+    return [residual_df(len(order), r) / last for r in repeats]
+
+
+def look_alphas(order: str, max_repeats: int, alpha: float = ALPHA, method: str = METHOD,
+                information: str = INFORMATION) -> dict[int, float]:
+    """repeat → the nominal one-sided α its look tests at (zero below MIN_DF residual df).
+    Spending methods: 1 − Φ(zₖ) of the Lan–DeMets boundary over the looks that test, at
+    their ``information_fractions``; ``bonferroni``: equal shares summing to α."""
     points = looks(order, max_repeats)
-    spending = [r for r in points if residual_df(len(order), r) >= MIN_DF] or points[-1:]
-    return {r: (alpha / len(spending) if r in spending else 0.0) for r in points}
+    testing = [r for r in points if residual_df(len(order), r) >= MIN_DF] or points[-1:]
+    if method == BONFERRONI:
+        nominal = [alpha / len(testing)] * len(testing)
+    else:
+        z = boundaries(information_fractions(order, max_repeats, testing, information), alpha, method)
+        nominal = [float(scipy_stats.norm.sf(bound)) for bound in z]
+    levels = dict(zip(testing, nominal))
+    return {r: levels.get(r, 0.0) for r in points}
 
 
-def look_alpha(order: str, max_repeats: int, repeats: int, alpha: float = ALPHA) -> float:
+def look_alpha(order: str, max_repeats: int, repeats: int, alpha: float = ALPHA, method: str = METHOD) -> float:
     """The α of the look at ``repeats`` (the last look's at or before it; 0 before the first)."""
-    spent = {r: a for r, a in look_alphas(order, max_repeats, alpha).items() if r <= repeats}
-    return spent[max(spent)] if spent else 0.0
+    levels = {r: a for r, a in look_alphas(order, max_repeats, alpha, method).items() if r <= repeats}
+    return levels[max(levels)] if levels else 0.0
 
 
 def decided(verdicts) -> bool:

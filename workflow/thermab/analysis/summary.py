@@ -10,7 +10,7 @@ import pandas as pd
 
 from thermab.load.validity import FULL_LENGTH_MIN, INFLIGHT_SLACK, MIN_ARRIVAL_SPAN_SHARE, MIN_TOKEN_ARRIVALS, bursts
 
-from . import energy, load_validity, stats
+from . import energy, load_validity, stats, washout
 from . import metric_names as names
 
 # decimals per unit, chosen so that no printed digit is finer than the measurement
@@ -168,6 +168,7 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
     if "questions" in tables:
         parts += questions_section(tables["questions"], run)
     parts += load_validity_section(tables["validity"], run)
+    parts += start_balance_section(tables["validity"], run)
     short_arms = set(tables["validity"].loc[load_validity.is_short(tables["validity"]), "arm"])
     marked = {a: labels[a] + (SHORT_MARK if a in short_arms else "") for a in present}
     if tables["zones"].empty:
@@ -251,7 +252,7 @@ def questions_section(answers: pd.DataFrame, run: dict) -> list[str]:
         open_ = answers.loc[answers["verdict"] == "undecided", "question"]
         reached = int(answers["phases_per_arm"].max())
         lines = [f"Repeats until decided: {reached} of at most {run.get('max_repeats')} repeats, each look at its"
-                 " share of α (README, \"Repeats until decided\"); "
+                 " level of O'Brien–Fleming-type alpha spending (README, \"Repeats until decided\"); "
                  + (f"still open: {'; '.join(dict.fromkeys(open_))}." if len(open_) else "every question is decided."), ""]
     return ["## Questions", "", *lines, markdown_table(rows),
             (f"Each question is tested on the arm effect of the verdicts below (arm − reference, in the metric's"
@@ -308,6 +309,33 @@ def load_validity_section(validity: pd.DataFrame, run: dict) -> list[str]:
         " figures, and every verdict built on it says so.",
         "",
     ]
+
+
+def start_balance_section(validity: pd.DataFrame, run: dict) -> list[str]:
+    """The "Balanced starts" section: per arm, where its phases started (the head's timeline
+    zone at load_start), how idle the head was before each restart, and whether the arms
+    started alike (washout.arm_starts); nothing where no phase has a start temperature."""
+    tolerance = run.get("start_balance_c", washout.DEFAULT_BALANCE_C)
+    starts = washout.arm_starts(validity, run["reference_arm"], tolerance)
+    if starts.empty:
+        return []
+    labels = {a: spec["label"] for a, spec in run["arms"].items()}
+    rows = pd.DataFrame({
+        "arm": [f"{a} ({labels.get(a, a)})" for a in starts["arm"]],
+        "phases": starts["phases"],
+        "start °C, mean (range)": [f"{fmt(m, '', 1)} ({fmt(lo, '', 1)}–{fmt(hi, '', 1)})"
+                                   for m, lo, hi in zip(starts["start_c"], starts["start_min_c"], starts["start_max_c"])],
+        "vs reference": ["reference" if a == run["reference_arm"] else fmt(d, "°C", sign=True)
+                         for a, d in zip(starts["arm"], starts["diff_c"])],
+        "head idle W before": [fmt(w, "", 1) for w in starts["idle_w_before"]],
+        "cooldowns at their cap": starts["cooldown_capped"],
+        "starts": ["balanced" if b else "**unbalanced**" for b in starts["balanced"]],
+    })
+    return ["## Balanced starts", "", markdown_table(rows),
+            f"Start: the head's timeline zone at its last sample before load_start; head idle W: its total power"
+            f" over the 10 s before the phase's restart (the end of the cooldown before it, or of the baseline)."
+            f" Arms whose mean starts lie more than {tolerance:g} °C from the reference's (analysis.start_balance_c)"
+            " are unbalanced: no question in °C built on them is yes. Per phase in tables/validity.csv.", ""]
 
 
 def _by_arm(frame: pd.DataFrame, present: list[str]):

@@ -15,13 +15,14 @@ import math
 import numpy as np
 import pandas as pd
 
-from thermab.analysis.energy import host_total_domains, time_weighted_mean
 from thermab.analysis.metrics import PHASE_KEYS
+from thermab.telemetry.power import IDLE_BEFORE_S, total_watts
 
 START_COLUMNS = ["start_c", "cooldown_before", "idle_w_before"]
-IDLE_BEFORE_S = 10.0  # the head's idle power: its total over this long before the restart
 DEFAULT_BALANCE_C = 2.0
 TARGET, CAP, FIRST = "reached target", "hit its cap", "after the baseline"
+ARM_START_COLUMNS = ["arm", "phases", "start_c", "start_min_c", "start_max_c", "idle_w_before", "cooldown_capped",
+                     "diff_c", "balanced"]
 
 
 def start_temperatures(telemetry, windows: pd.DataFrame, host: str, zone: str) -> pd.Series:
@@ -53,26 +54,22 @@ def cooldowns_before(events: pd.DataFrame, windows: pd.DataFrame) -> list[str]:
 
 def idle_power_before(telemetry, windows: pd.DataFrame, events: pd.DataFrame, host: str,
                       seconds: float = IDLE_BEFORE_S) -> list[float]:
-    """W: ``host``'s total power (energy.host_total_domains) over ``seconds`` before each
-    phase's last ``restart_start``: how idle the node was when the phase began; NaN where a
-    domain has no sample there or the phase has no restart mark."""
+    """W: ``host``'s total power (power.total_watts) over ``seconds`` before each phase's last
+    ``restart_start``: how idle the node was when the phase began, at the end of the cooldown
+    before it or of the baseline for the first (phase.json's ``idle_w_before`` is the same
+    figure as the phase read it from the agent); NaN where a domain has no sample there or
+    the phase has no restart mark."""
     series = {key["sensor"]: (arrays["t"], arrays["value"]) for key, arrays in telemetry.series(kind="power", host=host)}
-    domains = host_total_domains(series)
     restarts = events[events["event"] == "restart_start"] if "event" in events else events.iloc[:0]
     values = []
     for window in windows.itertuples(index=False):
         mine = restarts[(restarts["order"] == window.order) & (restarts["rep"] == window.rep)
                         & (restarts["arm"] == window.arm) & (restarts["t"] < window.load_start)]
-        if mine.empty or not domains:
+        if mine.empty:
             values.append(np.nan)
             continue
         end = float(mine["t"].max())
-        means = []
-        for domain in domains:
-            t, value = series[domain]
-            inside = (t >= end - seconds) & (t < end)
-            means.append(time_weighted_mean(t[inside], value[inside]))
-        values.append(float(np.sum(means)) if not np.isnan(means).any() else np.nan)
+        values.append(total_watts(series, end - seconds, end))
     return values
 
 
@@ -90,15 +87,32 @@ def with_starts(validity: pd.DataFrame, windows: pd.DataFrame, telemetry, events
                            idle_w_before=found["idle_w_before"].to_numpy(float))
 
 
+def arm_starts(validity: pd.DataFrame, reference: str, tolerance_c: float = DEFAULT_BALANCE_C) -> pd.DataFrame:
+    """One row per arm with start temperatures: its phases, mean and range of ``start_c``,
+    the mean's difference from the reference's, the mean ``idle_w_before``, how many of its
+    cooldowns hit their cap, and ``balanced`` (False where the means are more than
+    ``tolerance_c`` apart; the reference itself True)."""
+    if "start_c" not in validity:
+        return pd.DataFrame(columns=ARM_START_COLUMNS)
+    known = validity.reindex(columns=["arm", *START_COLUMNS])
+    known = known[known["start_c"].notna()]
+    rows = [{"arm": arm, "phases": len(part), "start_c": part["start_c"].mean(), "start_min_c": part["start_c"].min(),
+             "start_max_c": part["start_c"].max(), "idle_w_before": part["idle_w_before"].mean(),
+             "cooldown_capped": int((part["cooldown_before"] == CAP).sum())}
+            for arm, part in known.groupby("arm", sort=False)]
+    starts = pd.DataFrame(rows, columns=ARM_START_COLUMNS[:-2])
+    reference_c = starts.loc[starts["arm"] == reference, "start_c"]
+    diff = starts["start_c"] - (reference_c.iloc[0] if len(reference_c) else np.nan)
+    return starts.assign(diff_c=diff, balanced=~(diff.abs() > tolerance_c))
+
+
 def unbalanced(validity: pd.DataFrame, reference: str, tolerance_c: float = DEFAULT_BALANCE_C) -> dict[str, str]:
     """arm → why its starts are not balanced with the reference's: mean start temperatures
     more than ``tolerance_c`` apart.  Arms without start temperatures are left out."""
-    means = validity.groupby("arm")["start_c"].mean() if "start_c" in validity else pd.Series(dtype=float)
-    if reference not in means or math.isnan(means[reference]):
+    starts = arm_starts(validity, reference, tolerance_c).set_index("arm")
+    if reference not in starts.index:
         return {}
-    reasons = {}
-    for arm, mean in means.items():
-        if arm != reference and not math.isnan(mean) and abs(mean - means[reference]) > tolerance_c:
-            reasons[arm] = (f"unbalanced starts: {arm} started at {mean:.1f} °C on average, {reference} at "
-                            f"{means[reference]:.1f} °C (more than {tolerance_c:g} °C apart)")
-    return reasons
+    reference_c = starts.loc[reference, "start_c"]
+    return {arm: (f"unbalanced starts: {arm} started at {row.start_c:.1f} °C on average, {reference} at "
+                  f"{reference_c:.1f} °C (more than {tolerance_c:g} °C apart)")
+            for arm, row in starts.iterrows() if not row.balanced}

@@ -5,6 +5,7 @@ scripts are one call into here."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from thermab.hosts import clock
 from thermab.jsonl import JsonlTail
 from thermab.layout import PhaseDir
 from thermab.load.runner import LoadAborted, LoadSpec, run_load
-from thermab.telemetry import deploy, server_metrics
+from thermab.telemetry import deploy, power, server_metrics
 from thermab.telemetry.agent import ProcessCpu, ThermalZones
 
 
@@ -57,6 +58,16 @@ def baseline(run: ClusterRun, out_path: Path) -> None:
     _sleep_with_progress(run, run.config["timings"]["baseline_s"], "baseline (idle)")
     end = run.event("baseline_end")["t"]
     out_path.write_text(json.dumps({"phase": "baseline", "t_start": start, "t_end": end}, indent=1))
+
+
+POWER_TAIL_ROWS = 2000  # of each of the head's power files: far more than IDLE_BEFORE_S of its readings
+
+
+def head_power(run: ClusterRun, seconds: float) -> float | None:
+    """W: the head's total power over the last ``seconds`` of its agent's readings (None
+    where it has no total domain or no reading there), read as the run goes."""
+    watts = power.recent_total_watts(deploy.tail_power_rows(run.head, run.session, POWER_TAIL_ROWS), seconds)
+    return None if math.isnan(watts) else round(watts, 3)
 
 
 def _restart(run: ClusterRun, rep: int, arm: str) -> str:
@@ -240,6 +251,8 @@ def phase(run: ClusterRun, rep: int, arm: str, out_json: Path, out_requests: Pat
     label = run.config["arms"][arm]["label"]
     run.progress(f"phase rep{rep}-{arm} ({label}, {run.config['setting']['name']} = "
             f"{run.config['arms'][arm]['value']})")
+    # how idle the head is before its restart: the end of the cooldown before, or of the baseline
+    idle_w_before = head_power(run, power.IDLE_BEFORE_S)
     model = _restart(run, rep, arm)
     run.event("server_ready", rep=rep, arm=arm, detail={"model": model})
     marks = MarkForwarder(run, PhaseDir(out_requests.parent).marks, rep, arm)
@@ -272,7 +285,7 @@ def phase(run: ClusterRun, rep: int, arm: str, out_json: Path, out_requests: Pat
     result = {"phase": f"rep{rep}-{arm}", "order": run.order, "rep": rep, "arm": arm, "label": label,
               "value": run.config["arms"][arm]["value"], "model": model, "load_start": window["start"],
               "load_end": window["end"], "validity": validity, "cooldown": cooldown,
-              "start_zones_c": start_zones}
+              "start_zones_c": start_zones, "idle_w_before": idle_w_before}
     out_json.write_text(json.dumps(result, indent=1, default=str))
     return result
 

@@ -183,19 +183,32 @@ def pull(host: Host, session: str, destination: Path) -> list[Path]:
     return pulled
 
 
-def latest_readings(host: Host, session: str, source: str = "thermal") -> dict[str, tuple[float, float]]:
-    """The newest reading (host time, value) of each sensor of one source, read from the
-    tail of its CSV; rows without a value (a missing reading) are no reading."""
+def tail_rows(host: Host, session: str, source: str, lines: int = 200) -> list[tuple[float, str, float]]:
+    """The last ``lines`` rows (host time, sensor, value) of one source's CSV; rows without
+    a value (a missing reading) are no reading."""
     path = shlex.quote(f"{session_dir(host, session)}/{source}.csv")
-    result = host.run(f"tail -n 200 {path}", check=False)
-    readings: dict[str, tuple[float, float]] = {}
+    result = host.run(f"tail -n {int(lines)} {path}", check=False)
+    rows = []
     for row in csv.reader(io.StringIO(result.stdout)):
         if len(row) >= 3 and row[0] != "t" and row[2]:
             try:
-                readings[row[1]] = (float(row[0]), float(row[2]))
+                rows.append((float(row[0]), row[1], float(row[2])))
             except ValueError:
                 continue
-    return readings
+    return rows
+
+
+def tail_power_rows(host: Host, session: str, lines: int) -> list[tuple[float, str, float]]:
+    """``tail_rows`` of every power source the agent writes (RAPL, hwmon, GPUs, IPMI: one
+    file each), as ingest reads them into the ``power`` kind."""
+    return [row for source in agent_module.SOURCES if source.kind == "power"
+            for row in tail_rows(host, session, source.name, lines)]
+
+
+def latest_readings(host: Host, session: str, source: str = "thermal") -> dict[str, tuple[float, float]]:
+    """The newest reading (host time, value) of each sensor of one source, read from the
+    tail of its CSV."""
+    return {sensor: (t, value) for t, sensor, value in tail_rows(host, session, source)}
 
 
 def latest(host: Host, session: str, source: str = "thermal") -> dict[str, float]:

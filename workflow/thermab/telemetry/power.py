@@ -8,6 +8,10 @@ midpoint of the pair, the mean power over that interval.  A counter that went do
 that interval is skipped and counted) where it has none.  Where a domain has both a counter
 and readings, the counter is used: it holds all the energy between samples, a reading only
 the moment it was taken.  Pure functions on frames; ingest does the I/O.
+
+A host's total power sums its ``node`` domain where it has one, else its top-level domains
+(``package-N``, ``dram-N``, ``package-N-die-D``, ``gpuN``), never a sub-domain or another
+reading that overlaps them (``host_total_domains``; analysis/energy.py explains the choice).
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ import pandas as pd
 from thermab.telemetry.agent import POWER_UNITS
 
 JOULES_PER_UNIT = {"uJ": 1e-6, "mJ": 1e-3}
+NODE_DOMAIN = "node"
+# packages, DRAM and GPUs as the agent names them (package-0, dram-0, gpu0; each die of a
+# multi-die package its own counter, package-0-die-1), and as other importers may (gpu-0, package)
+TOP_LEVEL_DOMAIN = re.compile(r"^(package|dram|gpu)(-?\d+)?(-die-\d+)?$")
+IDLE_BEFORE_S = 10.0  # a host's idle power before a restart: its total over this long
 SENSOR = re.compile(r"^(?P<domain>.+) (?P<unit>%s)(?::max=(?P<max>\d+))?$" % "|".join(POWER_UNITS))
 
 
@@ -82,3 +91,48 @@ def power_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     if not parts:
         return frame.iloc[:0], notes
     return pd.concat(parts, ignore_index=True).astype({"t": "float64", "value": "float64"}), notes
+
+
+def host_total_domains(domains) -> list[str]:
+    """The domains whose sum is a host's total power (see the module docstring)."""
+    if NODE_DOMAIN in domains:
+        return [NODE_DOMAIN]
+    return sorted(d for d in domains if TOP_LEVEL_DOMAIN.match(d))
+
+
+def time_weighted_mean(t: np.ndarray, value: np.ndarray) -> float:
+    """Trapezoid over the samples divided by the span they cover; NaN without samples."""
+    if len(t) == 0:
+        return np.nan
+    if len(t) == 1 or t[-1] == t[0]:
+        return float(np.mean(value))
+    return float(np.trapezoid(value, t) / (t[-1] - t[0]))
+
+
+def total_watts(series: dict[str, tuple[np.ndarray, np.ndarray]], start: float, end: float) -> float:
+    """W: a host's total power over ``[start, end)``, from domain → (t, watts) sorted by t:
+    the sum of its total domains' time-weighted means; NaN where it has none or one has no
+    sample there (a partial sum would read as less power)."""
+    domains = host_total_domains(series)
+    means = []
+    for domain in domains:
+        t, value = series[domain]
+        inside = (t >= start) & (t < end)
+        means.append(time_weighted_mean(t[inside], value[inside]))
+    return float(np.sum(means)) if domains and not np.isnan(means).any() else np.nan
+
+
+def recent_total_watts(rows, seconds: float) -> float:
+    """W: a host's total power over the last ``seconds`` of its agent's power rows ((t,
+    sensor, value) as the agent writes them, host time): what a phase records before it
+    restarts the server, with no clock offset to apply."""
+    rows = pd.DataFrame(list(rows), columns=["t", "sensor", "value"])
+    if rows.empty:
+        return np.nan
+    watts, _notes = power_rows(rows.assign(host="host", kind="power"))
+    if watts.empty:
+        return np.nan
+    series = {str(domain): (part["t"].to_numpy(float), part["value"].to_numpy(float))
+              for domain, part in watts.sort_values("t", kind="stable").groupby("sensor", sort=True)}
+    end = float(rows["t"].max()) + 1e-9  # the newest reading counts
+    return total_watts(series, end - seconds, end)
