@@ -8,6 +8,8 @@ beside ``out_parquet``:
 - ``requests.jsonl``: the locustfile's raw records, one line per request;
 - ``load_events.jsonl``: ``load_start``, ``probe_start``, ``probe_end``, ``load_end``;
 - ``locust.log``: Locust's own output (unless ``log_path`` says elsewhere);
+- ``extra_body.json``: ``load.extra_body``, for the locustfile to merge into each request
+  (a file, as nothing large travels on a command line);
 - ``out_parquet``: the records with ``order``, ``rep`` and ``arm`` added, in the columns and
   dtypes of docs/design.md's ``tidy/requests.parquet`` plus the stream diagnostics
   ``max_gap_s``, ``stall_gaps``, ``usage_source``, ``token_arrivals`` and ``token_span_s``;
@@ -30,7 +32,7 @@ from importlib import resources
 from pathlib import Path
 
 from thermab.jsonl import JsonlTail
-from thermab.config import defaults as schema_defaults
+from thermab.config import defaults as schema_defaults, extra_body_problem
 from thermab.errors import StageFailed
 from thermab.layout import PhaseDir
 from thermab.load.validity import load_window, summary_line, to_frame, validity_report
@@ -77,7 +79,7 @@ class LoadSpec:
         args = ["-u", str(self.users), "-r", str(self.users),
                 "--run-time", f"{self.duration_s}s", "--stop-timeout", f"{self.stop_timeout_s}s",
                 "--max-tokens", str(self.max_tokens), "--prompt-tokens", str(self.prompt_tokens),
-                "--extra-body", json.dumps(self.extra_body or {}), "--stall-gap-s", str(self.stall_gap_s),
+                "--stall-gap-s", str(self.stall_gap_s),
                 "--probe-n", str(self.probe_n if self.probe else 0), "--probe-tokens", str(self.probe_tokens)]
         if self.model:
             args += ["--model", self.model]
@@ -86,7 +88,8 @@ class LoadSpec:
         return args
 
 
-def locust_command(url, records, events, spec: LoadSpec, tag_prefix, locustfile=None):
+def locust_command(url, records, events, spec: LoadSpec, tag_prefix, locustfile=None, extra_body_file=None):
+    """The Locust command line; ``extra_body_file`` holds ``spec.extra_body`` (the caller writes it)."""
     return [
         sys.executable, "-m", "locust", "-f", str(locustfile or LOCUSTFILE), "--headless", "--only-summary",
         "--host", url,
@@ -94,6 +97,7 @@ def locust_command(url, records, events, spec: LoadSpec, tag_prefix, locustfile=
         "--exit-code-on-error", "0",
         "--records-out", str(records), "--events-out", str(events), "--tag-prefix", tag_prefix,
         *spec.locust_args(),
+        *(["--extra-body-file", str(extra_body_file)] if extra_body_file else []),
     ]
 
 
@@ -130,7 +134,8 @@ def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None
     progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     # The clock time keeps a rerun of the same phase from sharing prefixes with the last.
     tag_prefix = f"{order}-rep{rep}-{arm}-{time.strftime('%H%M%S')}"
-    command = locust_command(url, records_path, events_path, spec, tag_prefix, locustfile)
+    files.extra_body.write_text(json.dumps(spec.extra_body or {}, allow_nan=False) + "\n")
+    command = locust_command(url, records_path, events_path, spec, tag_prefix, locustfile, files.extra_body)
     tail = JsonlTail(records_path)
     duration_s = spec.duration_s
     exit_code, aborted = _supervise(
@@ -229,6 +234,17 @@ def _log_tail(path, lines=20):
         return f"(log unreadable: {exc})"
 
 
+def _extra_body_arg(text):
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    problem = extra_body_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
 def main(argv=None):
     defaults = LoadSpec(duration_s=0)
     parser = argparse.ArgumentParser(prog="thermab load", description="Closed-loop streaming load on an "
@@ -243,7 +259,7 @@ def main(argv=None):
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
     parser.add_argument("--prompt-tokens", type=int, default=defaults.prompt_tokens)
     parser.add_argument("--model", help="default: the first id of /v1/models")
-    parser.add_argument("--extra-body", type=json.loads, default={},
+    parser.add_argument("--extra-body", type=_extra_body_arg, default={},
                         help='JSON object, e.g. \'{"reasoning_effort": "low"}\'')
     parser.add_argument("--no-probe", action="store_true", help="no single-stream probe (single-stream mode)")
     parser.add_argument("--probe-at", type=float, help="seconds from the start (default: 60%% of the duration)")
