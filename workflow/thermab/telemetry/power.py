@@ -82,3 +82,15 @@ def power_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     if not parts:
         return frame.iloc[:0], notes
     return pd.concat(parts, ignore_index=True).astype({"t": "float64", "value": "float64"}), notes
+
+
+def domain_sources(sensors_of: dict[str, list[str]]) -> dict[str, str]:
+    """The agent source (its file) each power domain's watts come from, given the raw sensor
+    names of each source: by ``power_rows``' rule, a domain's counter over its readings."""
+    found: dict[str, tuple[str, str]] = {}
+    for source, sensors in sorted(sensors_of.items()):
+        for sensor in sensors:
+            parsed = split_sensor(sensor)
+            if parsed is not None and (parsed[0] not in found or (parsed[1] != "W" and found[parsed[0]][1] == "W")):
+                found[parsed[0]] = (source, parsed[1])
+    return {domain: source for domain, (source, _unit) in found.items()}
