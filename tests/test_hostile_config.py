@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from thermab.config import (MAX_EXTRA_BODY, ConfigError, HostSpec, UserError, _validator, load_schema, read_bounded,
                             read_file, redact_url, validate)
-from thermab.experiment.patch import Patcher
+from test_agent import fake_process
+from thermab.experiment.patch import PatchError, Patcher, anchor_count
+from thermab.telemetry.agent import ProcessCpu
 from thermab.hosts.host import Host
 from thermab.hosts.transport import TransportError
 
@@ -329,6 +332,55 @@ def test_a_catastrophic_pattern_is_refused_at_config_time(pattern, key):
         refused(lambda c: c["monitor"].update(process_pattern=pattern), "'monitor.process_pattern'")
     else:
         refused(lambda c: head(c).update(process_pattern=pattern), ".process_pattern'")
+
+
+# Patterns no static check refuses (repeats one after another, not one inside another: fine
+# on a title, polynomial on a long run of one character) meet text the user does not control.
+polynomial = st.tuples(st.sampled_from(["a", "\\w", "[a-z]", "."]), st.integers(3, 6)).map(
+    lambda t: "".join([f".*{t[0]}"] * t[1]) + "!")
+SLOW = settings(PROFILE, max_examples=3)
+
+
+@SLOW
+@given(pattern=polynomial, in_thread=st.booleans())
+def test_an_anchor_that_backtracks_on_the_file_is_one_line_not_a_hang(pattern, in_thread):
+    """setting.anchor on a host's file: bounded in time in the main thread (a phase) and in
+    a worker thread (preflight checks hosts in a pool), a PatchError naming the key."""
+    anchor = f"busy_loop_s: float = [0-9.]+(?:{pattern})?"
+    config = copy.deepcopy(RAW)
+    config["setting"].update(anchor=anchor)
+    validate(config, ROOT)  # accepted: only the text it meets makes it slow
+    caught = []
+
+    def match():
+        try:
+            anchor_count("busy_loop_s: float = 1" + "a" * 20_000, anchor)
+        except PatchError as error:
+            caught.append(str(error))
+    if in_thread:
+        worker = threading.Thread(target=match)
+        worker.start()
+        worker.join()
+    else:
+        match()
+    assert len(caught) == 1 and "'setting.anchor'" in caught[0] and "\n" not in caught[0], caught
+
+
+@SLOW
+@given(pattern=polynomial)
+def test_a_process_pattern_that_backtracks_on_a_command_line_skips_that_process_and_says_so(tmp_path_factory,
+                                                                                             pattern):
+    """Another user's process with a command line of 100,000 a's: the agent reads its first
+    64 KiB, gives up on the match after its bound, counts the vLLM process still, and writes
+    a row without value whose reason names the pid."""
+    proc = tmp_path_factory.mktemp("proc")
+    (proc / "uptime").write_text("1000000.0 1.0\n")
+    fake_process(proc, 10, "vllm serve m", 0)
+    fake_process(proc, 11, "a" * 100_000, 0)
+    source = ProcessCpu("vllm serve|" + pattern, proc_root=str(proc))
+    assert source.matching_pids() == ["10"]
+    reasons = [reason for sensor, value, reason in source.sample() if value is None]
+    assert len(reasons) == 1 and "pid 11" in reasons[0] and "process_pattern" in reasons[0]
 
 
 @PROFILE
