@@ -154,6 +154,14 @@ def test_a_special_or_huge_file_in_a_run_directory_is_refused_at_once(run_dir, t
     one_line_naming(lambda: model.load_run(broken), path)
 
 
+def test_names_that_read_as_mathtext_are_drawn_as_written(run_dir, tmp_path):
+    """A timeline zone (or a host's zone) named like TeX: every figure is still drawn."""
+    from thermab.analysis import plots
+    copy = copy_of(run_dir, tmp_path / "copy")
+    result = analyze.compute(copy, analysis={"timeline_zone": "$x^$ $\\frac$"})
+    assert all(path.stat().st_size > 0 for path in plots.render_figures(result))
+
+
 # -- 8. import-chart input -------------------------------------------------------------------
 
 def thermab(*args) -> subprocess.CompletedProcess:
