@@ -277,6 +277,30 @@ def test_an_ipv6_address_without_port_is_accepted():
     validate(config, ROOT)
 
 
+# -- values that reach a shell, a command line or a path ------------------------------------
+
+ONE_LINE_KEYS = {"load.model": lambda c, v: c["load"].update(model=v),
+                 "analysis.timeline_zone": lambda c, v: c["analysis"].update(timeline_zone=v),
+                 **{f"{'.'.join(HEAD)}.{name}": (lambda name: lambda c, v: head(c).update({name: v}))(name)
+                    for name in ("python", "agent_python", "agent_dir", "key_file", "known_hosts")}}
+
+
+@PROFILE
+@given(key=st.sampled_from(sorted(ONE_LINE_KEYS)), before=st.text("ab/-_", min_size=1, max_size=6),
+       cut=st.sampled_from(["\n", "\r", "\r\n"]), after=st.text("ab/-_", max_size=6))
+def test_a_value_for_a_shell_or_a_path_is_one_line(key, before, cut, after):
+    value = "/" + before + cut + after
+    refused(lambda c: ONE_LINE_KEYS[key](c, value), f"'{key}'")
+
+
+@PROFILE
+@given(model=st.from_regex(r"-{1,2}[a-z][a-z0-9 =-]{0,12}", fullmatch=True))
+def test_a_model_that_looks_like_an_option_reaches_locust_as_the_model(model):
+    from thermab.load.runner import LoadSpec
+    args = LoadSpec(duration_s=5, model=model).locust_args()
+    assert f"--model={model}" in args and model not in args
+
+
 # -- 6. unbounded or unserialisable values ---------------------------------------------------
 
 @PROFILE

@@ -655,7 +655,7 @@ def _host_problems(where: str, host: dict, workdir: Path, problems: list[str]) -
     if host.get("container_engine", "none") != "none" and "container" not in host:
         problems.append(f"config key '{where}.container': required with container_engine "
                         f"{host['container_engine']}")
-    for name in ("root", "python", "agent_dir", "key_file", "known_hosts"):
+    for name in ("root", "python", "agent_python", "agent_dir", "key_file", "known_hosts"):
         _one_line(f"{where}.{name}", host.get(name), problems)
     if host.get("agent_dir", "").rstrip("/") == "":
         problems.append(f"config key '{where}.agent_dir': not the root directory")

@@ -82,7 +82,7 @@ class LoadSpec:
                 "--stall-gap-s", str(self.stall_gap_s),
                 "--probe-n", str(self.probe_n if self.probe else 0), "--probe-tokens", str(self.probe_tokens)]
         if self.model:
-            args += ["--model", self.model]
+            args.append(f"--model={self.model}")  # one word: a name starting with '-' is no option
         if self.probe_at_s is not None:
             args += ["--probe-at", str(self.probe_at_s)]
         return args
