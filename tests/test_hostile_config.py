@@ -301,6 +301,41 @@ def test_a_model_that_looks_like_an_option_reaches_locust_as_the_model(model):
     assert f"--model={model}" in args and model not in args
 
 
+LOAD_OPTIONS = ["--users", "--duration", "--max-tokens", "--prompt-tokens", "--probe-n", "--probe-tokens",
+                "--stall-gap-s", "--probe-at", "--stop-timeout", "--rep"]
+BOUNDED = ["--users", "--duration", "--max-tokens", "--prompt-tokens", "--probe-n", "--probe-tokens",
+           "--stall-gap-s", "--rep"]  # those that stand for a config key with a maximum
+
+
+def load_refuses(option, value, capsys):
+    from thermab.load import runner
+    with pytest.raises(SystemExit) as exited:
+        runner.main(["http://127.0.0.1:1", "--out", "/dev/null/r.parquet", "--duration", "5", option, value])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and f"argument {option}" in err and "Traceback" not in err, err
+
+
+@PROFILE
+@given(option=st.sampled_from(LOAD_OPTIONS), value=st.one_of(
+    st.sampled_from(["nan", "inf", "-inf", "-1", "0x10", "1e400", "", "four", "1_0"]),
+    st.integers(-10**6, -1).map(str)))
+def test_thermab_load_refuses_what_no_config_key_takes(option, value, capsys):
+    """`thermab load`'s numbers are the config's (load.*, timings.load_s, analysis.stall_gap_s):
+    NaN, inf, negatives and what is no number are argparse's one line, exit 2."""
+    load_refuses(option, value, capsys)
+
+
+@PROFILE
+@given(option=st.sampled_from(BOUNDED), value=st.integers(10**7, 10**12).map(str))
+def test_thermab_load_takes_the_schemas_bounds(option, value, capsys):
+    load_refuses(option, value, capsys)
+
+
+@pytest.mark.parametrize("option, value", [("--order", "ab"), ("--order", "AB\n"), ("--arm", "A B")])
+def test_thermab_load_names_are_the_configs(option, value, capsys):
+    load_refuses(option, value, capsys)
+
+
 # -- 6. unbounded or unserialisable values ---------------------------------------------------
 
 @PROFILE

@@ -279,6 +279,19 @@ def defaults(section: str) -> dict:
     return {name: copy.deepcopy(spec["default"]) for name, spec in properties.items() if "default" in spec}
 
 
+def key_problem(path: tuple[str, ...], value) -> str | None:
+    """Why ``value`` cannot be the config key at ``path`` (``("load", "users")``): the
+    schema's type, bounds and pattern, a finite number; None when it can.  For command-line
+    options that set what a config key sets, so both take the same values."""
+    schema = _validator().schema
+    for name in path:
+        schema = schema["properties"][name]
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not a finite number"
+    error = next(iter(type(_validator())(schema).iter_errors(value)), None)
+    return None if error is None else error.message
+
+
 def _value_problems(value, path: list, problems: list[str], budget: list[int]) -> None:
     """What no schema keyword catches, anywhere in the config: numbers that are not
     finite (every comparison with NaN is false, so an interlock at NaN never fires), keys

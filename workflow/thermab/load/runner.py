@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -32,7 +33,7 @@ from importlib import resources
 from pathlib import Path
 
 from thermab.jsonl import JsonlTail
-from thermab.config import defaults as schema_defaults, extra_body_problem
+from thermab.config import DECIMAL_FLOAT, DECIMAL_INT, defaults as schema_defaults, extra_body_problem, key_problem
 from thermab.errors import StageFailed
 from thermab.layout import PhaseDir
 from thermab.load.validity import load_window, summary_line, to_frame, validity_report
@@ -245,28 +246,60 @@ def _extra_body_arg(text):
     return value
 
 
+def _as_key(*path, parse=int):
+    """An argparse type: the option's text parsed, and taken only where the config key it
+    stands for (``path``) would take it (the schema's bounds, finite)."""
+    def convert(text):
+        value = text if parse is str else _number(text, parse)
+        problem = key_problem(path, value)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{problem} (as config key '{'.'.join(path)}')")
+        return value
+    return convert
+
+
+def _number(text, parse):
+    """``text`` as a plain decimal number, as the config reads one (not 1_0, 0x10 or nan)."""
+    try:
+        if DECIMAL_INT.fullmatch(text) or (parse is float and DECIMAL_FLOAT.fullmatch(text)):
+            return parse(text)
+    except ValueError:  # YAML's .inf and .nan, which Python does not read
+        pass
+    raise argparse.ArgumentTypeError(f"{text!r} is not a plain decimal {'whole ' if parse is int else ''}number")
+
+
+def _seconds(text):
+    """An argparse type: a finite number of seconds, not negative."""
+    value = _number(text, float)
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds, at least 0")
+    return value
+
+
 def main(argv=None):
     defaults = LoadSpec(duration_s=0)
     parser = argparse.ArgumentParser(prog="thermab load", description="Closed-loop streaming load on an "
                                      "OpenAI-compatible server: requests.parquet and validity.json.")
     parser.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--out", type=Path, required=True, help="requests.parquet to write (the rest goes beside it)")
-    parser.add_argument("--order", default="AB")
-    parser.add_argument("--rep", type=int, default=1)
-    parser.add_argument("--arm", default="A")
-    parser.add_argument("--users", type=int, default=defaults.users, help="closed-loop slots (requests always in flight)")
-    parser.add_argument("--duration", type=int, required=True, help="load seconds")
-    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
-    parser.add_argument("--prompt-tokens", type=int, default=defaults.prompt_tokens)
+    parser.add_argument("--order", type=_as_key("order", parse=str), default="AB")
+    parser.add_argument("--rep", type=_as_key("repeats"), default=1)
+    parser.add_argument("--arm", type=_as_key("order", parse=str), default="A")
+    parser.add_argument("--users", type=_as_key("load", "users"), default=defaults.users,
+                        help="closed-loop slots (requests always in flight)")
+    parser.add_argument("--duration", type=_as_key("timings", "load_s"), required=True, help="load seconds")
+    parser.add_argument("--max-tokens", type=_as_key("load", "max_tokens"), default=defaults.max_tokens)
+    parser.add_argument("--prompt-tokens", type=_as_key("load", "prompt_tokens"), default=defaults.prompt_tokens)
     parser.add_argument("--model", help="default: the first id of /v1/models")
     parser.add_argument("--extra-body", type=_extra_body_arg, default={},
                         help='JSON object, e.g. \'{"reasoning_effort": "low"}\'')
     parser.add_argument("--no-probe", action="store_true", help="no single-stream probe (single-stream mode)")
-    parser.add_argument("--probe-at", type=float, help="seconds from the start (default: 60%% of the duration)")
-    parser.add_argument("--probe-n", type=int, default=defaults.probe_n)
-    parser.add_argument("--probe-tokens", type=int, default=defaults.probe_tokens)
-    parser.add_argument("--stall-gap-s", type=float, default=defaults.stall_gap_s)
-    parser.add_argument("--stop-timeout", type=int, default=defaults.stop_timeout_s,
+    parser.add_argument("--probe-at", type=_seconds, help="seconds from the start (default: 60%% of the duration)")
+    parser.add_argument("--probe-n", type=_as_key("load", "probe_n"), default=defaults.probe_n)
+    parser.add_argument("--probe-tokens", type=_as_key("load", "probe_tokens"), default=defaults.probe_tokens)
+    parser.add_argument("--stall-gap-s", type=_as_key("analysis", "stall_gap_s", parse=float),
+                        default=defaults.stall_gap_s)
+    parser.add_argument("--stop-timeout", type=lambda text: int(_seconds(text)), default=defaults.stop_timeout_s,
                         help="seconds in-flight requests get to finish")
     parser.add_argument("--log", type=Path, help="Locust's output (default: locust.log beside --out)")
     parser.add_argument("--locustfile", type=Path, help=f"default: {LOCUSTFILE}")
