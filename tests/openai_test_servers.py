@@ -34,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 BEHAVIOURS = ("normal", "no_usage", "packed", "drop", "truncated", "http_error")
 CHARS_PER_TOKEN = 4
+CHAT_FIELDS = {"model", "messages", "max_tokens", "ignore_eos", "stream", "stream_options"}  # the load's own
 BLOCK_TOKENS = 16
 WORDS = ("alpha", "beta", "gamma", "delta", "omega")
 
@@ -76,6 +77,7 @@ class MisbehavingServer:
         self.model = model
         self.cache = PrefixCache()
         self.prompts = []  # every prompt received, in arrival order
+        self.extra_fields = []  # per streamed request, its fields beyond the chat request's own
         self._connections = set()
         self._lock = threading.Lock()
         self._httpd = None
@@ -182,6 +184,7 @@ class MisbehavingServer:
             def _stream(self, body):
                 prompt = "".join(m.get("content", "") for m in body.get("messages", []))
                 peer.prompts.append(prompt)
+                peer.extra_fields.append({k: v for k, v in body.items() if k not in CHAT_FIELDS})
                 prompt_tokens = math.ceil(len(prompt) / CHARS_PER_TOKEN) + 5  # + chat template
                 cached_tokens = peer.cache.lookup_and_store(prompt)
                 max_tokens = int(body.get("max_tokens", 16))

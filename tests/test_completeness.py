@@ -8,6 +8,7 @@ import pytest
 
 from thermab.analysis.completeness import completeness, measured_intervals
 from thermab.analysis.summary import _sampling, completeness_section
+from thermab.telemetry import ingest
 
 WINDOWS = pd.DataFrame({"order": ["AB", "AB"], "rep": [1, 1], "arm": ["A", "B"], "load_start": [100.0, 300.0],
                         "load_end": [160.0, 360.0], "window_s": [60.0, 60.0]})
@@ -73,3 +74,41 @@ def test_intervals_as_measured_with_their_precision():
     assert _sampling(intervals, "cpu") == "sampled every 1 s (median)"
     assert _sampling({"power": 0.25}, "power") == "sampled every 0.25 s (median)"
     assert _sampling(intervals, "gpu") == "not sampled in this run"
+
+
+def agent_files(host_dir, end_s=400.0):
+    """An agent's files as a host writes them: zones every 0.5 s, hwmon temperatures every
+    15 s, RAPL counters every 5 s and hwmon power every second (the schema's defaults)."""
+    host_dir.mkdir(parents=True)
+    files = {"thermal": (0.5, "TSOC"), "hwmon": (15.0, "nct6775@isa/SYSTIN"),
+             "rapl": (5.0, "package-0 uJ:max=262143328850"), "hwmon_power": (1.0, "acpi_power@0/power1 W")}
+    for stem, (interval, sensor) in files.items():
+        lines = ["t,sensor,value,reason"]
+        for step, t in enumerate(np.arange(0.0, end_s, interval)):
+            value = step * interval * 50e6 if stem == "rapl" else 50.0  # 50 W, as a µJ counter for RAPL
+            lines.append(f"{t:.3f},{sensor},{value},")
+        (host_dir / f"{stem}.csv").write_text("\n".join(lines) + "\n")
+    return {stem: interval for stem, (interval, _sensor) in files.items()}
+
+
+def test_each_source_of_a_kind_is_judged_at_its_own_interval(tmp_path):
+    """RAPL (5 s) and hwmon power (1 s) are both kind power, zones (0.5 s) and hwmon
+    temperatures (15 s) both thermal: each is its own row at its own interval, with no gap
+    that is not one; and the summary prints the zones' interval, not the pooled one."""
+    intervals = agent_files(tmp_path / "monitor" / "head")
+    sources = {}
+    frame, dropped = ingest.telemetry(tmp_path / "monitor", {"head": 0.0}, sources)
+    assert dropped == {}
+    assert sources["head"] == {"power": {"package-0": "rapl", "acpi_power@0/power1": "hwmon_power"},
+                               "thermal": {"TSOC": "thermal", "nct6775@isa/SYSTIN": "hwmon"}}
+    table = completeness(frame, WINDOWS, ["head"], {**intervals, "cpu": 1}, sources=sources).set_index("source")
+    assert set(table.index) == {"thermal", "hwmon", "rapl", "hwmon_power", "cpu"}
+    for source, interval in intervals.items():
+        row = table.loc[source]
+        assert row["interval_s"] == interval and row["expected"] == 2 * math.floor(60 / interval)
+        assert row["got"] >= row["expected"] - 2 and row["largest_gap_s"] <= interval + 1e-9, source
+    notes = completeness_section(completeness(frame, WINDOWS, ["head"], {**intervals, "cpu": 1}, sources=sources))
+    assert "gap of" not in notes
+    assert measured_intervals(frame, "head", sources) == intervals
+    pooled = measured_intervals(frame, "head")  # a run ingested before sources were kept: one per kind
+    assert set(pooled) == {"thermal", "power"}

@@ -12,7 +12,8 @@ from thermab import errors, jobs
 from thermab.errors import HostError, StageFailed, ThermabError, UserError
 
 # outside the tree on purpose (thermab/errors.py says why)
-OUTSIDE = {"thermab.telemetry.agent.SettingsError", "thermab.sim.vllm.ApiError", "thermab.sim.vllm.EngineGone"}
+OUTSIDE = {"thermab.telemetry.agent.SettingsError", "thermab.telemetry.agent.MatchTimeout", "thermab.sim.vllm.ApiError",
+           "thermab.sim.vllm.EngineGone"}
 BRANCHES = {
     "thermab.errors.UserError": UserError, "thermab.config.ConfigError": UserError,
     "thermab.experiment.discover.UsageError": UserError, "thermab.experiment.discover.Question": UserError,

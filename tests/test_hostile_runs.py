@@ -98,13 +98,20 @@ def test_requests_with_missing_or_text_columns_name_them(run_dir, tmp_path, drop
     one_line_naming(lambda: model.load_run(broken), path, f"'{text}'")
 
 
+INGEST_JSON = {"telemetry_rows": 1, "sources": {"head": {"thermal": {"TSOC": "thermal", "x/temp1": "hwmon"}}}}
+
+
 @PROFILE
-@given(cut=st.integers(0, 400), which=st.sampled_from(["run.json", "validity.json"]))
+@given(cut=st.integers(0, 400), which=st.sampled_from(["run.json", "validity.json", "tidy/ingest.json"]))
 def test_truncated_or_keyless_json_is_one_line(run_dir, tmp_path, cut, which):
     broken = copy_of(run_dir, tmp_path / "broken")
-    path = broken / "run.json" if which == "run.json" else sorted(broken.glob("phases/*/validity.json"))[0]
+    path = sorted(broken.glob("phases/*/validity.json"))[0] if which == "validity.json" else broken / which
+    if which == "tidy/ingest.json":
+        path.write_text(json.dumps(INGEST_JSON))
+        assert model.load_run(broken).sources == INGEST_JSON["sources"]
     text = path.read_text()
-    for damaged in (text[:cut % max(len(text) - 1, 1)], "{}", "[]", '{"order": 1, "rep": "x"}'):
+    for damaged in (text[:cut % max(len(text) - 1, 1)], "{}", "[]", '{"order": 1, "rep": "x"}',
+                    '{"sources": [1]}', '{"sources": {"head": {"thermal": {"TSOC": 3}}}}', '{"sources": {"h": 1}}'):
         path.write_text(damaged)
         try:
             model.load_run(broken)  # an empty run.json is an older plan, read with defaults
@@ -135,16 +142,24 @@ def specials(tmp_path):
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device", "huge"])
 @pytest.mark.parametrize("name", ["events.jsonl", "run.json", "tidy/telemetry.parquet", "tidy/requests.parquet",
-                                  "validity.json"])
+                                  "validity.json", "tidy/ingest.json"])
 def test_a_special_or_huge_file_in_a_run_directory_is_refused_at_once(run_dir, tmp_path, specials, kind, name):
     broken = copy_of(run_dir, tmp_path / "broken")
     path = sorted(broken.glob("phases/*/validity.json"))[0] if name == "validity.json" else broken / name
-    path.unlink()
+    path.unlink(missing_ok=True)
     if kind == "directory":
         path.mkdir()
     else:
         path.symlink_to(specials[kind])
     one_line_naming(lambda: model.load_run(broken), path)
+
+
+def test_names_that_read_as_mathtext_are_drawn_as_written(run_dir, tmp_path):
+    """A timeline zone (or a host's zone) named like TeX: every figure is still drawn."""
+    from thermab.analysis import plots
+    copy = copy_of(run_dir, tmp_path / "copy")
+    result = analyze.compute(copy, analysis={"timeline_zone": "$x^$ $\\frac$"})
+    assert all(path.stat().st_size > 0 for path in plots.render_figures(result))
 
 
 # -- 8. import-chart input -------------------------------------------------------------------

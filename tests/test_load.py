@@ -347,13 +347,26 @@ def test_locust_command_bounds_the_run_and_passes_the_options():
     spec = runner.LoadSpec(users=4, duration_s=1800, stop_timeout_s=120, max_tokens=400, prompt_tokens=1400,
                            model=None, extra_body={"reasoning_effort": "low"}, probe=False, probe_at_s=None,
                            probe_n=3, probe_tokens=256, stall_gap_s=1.0)
-    command = runner.locust_command("http://127.0.0.1:1", "r.jsonl", "e.jsonl", spec, "AB-rep1-A")
+    command = runner.locust_command("http://127.0.0.1:1", "r.jsonl", "e.jsonl", spec, "AB-rep1-A",
+                                    extra_body_file="x/extra_body.json")
     joined = " ".join(command)
     assert runner.LOCUSTFILE.is_file()
     for part in ("--headless", "-u 4 -r 4", "--run-time 1800s", "--stop-timeout 120s", "--probe-n 0",
-                 '--extra-body {"reasoning_effort": "low"}', "--records-out r.jsonl"):
+                 "--extra-body-file x/extra_body.json", "--records-out r.jsonl"):
         assert part in joined
+    assert "reasoning_effort" not in joined  # the body travels in the file, never on the command line
     assert "--model" not in command and "--probe-at" not in command
+
+
+def test_a_large_extra_body_reaches_every_request_through_a_file(tmp_path):
+    """300 kB of extra fields: over the kernel's 128 KiB per argument, so only a file carries it."""
+    extra = {"reasoning_effort": "low", "pad": "x" * 300_000}
+    with MisbehavingServer("normal", token_interval_s=0.01) as server:
+        report, frame, _ = run(server, tmp_path, users=2, duration_s=2, extra_body=extra)
+        seen = list(server.extra_fields)
+    assert report["requests"]["load_ok"] > 0 and len(seen) == len(frame)
+    assert all(fields == extra for fields in seen)
+    assert json.loads((tmp_path / "extra_body.json").read_text()) == extra
 
 
 def test_jsonl_tail_waits_for_the_newline(tmp_path):

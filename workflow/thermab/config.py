@@ -42,7 +42,9 @@ SCHEMA = resources.files("thermab") / "config.schema.yaml"
 MAX_VALUES = 100_000  # values in one config, counted through YAML aliases (a billion laughs stops here)
 MAX_MESSAGE = 300  # characters of a value shown in an error
 MAX_CONFIG_BYTES = 4 * 2**20  # a config file; larger is not a config
-MAX_EXTRA_BODY = 64 * 2**10  # load.extra_body as JSON: it rides in every request
+# load.extra_body as JSON: it is merged into every request (it travels in a file, not on a
+# command line), so this bounds each request's body, not an argument
+MAX_EXTRA_BODY = 2**20
 MAX_DIGITS = 100  # an integer written longer is a mistake (Python refuses to convert past 4300)
 
 
@@ -275,6 +277,19 @@ def defaults(section: str) -> dict:
     one owner of the defaults, which LoadSpec, the locustfile and the run plan read."""
     properties = _validator().schema["properties"][section]["properties"]
     return {name: copy.deepcopy(spec["default"]) for name, spec in properties.items() if "default" in spec}
+
+
+def key_problem(path: tuple[str, ...], value) -> str | None:
+    """Why ``value`` cannot be the config key at ``path`` (``("load", "users")``): the
+    schema's type, bounds and pattern, a finite number; None when it can.  For command-line
+    options that set what a config key sets, so both take the same values."""
+    schema = _validator().schema
+    for name in path:
+        schema = schema["properties"][name]
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not a finite number"
+    error = next(iter(type(_validator())(schema).iter_errors(value)), None)
+    return None if error is None else error.message
 
 
 def _value_problems(value, path: list, problems: list[str], budget: list[int]) -> None:
@@ -653,7 +668,7 @@ def _host_problems(where: str, host: dict, workdir: Path, problems: list[str]) -
     if host.get("container_engine", "none") != "none" and "container" not in host:
         problems.append(f"config key '{where}.container': required with container_engine "
                         f"{host['container_engine']}")
-    for name in ("root", "python", "agent_dir", "key_file", "known_hosts"):
+    for name in ("root", "python", "agent_python", "agent_dir", "key_file", "known_hosts"):
         _one_line(f"{where}.{name}", host.get(name), problems)
     if host.get("agent_dir", "").rstrip("/") == "":
         problems.append(f"config key '{where}.agent_dir': not the root directory")
@@ -701,9 +716,9 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
                         f"sample intervals ('monitor.intervals.thermal' = {thermal_interval} s)")
     _question_problems(config, problems)
     _across_keys(config, problems)
-    extra = len(json.dumps(config["load"]["extra_body"]))
-    if extra > MAX_EXTRA_BODY:
-        problems.append(f"config key 'load.extra_body': {extra} bytes as JSON, more than {MAX_EXTRA_BODY}")
+    problem = extra_body_problem(config["load"]["extra_body"])
+    if problem:
+        problems.append(f"config key 'load.extra_body': {problem}")
     for name, cluster in config["clusters"].items():
         hosts = cluster["hosts"]
         if config["setting"]["method"] == "file":
@@ -809,6 +824,18 @@ def _question_problems(config: dict, problems: list[str]) -> None:
         if config["max_repeats"] < max(2, config["repeats"]):
             problems.append(f"config key 'max_repeats': {config['max_repeats']} is below 'repeats' "
                             f"({config['repeats']}) or one crossover pair (2)")
+
+
+def extra_body_problem(extra_body) -> str | None:
+    """Why ``extra_body`` cannot be merged into every request: not a JSON object, or larger
+    than MAX_EXTRA_BODY written as JSON; None when it can."""
+    if not isinstance(extra_body, dict):
+        return f"must be a JSON object, not {type(extra_body).__name__}"
+    try:
+        size = len(json.dumps(extra_body, allow_nan=False).encode())
+    except (TypeError, ValueError, RecursionError) as error:
+        return f"not JSON: {_short(str(error))}"
+    return f"{size} bytes as JSON, more than {MAX_EXTRA_BODY}" if size > MAX_EXTRA_BODY else None
 
 
 def _across_keys(config: dict, problems: list[str]) -> None:

@@ -8,8 +8,9 @@
 A ThermabError's message says all there is to say, so ``jobs.logged`` prints it without a
 traceback and ``python -m thermab`` with its status; any other exception is a bug and keeps
 its traceback.  HostError and StageFailed are RuntimeErrors, as the classes they became the
-bases of were.  Outside the tree on purpose: the agent's SettingsError (the agent ships as
-one stdlib file) and the simulated server's ApiError and EngineGone (they never leave it)."""
+bases of were.  Outside the tree on purpose: the agent's SettingsError and MatchTimeout
+(the agent ships as one stdlib file; the patcher turns a MatchTimeout into a PatchError)
+and the simulated server's ApiError and EngineGone (they never leave it)."""
 
 from __future__ import annotations
 

@@ -56,6 +56,10 @@ class PhaseDir:
         return self.path / "validity.json"
 
     @property
+    def extra_body(self) -> Path:  # load.extra_body, written for the locustfile (not on its command line)
+        return self.path / "extra_body.json"
+
+    @property
     def server_metrics(self) -> Path:  # the endpoint's /metrics scraped during the load
         return self.path / "server.csv"
 

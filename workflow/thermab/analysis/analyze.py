@@ -130,10 +130,11 @@ def write_outputs(result: Analysis) -> dict[str, pd.DataFrame]:
     _write_tables(files.tables, result.tables)
     text = summary.summary_markdown(
         run.config, result.tables, result.tables["variance"],
-        sample_interval_s=measured_intervals(run.telemetry, run.config["head"]),
+        sample_interval_s=measured_intervals(run.telemetry, run.config["head"], run.sources),
         sources=result.sources, best=result.best,
         completeness=completeness(run.telemetry, result.tables["windows"], ordered_hosts(run.config),
-                                  run.config.get("sample_intervals_s"), run.config.get("hosts_without_zones", [])))
+                                  run.config.get("sample_intervals_s"), run.config.get("hosts_without_zones", []),
+                                  run.sources))
     files.summary.write_text(text, encoding="utf-8")
     return result.tables
 

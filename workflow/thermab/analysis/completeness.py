@@ -8,9 +8,13 @@ a frame out; summary.md shows it, so a hole is never silent.
 - largest gap: the longest stretch of a window without a sample of some sensor of the
   source, the window's edges included (a sensor silent for a whole window gives its length).
 
-The source's interval is the run's configured one where known, else the median spacing of
-its distinct samples over the whole run (``measured_intervals``, which the summary prints as
-how often each source was sampled)."""
+A source is what the agent samples at one interval (``thermal`` zones, ``hwmon``
+temperatures, ``rapl`` and ``hwmon_power`` watts, ...): the series of one tidy kind may come
+from several, each judged at its own interval (the run's ``sources``, from
+tidy/ingest.json; a run without them counts each kind as one source).  The source's
+interval is the run's configured one where known, else the median spacing of its distinct
+samples over the whole run (``measured_intervals``, which the summary prints as how often
+each source was sampled)."""
 
 from __future__ import annotations
 
@@ -34,20 +38,26 @@ def _median_spacing(times: list[np.ndarray]) -> float:
     return float(np.median(steps)) if len(steps) else math.nan
 
 
-def _times(telemetry, host: str, kind: str) -> list[np.ndarray]:
-    """The sample times of each series of a source on a host; the CPU source's threads come
-    and go with the load, so its sum stands for it."""
-    sensor = CPU_SENSOR if kind == "cpu" else None
-    return [arrays["t"] for _key, arrays in telemetry.series(kind=kind, sensor=sensor, host=host, columns=("t",))]
-
-
-def measured_intervals(telemetry, host: str) -> dict[str, float]:
-    """How often each source (``kind``) of ``host`` was sampled: the median spacing of its
-    distinct samples over the run; a source with fewer than two samples has none."""
+def source_times(telemetry, host: str, sources: dict | None = None) -> dict[str, list[np.ndarray]]:
+    """The sample times of each series of ``host``, by the source it came from
+    (``sources[host][kind][sensor]``, else its kind); the CPU source's threads come and go
+    with the load, so its sum stands for it."""
     telemetry = as_telemetry(telemetry)
-    intervals = {kind: _median_spacing(_times(telemetry, host, kind))
-                 for kind in sorted(set(telemetry.select(host=host)["kind"]))}
-    return {kind: interval for kind, interval in intervals.items() if not math.isnan(interval)}
+    of_host = (sources or {}).get(host, {})
+    found: dict[str, list[np.ndarray]] = {}
+    for key, arrays in telemetry.series(host=host, columns=("t",)):
+        if key["kind"] == "cpu" and key["sensor"] != CPU_SENSOR:
+            continue
+        source = of_host.get(key["kind"], {}).get(key["sensor"], key["kind"])
+        found.setdefault(source, []).append(arrays["t"])
+    return found
+
+
+def measured_intervals(telemetry, host: str, sources: dict | None = None) -> dict[str, float]:
+    """How often each source of ``host`` was sampled: the median spacing of its distinct
+    samples over the run; a source with fewer than two samples has none."""
+    intervals = {source: _median_spacing(times) for source, times in source_times(telemetry, host, sources).items()}
+    return {source: interval for source, interval in sorted(intervals.items()) if not math.isnan(interval)}
 
 
 def _largest_gap(t: np.ndarray, start: float, end: float) -> float:
@@ -56,18 +66,18 @@ def _largest_gap(t: np.ndarray, start: float, end: float) -> float:
 
 def completeness(telemetry, windows: pd.DataFrame, hosts: list[str],
                  intervals_s: dict[str, float] | None = None,
-                 hosts_without_zones: list[str] = ()) -> pd.DataFrame:
-    """One row per host and source (``kind`` of the tidy telemetry): every source a host
-    sent, plus thermal and cpu, which every host is expected to send (thermal not from
-    ``hosts_without_zones``).  ``telemetry``: a model.Telemetry or the tidy frame;
-    ``intervals_s``: the configured interval per source."""
+                 hosts_without_zones: list[str] = (), sources: dict | None = None) -> pd.DataFrame:
+    """One row per host and source: every source a host sent, plus thermal and cpu, which
+    every host is expected to send (thermal not from ``hosts_without_zones``).
+    ``telemetry``: a model.Telemetry or the tidy frame; ``intervals_s``: the configured
+    interval per source; ``sources``: the source of each series (see module doc)."""
     telemetry = as_telemetry(telemetry)
     rows = []
     for host in hosts:
-        sent = set(telemetry.select(host=host)["kind"])
-        kinds = sorted(sent | {k for k in ALWAYS if not (k == "thermal" and host in hosts_without_zones)})
-        for kind in kinds:
-            times = _times(telemetry, host, kind)
+        by_source = source_times(telemetry, host, sources)
+        expected_sources = {k for k in ALWAYS if not (k == "thermal" and host in hosts_without_zones)}
+        for kind in sorted(set(by_source) | expected_sources):
+            times = by_source.get(kind, [])
             interval = (intervals_s or {}).get(kind) or _median_spacing(times)
             cuts = [window_rows(t, windows) for t in times]
             expected = got = largest = 0.0

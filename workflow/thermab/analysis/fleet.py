@@ -10,10 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from thermab.analysis.headless import plt  # noqa: E402 (the Agg backend, literal text)
 import pandas as pd  # noqa: E402
 
 from thermab.analysis import energy  # noqa: E402

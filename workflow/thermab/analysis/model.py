@@ -9,7 +9,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -207,6 +207,9 @@ class RunData:
     telemetry: Telemetry
     requests: pd.DataFrame | None  # None when the run has no request data (imported runs)
     validity: dict  # (order, rep, arm) → the phase's validity.json; empty for imported runs
+    # host → kind → sensor → the agent source it came from (tidy/ingest.json); empty for a run
+    # ingested before it was kept, or imported: each kind is then one source
+    sources: dict = field(default_factory=dict)
 
 
 def read_events(path: Path) -> pd.DataFrame:
@@ -334,7 +337,22 @@ def load_run(run_dir, analysis: dict | None = None) -> RunData:
     config = (_check_plan(run_json, _read_json(run_json)) if run_json.exists()
               else inferred_plan(path, events, telemetry))
     config.update(plan.reanalysis(analysis or {}))
-    return RunData(path, config, events, telemetry, requests, read_validity(path))
+    return RunData(path, config, events, telemetry, requests, read_validity(path), read_sources(files.ingest_report))
+
+
+def read_sources(path: Path) -> dict:
+    """The agent source of each series (``sources`` of tidy/ingest.json: host → kind →
+    sensor → source), {} where the file or the key is absent; any other shape is a
+    UserError naming the file."""
+    if not path.exists():
+        return {}
+    sources = _read_json(path).get("sources", {})
+    if not (isinstance(sources, dict) and all(
+            isinstance(kinds, dict) and all(isinstance(series, dict) and all(
+                isinstance(sensor, str) and isinstance(source, str) for sensor, source in series.items())
+                for series in kinds.values()) for kinds in sources.values())):
+        raise UserError(f"{path}: 'sources' must map host → kind → sensor → the name of a source")
+    return sources
 
 
 def read_validity(path: Path) -> dict:

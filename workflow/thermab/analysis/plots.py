@@ -13,12 +13,10 @@ False) is drawn hollow and labelled "load short"; its load window on the timelin
 """
 
 import math
+import textwrap
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # headless: figures are files, never windows
-import matplotlib.pyplot as plt  # noqa: E402
+from thermab.analysis.headless import plt  # noqa: E402 (the Agg backend, literal text)
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from plotly.subplots import make_subplots  # noqa: E402
@@ -324,7 +322,8 @@ def _placeholder(path: Path, title: str, message: str) -> Path:
     fig, ax = plt.subplots(figsize=(7, 3))
     ax.axis("off")
     ax.set_title(title)
-    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=11, wrap=True)
+    # wrapped here: matplotlib's own wrap=True parses mathtext whatever text.parse_math says
+    ax.text(0.5, 0.5, textwrap.fill(message, 75), ha="center", va="center", fontsize=11)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -16,10 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from thermab.analysis.headless import plt  # noqa: E402 (the Agg backend, literal text)
 import networkx as nx  # noqa: E402
 import yaml  # noqa: E402
 

@@ -43,7 +43,7 @@ from thermab.config import ConfigError, HostSpec, endpoint_problem, port_problem
 from thermab.errors import UserError
 from thermab.experiment import server as server_api
 from thermab.experiment.cluster import clock_offsets
-from thermab.experiment.patch import anchor_count
+from thermab.experiment.patch import PatchError, anchor_count, anchor_matches
 from thermab.hosts.host import Host
 from thermab.hosts.transport import CommandError, Result, TransportError
 from thermab.telemetry import deploy
@@ -395,8 +395,8 @@ def file_in_vllm(template: str) -> str | None:
 def current_value(text: str, anchor: str, replacement: str) -> str | None:
     """The value the file holds now: the anchor's single match read through the
     replacement's ``{value}`` (``busy_loop_s: float = 1`` -> ``1``)."""
-    matches = re.findall(anchor, text)
-    if len(matches) != 1 or not isinstance(matches[0], str):
+    matches = anchor_matches(text, anchor)
+    if len(matches) != 1:
         return None
     prefix, _, suffix = replacement.partition("{value}")
     found = matches[0]
@@ -819,8 +819,12 @@ class HostProbe:
         except CommandError as error:
             self.lack("setting file", f"{file}: {why(error.result, 'base64')}")
             return None
-        count = anchor_count(text, setting["anchor"])
         self.note("setting file", file, source)
+        try:
+            count = anchor_count(text, setting["anchor"])
+        except PatchError as error:  # the anchor backtracks on this file
+            self.lack("anchor", f"{file}: {error}")
+            return None
         if count != 1:
             self.lack("anchor", f"{setting['anchor']!r} matches {count} times in {file} (must be exactly 1)")
             return None

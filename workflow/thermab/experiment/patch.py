@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shlex
 import string
 import time
@@ -23,6 +22,7 @@ from thermab.config import literal_kind
 from thermab.errors import HostError
 from thermab.hosts.host import Host
 from thermab.hosts.transport import TransportError
+from thermab.telemetry.agent import MatchTimeout, match_spans
 
 
 class PatchError(HostError):
@@ -33,19 +33,35 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def anchor_spans(text: str, anchor: str) -> list[tuple[int, int]]:
+    """Where the anchor matches in a file of the host (at most MAX_FILE_BYTES), found within
+    MATCH_LIMIT_S: an anchor that backtracks on this file is a PatchError naming the key,
+    never a hang."""
+    try:
+        return match_spans(anchor, text)
+    except MatchTimeout as error:
+        raise PatchError(f"config key 'setting.anchor' ({anchor!r}): {error} on the setting's file; "
+                         "write it without repeats that can match the same text") from None
+
+
+def anchor_matches(text: str, anchor: str) -> list[str]:
+    return [text[start:end] for start, end in anchor_spans(text, anchor)]
+
+
 def anchor_count(text: str, anchor: str) -> int:
-    return len(re.findall(anchor, text))
+    return len(anchor_spans(text, anchor))
 
 
-def render(original: str, anchor: str, replacement: str, value: str) -> str:
-    """The file with the anchor's single match replaced; refuses any other match count."""
+def render(original: str, anchor: str, replacement: str, value: str, spans=None) -> str:
+    """The file with the anchor's single match replaced; refuses any other match count.
+    ``spans``: the anchor's in ``original``, when known already."""
     if "\n" in value:
         raise PatchError(f"value {value!r} contains a newline")
-    count = anchor_count(original, anchor)
-    if count != 1:
-        raise PatchError(f"anchor {anchor!r} matches {count} times (must be exactly 1): nothing written")
-    new = replacement.format(value=value)
-    return re.sub(anchor, lambda _match: new, original, count=1)
+    spans = anchor_spans(original, anchor) if spans is None else spans
+    if len(spans) != 1:
+        raise PatchError(f"anchor {anchor!r} matches {len(spans)} times (must be exactly 1): nothing written")
+    (start, end), = spans
+    return original[:start] + replacement.format(value=value) + original[end:]
 
 
 def original_value(match: str, replacement: str) -> str | None:
@@ -66,17 +82,17 @@ def patch_problems(original: str, setting: dict, values: dict[str, str]) -> list
     restored), and, unless ``setting.value_type`` is ``expression``, the value it replaces
     is a Python literal of the arms' kind."""
     anchor, replacement = setting["anchor"], setting["replacement"]
-    count = anchor_count(original, anchor)
-    if count != 1:
-        return [f"anchor {anchor!r} matches {count} times (must be exactly 1): nothing will be patched"]
+    spans = anchor_spans(original, anchor)
+    if len(spans) != 1:
+        return [f"anchor {anchor!r} matches {len(spans)} times (must be exactly 1): nothing will be patched"]
     problems = []
     for letter, value in values.items():
-        after = anchor_count(render(original, anchor, replacement, value), anchor)
+        after = anchor_count(render(original, anchor, replacement, value, spans), anchor)
         if after != 1:
             problems.append(f"patched to arm {letter} ({value!r}), the file would match the anchor {after} times "
                             "(must stay 1, to patch again and restore)")
     if setting.get("value_type", "literal") == "literal":
-        match = re.search(anchor, original).group(0)
+        match = original[spans[0][0]:spans[0][1]]
         old = original_value(match, replacement)
         kind = literal_kind(old) if old is not None else None
         arm_kinds = sorted({str(literal_kind(v)) for v in values.values()})

@@ -56,7 +56,7 @@ from geventhttpclient import URL, HTTPClient
 from locust import User, constant, events, task
 from locust.exception import StopUser
 
-from thermab.config import defaults as schema_defaults
+from thermab.config import MAX_EXTRA_BODY, extra_body_problem, read_bounded, defaults as schema_defaults
 from thermab.load.prompts import DEFAULT_TOKENS_PER_CHAR, build_prompt, calibrated_tokens_per_char
 from thermab.load.stream import StreamFailure, StreamReader
 
@@ -82,7 +82,7 @@ def add_options(parser):
     parser.add_argument("--model", default="", help="Model name (default: the first id of /v1/models)")
     parser.add_argument("--max-tokens", type=int, default=LOAD_DEFAULTS["max_tokens"], help="max_tokens of each load request (ignore_eos is set)")
     parser.add_argument("--prompt-tokens", type=int, default=LOAD_DEFAULTS["prompt_tokens"], help="Target prompt size in tokens")
-    parser.add_argument("--extra-body", default="{}", help='JSON merged into each request, e.g. {"reasoning_effort": "low"}')
+    parser.add_argument("--extra-body-file", default="", help='A JSON object merged into each request, e.g. {"reasoning_effort": "low"}')
     parser.add_argument("--tag-prefix", default="", help="Run/phase id at the start of every tag (default: time and pid)")
     parser.add_argument("--records-out", default="", help="JSONL file, one record per request (appended, flushed per line)")
     parser.add_argument("--events-out", default="", help="JSONL file for load_start, probe_start, probe_end, load_end (appended)")
@@ -100,10 +100,14 @@ def probe_delay_s(probe_at, run_time_s):
     return float(text.removesuffix("s"))
 
 
-def parse_extra_body(text):
-    extra_body = json.loads(text or "{}")
-    if not isinstance(extra_body, dict):
-        raise ValueError(f"--extra-body must be a JSON object, not {text!r}")
+def read_extra_body(path):
+    """The JSON object in ``path`` (none: {}), read bounded as the config bounds it."""
+    if not path:
+        return {}
+    extra_body = json.loads(read_bounded(path, MAX_EXTRA_BODY))
+    problem = extra_body_problem(extra_body)
+    if problem:
+        raise ValueError(f"--extra-body-file {path}: {problem}")
     return extra_body
 
 
@@ -131,7 +135,7 @@ class LoadTest:
         options = environment.parsed_options  # read per test: the web UI form updates it
         self.environment = environment
         self.options = options
-        self.extra_body = parse_extra_body(options.extra_body)
+        self.extra_body = read_extra_body(options.extra_body_file)
         # A fresh default per test keeps reruns against one server from sharing prefixes.
         self.tag_prefix = options.tag_prefix or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
         self.probe_delay_s = probe_delay_s(options.probe_at, options.run_time)

@@ -8,6 +8,8 @@ beside ``out_parquet``:
 - ``requests.jsonl``: the locustfile's raw records, one line per request;
 - ``load_events.jsonl``: ``load_start``, ``probe_start``, ``probe_end``, ``load_end``;
 - ``locust.log``: Locust's own output (unless ``log_path`` says elsewhere);
+- ``extra_body.json``: ``load.extra_body``, for the locustfile to merge into each request
+  (a file, as nothing large travels on a command line);
 - ``out_parquet``: the records with ``order``, ``rep`` and ``arm`` added, in the columns and
   dtypes of docs/design.md's ``tidy/requests.parquet`` plus the stream diagnostics
   ``max_gap_s``, ``stall_gaps``, ``usage_source``, ``token_arrivals`` and ``token_span_s``;
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -30,7 +33,7 @@ from importlib import resources
 from pathlib import Path
 
 from thermab.jsonl import JsonlTail
-from thermab.config import defaults as schema_defaults
+from thermab.config import DECIMAL_FLOAT, DECIMAL_INT, defaults as schema_defaults, extra_body_problem, key_problem
 from thermab.errors import StageFailed
 from thermab.layout import PhaseDir
 from thermab.load.validity import load_window, summary_line, to_frame, validity_report
@@ -77,16 +80,17 @@ class LoadSpec:
         args = ["-u", str(self.users), "-r", str(self.users),
                 "--run-time", f"{self.duration_s}s", "--stop-timeout", f"{self.stop_timeout_s}s",
                 "--max-tokens", str(self.max_tokens), "--prompt-tokens", str(self.prompt_tokens),
-                "--extra-body", json.dumps(self.extra_body or {}), "--stall-gap-s", str(self.stall_gap_s),
+                "--stall-gap-s", str(self.stall_gap_s),
                 "--probe-n", str(self.probe_n if self.probe else 0), "--probe-tokens", str(self.probe_tokens)]
         if self.model:
-            args += ["--model", self.model]
+            args.append(f"--model={self.model}")  # one word: a name starting with '-' is no option
         if self.probe_at_s is not None:
             args += ["--probe-at", str(self.probe_at_s)]
         return args
 
 
-def locust_command(url, records, events, spec: LoadSpec, tag_prefix, locustfile=None):
+def locust_command(url, records, events, spec: LoadSpec, tag_prefix, locustfile=None, extra_body_file=None):
+    """The Locust command line; ``extra_body_file`` holds ``spec.extra_body`` (the caller writes it)."""
     return [
         sys.executable, "-m", "locust", "-f", str(locustfile or LOCUSTFILE), "--headless", "--only-summary",
         "--host", url,
@@ -94,6 +98,7 @@ def locust_command(url, records, events, spec: LoadSpec, tag_prefix, locustfile=
         "--exit-code-on-error", "0",
         "--records-out", str(records), "--events-out", str(events), "--tag-prefix", tag_prefix,
         *spec.locust_args(),
+        *(["--extra-body-file", str(extra_body_file)] if extra_body_file else []),
     ]
 
 
@@ -130,7 +135,8 @@ def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None
     progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     # The clock time keeps a rerun of the same phase from sharing prefixes with the last.
     tag_prefix = f"{order}-rep{rep}-{arm}-{time.strftime('%H%M%S')}"
-    command = locust_command(url, records_path, events_path, spec, tag_prefix, locustfile)
+    files.extra_body.write_text(json.dumps(spec.extra_body or {}, allow_nan=False) + "\n")
+    command = locust_command(url, records_path, events_path, spec, tag_prefix, locustfile, files.extra_body)
     tail = JsonlTail(records_path)
     duration_s = spec.duration_s
     exit_code, aborted = _supervise(
@@ -229,28 +235,71 @@ def _log_tail(path, lines=20):
         return f"(log unreadable: {exc})"
 
 
+def _extra_body_arg(text):
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    problem = extra_body_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
+def _as_key(*path, parse=int):
+    """An argparse type: the option's text parsed, and taken only where the config key it
+    stands for (``path``) would take it (the schema's bounds, finite)."""
+    def convert(text):
+        value = text if parse is str else _number(text, parse)
+        problem = key_problem(path, value)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{problem} (as config key '{'.'.join(path)}')")
+        return value
+    return convert
+
+
+def _number(text, parse):
+    """``text`` as a plain decimal number, as the config reads one (not 1_0, 0x10 or nan)."""
+    try:
+        if DECIMAL_INT.fullmatch(text) or (parse is float and DECIMAL_FLOAT.fullmatch(text)):
+            return parse(text)
+    except ValueError:  # YAML's .inf and .nan, which Python does not read
+        pass
+    raise argparse.ArgumentTypeError(f"{text!r} is not a plain decimal {'whole ' if parse is int else ''}number")
+
+
+def _seconds(text):
+    """An argparse type: a finite number of seconds, not negative."""
+    value = _number(text, float)
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds, at least 0")
+    return value
+
+
 def main(argv=None):
     defaults = LoadSpec(duration_s=0)
     parser = argparse.ArgumentParser(prog="thermab load", description="Closed-loop streaming load on an "
                                      "OpenAI-compatible server: requests.parquet and validity.json.")
     parser.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--out", type=Path, required=True, help="requests.parquet to write (the rest goes beside it)")
-    parser.add_argument("--order", default="AB")
-    parser.add_argument("--rep", type=int, default=1)
-    parser.add_argument("--arm", default="A")
-    parser.add_argument("--users", type=int, default=defaults.users, help="closed-loop slots (requests always in flight)")
-    parser.add_argument("--duration", type=int, required=True, help="load seconds")
-    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
-    parser.add_argument("--prompt-tokens", type=int, default=defaults.prompt_tokens)
+    parser.add_argument("--order", type=_as_key("order", parse=str), default="AB")
+    parser.add_argument("--rep", type=_as_key("repeats"), default=1)
+    parser.add_argument("--arm", type=_as_key("order", parse=str), default="A")
+    parser.add_argument("--users", type=_as_key("load", "users"), default=defaults.users,
+                        help="closed-loop slots (requests always in flight)")
+    parser.add_argument("--duration", type=_as_key("timings", "load_s"), required=True, help="load seconds")
+    parser.add_argument("--max-tokens", type=_as_key("load", "max_tokens"), default=defaults.max_tokens)
+    parser.add_argument("--prompt-tokens", type=_as_key("load", "prompt_tokens"), default=defaults.prompt_tokens)
     parser.add_argument("--model", help="default: the first id of /v1/models")
-    parser.add_argument("--extra-body", type=json.loads, default={},
+    parser.add_argument("--extra-body", type=_extra_body_arg, default={},
                         help='JSON object, e.g. \'{"reasoning_effort": "low"}\'')
     parser.add_argument("--no-probe", action="store_true", help="no single-stream probe (single-stream mode)")
-    parser.add_argument("--probe-at", type=float, help="seconds from the start (default: 60%% of the duration)")
-    parser.add_argument("--probe-n", type=int, default=defaults.probe_n)
-    parser.add_argument("--probe-tokens", type=int, default=defaults.probe_tokens)
-    parser.add_argument("--stall-gap-s", type=float, default=defaults.stall_gap_s)
-    parser.add_argument("--stop-timeout", type=int, default=defaults.stop_timeout_s,
+    parser.add_argument("--probe-at", type=_seconds, help="seconds from the start (default: 60%% of the duration)")
+    parser.add_argument("--probe-n", type=_as_key("load", "probe_n"), default=defaults.probe_n)
+    parser.add_argument("--probe-tokens", type=_as_key("load", "probe_tokens"), default=defaults.probe_tokens)
+    parser.add_argument("--stall-gap-s", type=_as_key("analysis", "stall_gap_s", parse=float),
+                        default=defaults.stall_gap_s)
+    parser.add_argument("--stop-timeout", type=lambda text: int(_seconds(text)), default=defaults.stop_timeout_s,
                         help="seconds in-flight requests get to finish")
     parser.add_argument("--log", type=Path, help="Locust's output (default: locust.log beside --out)")
     parser.add_argument("--locustfile", type=Path, help=f"default: {LOCUSTFILE}")

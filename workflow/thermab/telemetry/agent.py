@@ -68,6 +68,68 @@ def read_text(path):
     return read_bytes(path).decode("utf-8", "replace").strip()
 
 
+# A user's regex (process_pattern, setting.anchor) meets text the user does not control (any
+# process's command line, the setting's file): the text is bounded, and so is the time.
+MATCH_LIMIT_S = 1.0  # the default pattern takes microseconds on a command line; this is backtracking
+MAX_CMDLINE_BYTES = 64 * 1024  # a longer command line is matched on its start (the title vLLM sets is short)
+
+
+class MatchTimeout(Exception):
+    """A user's regex ran past its time bound on some text (catastrophic backtracking)."""
+
+
+def time_bounded(call, limit_s=MATCH_LIMIT_S):
+    """``call()`` (a regex search on untrusted text), stopped by MatchTimeout after
+    ``limit_s``: Python's matcher checks for signals as it runs, so SIGALRM interrupts a
+    match that backtracks.  Signals reach the main thread only; in another the call runs
+    without a time bound (``match_spans`` has one in any thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return call()
+
+    def expire(_signum, _frame):
+        raise MatchTimeout("no answer within %g s (a pattern that backtracks)" % limit_s)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    try:
+        return call()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+
+
+def match_spans(pattern, text, limit_s=MATCH_LIMIT_S):
+    """The (start, end) of every match of ``pattern`` in ``text``, or MatchTimeout after
+    ``limit_s`` of matching, in any thread: the main thread matches itself (SIGALRM), any
+    other hands the match to a child Python, whose main thread it is (a thread cannot be
+    interrupted, a child can be waited for)."""
+    def spans():
+        return [match.span() for match in re.finditer(pattern, text)]
+    if threading.current_thread() is threading.main_thread():
+        return time_bounded(spans, limit_s)
+    here = os.path.dirname(os.path.abspath(__file__))
+    child = ("import sys; sys.path.insert(0, %r); import agent; agent.spans_of_stdin()" % here)
+    job = json.dumps({"pattern": pattern, "text": text, "limit_s": limit_s})
+    try:  # the child's own bound stops the match; this one only a child that cannot start
+        done = subprocess.run([sys.executable, "-I", "-c", child], input=job, capture_output=True, text=True,
+                              timeout=limit_s + 60)
+        answer = json.loads(done.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired) as error:
+        raise MatchTimeout("the matching process failed: %s" % error) from None
+    if "timeout" in answer:
+        raise MatchTimeout(answer["timeout"])
+    return [tuple(span) for span in answer["spans"]]
+
+
+def spans_of_stdin():
+    """``match_spans`` in a child: the job (pattern, text, limit_s) as JSON on stdin."""
+    job = json.load(sys.stdin)
+    try:
+        json.dump({"spans": match_spans(job["pattern"], job["text"], job["limit_s"])}, sys.stdout)
+    except MatchTimeout as error:
+        json.dump({"timeout": str(error)}, sys.stdout)
+
+
 # a read failing with one of these means the file, or the device behind it, went away: the
 # source resolves its paths again (another device may have taken the number)
 GONE = (errno.ENOENT, errno.ENODEV, errno.ENXIO, errno.ESTALE)
@@ -445,6 +507,8 @@ class ProcessCpu(Source):
         self.seen_last_pid = None
         self.listed_at = None  # monotonic time of the last listing of /proc
         self.prefix = os.path.join(self.proc_root, "")
+        self.slow = []  # the processes whose command line the pattern ran past its time bound on
+        self.verdicts = {}  # command line -> whether the pattern matches it
 
     @classmethod
     def from_settings(cls, settings, sys_root, proc_root):
@@ -453,7 +517,7 @@ class ProcessCpu(Source):
     def cmdline(self, pid):
         """The command line (or the title vLLM set) of a process, None once it has gone."""
         try:
-            return read_bytes(self.prefix + pid + "/cmdline").replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            return read_bytes(self.prefix + pid + "/cmdline").replace(b"\0", b" ")[:MAX_CMDLINE_BYTES].decode("utf-8", "replace").strip()
         except OSError:
             return None
 
@@ -482,6 +546,21 @@ class ProcessCpu(Source):
                 found.add(pid)
         return found
 
+    def matches(self, pid, cmdline):
+        """Whether the pattern matches a command line: each text is matched once (a match is
+        looked at every sample, its text rarely changes), within the time bound."""
+        verdict = self.verdicts.get(cmdline)
+        if verdict is None:
+            try:
+                verdict = bool(time_bounded(lambda: self.pattern.search(cmdline)))
+            except MatchTimeout as error:
+                verdict = False  # not counted, and said: a row without value, with the reason
+                self.slow.append("process_pattern on the command line of pid %s: %s; not counted" % (pid, error))
+            if len(self.verdicts) >= 4096:  # bounded: a host that starts many unlike processes
+                self.verdicts.clear()
+            self.verdicts[cmdline] = verdict
+        return verdict
+
     def look(self, pid, now, first_seen):
         """Read a process's cmdline, note whether it matches and, if not, when to look again
         (once it is twice as old as the agent knows it, at most ``rescan_s`` on)."""
@@ -490,7 +569,7 @@ class ProcessCpu(Source):
             self.known.pop(pid, None)
             self.matched.discard(pid)
             return
-        matches = bool(self.pattern.search(cmdline))
+        matches = self.matches(pid, cmdline)
         when = now + min(now - first_seen, self.rescan_s)
         self.known[pid] = (matches, first_seen, when)
         if matches:
@@ -582,6 +661,8 @@ class ProcessCpu(Source):
                     delta += ticks  # born inside this interval: all its ticks are new
             rows.append((self.sensor, 100.0 * delta / self.clk_tck / elapsed, ""))
             rows.append(("vllm_processes", float(len(current)), ""))
+        rows += [("vllm_processes", None, reason) for reason in self.slow]
+        self.slow = []
         threads = self.thread_ticks(busy)
         # an idle process's threads have the ticks they had: kept without reading them
         threads.update((key, value) for key, value in self.previous_threads.items()

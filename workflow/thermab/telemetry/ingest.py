@@ -188,12 +188,15 @@ def _ranked(parts: list[Readings]) -> Readings:
                     np.concatenate(codes), sensors, parts[0].clock)
 
 
-def kind_readings(monitor_dir: Path, offsets: dict[str, float | ClockMap]) -> Iterator[tuple[str, str, Readings, dict]]:
+def kind_readings(monitor_dir: Path, offsets: dict[str, float | ClockMap],
+                  sources: dict | None = None) -> Iterator[tuple[str, str, Readings, dict]]:
     """Per host and kind, both in sorted order: (host, kind, the rows of every file of that
-    kind with their sensors ranked, the dropped rows counted by reason)."""
+    kind with their sensors ranked, the dropped rows counted by reason).  ``sources``, when
+    given, gets each series' agent source (the file it came from, sampled at that source's
+    interval): ``sources[host][kind][sensor]``, as tidy/ingest.json keeps it."""
     for host_dir in sorted(p for p in Path(monitor_dir).iterdir() if p.is_dir()):
         for kind in sorted(set(KIND_OF_FILE.values())):
-            parts, dropped = [], {}
+            parts, dropped, sensors_of = [], {}, {}
             for stem in (stem for stem, of in KIND_OF_FILE.items() if of == kind):
                 path = host_dir / f"{stem}.csv"
                 if path.exists():
@@ -201,12 +204,17 @@ def kind_readings(monitor_dir: Path, offsets: dict[str, float | ClockMap]) -> It
                     readings, counts = read_agent_csv(path, host_dir.name, kind, clock)
                     pa.default_memory_pool().release_unused()  # the parsed CSV: Arrow's allocator keeps freed pages
                     parts.append(readings)
+                    sensors_of[stem] = readings.sensors
                     for key, n in counts.items():  # two files of one kind may drop rows for one reason
                         dropped[key] = dropped.get(key, 0) + n
             if parts:
                 readings = _ranked(parts)
                 if kind == "power":
                     readings = _watts(readings, host_dir.name, dropped)
+                if sources is not None:
+                    sources.setdefault(host_dir.name, {})[kind] = (
+                        power.domain_sources(sensors_of) if kind == "power" else
+                        {sensor: stem for stem, names in sorted(sensors_of.items()) for sensor in names})
                 yield host_dir.name, kind, readings, dropped
 
 
@@ -304,11 +312,13 @@ def server_telemetry(phase_dirs: list[Path], host: str) -> tuple[pd.DataFrame, d
     return frame, dropped
 
 
-def telemetry(monitor_dir: Path, offsets: dict[str, float | ClockMap]) -> tuple[pd.DataFrame, dict]:
+def telemetry(monitor_dir: Path, offsets: dict[str, float | ClockMap],
+              sources: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """The tidy telemetry of a run as one frame, sorted by (host, kind, sensor, t), and the
-    dropped rows counted by reason: for small runs and tests (``ingest`` streams to the file)."""
+    dropped rows counted by reason: for small runs and tests (``ingest`` streams to the file).
+    ``sources``: as kind_readings fills it."""
     frames, dropped = [], {}
-    for host, kind, readings, counts in kind_readings(monitor_dir, offsets):
+    for host, kind, readings, counts in kind_readings(monitor_dir, offsets, sources):
         frames += [pd.DataFrame({"t": t, "host": host, "kind": kind, "sensor": sensor, "value": value})
                    for sensor, t, value in sorted_series(readings)]
         dropped.update(counts)
@@ -337,8 +347,10 @@ def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, 
     head = (json.loads(plan_path.read_text()).get("head") if plan_path.exists() else None) or "endpoint"
     server, dropped = server_telemetry([Path(p).parent for p in phase_request_files], head)
 
+    sources: dict = {}
+
     def parts():
-        for host, kind, readings, counts in kind_readings(files.monitor, offsets):
+        for host, kind, readings, counts in kind_readings(files.monitor, offsets, sources):
             dropped.update(counts)
             yield host, kind, readings
 
@@ -348,6 +360,6 @@ def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, 
     requests(phase_request_files).to_parquet(out_requests, index=False)
     _records, event_problems = jsonl.read_checked(files.events, "t", ("event",))
     report = {"telemetry_rows": rows, "dropped": dropped, "events": event_problems,
-              "clock_offsets_s": {host: clock.record() for host, clock in offsets.items()}}
+              "clock_offsets_s": {host: clock.record() for host, clock in offsets.items()}, "sources": sources}
     files.ingest_report.write_text(json.dumps(report, indent=1))
     return report

@@ -136,3 +136,15 @@ def recent_total_watts(rows, seconds: float) -> float:
               for domain, part in watts.sort_values("t", kind="stable").groupby("sensor", sort=True)}
     end = float(rows["t"].max()) + 1e-9  # the newest reading counts
     return total_watts(series, end - seconds, end)
+
+
+def domain_sources(sensors_of: dict[str, list[str]]) -> dict[str, str]:
+    """The agent source (its file) each power domain's watts come from, given the raw sensor
+    names of each source: by ``power_rows``' rule, a domain's counter over its readings."""
+    found: dict[str, tuple[str, str]] = {}
+    for source, sensors in sorted(sensors_of.items()):
+        for sensor in sensors:
+            parsed = split_sensor(sensor)
+            if parsed is not None and (parsed[0] not in found or (parsed[1] != "W" and found[parsed[0]][1] == "W")):
+                found[parsed[0]] = (source, parsed[1])
+    return {domain: source for domain, (source, _unit) in found.items()}
