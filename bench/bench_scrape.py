@@ -1,6 +1,6 @@
 """What the controller's ``/metrics`` scrape costs (thermab.telemetry.server_metrics).
 
-Against a simulated head started here (``--step-ms 20``, a free port) or a running server
+Against a simulated head started here (``--step-ms``, 20 by default; a free port) or a running server
 (``--url``, with ``--server-pid`` to count its CPU), it prints:
 
 1. **client CPU per scrape**: ``--scrapes`` scrapes back to back through
@@ -38,9 +38,9 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from thermab.load import runner  # noqa: E402
-from thermab.sim import node  # noqa: E402
-from thermab.telemetry import server_metrics  # noqa: E402
+from thermab.load import runner
+from thermab.sim import node
+from thermab.telemetry import server_metrics
 
 USERS, PROMPT_TOKENS, MAX_TOKENS = 4, 1400, 400  # config/config.yaml's load
 SETTINGS = {"none": None, "1 Hz": 1.0, "10 Hz": 0.1}
@@ -52,11 +52,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_sim(root: Path) -> tuple[str, int]:
+def start_sim(root: Path, step_ms: int) -> tuple[str, int]:
     node.create_node(root, "head")
     port = free_port()
     subprocess.run([sys.executable, "-m", "thermab.sim.vllm", "serve", "--node", str(root), "--port", str(port),
-                    "--model", "sim", "--role", "head", "--step-ms", os.environ.get("STEP_MS", "20"), "--detach"],
+                    "--model", "sim", "--role", "head", "--step-ms", str(step_ms), "--detach"],
                    check=True, capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO / "workflow")})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -146,11 +146,9 @@ def load_cost(url: str, model: str, seconds: float, runs: int, directory: Path) 
     print("| scrape | TTFT ms | inter-token ms | request s | output tok/s |")
     print("| --- | --- | --- | --- | --- |")
     for name, row in pooled.items():
-        def cell(key, scale, digits):
-            diff = "" if name == "none" else f" ({(row[key] - base[key]) * scale:+.{digits}f})"
-            return f"{row[key] * scale:.{digits}f}{diff}"
-        print(f"| {name} | {cell('ttft_s', 1e3, 1)} | {cell('itl_s', 1e3, 2)} | {cell('latency_s', 1, 3)} "
-              f"| {cell('tok_s', 1, 1)} |")
+        cells = [f"{row[key] * scale:.{digits}f}" + ("" if name == "none" else f" ({(row[key] - base[key]) * scale:+.{digits}f})")
+                 for key, scale, digits in (("ttft_s", 1e3, 1), ("itl_s", 1e3, 2), ("latency_s", 1, 3), ("tok_s", 1, 1))]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def main() -> int:
@@ -158,6 +156,7 @@ def main() -> int:
     parser.add_argument("--url", help="a running server (default: a simulated head started here)")
     parser.add_argument("--server-pid", type=int, help="the running server's pid, to count its CPU")
     parser.add_argument("--model", default="sim")
+    parser.add_argument("--step-ms", type=int, default=20, help="the simulated head's decode step")
     parser.add_argument("--scrapes", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--runs", type=int, default=2)
@@ -168,7 +167,7 @@ def main() -> int:
         if args.url:
             url, pid = args.url.rstrip("/"), args.server_pid
         else:
-            url, pid = start_sim(root)
+            url, pid = start_sim(root, args.step_ms)
         try:
             scrape_cost(url, pid, args.scrapes, directory)
             if args.seconds > 0 and args.runs > 0:
