@@ -108,7 +108,7 @@ def scrape_cost(url: str, pid: int | None, scrapes: int, directory: Path) -> Non
               f"{idle:.3f} over as long idle): {per_scrape * 100:.3f} % of one core at 1 Hz")
 
 
-def load_once(url: str, model: str, seconds: float, interval_s: float | None, directory: Path) -> dict:
+def load_once(url: str, model: str, seconds: int, interval_s: float | None, directory: Path) -> dict:
     spec = runner.LoadSpec(duration_s=seconds, users=USERS, max_tokens=MAX_TOKENS, prompt_tokens=PROMPT_TOKENS,
                            probe=False, stop_timeout_s=30, model=model)
     out = directory / "requests.parquet"
@@ -131,7 +131,7 @@ def load_once(url: str, model: str, seconds: float, interval_s: float | None, di
             "tok_s": report["throughput"]["output_tok_s"], "requests": len(done)}
 
 
-def load_cost(url: str, model: str, seconds: float, runs: int, directory: Path) -> None:
+def load_cost(url: str, model: str, seconds: int, runs: int, directory: Path) -> None:
     names = list(SETTINGS)
     results: dict[str, list[dict]] = {name: [] for name in names}
     for run in range(runs):
@@ -158,7 +158,7 @@ def main() -> int:
     parser.add_argument("--model", default="sim")
     parser.add_argument("--step-ms", type=int, default=20, help="the simulated head's decode step")
     parser.add_argument("--scrapes", type=int, default=200)
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-scrape-") as tmp:
