@@ -213,7 +213,7 @@ def test_aiperf_runs_the_studys_load_and_agrees_with_the_servers_metrics(aiperf_
     server_latency_s = (after["vllm:e2e_request_latency_seconds_sum"]
                         - before["vllm:e2e_request_latency_seconds_sum"]) / finished
     theirs_latency_s = result["request_latency"]["avg"] / 1e3
-    assert finished == completed
+    assert completed <= finished <= completed + STUDY.users  # one it cancelled may have just finished
     assert server_latency_s <= theirs_latency_s <= server_latency_s * 1.25
 
     # thermab's scrape over AIPerf's window: the generation rate, and the requests held
@@ -237,7 +237,7 @@ def test_aiperf_runs_the_studys_load_and_agrees_with_the_servers_metrics(aiperf_
     # round of the loop: users x max_tokens over the window, ~7 % here), the scrape's counts
     # them; 5 % more either way for the scrape's 1-s intervals that straddle the window's ends
     round_share = STUDY.users * STUDY.max_tokens / (end - start) / ours_tok_s
-    assert round_share < 0.1
+    assert round_share < 0.2  # the window held five rounds at least, or the bound says little
     assert ours_tok_s * (1 - round_share) * 0.95 <= theirs_tok_s <= ours_tok_s * 1.05
     # the scrape's view of the closed loop, by validity's rule (docs/load-tools.md): never
     # more than the users in flight, and at some scrape all of them
