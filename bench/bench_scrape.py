@@ -42,7 +42,8 @@ from thermab.load import runner
 from thermab.sim import node
 from thermab.telemetry import server_metrics
 
-USERS, PROMPT_TOKENS, MAX_TOKENS = 4, 1400, 400  # config/config.yaml's load
+STUDY = runner.LoadSpec(duration_s=1)  # the schema's load: 4 users, 1400-token prompts, 400 out
+USERS, PROMPT_TOKENS, MAX_TOKENS = STUDY.users, STUDY.prompt_tokens, STUDY.max_tokens
 SETTINGS = {"none": None, "1 Hz": 1.0, "10 Hz": 0.1}
 
 
