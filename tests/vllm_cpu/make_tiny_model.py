@@ -15,6 +15,10 @@ OUT_DIR (default ``.thermab/tiny-llama`` under the repository) receives about 1.
   ``/v1/chat/completions`` works and a client's token counts match both servers';
 - ``thermab-tiny.json``: what was made and the sha256 of every file.
 
+``--tokenizer-only`` writes just the three tokenizer files, with any Python that has
+transformers (a load tool's venv, scripts/install_load_tools.sh), for a client that needs
+the server's tokenizer and no model.
+
 ``--write-sim-tokenizer`` trains the tokenizer again and writes it to the simulated server's
 file (then commit it); the model is always built from that file, so the two never differ.
 
@@ -114,21 +118,28 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def build(out: Path) -> dict:
-    import tokenizers
-    import torch
-    import transformers
+def save_tokenizer(out: Path) -> None:
+    """The tokenizer's files alone (tokenizer.json, tokenizer_config.json,
+    chat_template.jinja), as transformers' AutoTokenizer loads them from a directory."""
     from tokenizers import Tokenizer
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(SIM_TOKENIZER)), bos_token="<s>", eos_token="</s>",
                                    pad_token="<pad>", model_max_length=MODEL["max_position_embeddings"])
     fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(tmp)
+    fast.save_pretrained(out)
+
+
+def build(out: Path) -> dict:
+    import tokenizers
+    import torch
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_tokenizer(tmp)
 
     torch.manual_seed(SEED)
     config = LlamaConfig(**MODEL, torch_dtype="bfloat16")
@@ -166,12 +177,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", nargs="?", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
     parser.add_argument("--force", action="store_true", help="rebuild even if the directory is current")
     parser.add_argument("--write-sim-tokenizer", action="store_true", help=f"train the tokenizer into {SIM_TOKENIZER}")
+    parser.add_argument("--tokenizer-only", action="store_true",
+                        help="write only the tokenizer's files (needs transformers, not torch)")
     args = parser.parse_args(argv)
     if args.write_sim_tokenizer:
         train_tokenizer().save(str(SIM_TOKENIZER))
         print(f"make_tiny_model: wrote {SIM_TOKENIZER}")
         return 0
     out = args.out.resolve()
+    if args.tokenizer_only:
+        save_tokenizer(out)
+        print(f"make_tiny_model: wrote the tokenizer to {out}")
+        return 0
     started = time.monotonic()
     stamp = None if args.force else current(out)
     what = "reused"
