@@ -15,7 +15,8 @@ from thermab.errors import HostError, StageFailed, ThermabError, UserError
 OUTSIDE = {"thermab.telemetry.agent.SettingsError", "thermab.sim.vllm.ApiError", "thermab.sim.vllm.EngineGone"}
 BRANCHES = {
     "thermab.errors.UserError": UserError, "thermab.config.ConfigError": UserError,
-    "thermab.experiment.discover.UsageError": UserError, "thermab.experiment.discover.Question": UserError,
+    "thermab.experiment.discover.errors.UsageError": UserError,
+    "thermab.experiment.discover.errors.Question": UserError,
     "thermab.hosts.transport.TransportError": HostError, "thermab.hosts.transport.CommandError": HostError,
     "thermab.hosts.ssh.RefusedError": HostError, "thermab.hosts.known_hosts.HostKeyError": HostError,
     "thermab.experiment.patch.PatchError": HostError, "thermab.telemetry.deploy.AgentError": HostError,
