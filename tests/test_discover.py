@@ -92,7 +92,8 @@ def test_process_records_parse_as_the_scan_writes_them():
 
 def test_servers_are_placed_in_their_containers():
     owner = container(pid=50)
-    main = process(60, ["python3", "-m", "vllm.entrypoints.openai.api_server"], ppid=55, cgroup=f"0::/docker/{owner.id}")
+    main = process(60, ["python3", "-m", "vllm.entrypoints.openai.api_server"], ppid=55,
+                   cgroup=f"0::/docker/{owner.id}")
     wrapper = process(55, ["sh", "-c", "python3 -m vllm.entrypoints.openai.api_server"], ppid=50,
                       cgroup=f"0::/docker/{owner.id}")
     engine_core = process(61, ["VLLM::EngineCore"], ppid=60, cgroup=f"0::/docker/{owner.id}")
@@ -155,7 +156,8 @@ def test_container_presets():
                                     (("VLLM_X", "1"),)))
     assert execd.name == "exec-serve"
     assert execd.settings["server"]["start"] == "docker exec -d -w /w -e VLLM_X=1 'vllm head' vllm serve m"
-    assert execd.settings["server"]["stop"].startswith("p='^vllm serve m$'; docker exec 'vllm head' pkill -TERM -f \"$p\"")
+    assert execd.settings["server"]["stop"].startswith(
+        "p='^vllm serve m$'; docker exec 'vllm head' pkill -TERM -f \"$p\"")
     mount = Mount("bind", "/opt/thermab/shm_broadcast.py", FILE, False)
     labels = (("com.docker.compose.project", "llm"), ("com.docker.compose.service", "vllm"),
               ("com.docker.compose.project.working_dir", "/opt/llm"),
@@ -271,7 +273,7 @@ def test_two_servers_on_this_machine_are_a_question_and_the_endpoint_picks_one(t
     ports = [free_port(), free_port()]
     nodes = [tmp_path / f"node{i}" for i in (0, 1)]
     try:
-        for node, port in zip(nodes, ports):
+        for node, port in zip(nodes, ports, strict=True):
             subprocess.run([sys.executable, "-m", "thermab.sim.node", "create", str(node), "--role", "head"],
                            check=True)
             subprocess.run([sys.executable, "-m", "thermab.sim.vllm", "serve", "--node", str(node), "--role", "head",
