@@ -1,9 +1,8 @@
 """Two simulated clusters at once (tier 2): both complete with separate results, their
-phases overlap in time, and the fleet report compares them."""
+phases overlap in time, and the fleet report compares them.  The short fleet of
+tests/fleet.py, whose run the SLURM tier shares (conftest.py's ``local_fleet``)."""
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -11,7 +10,6 @@ import pandas as pd
 import pytest
 
 from processes import processes_in
-from test_e2e_sim import REPO
 
 pytestmark = pytest.mark.e2e
 
@@ -20,16 +18,11 @@ def load_windows(run_dir: Path) -> list[tuple[float, float]]:
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     starts = [e["t"] for e in events if e["event"] == "load_start"]
     ends = [e["t"] for e in events if e["event"] == "load_end"]
-    return list(zip(starts, ends))
+    return list(zip(starts, ends, strict=True))
 
 
-def test_two_simulated_clusters_run_concurrently(tmp_path):
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(tmp_path), "--configfile", str(REPO / "config/examples/sim-fleet.yaml"), "--cores", "4",
-               "--keep-going", "all"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=1200)
-    (tmp_path / "snakemake.log").write_text(result.stdout + result.stderr)
-    assert result.returncode == 0, result.stderr[-4000:]
+def test_two_simulated_clusters_run_concurrently(local_fleet):
+    _config, tmp_path = local_fleet
     a, b = tmp_path / "results/sim-a/AB", tmp_path / "results/sim-b/AB"
     for run_dir in (a, b):
         assert (run_dir / "summary.md").exists() and (run_dir / "report.html").exists()
