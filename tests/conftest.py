@@ -6,18 +6,22 @@
   nodes, Locust, the command line), or works at length in this one (a fit, a simulation of
   error rates, property checks or figures over whole runs: seconds each, listed in SLOW);
 - ``e2e``: whole-workflow runs on the simulated cluster (marked in their files);
-- ``real``: real components the tests start themselves (sshd, Docker, vLLM, Chromium).
+- ``real``: real components the tests start themselves (sshd, Docker, SLURM, vLLM, Chromium).
 
-A test file's tier is named here, so a new file is a unit test until it says otherwise."""
+A test file's tier is named here, so a new file is a unit test until it says otherwise.
+``pytest -m unit`` (any ``-m`` expression) does not even import a file whose tier it leaves
+out, so the quick loop pays for the collection of its own files only."""
 
 import pytest
+
+import fleet
 
 TIERS = ("unit", "integration", "e2e", "real")
 FILE_TIERS = {
     "integration": {"test_agent.py", "test_cli_errors.py", "test_discover.py", "test_guardian.py", "test_interlock.py",
                 "test_load.py", "test_package.py", "test_power.py", "test_sim.py", "test_config.py",
                 "test_known_hosts.py", "test_agent_devices.py", "test_server_metrics.py", "test_hostile_config.py",
-                "test_hostile_runs.py", "test_questions.py", "test_sequential.py"},
+                "test_hostile_runs.py", "test_questions.py", "test_sequential.py", "test_config_properties.py"},
     "real": {"test_ssh.py", "test_docker.py", "test_vllm_cpu.py", "test_timeline_browser.py", "test_slurm.py",
              "test_load_tools.py"},
 }
@@ -37,7 +41,25 @@ SLOW = {
     "test_energy.py::test_timeline_power_panel_and_fleet_energy",
     "test_telemetry_layout.py::test_both_layouts_give_the_same_files",
     "test_stats.py::test_real_effect_has_power_and_null_effect_is_rarely_claimed",
+    "test_analyze.py::test_wide_csv_import_matches_the_chart",
+    "test_analyze.py::test_samples_that_are_not_finite_are_no_readings",
+    "test_analyze.py::test_a_sample_given_twice_is_no_interval",
+    "test_analyze.py::test_synthetic_run_with_retry_requests_and_cpu",
+    "test_energy.py::test_runs_without_power_say_so",
 }
+
+
+def pytest_ignore_collect(collection_path, config):
+    """A file of one tier, left out by ``-m``, is not imported at all."""
+    tier = next((tier for tier, files in FILE_TIERS.items() if collection_path.name in files), None)
+    if tier is None or not config.option.markexpr:
+        return None
+    try:
+        from _pytest.mark.expression import Expression
+        selected = Expression.compile(config.option.markexpr).evaluate(lambda name, **_kwargs: name == tier)
+    except Exception:  # pytest's expression API is its own: where it changed, collect as before
+        return None
+    return True if not selected else None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -49,3 +71,10 @@ def pytest_collection_modifyitems(config, items):
         else:
             tier = next((tier for tier, files in FILE_TIERS.items() if item.path.name in files), "unit")
         item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(scope="session")
+def local_fleet(tmp_path_factory):
+    """The short simulated fleet, run locally once a session: test_fleet.py checks it and the
+    SLURM tier compares its own run through the profile with it (one local run, not two)."""
+    return fleet.run_local(tmp_path_factory.mktemp("fleet"))

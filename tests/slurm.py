@@ -100,7 +100,8 @@ def start_slurm(directory: Path, cpus: int = 2) -> Slurm:
         _wait("munged", munged, log, munge_socket.exists, timeout=15)
         # KillWait: a cancelled or timed-out job gets SIGTERM, then SIGKILL this much later
         # (Debian's and SLURM's default); MinJobAge keeps an ended job in squeue for the
-        # profile's status checks
+        # profile's status checks and the tier's count of them: an hour, as the default 300 s
+        # forgot the first analysis jobs of a fleet run before its end on a busy machine
         slurm.conf.write_text(f"""ClusterName=thermab
 SlurmctldHost={slurm.node}(127.0.0.1)
 SlurmctldPort={free_port()}
@@ -127,7 +128,7 @@ SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
 ReturnToService=2
 KillWait=30
-MinJobAge=300
+MinJobAge=3600
 SlurmctldTimeout=30
 SlurmdTimeout=60
 NodeName={slurm.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=8000 State=UNKNOWN

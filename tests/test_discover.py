@@ -24,7 +24,15 @@ import pytest
 import yaml
 
 from thermab.config import HostSpec, cluster_spec, validate
-from thermab.experiment import discover as d
+from thermab.experiment.discover.containers import Container, Mount, bind_mount_of
+from thermab.experiment.discover.errors import Question, UsageError
+from thermab.experiment.discover.facts import summarize_agent
+from thermab.experiment.discover.presets import Place, choose_preset, process_regex, replayed_env
+from thermab.experiment.discover.proc import Process, is_server, parse_processes, systemd_service
+from thermab.experiment.discover.render import CLUSTER, HostPlan, build_config, render_yaml
+from thermab.experiment.discover.servers import Server, choose_server, servers_of
+from thermab.experiment.discover.setting import current_value, file_in_vllm, load_setting
+from thermab.experiment.discover.targets import Target, parse_containers, parse_target
 from thermab.hosts.host import Host
 from thermab.hosts.transport import LocalTransport
 from thermab.telemetry import agent, deploy
@@ -36,26 +44,26 @@ SETTING, ARMS = STOCK["setting"], STOCK["arms"]
 
 
 def process(pid=100, argv=("vllm", "serve", "m"), ppid=1, cgroup="0::/", cwd="/srv", namespaced=False):
-    return d.Process(pid, ppid, tuple(argv), cgroup, cwd, (pid, 7) if namespaced else (pid,))
+    return Process(pid, ppid, tuple(argv), cgroup, cwd, (pid, 7) if namespaced else (pid,))
 
 
 def container(name="vllm-head", cid="c0ffee" * 10, pid=50, mounts=(), labels=(), env=(), engine="docker"):
-    return d.Container(engine, name, cid, pid, "img", "unless-stopped", tuple(mounts), tuple(labels), tuple(env))
+    return Container(engine, name, cid, pid, "img", "unless-stopped", tuple(mounts), tuple(labels), tuple(env))
 
 
 # -- pure functions ------------------------------------------------------------------------------
 
 def test_targets_from_the_command_line():
-    assert d.parse_target("head=ssh://ubuntu@gx10-a:2222") == d.Target("head", "ssh", "gx10-a", 2222, "ubuntu")
-    assert d.parse_target("w=ssh://10.0.0.2") == d.Target("w", "ssh", "10.0.0.2", 22, None)
-    assert d.parse_target("box=local://") == d.Target("box", "local")
+    assert parse_target("head=ssh://ubuntu@gx10-a:2222") == Target("head", "ssh", "gx10-a", 2222, "ubuntu")
+    assert parse_target("w=ssh://10.0.0.2") == Target("w", "ssh", "10.0.0.2", 22, None)
+    assert parse_target("box=local://") == Target("box", "local")
     for wrong in ("ssh://host", "head=http://x", "head=ssh://u:pw@x", "he ad=local://", "head=ssh://x:99999"):
-        with pytest.raises(d.UsageError):
-            d.parse_target(wrong)
-    assert d.parse_containers(["vllm"], ["a", "b"]) == {"a": "vllm", "b": "vllm"}
-    assert d.parse_containers(["b=none"], ["a", "b"]) == {"a": "auto", "b": "none"}
-    with pytest.raises(d.UsageError, match="--container c=x: no host 'c'"):
-        d.parse_containers(["c=x"], ["a", "b"])
+        with pytest.raises(UsageError):
+            parse_target(wrong)
+    assert parse_containers(["vllm"], ["a", "b"]) == {"a": "vllm", "b": "vllm"}
+    assert parse_containers(["b=none"], ["a", "b"]) == {"a": "auto", "b": "none"}
+    with pytest.raises(UsageError, match="--container c=x: no host 'c'"):
+        parse_containers(["c=x"], ["a", "b"])
 
 
 @pytest.mark.parametrize("argv, server", [
@@ -70,21 +78,22 @@ def test_targets_from_the_command_line():
     (["python", "-m", "thermab.sim.vllm", "stop", "--node", "/"], False),
 ])
 def test_what_counts_as_a_vllm_server(argv, server):
-    assert d.is_server(tuple(argv)) is server
+    assert is_server(tuple(argv)) is server
 
 
 def test_process_records_parse_as_the_scan_writes_them():
     record = ("4242\x1f/usr/bin/python3\0/usr/local/bin/vllm\0serve\0m\0\x1fName:\tvllm\nPPid:\t17\n"
               "NSpid:\t4242\t1\n\x1f0::/system.slice/docker-abc.scope\n\x1f/work\n\x1e")
     junk = "17\x1f\x1fPPid:\t1\n\x1f\x1f\x1e"  # a kernel thread: no cmdline
-    assert d.parse_processes(record + junk) == [d.Process(
+    assert parse_processes(record + junk) == [Process(
         4242, 17, ("/usr/bin/python3", "/usr/local/bin/vllm", "serve", "m"), "0::/system.slice/docker-abc.scope\n",
         "/work", (4242, 1))]
 
 
 def test_servers_are_placed_in_their_containers():
     owner = container(pid=50)
-    main = process(60, ["python3", "-m", "vllm.entrypoints.openai.api_server"], ppid=55, cgroup=f"0::/docker/{owner.id}")
+    main = process(60, ["python3", "-m", "vllm.entrypoints.openai.api_server"], ppid=55,
+                   cgroup=f"0::/docker/{owner.id}")
     wrapper = process(55, ["sh", "-c", "python3 -m vllm.entrypoints.openai.api_server"], ppid=50,
                       cgroup=f"0::/docker/{owner.id}")
     engine_core = process(61, ["VLLM::EngineCore"], ppid=60, cgroup=f"0::/docker/{owner.id}")
@@ -93,32 +102,32 @@ def test_servers_are_placed_in_their_containers():
     on_host = process(90, ["vllm", "serve", "m"])
     child = process(91, ["vllm", "serve", "m"], ppid=90)  # a forked child keeps the command line
     stranger = process(95, ["vllm", "serve", "m"], cgroup="0::/docker/0123", namespaced=True)
-    servers, unowned = d.servers_of([main, wrapper, engine_core, execd, on_host, child, stranger], [owner, exec_owner])
+    servers, unowned = servers_of([main, wrapper, engine_core, execd, on_host, child, stranger], [owner, exec_owner])
     assert [(s.process.pid, s.container and s.container.name, s.main) for s in servers] == \
         [(60, "vllm-head", True), (80, "vllm-idle", False), (90, None, False)]
     assert unowned == [stranger]
 
 
 def test_several_candidates_are_a_question_naming_the_flag():
-    a = d.Server(process(1, ["vllm", "serve", "m", "--port", "8000"]), container("vllm-a"), True)
-    b = d.Server(process(2, ["vllm", "serve", "m", "--port", "8001"]), container("vllm-b", "ab" * 32), True)
-    with pytest.raises(d.Question) as question:
-        d.choose_server("head", [a, b], "auto", None)
+    a = Server(process(1, ["vllm", "serve", "m", "--port", "8000"]), container("vllm-a"), True)
+    b = Server(process(2, ["vllm", "serve", "m", "--port", "8001"]), container("vllm-b", "ab" * 32), True)
+    with pytest.raises(Question) as question:
+        choose_server("head", [a, b], "auto", None)
     assert "host head: 2 vLLM servers" in str(question.value)
     assert "container vllm-a" in str(question.value) and "container vllm-b" in str(question.value)
     assert "--container head=NAME (vllm-a, vllm-b)" in str(question.value) and "--endpoint" in str(question.value)
-    assert d.choose_server("head", [a, b], "vllm-b", None) is b
-    assert d.choose_server("head", [a, b], "auto", 8000) is a
-    assert d.choose_server("head", [a, b], "none", None) is None
+    assert choose_server("head", [a, b], "vllm-b", None) is b
+    assert choose_server("head", [a, b], "auto", 8000) is a
+    assert choose_server("head", [a, b], "none", None) is None
 
 
 def test_venv_preset_restarts_the_command_line_from_its_directory():
     argv = ["/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
             "--override-generation-config", '{"temperature": 0}', "--port", "8000"]
-    server = d.Server(process(7, argv, cwd="/srv/my models"))
-    place = d.Place(server, "/opt/venv/lib/vllm/x.py", "/srv/my models", (("VLLM_CPU_KVCACHE_SPACE", "1"),),
+    server = Server(process(7, argv, cwd="/srv/my models"))
+    place = Place(server, "/opt/venv/lib/vllm/x.py", "/srv/my models", (("VLLM_CPU_KVCACHE_SPACE", "1"),),
                     log="/tmp/v.log")
-    preset = d.choose_preset(place)
+    preset = choose_preset(place)
     assert preset.name == "venv" and preset.file == "/opt/venv/lib/vllm/x.py"
     spec = HostSpec("h", "c", "local", preset.settings)
     start = spec.command("start")  # the config holds a format string: braces come back whole
@@ -126,38 +135,39 @@ def test_venv_preset_restarts_the_command_line_from_its_directory():
                      + " >> /tmp/v.log 2>&1 < /dev/null & }")
     stop = spec.command("stop")
     assert stop.startswith("p='^/opt/venv/bin/python -m vllm\\.entrypoints")
-    unit = d.choose_preset(d.Place(server, "/x.py", unit="vllm.service"))
+    unit = choose_preset(Place(server, "/x.py", unit="vllm.service"))
     assert unit.settings["server"] == {"stop": "systemctl stop vllm.service", "start": "systemctl start vllm.service"}
-    user = d.choose_preset(d.Place(server, "/x.py", unit="--user vllm.service"))
+    user = choose_preset(Place(server, "/x.py", unit="--user vllm.service"))
     assert user.settings["server"]["start"] == "systemctl --user start vllm.service"
-    assert d.systemd_service("12:pids:/system.slice/vllm.service\n0::/system.slice/vllm.service\n") == "vllm.service"
-    assert d.systemd_service("0::/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service\n") == \
+    assert systemd_service("12:pids:/system.slice/vllm.service\n0::/system.slice/vllm.service\n") == "vllm.service"
+    assert systemd_service("0::/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service\n") == \
         "--user vllm.service"
-    assert d.systemd_service("0::/user.slice/user-1000.slice/session-3.scope\n") is None
+    assert systemd_service("0::/user.slice/user-1000.slice/session-3.scope\n") is None
 
 
 def test_container_presets():
     owner = container("vllm head")  # a name no shell may split
-    main = d.Server(process(), owner, True)
-    preset = d.choose_preset(d.Place(main, FILE))
+    main = Server(process(), owner, True)
+    preset = choose_preset(Place(main, FILE))
     assert preset.name == "docker restart" and preset.file == FILE
     assert preset.settings == {"container_engine": "docker", "container": "vllm head", "server": {
         "stop": "docker stop -t 60 'vllm head'", "start": "docker start 'vllm head'"}}
-    execd = d.choose_preset(d.Place(d.Server(process(argv=["vllm", "serve", "m"]), owner, False), FILE, "/w",
+    execd = choose_preset(Place(Server(process(argv=["vllm", "serve", "m"]), owner, False), FILE, "/w",
                                     (("VLLM_X", "1"),)))
     assert execd.name == "exec-serve"
     assert execd.settings["server"]["start"] == "docker exec -d -w /w -e VLLM_X=1 'vllm head' vllm serve m"
-    assert execd.settings["server"]["stop"].startswith("p='^vllm serve m$'; docker exec 'vllm head' pkill -TERM -f \"$p\"")
-    mount = d.Mount("bind", "/opt/thermab/shm_broadcast.py", FILE, False)
+    assert execd.settings["server"]["stop"].startswith(
+        "p='^vllm serve m$'; docker exec 'vllm head' pkill -TERM -f \"$p\"")
+    mount = Mount("bind", "/opt/thermab/shm_broadcast.py", FILE, False)
     labels = (("com.docker.compose.project", "llm"), ("com.docker.compose.service", "vllm"),
               ("com.docker.compose.project.working_dir", "/opt/llm"),
               ("com.docker.compose.project.config_files", "/opt/llm/compose.yaml"))
-    composed = d.choose_preset(d.Place(d.Server(process(), container(mounts=[mount], labels=labels), True), FILE))
+    composed = choose_preset(Place(Server(process(), container(mounts=[mount], labels=labels), True), FILE))
     assert composed.name == "compose bind mount" and composed.file == "/opt/thermab/shm_broadcast.py"
     assert "container_engine" not in composed.settings  # patched on the host, where the mount's source is
     assert composed.settings["server"]["start"] == ("docker compose --project-directory /opt/llm -p llm "
                                                     "-f /opt/llm/compose.yaml up -d --force-recreate vllm")
-    bound = d.choose_preset(d.Place(d.Server(process(), container(mounts=[mount]), True), FILE))
+    bound = choose_preset(Place(Server(process(), container(mounts=[mount]), True), FILE))
     assert bound.name == "docker restart" and bound.file == "/opt/thermab/shm_broadcast.py"
 
 
@@ -167,7 +177,7 @@ def test_the_patterns_stop_finds_the_server_and_never_its_own_shell():
     argv = [sys.executable, "-c", "import time; time.sleep(60)", "vllm", "serve", "a.b[1]+(x)|{y}$^", "--port", "1"]
     sleeper = subprocess.Popen(argv)
     try:
-        pattern = d.process_regex(tuple(argv))
+        pattern = process_regex(tuple(argv))
         found = subprocess.run(["bash", "-c", f"pgrep -f {shlex.quote(pattern)}"], capture_output=True, text=True)
         assert found.stdout.split() == [str(sleeper.pid)]
     finally:
@@ -177,33 +187,38 @@ def test_the_patterns_stop_finds_the_server_and_never_its_own_shell():
 
 def test_values_files_and_environment():
     text = "class SpinCondition:\n    def __init__(self, busy_loop_s: float = 1,\n"
-    assert d.current_value(text, SETTING["anchor"], SETTING["replacement"]) == "1"
-    assert d.current_value(text * 2, SETTING["anchor"], SETTING["replacement"]) is None
-    assert d.file_in_vllm(FILE) == "distributed/device_communicators/shm_broadcast.py"
-    assert d.file_in_vllm("{vllm}/a/b.py") == "a/b.py" and d.file_in_vllm("/etc/x.conf") is None
-    assert d.bind_mount_of(FILE, (d.Mount("bind", "/host/vllm", "/usr/local/lib/python3.12/dist-packages/vllm", True),)) \
-        == (d.Mount("bind", "/host/vllm", "/usr/local/lib/python3.12/dist-packages/vllm", True),
+    assert current_value(text, SETTING["anchor"], SETTING["replacement"]) == "1"
+    assert current_value(text * 2, SETTING["anchor"], SETTING["replacement"]) is None
+    assert file_in_vllm(FILE) == "distributed/device_communicators/shm_broadcast.py"
+    assert file_in_vllm("{vllm}/a/b.py") == "a/b.py" and file_in_vllm("/etc/x.conf") is None
+    assert bind_mount_of(FILE, (Mount("bind", "/host/vllm", "/usr/local/lib/python3.12/dist-packages/vllm", True),)) \
+        == (Mount("bind", "/host/vllm", "/usr/local/lib/python3.12/dist-packages/vllm", True),
             "/host/vllm/distributed/device_communicators/shm_broadcast.py")
     environ = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_API_KEY": "secret", "HF_TOKEN": "t", "PATH": "/bin",
                "HF_HUB_OFFLINE": "1", "VLLM_SAME": "x"}
-    assert d.replayed_env(environ, {"VLLM_SAME": "x"}) == {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert replayed_env(environ, {"VLLM_SAME": "x"}) == {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 def plan(name, preset, python="/usr/bin/python3", value="1", zones=("TSOC", "TS0E"), transport="ssh"):
-    target = d.Target(name, transport, f"{name}.lan" if transport == "ssh" else None, 22, "ubuntu")
-    return d.HostPlan(target, preset, python, value, zones)
+    target = Target(name, transport, f"{name}.lan" if transport == "ssh" else None, 22, "ubuntu")
+    return HostPlan(target, preset, python, value, zones)
+
+
+def test_the_stock_setting_is_package_data_as_the_default_config_states_it():
+    """An installed thermab (no checkout, no config/) checks the study's setting by default."""
+    assert load_setting(None) == (SETTING, ARMS)
 
 
 def test_the_config_passes_check_config_with_comments_and_a_todo():
-    head = d.choose_preset(d.Place(d.Server(process(), container("vllm-head"), True), FILE))
-    worker = d.choose_preset(d.Place(d.Server(process(), container("vllm-worker"), True), FILE))
+    head = choose_preset(Place(Server(process(), container("vllm-head"), True), FILE))
+    worker = choose_preset(Place(Server(process(), container("vllm-worker"), True), FILE))
     options = {"key_file": "~/.ssh/id_ed25519", "known_hosts": "~/.ssh/known_hosts", "jump": None}
-    config, comments = d.build_config([plan("head", head), plan("worker", worker)], "head", "http://head.lan:8000",
+    config, comments = build_config([plan("head", head), plan("worker", worker)], "head", "http://head.lan:8000",
                                       "deepseek", SETTING, ARMS, options)
-    text = d.render_yaml(config, comments, "header line")
+    text = render_yaml(config, comments, "header line")
     assert yaml.safe_load(text) == config
     checked = validate(yaml.safe_load(text))
-    cluster = cluster_spec(checked, d.CLUSTER)
+    cluster = cluster_spec(checked, CLUSTER)
     assert [h.name for h in cluster.hosts] == ["worker", "head"], "the worker starts first"
     assert checked["arms"] == {"A": {"label": "stock", "value": "1"}, "B": {"label": "patched", "value": "0.002"}}
     assert checked["setting"]["file"] == FILE
@@ -213,14 +228,14 @@ def test_the_config_passes_check_config_with_comments_and_a_todo():
 
 
 def test_different_paths_use_the_vllm_placeholder_and_different_values_are_refused():
-    a = d.choose_preset(d.Place(d.Server(process()), "/venv-a/vllm/distributed/device_communicators/shm_broadcast.py"))
-    b = d.choose_preset(d.Place(d.Server(process()), "/venv-b/vllm/distributed/device_communicators/shm_broadcast.py"))
-    config, _ = d.build_config([plan("a", a, "/venv-a/bin/python"), plan("b", b, "/venv-b/bin/python")], "b",
+    a = choose_preset(Place(Server(process()), "/venv-a/vllm/distributed/device_communicators/shm_broadcast.py"))
+    b = choose_preset(Place(Server(process()), "/venv-b/vllm/distributed/device_communicators/shm_broadcast.py"))
+    config, _ = build_config([plan("a", a, "/venv-a/bin/python"), plan("b", b, "/venv-b/bin/python")], "b",
                                "http://b.lan:8000", None, SETTING, ARMS, {})
     assert config["setting"]["file"] == "{vllm}/distributed/device_communicators/shm_broadcast.py"
-    assert config["clusters"][d.CLUSTER]["hosts"]["a"]["python"] == "/venv-a/bin/python"
-    with pytest.raises(d.Question, match=r"different values of the setting \(a: 1, b: 0.002\)"):
-        d.build_config([plan("a", a), plan("b", a, value="0.002")], "b", "http://b", None, SETTING, ARMS, {})
+    assert config["clusters"][CLUSTER]["hosts"]["a"]["python"] == "/venv-a/bin/python"
+    with pytest.raises(Question, match=r"different values of the setting \(a: 1, b: 0.002\)"):
+        build_config([plan("a", a), plan("b", a, value="0.002")], "b", "http://b", None, SETTING, ARMS, {})
 
 
 def test_every_source_the_agent_reports_is_listed(tmp_path):
@@ -228,7 +243,7 @@ def test_every_source_the_agent_reports_is_listed(tmp_path):
     gain (power) appears without a change to discover."""
     subprocess.run([sys.executable, "-m", "thermab.sim.node", "create", str(tmp_path), "--role", "head"], check=True)
     found = dict(agent.discover_all(str(tmp_path)), power={"sources": ["rapl:package-0"]})
-    present, absent = d.summarize_agent(found)
+    present, absent = summarize_agent(found)
     facts = dict(present)
     assert facts["thermal zones"].startswith("TSOC (trip 104.8 °C), TS0E (trip 104.8 °C)")
     assert facts["cpufreq"].startswith("20 policies; cpuinfo_avg_freq on 10 (cpu5")
@@ -258,7 +273,7 @@ def test_two_servers_on_this_machine_are_a_question_and_the_endpoint_picks_one(t
     ports = [free_port(), free_port()]
     nodes = [tmp_path / f"node{i}" for i in (0, 1)]
     try:
-        for node, port in zip(nodes, ports):
+        for node, port in zip(nodes, ports, strict=True):
             subprocess.run([sys.executable, "-m", "thermab.sim.node", "create", str(node), "--role", "head"],
                            check=True)
             subprocess.run([sys.executable, "-m", "thermab.sim.vllm", "serve", "--node", str(node), "--role", "head",

@@ -1,7 +1,7 @@
 """The whole workflow on the embedded simulated cluster, as a user runs it (tier 2).
 
 One module-scoped AB run (short timings from tests/e2e-config.yaml) feeds most tests;
-the BA run with three repeats and the Ctrl-C run come after it. Several minutes."""
+the BA run with two repeats and the Ctrl-C run come after it. Several minutes."""
 
 from __future__ import annotations
 
@@ -209,21 +209,21 @@ def test_nothing_left_running_or_patched_after_success(ab_run, workdir):
     assert_clean(workdir, ab_run)
 
 
-def test_ba_with_three_repeats_accumulates_beside_ab(ab_run, workdir):
-    result = snakemake(workdir, "all", "--config", "order=BA", "repeats=3")
+def test_ba_with_repeats_accumulates_beside_ab(ab_run, workdir):
+    result = snakemake(workdir, "all", "--config", "order=BA", "repeats=2")
     assert result.returncode == 0, result.stderr[-4000:]
     ba = workdir / "results/sim/BA"
     phases = sorted(p.name for p in (ba / "phases").iterdir() if p.name != "baseline")
-    assert phases == ["rep1-A", "rep1-B", "rep2-A", "rep2-B", "rep3-A", "rep3-B"]
+    assert phases == ["rep1-A", "rep1-B", "rep2-A", "rep2-B"]
     variance = pd.read_csv(ba / "tables/variance.csv")
-    assert (variance["n"] == 3).any()
+    assert (variance["n"] == 2).any()
     dry = snakemake(workdir, "all", "-n")
     assert "Nothing to be done" in dry.stdout + dry.stderr, "the AB run stays complete"
     assert_clean(workdir, ba)
-    # every run of the cluster pooled: AB (1 repeat) and BA (3), the order effect separated
+    # every run of the cluster pooled: AB (1 repeat) and BA (2), the order effect separated
     assert snakemake(workdir, "compare").returncode == 0
     pooled = pd.read_csv(workdir / "results/sim/compare/variance.csv")
-    assert set(pooled["n"].dropna().astype(int)) == {4}
+    assert set(pooled["n"].dropna().astype(int)) == {3}
     assert pooled["period_effect"].notna().any()
     assert "results/sim/AB" in (workdir / "results/sim/compare/summary.md").read_text()
 

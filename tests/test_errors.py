@@ -16,7 +16,8 @@ OUTSIDE = {"thermab.telemetry.agent.SettingsError", "thermab.telemetry.agent.Mat
            "thermab.sim.vllm.EngineGone"}
 BRANCHES = {
     "thermab.errors.UserError": UserError, "thermab.config.ConfigError": UserError,
-    "thermab.experiment.discover.UsageError": UserError, "thermab.experiment.discover.Question": UserError,
+    "thermab.experiment.discover.errors.UsageError": UserError,
+    "thermab.experiment.discover.errors.Question": UserError,
     "thermab.hosts.transport.TransportError": HostError, "thermab.hosts.transport.CommandError": HostError,
     "thermab.hosts.ssh.RefusedError": HostError, "thermab.hosts.known_hosts.HostKeyError": HostError,
     "thermab.experiment.patch.PatchError": HostError, "thermab.telemetry.deploy.AgentError": HostError,

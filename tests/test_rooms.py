@@ -2,6 +2,7 @@
 upward in the room order docs/design.md writes down, and the agent stdlib-only."""
 
 import ast
+import functools
 import re
 import sys
 from pathlib import Path
@@ -45,6 +46,7 @@ def imports_of(path: Path, root: Path = PACKAGE) -> set[str]:
     return {name for name in found if name == "thermab" or name.startswith("thermab.")}
 
 
+@functools.cache  # read once for the three tests below
 def package_graph(root: Path = PACKAGE) -> nx.DiGraph:
     modules = {module_name(p, root): p for p in root.rglob("*.py")}
     graph = nx.DiGraph()

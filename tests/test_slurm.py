@@ -1,29 +1,27 @@
 """The fleet on a real one-node SLURM (tests/slurm.py), through config/profiles/slurm
-(tier 2): the same result files as a local run, no telemetry holes, and a controller's
-batch job cancelled mid-load leaves every host restored, nothing running, and its events
-saying so.  A shortened fleet (two clusters, 15-s loads); a few minutes in all."""
+(tier 3, real): the same result files as a local run, no telemetry holes, and a
+controller's batch job cancelled mid-load leaves every host restored, nothing running, and
+its events saying so.  One SLURM run of the short fleet (tests/fleet.py: two clusters,
+15-s loads), compared with the local run test_fleet.py checks too (conftest.py's
+``local_fleet``); a few minutes in all."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
+from fleet import snakemake
 from processes import processes_in, wait_until
 from slurm import start_slurm
 from test_e2e_sim import CONFIGS, REPO, SHM
 
-pytestmark = pytest.mark.e2e
 PROFILE = REPO / "config/profiles/slurm"
-SHORT = {"timings": {"baseline_s": 4, "load_s": 15, "cooldown_below_c": 60, "cooldown_max_s": 4,
-                     "startup_timeout_s": 60}}
 
 
 @pytest.fixture(scope="module")
@@ -33,28 +31,6 @@ def slurm(tmp_path_factory):
     cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
     yield cluster
     cluster.stop()
-
-
-def short_fleet(directory: Path) -> Path:
-    """config/examples/sim-fleet.yaml with shorter phases and ports of its own."""
-    config = yaml.safe_load((REPO / "config/examples/sim-fleet.yaml").read_text())
-    config.update(SHORT)
-    text = yaml.safe_dump(config)
-    for old, new in (("185", "189"), ("186", "190")):  # 18511 -> 18911, 18611 -> 19011, ...
-        text = text.replace(f"{old}1", f"{new}1").replace(f"{old}2", f"{new}2")
-    path = directory / "short-fleet.yaml"
-    path.write_text(text)
-    return path
-
-
-def snakemake(workdir: Path, configs: list[str], *args: str, env=None, timeout: float = 900):
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(workdir), "--configfile", *configs, *args]
-    started = time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    (workdir / "snakemake.log").write_text(result.stdout + result.stderr)
-    (workdir / "wall_s").write_text(f"{time.monotonic() - started:.0f}")  # the measured time, for docs/fleet.md
-    return result
 
 
 def result_files(workdir: Path) -> set[str]:
@@ -69,12 +45,10 @@ def completeness_notes(summary: Path) -> list[list[str]]:
 
 
 @pytest.fixture(scope="module")
-def fleet_runs(slurm, tmp_path_factory):
-    config = str(short_fleet(tmp_path_factory.mktemp("config")))
-    local, batch = tmp_path_factory.mktemp("local"), tmp_path_factory.mktemp("batch")
-    result = snakemake(local, [config], "--cores", "4", "--keep-going", "all")
-    assert result.returncode == 0, result.stderr[-4000:]
-    result = snakemake(batch, [config], "--profile", str(PROFILE), "all", env=slurm.env)
+def fleet_runs(local_fleet, slurm, tmp_path_factory):
+    config, local = local_fleet
+    batch = tmp_path_factory.mktemp("batch")
+    result = snakemake(batch, [str(config)], "--profile", str(PROFILE), "all", env=slurm.env)
     assert result.returncode == 0, result.stderr[-4000:]
     return local, batch
 

@@ -39,7 +39,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from thermab.errors import HostError
 
-DEFAULT_INTERVAL_S = 1.0  # monitor.intervals.server's default (the schema's, kept in step by a test)
 MAX_BYTES = 4 << 20  # vLLM's own /metrics is ~100 kB; more is not a vLLM server's
 READ_CHUNK = 64 << 10
 GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
