@@ -26,14 +26,14 @@ rule phase:
         preflight=RUN.preflight,
     retries: config["phase_retries"]
     output:
-        phase=PHASE.phase_json,
-        requests=PHASE.requests,
+        phase=job_files(lambda phase: RUN.phase(phase).phase_json),
+        requests=job_files(lambda phase: RUN.phase(phase).requests),
     log:
-        phase=RUN.log("rep{rep}-{arm}.log"),
-        locust=RUN.log("rep{rep}-{arm}.locust.log"),
-        records=PHASE.records,
-        marks=PHASE.marks,
-        validity=PHASE.validity,
+        phase=RUN.phase_log(layout.PHASE_PATTERN),
+        locust=job_files(RUN.locust_log),
+        records=job_files(lambda phase: RUN.phase(phase).records),
+        marks=job_files(lambda phase: RUN.phase(phase).marks),
+        validity=job_files(lambda phase: RUN.phase(phase).validity),
     conda:
         "../../envs/control.yaml"
     script:

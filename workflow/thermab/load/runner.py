@@ -8,7 +8,7 @@ beside ``out_parquet``:
 - ``requests.jsonl``: the locustfile's raw records, one line per request;
 - ``load_events.jsonl``: ``load_start``, ``probe_start``, ``probe_end``, ``load_end``;
 - ``locust.log``: Locust's own output (unless ``log_path`` says elsewhere);
-- ``out_parquet``: the records with ``order``, ``rep`` and ``arm`` added, in the columns and
+- ``out_parquet``: the records with ``order``, ``rep``, ``arm`` and ``users`` added, in the columns and
   dtypes of docs/design.md's ``tidy/requests.parquet`` plus the stream diagnostics
   ``max_gap_s``, ``stall_gaps``, ``usage_source``, ``token_arrivals`` and ``token_span_s``;
 - ``validity.json``: whether the load was the load intended (:mod:`thermab.load.validity`).
@@ -142,7 +142,7 @@ def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None
         raise StageFailed(f"locust exited with code {exit_code} and recorded nothing; see {log_path}:\n"
                            + _log_tail(log_path))
 
-    frame = to_frame(records, order=order, rep=rep, arm=arm)
+    frame = to_frame(records, order=order, rep=rep, arm=arm, users=spec.users)
     frame.to_parquet(out_parquet, engine="pyarrow", index=False)
     report = {
         "order": order, "rep": rep, "arm": arm, "url": url, "users": spec.users, "duration_s": duration_s,
