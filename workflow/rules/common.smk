@@ -131,6 +131,7 @@ CAPTIONS = {
     "timeline.png": "../report/timeline.rst",
     "timeline.html": "../report/timeline_html.rst",
     "questions.png": "../report/questions.rst",
+    "tradeoff.png": "../report/tradeoff.rst",
 }
 
 

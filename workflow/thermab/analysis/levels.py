@@ -58,15 +58,12 @@ def asked_at(questions: list[dict], users: int | None) -> list[dict]:
 
 
 def with_users(frame: pd.DataFrame, users: int | None) -> pd.DataFrame:
-    """``frame`` with its level in a ``users`` column: after ``arm`` in a per-phase table,
-    last in the others (variance, questions keep their columns first); kept where it has one
+    """``frame`` with its level in a last column ``users`` (every earlier column where it
+    was: readers of a run made before levels read it as before); kept where it has one
     (validity.csv states the users its load was run with)."""
     if USERS in frame.columns:
         return frame
-    frame = frame.copy()
-    position = list(frame.columns).index("arm") + 1 if "rep" in frame.columns else len(frame.columns)
-    frame.insert(position, USERS, pd.array([users] * len(frame), dtype="Int64"))
-    return frame
+    return frame.assign(**{USERS: pd.array([users] * len(frame), dtype="Int64")})
 
 
 def combine(parts: list[dict[str, pd.DataFrame]], levels: list[int | None]) -> dict[str, pd.DataFrame]:
@@ -81,6 +78,13 @@ def tables_at(tables: dict[str, pd.DataFrame], users: int) -> dict[str, pd.DataF
     return {name: frame[frame[USERS] == users].reset_index(drop=True) for name, frame in tables.items()}
 
 
+def rows_of(answers: pd.DataFrame, question: dict) -> pd.DataFrame:
+    """The rows of questions.csv that answer ``question`` (its words, then any note)."""
+    words = question_words(question)
+    text = answers["question"].astype(str)
+    return answers[(text == words) | text.str.startswith(words + " (") | text.str.startswith(words + ": ")]
+
+
 def answer_changes(answers: pd.DataFrame, questions: list[dict]) -> pd.DataFrame:
     """For each declared question and arm of questions.csv, the lowest level at which its
     answer changes (from the level below it), or NA where it is the same at every level it
@@ -91,7 +95,7 @@ def answer_changes(answers: pd.DataFrame, questions: list[dict]) -> pd.DataFrame
     rows = []
     for question in questions:
         words = question_words(question)
-        mine = answers[answers["question"].str.startswith(words) & (answers["kind"] == question["kind"])]
+        mine = rows_of(answers, question)
         for arm, group in mine.groupby("arm", sort=False):
             verdicts = list(zip(group[USERS].astype(int), group["verdict"]))
             verdicts.sort()

@@ -38,7 +38,7 @@ def markdown(config: dict, answers: pd.DataFrame, texts: dict[int, str]) -> str:
                   "\"Answer changes at\": the lowest level whose verdict differs from the level below it"
                   " (questions.csv has each level's test).", ""]
     for users in every:
-        parts += [f"## At {users} users", "", _demoted(texts[users]), ""]
+        parts += [f"## At {users} user{'s' if users != 1 else ''}", "", _demoted(texts[users]), ""]
     return "\n".join(parts).rstrip() + "\n"
 
 
