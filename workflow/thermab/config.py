@@ -814,6 +814,9 @@ def _question_problems(config: dict, problems: list[str]) -> None:
             problems.append(f"{key('better')}: (lower or higher) is " +
                             ("required" if question["kind"] == "non_inferior" else "for non_inferior only"))
     if config["until"] == "decided":
+        if isinstance(config["load"]["users"], list):  # analysis/sequential counts a repeat's phases by rep{rep}-{arm}
+            problems.append("config key 'until': 'decided' with a list of levels in 'load.users' is not supported; "
+                            "give 'repeats' for the levels, or one number of users")
         if not config["questions"]:
             problems.append("config key 'until': 'decided' needs at least one question under 'questions'")
         if config["max_repeats"] < max(2, config["repeats"]):
