@@ -15,8 +15,9 @@ rule baseline:
 
 # Phases form a chain: each waits for the one before it (plan.previous), so they never
 # overlap on a cluster even with --cores N. With load.users a list, one job restarts once and
-# runs a window per level, each level's files in its own phase directory (job_files). A phase reads preflight.json (the interlock's
-# limits, the hosts expected to report, the clock offsets). The load's raw records, its
+# runs a window per level, each level's files in its own phase directory (job_files). A
+# phase reads preflight.json (the interlock's limits, the hosts expected to report, the
+# clock offsets). The load's raw records, its
 # marks and validity.json are logs, not outputs: Snakemake deletes the outputs of a failed
 # job, and these are what is left to read when a phase fails (an interlock abort included).
 rule phase:
