@@ -128,10 +128,11 @@ def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None
     for stale in (records_path, events_path):
         stale.unlink(missing_ok=True)  # the locustfile appends; a rerun must not mix attempts
     progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
-    # The clock time keeps a rerun of the same phase, and the next level's window on the same
-    # server, from sharing prefixes with the last: first, so that it falls in the prompt's
-    # first cache block (after the chat template and the user's number).
-    tag_prefix = f"{time.strftime('%H%M%S')}-{order}-rep{rep}-{arm}-u{spec.users}"
+    # The level keeps the next level's window on the same server, and the clock time a rerun
+    # of the same phase, from sharing prefixes with the last; the level first, so that it
+    # falls in the prompt's first 16-token cache block (after the chat template and the
+    # user's number: the clock's minutes may not, and two windows share one minute).
+    tag_prefix = f"u{spec.users}-{time.strftime('%H%M%S')}-{order}-rep{rep}-{arm}"
     command = locust_command(url, records_path, events_path, spec, tag_prefix, locustfile)
     tail = JsonlTail(records_path)
     duration_s = spec.duration_s
