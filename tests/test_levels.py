@@ -150,3 +150,16 @@ def test_tradeoff_points_are_each_levels_mean_with_its_t_interval():
     half = 12.706204736174705 * math.sqrt(2) / math.sqrt(2)  # t(0.975, 1) × sd / √n
     assert points.loc[1, "ci_low"] == pytest.approx(11 - half) and points.loc[1, "ci_high"] == pytest.approx(11 + half)
     assert math.isnan(points.loc[4, "ci_low"]) and bool(points.loc[4, "short"]) and not bool(points.loc[1, "short"])
+
+
+def test_the_tradeoff_figure_is_drawn_for_levels_and_for_one_level(tmp_path):
+    config = {"cluster": "c", "head": "head", "timeline_zone": "TSOC",
+              "arms": {"A": {"label": "stock"}, "B": {"label": "patched"}}}
+    metrics = [name for name, _title, _unit in tradeoff.panels(config)][:-1]  # no energy: its panel says so
+    pooled = pd.DataFrame([{"metric": metric, "arm": arm, "users": users, "rep": rep, "load_valid": True,
+                            "value": 10.0 * users + (arm == "B") + rep}
+                           for metric in metrics for arm in "AB" for users in (1, 4, 16) for rep in (1, 2)])
+    colors = {"A": "#e66101", "B": "#5e3c99"}
+    assert tradeoff.tradeoff_png(pooled, config, colors, tmp_path / "levels.png").stat().st_size > 0
+    one = pooled[pooled["users"] == 4]
+    assert tradeoff.tradeoff_png(one, config, colors, tmp_path / "one.png").stat().st_size > 0
