@@ -420,14 +420,14 @@ def time_to_threshold_png(tables: dict, config: dict, colors: dict, path: Path) 
     thresholds = list(config["thresholds_c"])
     fig, ax = plt.subplots(figsize=(8, 4.8), layout="constrained")
     keys = ["order", "rep", "arm"] + ["users"] * ("users" in th)  # a phase; a level's window in a run of levels
-    phases = th[keys].drop_duplicates()
+    phases = list(th.groupby(keys, sort=False, dropna=False))
     spread = np.linspace(-0.2, 0.2, len(phases)) if len(phases) > 1 else [0.0]
     peaks = tables["zones"].set_index(keys + ["host", "sensor"])["max_c"]
-    for offset, phase in zip(spread, phases.itertuples(index=False)):
-        rows = th[(th[keys] == pd.Series(phase._asdict())).all(axis=1)]
+    for offset, (key, rows) in zip(spread, phases):
+        phase = rows.iloc[0]
         x = rows["threshold_c"].map(thresholds.index) + offset
         color = colors.get(phase.arm, "#333333")
-        peak = peaks.get((*phase, head, zone), math.nan)
+        peak = peaks.get((*key, head, zone), math.nan)
         reached = rows["reached_s"].notna()
         short = is_short(rows).any()
         ax.plot(x[reached], rows["reached_s"][reached] / 60, "o--" if short else "o-", color=color,
