@@ -21,7 +21,8 @@ FILE_TIERS = {
     "integration": {"test_agent.py", "test_cli_errors.py", "test_discover.py", "test_guardian.py", "test_interlock.py",
                 "test_load.py", "test_package.py", "test_power.py", "test_sim.py", "test_config.py",
                 "test_known_hosts.py", "test_agent_devices.py", "test_server_metrics.py", "test_hostile_config.py",
-                "test_hostile_runs.py", "test_questions.py", "test_sequential.py", "test_config_properties.py"},
+                "test_hostile_runs.py", "test_questions.py", "test_sequential.py", "test_config_properties.py",
+                "test_levels.py"},
     "real": {"test_ssh.py", "test_docker.py", "test_vllm_cpu.py", "test_timeline_browser.py", "test_slurm.py",
              "test_load_tools.py"},
 }

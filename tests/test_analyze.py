@@ -101,7 +101,7 @@ def test_figures_render_for_the_study(study):
     paths = plots.render_figures(analyze.compute(study[0]))
     names = {p.name for p in paths}
     assert names == {"timeline.png", "timeline.svg", "timeline.html", "cpu.png", "throughput.png",
-                     "time_to_threshold.png", "questions.png"}
+                     "time_to_threshold.png", "questions.png", "tradeoff.png"}
     assert all(p.stat().st_size > 1000 for p in paths)
     html = (study[0] / "figures" / "timeline.html").read_text()
     assert "<script src=" not in html and '"hovermode":"x unified"' in html

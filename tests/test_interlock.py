@@ -14,7 +14,7 @@ import yaml
 from test_agent import make_gb10, wait_until
 from thermab.config import validate
 from thermab.experiment.cluster import ClusterRun
-from thermab.experiment.phase import Interlock, MarkForwarder, telemetry_holes
+from thermab.experiment.interlock import Interlock, MarkForwarder, telemetry_holes
 from thermab.experiment import events
 from thermab.telemetry import deploy
 

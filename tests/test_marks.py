@@ -1,6 +1,6 @@
 """The load's marks reach events.jsonl as they happen, never half-written."""
 
-from thermab.experiment.phase import MarkForwarder
+from thermab.experiment.interlock import MarkForwarder
 
 
 class Recorder:

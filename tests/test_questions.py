@@ -102,7 +102,7 @@ def test_run_json_carries_the_questions_and_an_older_one_gets_the_defaults(tmp_p
     (run_dir / "run.json").write_text(json.dumps(run))
     answers = analyze(run_dir)["questions"]
     assert list(answers["metric"]) == [q["metric"] for q in thermab_config.default_questions()]
-    assert list(answers.columns) == questions.QUESTION_COLUMNS
+    assert list(answers.columns) == questions.QUESTION_COLUMNS + ["users"]
 
 
 @pytest.mark.parametrize("kind, sign, margin, low, high, expected", [

@@ -2,8 +2,9 @@
 
 config/examples/local-vllm-cpu.yaml, run as a user runs it, in a temporary working
 directory: preflight, the real shm_broadcast.py of the venv patched and restored, the
-server restarted for each arm, the Locust load with its probe, the agent, ingest, analyze,
-report. One AB run (about 4 minutes on 2 cores) feeds every test.
+server restarted once for each arm, then the Locust load with its probe at each of two levels
+(1 and 2 users, docs/design.md "Levels of load"), the agent, ingest, analyze, report. One AB
+run (about 6 minutes on 2 cores) feeds every test.
 
 Needs the venv of scripts/install_vllm_cpu.sh (.thermab/vllm-cpu-venv, or
 THERMAB_VLLM_VENV); skips, saying so, without it. The tiny model is made here when missing
@@ -37,6 +38,7 @@ MAKE_MODEL = REPO / "tests/vllm_cpu/make_tiny_model.py"
 CLUSTER, HOST = "vllmcpu", "local"
 SETTINGS = yaml.safe_load(CONFIG.read_text())
 LOAD = SETTINGS["load"]
+LEVELS = LOAD["users"]  # [1, 2]: a window at each after one restart per arm
 PORT = int(SETTINGS["clusters"][CLUSTER]["endpoint"].rsplit(":", 1)[1])
 SERVER_MARKS = ("VLLM::", "vllm.entrypoints.openai.api_server")
 SNAKEMAKE_TIMEOUT_S = 900
@@ -170,10 +172,14 @@ def events(run_dir: Path) -> list[dict]:
 def test_both_arms_complete(run_dir):
     names = [e["event"] for e in events(run_dir)]
     assert "abort" not in names
+    assert [e["arm"] for e in events(run_dir) if e["event"] == "restart_start"] == ["A", "B"]
+    assert [(e["arm"], e["users"]) for e in events(run_dir) if e["event"] == "load_start"] == [
+        (arm, users) for arm in "AB" for users in LEVELS]
     for arm in "AB":
-        phase = json.loads((run_dir / f"phases/rep1-{arm}/phase.json").read_text())
-        assert phase["model"] == "tiny-llama"
-        assert phase["validity"]["requests"]["load_ok"] > 0
+        for users in LEVELS:
+            phase = json.loads((run_dir / f"phases/rep1-{arm}-u{users}/phase.json").read_text())
+            assert phase["model"] == "tiny-llama" and phase["users"] == users
+            assert phase["validity"]["requests"]["load_ok"] > 0
         assert any(e["event"] == "server_ready" and e.get("arm") == arm for e in events(run_dir))
     patched = [e["detail"] for e in events(run_dir) if e["event"] == "patch_applied"]
     assert [d["value"] for d in patched] == ["1", "0.002"]
@@ -187,7 +193,8 @@ def test_every_request_returns_exactly_max_tokens(run_dir):
     assert requests["ok"].all(), requests.loc[~requests["ok"], "error"].head().tolist()
     load = requests[requests["kind"] == "load"]
     probe = requests[requests["kind"] == "probe"]
-    assert set(load["arm"]) == {"A", "B"} and len(probe) == 2 * LOAD["probe_n"]
+    assert set(load["arm"]) == {"A", "B"} and len(probe) == 2 * len(LEVELS) * LOAD["probe_n"]
+    assert sorted(load["users"].unique()) == LEVELS
     assert (load["completion_tokens"] == LOAD["max_tokens"]).all(), load["completion_tokens"].value_counts()
     assert (probe["completion_tokens"] == LOAD["probe_tokens"]).all()
     assert (requests["usage_source"] == "usage").all(), "token counts come from the server's usage"
@@ -198,11 +205,12 @@ def test_stock_arm_spins_after_each_request(run_dir):
     """busy_loop_s = 1: after every read the engine's and workers' waits spin for up to a
     second, so between the closed loop's requests the stock server keeps a core busy that
     the patched one leaves idle."""
-    cpu = pd.read_csv(run_dir / "tables/cpu.csv").set_index(["host", "arm"])
-    stock, patched = cpu.loc[(HOST, "A"), "median_pct"], cpu.loc[(HOST, "B"), "median_pct"]
-    assert cpu.loc[(HOST, "A"), "n"] >= 20 and cpu.loc[(HOST, "B"), "n"] >= 20
-    assert stock >= 1.5 * patched and stock - patched >= 30, \
-        f"{HOST} vLLM CPU median: stock {stock} %, patched {patched} %"
+    cpu = pd.read_csv(run_dir / "tables/cpu.csv").set_index(["host", "users", "arm"])
+    for users in LEVELS:
+        stock, patched = cpu.loc[(HOST, users, "A"), "median_pct"], cpu.loc[(HOST, users, "B"), "median_pct"]
+        assert cpu.loc[(HOST, users, "A"), "n"] >= 20 and cpu.loc[(HOST, users, "B"), "n"] >= 20
+        assert stock >= 1.5 * patched and stock - patched >= 30, \
+            f"{HOST} vLLM CPU median at {users} users: stock {stock} %, patched {patched} %"
 
 
 def test_the_agents_vllm_cpu_is_the_whole_server_tree(run_dir, workdir):
@@ -215,8 +223,11 @@ def test_the_agents_vllm_cpu_is_the_whole_server_tree(run_dir, workdir):
     rows = pd.concat([pd.read_csv(path) for path in run_dir.glob("monitor/*/cpu.csv")])
     agent = rows[rows["sensor"] == "vllm_cpu_pct"].sort_values("t")
     t, pct = agent["t"].to_numpy(float), agent["value"].to_numpy(float)
-    from thermab.analysis import metrics, model
-    for window in metrics.load_windows(model.read_events(run_dir / "events.jsonl")).itertuples():
+    from thermab.analysis import levels, metrics, model
+    run = model.load_run(run_dir)
+    windows = pd.concat([metrics.load_windows(levels.at_level(run, users).events) for users in LEVELS])
+    assert len(windows) == 2 * len(LEVELS)
+    for window in windows.itertuples():
         arm, start, end = window.arm, window.load_start, window.load_end
         inside = (t[1:] > start) & (t[1:] <= end) & np.isfinite(pct[1:])
         agent_s = float(np.sum(pct[1:][inside] / 100 * np.diff(t)[inside]))
@@ -229,16 +240,17 @@ def test_the_agents_vllm_cpu_is_the_whole_server_tree(run_dir, workdir):
 
 def test_patched_arm_stalls_in_the_tables_and_verdict(run_dir):
     """busy_loop_s = 0.002: a lost wake-up parks a stream until the 5-s re-check."""
-    performance = pd.read_csv(run_dir / "tables/performance.csv").set_index("arm")
+    performance = pd.read_csv(run_dir / "tables/performance.csv")
+    performance = performance[performance["users"] == max(LEVELS)].set_index("arm")
     assert performance.loc["B", "stall_gaps"] >= 1
     assert performance.loc["B", "stall_gaps"] > performance.loc["A", "stall_gaps"]
     assert performance.loc["B", "output_tok_s"] < performance.loc["A", "output_tok_s"]
     # each stalled stream waits out the re-check: gaps of 5 s (10 s when it is missed twice)
     requests = pd.read_parquet(run_dir / "tidy/requests.parquet")
-    stalled = requests[(requests["arm"] == "B") & (requests["stall_gaps"] > 0)]
+    stalled = requests[(requests["arm"] == "B") & (requests["stall_gaps"] > 0) & (requests["users"] == max(LEVELS))]
     assert 4.5 <= stalled["max_gap_s"].median() <= 5.5, stalled["max_gap_s"].tolist()
-    summary = (run_dir / "summary.md").read_text()
-    verdicts = summary.split("## Verdicts", 1)[1].split("\n## ", 1)[0]
+    summary = (run_dir / "summary.md").read_text().split(f"## At {max(LEVELS)} users", 1)[1]
+    verdicts = summary.split("### Verdicts", 1)[1].split("\n### ", 1)[0]
     line = next(v for v in verdicts.splitlines() if v.startswith("- stall gaps:"))
     assert f"patched vs stock +{performance.loc['B', 'stall_gaps']:.0f} gaps" in line
 
@@ -247,19 +259,23 @@ def test_summary_has_load_validity_and_decode_speed_only_where_measured(run_dir)
     """The tiny model's tokens come in a few bursts and the spinning stock server competes
     with the load generator for 2 cores: the summary says how each phase's load went, and
     gives a probe decode speed, and a verdict on it, only where the arrivals measured one."""
-    summary = (run_dir / "summary.md").read_text()
-    validity = summary.split("## Load validity", 1)[1].split("\n## ", 1)[0]
-    assert "| phase | in flight |" in validity
-    for arm, spec in SETTINGS["arms"].items():
-        assert f"| AB rep1-{arm} ({spec['label']}) |" in validity
+    whole = (run_dir / "summary.md").read_text()
+    assert "## Questions across levels" in whole
     assert pd.read_csv(run_dir / "tables/validity.csv")["load_valid"].notna().all()
-    performance = pd.read_csv(run_dir / "tables/performance.csv")
-    measured = performance["probe_n"] > 0
-    assert performance.loc[~measured, "probe_tok_s_median"].isna().all()
-    verdicts = summary.split("## Verdicts", 1)[1].split("\n## ", 1)[0]
-    assert ("- probe decode speed:" in verdicts) == measured.all()
-    if not measured.all():
-        assert "not measurable: tokens arrived in" in summary
+    for users in LEVELS:  # each level's own summary
+        summary = whole.split(f"## At {users} user", 1)[1].split("\n## At ", 1)[0]
+        validity = summary.split("### Load validity", 1)[1].split("\n### ", 1)[0]
+        assert "| phase | in flight |" in validity
+        for arm, spec in SETTINGS["arms"].items():
+            assert f"| AB rep1-{arm} ({spec['label']}) |" in validity
+        performance = pd.read_csv(run_dir / "tables/performance.csv")
+        performance = performance[performance["users"] == users]
+        measured = performance["probe_n"] > 0
+        assert performance.loc[~measured, "probe_tok_s_median"].isna().all()
+        verdicts = summary.split("### Verdicts", 1)[1].split("\n### ", 1)[0]
+        assert ("- probe decode speed:" in verdicts) == measured.all(), users
+        if not measured.all():
+            assert "not measurable: tokens arrived in" in summary
 
 
 def test_the_server_scrape_reads_vllms_own_metrics(run_dir):
@@ -274,7 +290,7 @@ def test_the_server_scrape_reads_vllms_own_metrics(run_dir):
     validity = pd.read_csv(run_dir / "tables/validity.csv")
     for row in validity.itertuples():
         assert 0 < row.server_running_mean <= row.inflight_mean + 1, row
-        assert row.server_held_max >= LOAD["users"], row
+        assert row.server_held_max >= row.users, row
         assert "server" not in str(row.warnings), row.warnings
 
 

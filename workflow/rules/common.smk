@@ -40,7 +40,6 @@ wildcard_constraints:
 
 # Every path a rule names comes from thermab.layout, with the wildcards left in.
 RUN = layout.RunDir(layout.RUN_PATTERN)
-PHASE = RUN.phase(layout.PHASE_PATTERN)
 FLEET = layout.fleet_dir("{order}")
 
 
@@ -94,8 +93,13 @@ def continue_until_decided():
         sys.exit(code)
 
 
+# load.users as a list: one phase job per (rep, arm) runs a load window per level, each
+# level's files in a phase directory of its own (plan.job_phases); None for a single number
+LEVELS = plan.levels(config["load"]["users"])
+
+
 def get_previous_phase(wildcards):
-    previous = plan.previous(wildcards.order, int(wildcards.rep), wildcards.arm, CROSSOVER)
+    previous = plan.previous(wildcards.order, int(wildcards.rep), wildcards.arm, CROSSOVER, LEVELS)
     return layout.run_dir(wildcards.cluster, wildcards.order).phase(previous).phase_json
 
 
@@ -104,9 +108,16 @@ def get_phase_files(name):
 
     def phase_files(wildcards):
         run = layout.run_dir(wildcards.cluster, wildcards.order)
-        return [getattr(run.phase(phase.id), name) for phase in plan.phases(wildcards.order, repeats_for(wildcards), CROSSOVER)]
+        return [getattr(run.phase(phase.id), name)
+                for phase in plan.phases(wildcards.order, repeats_for(wildcards), CROSSOVER, LEVELS)]
 
     return phase_files
+
+
+def job_files(what):
+    """The files of each level of one phase job, with the wildcards left in ({rep}, {arm}):
+    ``what(phase_id)`` names one level's file from its phase id."""
+    return [what(layout.phase_id("{rep}", "{arm}", level)) for level in plan.level_order(LEVELS, 1)]
 
 
 def tables(suffix):
@@ -120,6 +131,7 @@ CAPTIONS = {
     "timeline.png": "../report/timeline.rst",
     "timeline.html": "../report/timeline_html.rst",
     "questions.png": "../report/questions.rst",
+    "tradeoff.png": "../report/tradeoff.rst",
 }
 
 

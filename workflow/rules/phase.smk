@@ -14,8 +14,10 @@ rule baseline:
 
 
 # Phases form a chain: each waits for the one before it (plan.previous), so they never
-# overlap on a cluster even with --cores N. A phase reads preflight.json (the interlock's
-# limits, the hosts expected to report, the clock offsets). The load's raw records, its
+# overlap on a cluster even with --cores N. With load.users a list, one job restarts once and
+# runs a window per level, each level's files in its own phase directory (job_files). A
+# phase reads preflight.json (the interlock's limits, the hosts expected to report, the
+# clock offsets). The load's raw records, its
 # marks and validity.json are logs, not outputs: Snakemake deletes the outputs of a failed
 # job, and these are what is left to read when a phase fails (an interlock abort included).
 rule phase:
@@ -26,14 +28,14 @@ rule phase:
         preflight=RUN.preflight,
     retries: config["phase_retries"]
     output:
-        phase=PHASE.phase_json,
-        requests=PHASE.requests,
+        phase=job_files(lambda phase: RUN.phase(phase).phase_json),
+        requests=job_files(lambda phase: RUN.phase(phase).requests),
     log:
-        phase=RUN.log("rep{rep}-{arm}.log"),
-        locust=RUN.log("rep{rep}-{arm}.locust.log"),
-        records=PHASE.records,
-        marks=PHASE.marks,
-        validity=PHASE.validity,
+        phase=RUN.phase_log(layout.PHASE_PATTERN),
+        locust=job_files(RUN.locust_log),
+        records=job_files(lambda phase: RUN.phase(phase).records),
+        marks=job_files(lambda phase: RUN.phase(phase).marks),
+        validity=job_files(lambda phase: RUN.phase(phase).validity),
     conda:
         "../../envs/control.yaml"
     script:

@@ -292,6 +292,12 @@ def key_problem(path: tuple[str, ...], value) -> str | None:
     return None if error is None else error.message
 
 
+def user_levels(users) -> list[int]:
+    """``load.users`` (or run.json's ``users``) as its levels, ascending: a single number is
+    one level."""
+    return sorted(users) if isinstance(users, list) else [users]
+
+
 def _value_problems(value, path: list, problems: list[str], budget: list[int]) -> None:
     """What no schema keyword catches, anywhere in the config: numbers that are not
     finite (every comparison with NaN is false, so an interlock at NaN never fires), keys
@@ -815,10 +821,17 @@ def _question_problems(config: dict, problems: list[str]) -> None:
         else:
             for name in margins:
                 problems.append(f"{key(name)}: a margin belongs to non_inferior/equivalent; lower/higher take 'by'")
+        outside = [level for level in question.get("users", []) if level not in user_levels(config["load"]["users"])]
+        if outside:
+            problems.append(f"{key('users')}: {', '.join(map(str, outside))} not among the levels of 'load.users' "
+                            f"({', '.join(map(str, user_levels(config['load']['users'])))})")
         if (question["kind"] == "non_inferior") != ("better" in question):
             problems.append(f"{key('better')}: (lower or higher) is " +
                             ("required" if question["kind"] == "non_inferior" else "for non_inferior only"))
     if config["until"] == "decided":
+        if isinstance(config["load"]["users"], list):  # analysis/sequential counts a repeat's phases by rep{rep}-{arm}
+            problems.append("config key 'until': 'decided' with a list of levels in 'load.users' is not supported; "
+                            "give 'repeats' for the levels, or one number of users")
         if not config["questions"]:
             problems.append("config key 'until': 'decided' needs at least one question under 'questions'")
         if config["max_repeats"] < max(2, config["repeats"]):

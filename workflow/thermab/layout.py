@@ -14,13 +14,21 @@ from pathlib import Path
 RESULTS = "results"
 RUN_PATTERN = f"{RESULTS}/{{cluster}}/{{order}}"  # a run directory, as the rules name it
 PHASE_PATTERN = "rep{rep}-{arm}"  # plan.Phase.id with the wildcards left in
+# a run whose load.users is a list of levels: each level's window its own phase directory,
+# e.g. rep1-A-u16 (docs/design.md, "Levels of load")
+LEVEL_SUFFIX = "-u{users}"
+
+
+def phase_id(rep, arm, users=None) -> str:
+    """A phase's id: ``rep{rep}-{arm}``, and ``-u{users}`` after it in a run of levels."""
+    return PHASE_PATTERN.format(rep=rep, arm=arm) + ("" if users is None else LEVEL_SUFFIX.format(users=users))
 BASELINE = "baseline"  # the idle phase's directory under phases/
 SESSION_FILE = "session.json"  # restore finds the runs to put back by it
 
 # The figures of a run (analysis/plots.py draws them): always these, and for a sweep of
 # more than two arms also SWEEP_FIGURES.
 FIGURES = ("timeline.png", "timeline.svg", "timeline.html", "cpu.png", "throughput.png",
-           "time_to_threshold.png", "questions.png")
+           "time_to_threshold.png", "questions.png", "tradeoff.png")
 SWEEP_FIGURES = ("dose_response.png",)
 
 
@@ -110,6 +118,12 @@ class RunDir:
 
     def phase(self, phase_id: str) -> PhaseDir:
         return PhaseDir(self.phases / phase_id)
+
+    def phase_log(self, phase_id: str) -> Path:  # one per phase job (its levels share it)
+        return self.log(f"{phase_id}.log")
+
+    def locust_log(self, phase_id: str) -> Path:  # one per load window
+        return self.log(f"{phase_id}.locust.log")
 
     @property
     def tidy_telemetry(self) -> Path:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from thermab.analysis import (TABLES, energy, load_validity, metric_names, metrics, questions, sequential, stats,
-                              summary, washout)
+from thermab.analysis import (TABLES, energy, levels, levels_summary, load_validity, metric_names, metrics,
+                              questions, sequential, stats, summary, washout)
 from thermab.analysis.completeness import completeness, measured_intervals
 from thermab.analysis.model import Analysis, RunData, distinct_runs, load_run, ordered_hosts, sibling_runs
 from thermab.config import UserError
@@ -82,12 +82,25 @@ def _check_poolable(runs: list[RunData]) -> None:
 
 def compute(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = None) -> Analysis:
     """Everything the tables, summary and figures show, without writing anything.
-    ``analysis``: settings in place of run.json's (``model.load_run``), for every run pooled."""
+    ``analysis``: settings in place of run.json's (``model.load_run``), for every run pooled.
+    A run of levels is analysed one level at a time (analysis.levels), every row of every
+    table with its ``users``."""
     unique, dropped = distinct_runs([run_dir, *also])
     for other, same in dropped:  # pooled twice, one run's sd would be 0 and its n doubled
         log.warning("%s is the same run as %s: pooled once", other, same)
     runs = [load_run(path, analysis) for path in unique]
     _check_poolable(runs)
+    every = levels.of_run(runs[0].config)
+    parts = [compute_level([levels.at_level(r, users) for r in runs], detect_pct) for users in every]
+    tables = levels.combine([tables for tables, _pooled, _best in parts], every)
+    pooled = pd.concat([levels.with_users(pooled, users) for (_t, pooled, _b), users in zip(parts, every)],
+                       ignore_index=True)
+    best = parts[0][2] if len(parts) == 1 else None  # a sweep's best setting: of a run of one level
+    return Analysis(runs[0], [str(r.path) for r in runs], tables, pooled, best)
+
+
+def compute_level(runs: list[RunData], detect_pct: float = 5.0) -> tuple[dict, pd.DataFrame, dict | None]:
+    """The tables, the pooled per-phase metrics and a sweep's best setting of runs at one level."""
     run = runs[0]
     config = run.config
     every = [phase_tables(r) for r in runs]
@@ -100,14 +113,15 @@ def compute(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = N
     if config.get("until") == "decided":  # each look tests at its boundary's level (analysis.sequential)
         repeats = int(pooled.groupby("arm")["rep"].nunique().min()) if len(pooled) else 0
         alpha = sequential.look_alpha(config["order"], config.get("max_repeats", 8), repeats)
-    tables["questions"] = answer_questions(config, pooled, pd.concat([t["validity"] for t in every]), alpha)
+    asked = {**config, "questions": levels.asked_at(config["questions"], config.get("users"))}
+    tables["questions"] = answer_questions(asked, pooled, pd.concat([t["validity"] for t in every]), alpha)
     best = None
     if variance["arm"].nunique() > 2:
         best = stats.best_setting(variance, config["arms"], config["reference_arm"],
                                   metric_names.zone_mean(config["head"], config["timeline_zone"]))
     if best is not None:  # the choice weighs every arm's phases
         best["load_short"] = load_validity.short_phases(pooled)
-    return Analysis(run, [str(r.path) for r in runs], tables, pooled, best)
+    return tables, pooled, best
 
 
 def answer_questions(config: dict, pooled: pd.DataFrame, validity: pd.DataFrame, alpha: float = questions.ALPHA):
@@ -128,15 +142,26 @@ def write_outputs(result: Analysis) -> dict[str, pd.DataFrame]:
     run = result.run
     files = RunDir(run.path)
     _write_tables(files.tables, result.tables)
-    text = summary.summary_markdown(
-        run.config, result.tables, result.tables["variance"],
-        sample_interval_s=measured_intervals(run.telemetry, run.config["head"], run.sources),
-        sources=result.sources, best=result.best,
-        completeness=completeness(run.telemetry, result.tables["windows"], ordered_hosts(run.config),
-                                  run.config.get("sample_intervals_s"), run.config.get("hosts_without_zones", []),
-                                  run.sources))
+    every = levels.of_run(run.config)
+    if len(every) == 1:
+        text = _summary(result, result.tables, run.config)
+    else:  # each level's summary under the questions across levels
+        texts = {users: _summary(result, levels.tables_at(result.tables, users), {**run.config, "users": users})
+                 for users in every}
+        text = levels_summary.markdown(run.config, result.tables["questions"], texts)
     files.summary.write_text(text, encoding="utf-8")
     return result.tables
+
+
+def _summary(result: Analysis, tables: dict[str, pd.DataFrame], config: dict) -> str:
+    telemetry = result.run.telemetry
+    return summary.summary_markdown(
+        config, tables, tables["variance"],
+        sample_interval_s=measured_intervals(telemetry, config["head"], result.run.sources),
+        sources=result.sources, best=result.best,
+        completeness=completeness(telemetry, tables["windows"], ordered_hosts(config),
+                                  config.get("sample_intervals_s"), config.get("hosts_without_zones", []),
+                                  result.run.sources))
 
 
 def compare_runs(run_dirs: list[Path], out_dir: Path, analysis: dict | None = None) -> pd.DataFrame:

@@ -38,7 +38,8 @@ with, in place of run.json's (their metric names carry the timeline zone)."""
         rows = variance[variance["metric"].isin(wanted)].copy()
         rows["metric"] = rows["metric"].replace({wanted[0]: names.zone_mean("head", run["timeline_zone"]),
                                                  wanted[1]: names.cpu_median("head")})
-        rows.insert(0, "cluster", cluster)
+        levels = "users" in rows and rows["users"].nunique() > 1  # a run of levels: a row per cluster and level
+        rows.insert(0, "cluster", [f"{cluster} at {users} users" for users in rows["users"]] if levels else cluster)
         frames.append(rows.reindex(columns=COLUMNS))
     return pd.concat(frames, ignore_index=True)
 

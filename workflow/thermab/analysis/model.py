@@ -206,7 +206,8 @@ class RunData:
     events: pd.DataFrame
     telemetry: Telemetry
     requests: pd.DataFrame | None  # None when the run has no request data (imported runs)
-    validity: dict  # (order, rep, arm) → the phase's validity.json; empty for imported runs
+    validity: dict  # (order, rep, arm, users) → the phase's validity.json (levels.at_level: one level's,
+    # by (order, rep, arm)); empty for imported runs
     # host → kind → sensor → the agent source it came from (tidy/ingest.json); empty for a run
     # ingested before it was kept, or imported: each kind is then one source
     sources: dict = field(default_factory=dict)
@@ -291,6 +292,10 @@ def _check_plan(path: Path, config: dict) -> dict:
             raise UserError(f"{path}: key '{key}' must be a {kind.__name__}")
     for key, kind in PLAN_NUMBERS.items():
         what, test = PLAN_NUMBER_KINDS[kind]
+        if key == "users" and isinstance(config.get(key), list) and config[key]:  # levels (load.users a list)
+            what = f"{what}, or a list of distinct ones"
+            if len(set(map(repr, config[key]))) == len(config[key]) and all(test(v) for v in config[key]):
+                continue
         if key in config and not test(config[key]):
             shown = repr(config[key])
             raise UserError(f"{path}: key '{key}' must be {what}, not {shown if len(shown) <= 40 else shown[:39] + '…'}")
@@ -356,16 +361,20 @@ def read_sources(path: Path) -> dict:
 
 
 def read_validity(path: Path) -> dict:
-    """Each phase's validity.json by (order, rep, arm). The load stage writes it even for a
-    load that was aborted; tidy/requests.parquet waits for every phase, so when the
-    analysis runs they are all there."""
+    """Each phase's validity.json by (order, rep, arm, users), users None where the report
+    has none (analysis.levels.at_level gives one level's by (order, rep, arm)).  The load stage
+    writes it even for a load that was aborted; tidy/requests.parquet waits for every phase,
+    so when the analysis runs they are all there."""
     reports = {}
     for report_path in sorted(path.glob(str(RunDir(path).phase("*").validity.relative_to(path)))):
         report = _read_json(report_path)
         order, rep, arm = (report.get(key) for key in ("order", "rep", "arm"))
         if not (isinstance(order, str) and isinstance(arm, str) and isinstance(rep, int) and not isinstance(rep, bool)):
             raise UserError(f"{report_path}: keys 'order' and 'arm' (text) and 'rep' (a whole number) are required")
-        reports[(order, rep, arm)] = report
+        users = report.get("users")
+        if not (users is None or (isinstance(users, int) and not isinstance(users, bool))):
+            raise UserError(f"{report_path}: key 'users' must be a whole number")
+        reports[(order, rep, arm, users)] = report
     return reports
 
 

@@ -8,7 +8,8 @@ host's total sums, see ``energy``), and a server panel when the endpoint's ``/me
 scraped (vLLM's running and waiting requests, beside the configured users).  A figure whose data
 the run lacks (imported chart data has no CPU and no requests) is still written and says so,
 so that a workflow can declare every file as an output.  dose_response.png only for sweeps
-(more than two arms).  questions.png: the forest plot of the declared questions.  A phase whose load fell short of the configuration (``load_valid``
+(more than two arms).  questions.png: the forest plot of the declared questions (per level in a
+run of levels).  tradeoff.png: each arm's metrics against users (analysis/tradeoff.py).  A phase whose load fell short of the configuration (``load_valid``
 False) is drawn hollow and labelled "load short"; its load window on the timeline is hatched.
 """
 
@@ -22,7 +23,7 @@ import pandas as pd  # noqa: E402
 from plotly.subplots import make_subplots  # noqa: E402
 
 from thermab.analysis.load_validity import is_short  # noqa: E402
-from thermab.analysis import energy  # noqa: E402
+from thermab.analysis import energy, levels, tradeoff  # noqa: E402
 from thermab.analysis import metric_names as names  # noqa: E402
 from thermab.analysis.questions import decisive_bounds  # noqa: E402
 from thermab.analysis.model import Analysis, RunData, ordered_hosts  # noqa: E402
@@ -51,6 +52,7 @@ def render_figures(result: Analysis) -> list[Path]:
     written.append(time_to_threshold_png(result.tables, result.run.config, colors, out("time_to_threshold.png")))
     if "questions" in result.tables:
         written.append(questions_png(result.tables["questions"], result.run.config, colors, out("questions.png")))
+    written.append(tradeoff.tradeoff_png(result.pooled, result.run.config, colors, out("tradeoff.png")))
     # layout.figures names them: the report rule declares each, a sweep's dose response too
     if set(layout.SWEEP_FIGURES) <= set(layout.figures(len(set(result.run.config["order"])))):
         written.append(dose_response_png(result.pooled, result.run.config, result.best, out("dose_response.png")))
@@ -110,8 +112,8 @@ def _server_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, 
         ax.step(samples["minutes"], samples["value"], where="post", color=color, ls=dash, lw=1.2,
                 label=f"server {sensor} requests")
     users = run.config.get("users")
-    if users:
-        ax.axhline(users, ls=":", lw=1, color="#555555", label=f"{users} users")
+    for level in ([users] if isinstance(users, int) else users or []):  # each level of a run of levels
+        ax.axhline(level, ls=":", lw=1, color="#555555", label=f"{level} users")
     _finish_panel(ax, windows, colors, t0, "requests (server)")
 
 
@@ -352,11 +354,17 @@ def _per_phase_points(ax, frame: pd.DataFrame, column: str, config: dict, colors
                 errors = [[value - getattr(row, low)], [getattr(row, high) - value]]
             ax.errorbar(x + offset, value, yerr=errors, fmt="o", color=colors[arm], capsize=3, ms=6,
                         mfc="white" if row.short else colors[arm])
-            ax.annotate(f"{row.order} rep{row.rep}" + (f", {SHORT_LABEL}" if row.short else ""), (x + offset, value),
+            ax.annotate(f"{row.order} rep{row.rep}{_level(frame, row)}" + (f", {SHORT_LABEL}" if row.short else ""),
+                        (x + offset, value),
                         xytext=(6, 0), textcoords="offset points", fontsize=7, va="center")
         if len(rows):
             ax.hlines(rows[column].mean(), x - 0.3, x + 0.3, color=colors[arm], lw=1.5, alpha=0.7)
     _arm_axis(ax, config, arms)
+
+
+def _level(frame: pd.DataFrame, row) -> str:
+    """`` u16`` after a phase's name in a run of levels (docs/design.md, "Levels of load")."""
+    return f" u{row.users}" if "users" in frame and frame["users"].nunique() > 1 else ""
 
 
 def cpu_png(cpu: pd.DataFrame, config: dict, colors: dict, path: Path) -> Path:
@@ -410,19 +418,20 @@ def time_to_threshold_png(tables: dict, config: dict, colors: dict, path: Path) 
     window_min = tables["windows"]["window_s"].max() / 60
     thresholds = list(config["thresholds_c"])
     fig, ax = plt.subplots(figsize=(8, 4.8), layout="constrained")
-    phases = th[["order", "rep", "arm"]].drop_duplicates()
+    keys = ["order", "rep", "arm"] + ["users"] * ("users" in th)  # a phase; a level's window in a run of levels
+    phases = list(th.groupby(keys, sort=False, dropna=False))
     spread = np.linspace(-0.2, 0.2, len(phases)) if len(phases) > 1 else [0.0]
-    peaks = tables["zones"].set_index(["order", "rep", "arm", "host", "sensor"])["max_c"]
-    for offset, phase in zip(spread, phases.itertuples(index=False)):
-        rows = th[(th["order"] == phase.order) & (th["rep"] == phase.rep) & (th["arm"] == phase.arm)]
+    peaks = tables["zones"].set_index(keys + ["host", "sensor"])["max_c"]
+    for offset, (key, rows) in zip(spread, phases):
+        phase = rows.iloc[0]
         x = rows["threshold_c"].map(thresholds.index) + offset
         color = colors.get(phase.arm, "#333333")
-        peak = peaks.get((phase.order, phase.rep, phase.arm, head, zone), math.nan)
+        peak = peaks.get((*key, head, zone), math.nan)
         reached = rows["reached_s"].notna()
         short = is_short(rows).any()
         ax.plot(x[reached], rows["reached_s"][reached] / 60, "o--" if short else "o-", color=color,
                 mfc="white" if short else color,
-                label=f"{config['arms'][phase.arm]['label']} ({phase.order} rep{phase.rep}"
+                label=f"{config['arms'][phase.arm]['label']} ({phase.order} rep{phase.rep}{_level(th, phase)}"
                       f"{', ' + SHORT_LABEL if short else ''}), peak {peak:.1f} °C")
         ax.plot(x[~reached], [window_min] * int((~reached).sum()), "v", mfc="none", color=color, ms=10)
     ax.plot([], [], "v", mfc="none", color="#333333", ms=10, label="not reached within the load window")
@@ -492,10 +501,14 @@ def questions_png(answers: pd.DataFrame, config: dict, colors: dict, path: Path)
     asked = config.get("questions", [])
     if answers.empty or not asked:
         return _placeholder(path, "Questions", "no question declared")
-    per_question = len(answers) // len(asked)
+    # a question's rows: one per arm, and per level in a run of levels
+    every_level = "users" in answers and answers["users"].nunique() > 1
     fig, axes = plt.subplots(len(asked), 1, figsize=(8, 0.9 + 0.75 * len(answers)), squeeze=False)
-    for (ax,), (index, question) in zip(axes, enumerate(asked)):
-        rows = answers.iloc[index * per_question:(index + 1) * per_question]
+    for (ax,), question in zip(axes, asked):
+        rows = levels.rows_of(answers, question)
+        if rows.empty:
+            ax.axis("off")
+            continue
         for y, row in enumerate(rows.itertuples(index=False)):
             color = colors.get(row.arm, "black")
             if pd.notna(row.ci_low):
@@ -511,7 +524,9 @@ def questions_png(answers: pd.DataFrame, config: dict, colors: dict, path: Path)
                 ax.axvline(bound, color="black", ls="--", lw=1)
         ax.set_yticks(range(len(rows)), [f"{config['arms'].get(a, {}).get('label', a)} vs "
                                          f"{config['arms'].get(r, {}).get('label', r)}"
-                                         for a, r in zip(rows["arm"], rows["reference"])])
+                                         + (f" at {u} users" if every_level else "")
+                                         for a, r, u in zip(rows["arm"], rows["reference"],
+                                                            rows.get("users", rows["arm"]))])
         ax.set_ylim(-0.7, len(rows) - 0.3)
         ax.set_title(rows["question"].iloc[0], fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)

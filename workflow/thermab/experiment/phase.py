@@ -1,24 +1,22 @@
 """The host-touching stages after preflight: monitor start, the idle baseline, one phase
-(patch, restart, ready, load with probe, cool down) and monitor stop.  The rules'
-scripts are one call into here."""
+job (patch, restart, ready, then per level of load: load with probe, cool down) and monitor
+stop.  The rules' scripts are one call into here."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
 from pathlib import Path
 
-from thermab.config import sensor_silence_s
 from thermab.errors import StageFailed
-from thermab.experiment import guardian, server
+from thermab.experiment import guardian, plan, server
 from thermab.experiment.cluster import ClusterRun, clock_offsets, offsets_record
+from thermab.experiment.interlock import Interlock, MarkForwarder, telemetry_holes
 from thermab.hosts import clock
-from thermab.jsonl import JsonlTail
-from thermab.layout import PhaseDir
 from thermab.load.runner import LoadAborted, LoadSpec, run_load
 from thermab.telemetry import deploy, power, server_metrics
-from thermab.telemetry.agent import ProcessCpu, ThermalZones
 
 
 def bring_up(run: ClusterRun) -> None:
@@ -90,7 +88,7 @@ def _restart(run: ClusterRun, rep: int, arm: str) -> str:
                                 progress=run.progress)
 
 
-def _cooldown(run: ClusterRun, rep: int, arm: str) -> dict:
+def _cooldown(run: ClusterRun, rep: int, arm: str, users: int | None) -> dict:
     timings = run.config["timings"]
     below, cap = timings["cooldown_below_c"], timings["cooldown_max_s"]
     start = time.monotonic()
@@ -109,144 +107,14 @@ def _cooldown(run: ClusterRun, rep: int, arm: str) -> dict:
             break
         if int(waited) % 10 < interval:
             run.progress(f"cooldown: {waited:.0f}/{cap:.0f} s, head {_hottest(run)}")
-    run.event("cooldown_end", rep=rep, arm=arm, detail={"reason": reason})
+    run.event("cooldown_end", rep=rep, arm=arm, users=users, detail={"reason": reason})
     return {"reason": reason, "seconds": round(time.monotonic() - start, 1)}
 
 
-AGENT_CHECK_S = 5.0
-
-
-class MarkForwarder:
-    """Copies the load's own marks (load_start, probe_*, load_end, written by the
-    locustfile as they happen) into events.jsonl while the load runs."""
-
-    def __init__(self, run: ClusterRun, marks_path: Path, rep: int, arm: str):
-        self.run, self.rep, self.arm = run, rep, arm
-        self.tail = JsonlTail(marks_path)
-        self.seen: dict[str, float] = {}  # each mark forwarded so far, with its time
-
-    def poll(self) -> None:
-        self.tail.poll()
-        for mark in self.tail.new:
-            self.run.event(mark["event"], t=mark["t"], rep=self.rep, arm=self.arm)
-            self.seen.setdefault(mark["event"], mark["t"])
-
-
-CAP_SLACK_S = 5.0  # the load's own end mark may take this long to reach the controller
-
-
-class Interlock:
-    """What the load asks every second; called, it answers the reason to stop, or None.
-
-    - forward the load's marks to events.jsonl;
-    - every few seconds, check every agent still runs: a dead one is restarted at once
-      (its restart row marks the gap); one that cannot start stops the load;
-    - the thermal interlock: any zone of any host at ``abort_at_c`` stops the load;
-    - fail safe: a host whose zones were found at preflight and that has given no fresh
-      thermal reading for ``safety.max_sensor_silence_s`` is blind, and stops the load;
-    - ``safety.max_load_minutes``, kept by the controller itself: a load still running
-      (no load_end mark) that long after its start is stopped."""
-
-    def __init__(self, run: ClusterRun, marks: MarkForwarder):
-        self.run, self.marks = run, marks
-        preflight = json.loads(run.files.preflight.read_text())
-        self.abort_at = preflight["safety"]["abort_at_c"]
-        self.offsets = preflight.get("clock_offset_s", {})
-        self.watched = {name for name, facts in preflight["hosts"].items() if facts.get("zones")}
-        self.silence_s = sensor_silence_s(run.config)
-        cap = run.config["safety"]["max_load_minutes"]
-        self.cap_s = cap * 60 if cap is not None else None
-        self.started = time.time()
-        self.restarted: dict[str, float] = {}  # host -> when its agent was last restarted
-        self.next_agent_check = time.monotonic() + AGENT_CHECK_S
-        self.fired_at: float | None = None
-
-    def _restart_dead_agents(self) -> str | None:
-        run = self.run
-        self.next_agent_check = time.monotonic() + AGENT_CHECK_S
-        for host in run.hosts:
-            if deploy.agent_pid(host, run.session) is None:
-                try:
-                    pid = deploy.start_agent(host, run.session, run.agent_settings(host))
-                except deploy.AgentError as error:
-                    return f"blind: host {host.name}'s agent stopped and cannot start again: {error}"
-                self.restarted[host.name] = time.time()
-                run.progress(f"agent on {host.name} had stopped: restarted (pid {pid})")
-                run.event("note", host=host.name, detail={"agent_restarted": pid})
-        return None
-
-    def _over_time(self) -> str | None:
-        if self.cap_s is None or "load_end" in self.marks.seen:
-            return None
-        elapsed = time.time() - self.marks.seen.get("load_start", self.started)
-        if elapsed <= self.cap_s + CAP_SLACK_S:
-            return None
-        return (f"safety.max_load_minutes: the load has run {elapsed:.0f} s without ending, past "
-                f"{self.cap_s / 60:g} min")
-
-    def _blind(self, host, readings: dict) -> str | None:
-        """Whether a watched host has gone without a fresh reading too long: its silence
-        counts from its newest reading (on the controller's clock), the start of the load,
-        or its agent's restart, whichever is last."""
-        newest = max((t - self.offsets.get(host.name, 0.0) for t, _value in readings.values()), default=None)
-        since = max(newest or 0.0, self.started, self.restarted.get(host.name, 0.0))
-        if time.time() - since <= self.silence_s:
-            return None
-        # a dead agent is restarted first, and its first readings are given the same time
-        reason = self._restart_dead_agents()
-        if reason or self.restarted.get(host.name, 0.0) > since:
-            return reason
-        silent = "no thermal reading at all" if newest is None else (
-            f"no thermal reading for {time.time() - newest:.0f} s")
-        return (f"blind: host {host.name} has given {silent} (safety.max_sensor_silence_s "
-                f"{self.silence_s:g} s): its zones cannot be watched")
-
-    def _thermal(self) -> str | None:
-        for host in self.run.hosts:
-            readings = deploy.latest_readings(host, self.run.session, "thermal")
-            for zone, (_t, value) in readings.items():
-                if value >= self.abort_at:
-                    return (f"thermal interlock: host {host.name} zone {zone} at {value:.1f} °C "
-                            f">= safety.abort_at_c {self.abort_at:.1f} °C")
-            if host.name in self.watched:
-                reason = self._blind(host, readings)
-                if reason:
-                    return reason
-        return None
-
-    def __call__(self) -> str | None:
-        self.marks.poll()
-        reason = None
-        if time.monotonic() >= self.next_agent_check:
-            reason = self._restart_dead_agents()
-        reason = reason or self._over_time()
-        if reason is None and self.abort_at is not None:
-            reason = self._thermal()
-        if reason:
-            self.fired_at = time.time()
-        return reason
-
-
-def telemetry_holes(run: ClusterRun, window: dict) -> list[str]:
-    """Hosts expected to report (their agent runs; zones found at preflight for thermal)
-    with no sample of a source in the load window: a phase without them has a silent hole."""
-    preflight = json.loads(run.files.preflight.read_text())
-    offsets = preflight.get("clock_offset_s", {})
-    holes = []
-    for host in run.hosts:
-        offset = offsets.get(host.name, 0.0)
-        expected = [(ProcessCpu.name, ProcessCpu.sensor)]
-        if preflight["hosts"].get(host.name, {}).get("zones"):
-            expected.append((ThermalZones.name, None))
-        for source, sensor in expected:
-            if not deploy.count_readings(host, run.session, source, window["start"] + offset,
-                                         window["end"] + offset, sensor):
-                holes.append(f"host {host.name} has no {source} sample in the load window")
-    return holes
-
-
-def phase(run: ClusterRun, rep: int, arm: str, out_json: Path, out_requests: Path, load_log: Path) -> dict:
-    """Patch, restart, ready, load with probe, cool down: one ``rep{rep}-{arm}``."""
+def phase(run: ClusterRun, rep: int, arm: str) -> list[dict]:
+    """Patch, restart, ready, then for each level of load (one when ``load.users`` is a
+    number; plan.job_phases orders them) a load with probe and a cool down: the phase job
+    ``rep{rep}-{arm}``.  Each window's files lie in its own phase directory (layout)."""
     bring_up(run)
     label = run.config["arms"][arm]["label"]
     run.progress(f"phase rep{rep}-{arm} ({label}, {run.config['setting']['name']} = "
@@ -255,48 +123,63 @@ def phase(run: ClusterRun, rep: int, arm: str, out_json: Path, out_requests: Pat
     idle_w_before = head_power(run, power.IDLE_BEFORE_S)
     model = _restart(run, rep, arm)
     run.event("server_ready", rep=rep, arm=arm, detail={"model": model})
-    marks = MarkForwarder(run, PhaseDir(out_requests.parent).marks, rep, arm)
+    return [_window(run, window, model, idle_w_before) for window in
+            plan.job_phases(rep, arm, plan.levels(run.config["load"]["users"]))]
+
+
+def _window(run: ClusterRun, window: plan.Phase, model: str, idle_w_before: float | None) -> dict:
+    """One load window of a phase job, then the cooldown that the next one starts after.
+    ``idle_w_before``: the head's power before the job's one restart, for every level (as
+    analysis/washout.py reads it from the restart mark)."""
+    rep, arm, files = window.rep, window.arm, run.files.phase(window.id)
+    if window.users is not None:
+        run.progress(f"phase {window.id}: {window.users} users")
+    marks = MarkForwarder(run, files.marks, rep, arm, window.users)
     interlock = Interlock(run, marks)
     # every zone as the load begins: did the arms start alike (analysis/washout.py)?
     start_zones = {host.name: deploy.latest(host, run.session, "thermal") for host in run.hosts}
+    spec = LoadSpec.from_config(run.config, model)
+    if window.users is not None:
+        spec = dataclasses.replace(spec, users=window.users)
     try:
-        validity = _load(run, rep, arm, out_requests, load_log, model, interlock)
+        validity = _load(run, window, spec, interlock)
     except LoadAborted as error:
         marks.poll()
         run.progress(f"ABORT {error}: restoring and stopping every host now")
         run.shutdown(str(error), t=interlock.fired_at, rep=rep, arm=arm)
         guardian.release(run.run_dir)  # everything is already put back
-        raise StageFailed(f"phase rep{rep}-{arm} aborted: {error}") from None
+        raise StageFailed(f"phase {window.id} aborted: {error}") from None
     marks.poll()
     failed = validity["requests"]["load"] - validity["requests"]["load_ok"]
     if failed > run.config["load"]["max_failed"] or not validity["requests"]["load_ok"]:
         reason = (f"{failed} of {validity['requests']['load']} load requests failed (load.max_failed = "
                   f"{run.config['load']['max_failed']}), first: {validity['errors']['first']}")
-        run.event("abort", rep=rep, arm=arm, detail={"reason": reason})
-        raise StageFailed(f"phase rep{rep}-{arm} failed: {reason}; records kept in "
-                           f"{PhaseDir(out_requests.parent).records}, Locust's log in {load_log}")
-    window = validity["window"]
-    holes = telemetry_holes(run, window)
+        run.event("abort", rep=rep, arm=arm, users=window.users, detail={"reason": reason})
+        raise StageFailed(f"phase {window.id} failed: {reason}; records kept in "
+                           f"{files.records}, Locust's log in {run.files.locust_log(window.id)}")
+    load_window = validity["window"]
+    holes = telemetry_holes(run, load_window)
     if holes:
         reason = "; ".join(holes)
-        run.event("abort", rep=rep, arm=arm, detail={"reason": reason})
-        raise StageFailed(f"phase rep{rep}-{arm} failed: {reason} (see the agent's log on that host)")
-    cooldown = _cooldown(run, rep, arm)
-    result = {"phase": f"rep{rep}-{arm}", "order": run.order, "rep": rep, "arm": arm, "label": label,
-              "value": run.config["arms"][arm]["value"], "model": model, "load_start": window["start"],
-              "load_end": window["end"], "validity": validity, "cooldown": cooldown,
-              "start_zones_c": start_zones, "idle_w_before": idle_w_before}
-    out_json.write_text(json.dumps(result, indent=1, default=str))
+        run.event("abort", rep=rep, arm=arm, users=window.users, detail={"reason": reason})
+        raise StageFailed(f"phase {window.id} failed: {reason} (see the agent's log on that host)")
+    cooldown = _cooldown(run, rep, arm, window.users)
+    result = {"phase": window.id, "order": run.order, "rep": rep, "arm": arm, "users": spec.users, "label":
+              run.config["arms"][arm]["label"], "value": run.config["arms"][arm]["value"], "model": model,
+              "load_start": load_window["start"], "load_end": load_window["end"], "validity": validity,
+              "cooldown": cooldown, "start_zones_c": start_zones,
+              "idle_w_before": idle_w_before}
+    files.phase_json.write_text(json.dumps(result, indent=1, default=str))
     return result
 
 
-def _load(run: ClusterRun, rep: int, arm: str, out_requests: Path, load_log: Path, model: str,
-          interlock: Interlock) -> dict:
-    scrape = server_metrics.Scraper(run.cluster.endpoint, PhaseDir(out_requests.parent).server_metrics,
+def _load(run: ClusterRun, window: plan.Phase, spec: LoadSpec, interlock: Interlock) -> dict:
+    files = run.files.phase(window.id)
+    scrape = server_metrics.Scraper(run.cluster.endpoint, files.server_metrics,
                                     run.config["monitor"]["intervals"]["server"], progress=run.progress)
     with scrape:  # the server's own view of the load, beside the client's
-        return run_load(run.cluster.endpoint, out_requests, LoadSpec.from_config(run.config, model),
-                        order=run.order, rep=rep, arm=arm, log_path=load_log, progress=run.progress,
+        return run_load(run.cluster.endpoint, files.requests, spec, order=run.order, rep=window.rep,
+                        arm=window.arm, log_path=run.files.locust_log(window.id), progress=run.progress,
                         status_hint=lambda: f"head {_hottest(run)}", interlock=interlock)
 
 

@@ -1,5 +1,7 @@
 """The phase sequence of a run, as pure functions: baseline once, then for each repeat
-every arm in ``order``.  Phase ids are ``rep{rep}-{arm}`` (docs/design.md)."""
+every arm in ``order``, and in a run of levels (``load.users`` a list) every level of each,
+ascending in odd repeats and descending in even ones.  Phase ids are ``rep{rep}-{arm}``, and
+``rep{rep}-{arm}-u{users}`` in a run of levels (docs/design.md)."""
 
 from __future__ import annotations
 
@@ -7,18 +9,34 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
-from thermab.config import default_questions
+from thermab.config import default_questions, user_levels
 from thermab.config import defaults as schema_defaults
-from thermab.layout import BASELINE, PHASE_PATTERN, RunDir
+from thermab.layout import BASELINE, RunDir, phase_id
 
 
 class Phase(NamedTuple):
     rep: int
     arm: str
+    users: int | None = None  # the level, in a run of levels
 
     @property
     def id(self) -> str:
-        return PHASE_PATTERN.format(rep=self.rep, arm=self.arm)
+        return phase_id(self.rep, self.arm, self.users)
+
+
+def levels(users) -> list[int] | None:
+    """The levels of ``load.users`` when it is a list (even of one), else None: a single
+    number keeps the phase ids and files of a run without levels."""
+    return user_levels(users) if isinstance(users, list) else None
+
+
+def level_order(users: list[int] | None, rep: int) -> list[int | None]:
+    """The levels of repeat ``rep`` in the order they run: ascending in odd repeats,
+    descending in even ones, so a level's position is balanced as an arm's is."""
+    if users is None:
+        return [None]
+    ascending = sorted(users)
+    return ascending if rep % 2 else ascending[::-1]
 
 
 def williams_orders(order: str) -> list[str]:
@@ -49,17 +67,25 @@ def order_of_repeat(order: str, rep: int, crossover: bool = True) -> str:
     return rows[(rep - 1) % len(rows)]
 
 
-def phases(order: str, repeats: int, crossover: bool = False) -> list[Phase]:
-    return [Phase(rep, arm) for rep in range(1, repeats + 1) for arm in order_of_repeat(order, rep, crossover)]
+def phases(order: str, repeats: int, crossover: bool = False, users: list[int] | None = None) -> list[Phase]:
+    """Every phase in the order it runs; ``users``: the levels (``levels``), or None."""
+    return [Phase(rep, arm, level) for rep in range(1, repeats + 1) for arm in order_of_repeat(order, rep, crossover)
+            for level in level_order(users, rep)]
 
 
-def previous(order: str, rep: int, arm: str, crossover: bool = False) -> str:
-    """Id of the phase that must finish before ``rep{rep}-{arm}``; the baseline for the first.
+def job_phases(rep: int, arm: str, users: list[int] | None = None) -> list[Phase]:
+    """The phases one phase job runs, in order: one restart, then a window per level."""
+    return [Phase(rep, arm, level) for level in level_order(users, rep)]
+
+
+def previous(order: str, rep: int, arm: str, crossover: bool = False, users: list[int] | None = None) -> str:
+    """Id of the phase that must finish before the job ``rep{rep}-{arm}``: the last of the
+    job before it (each job's phases finish together), the baseline for the first.
 
     Only earlier repeats are named, so raising ``repeats`` later never changes the chain
     of the phases that already ran."""
-    sequence = phases(order, rep, crossover)
-    index = sequence.index(Phase(rep, arm))
+    sequence = phases(order, rep, crossover, users)
+    index = sequence.index(job_phases(rep, arm, users)[0])
     return BASELINE if index == 0 else sequence[index - 1].id
 
 

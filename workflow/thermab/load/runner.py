@@ -10,7 +10,7 @@ beside ``out_parquet``:
 - ``locust.log``: Locust's own output (unless ``log_path`` says elsewhere);
 - ``extra_body.json``: ``load.extra_body``, for the locustfile to merge into each request
   (a file, as nothing large travels on a command line);
-- ``out_parquet``: the records with ``order``, ``rep`` and ``arm`` added, in the columns and
+- ``out_parquet``: the records with ``order``, ``rep``, ``arm`` and ``users`` added, in the columns and
   dtypes of docs/design.md's ``tidy/requests.parquet`` plus the stream diagnostics
   ``max_gap_s``, ``stall_gaps``, ``usage_source``, ``token_arrivals`` and ``token_span_s``;
 - ``validity.json``: whether the load was the load intended (:mod:`thermab.load.validity`).
@@ -133,8 +133,11 @@ def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None
     for stale in (records_path, events_path):
         stale.unlink(missing_ok=True)  # the locustfile appends; a rerun must not mix attempts
     progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
-    # The clock time keeps a rerun of the same phase from sharing prefixes with the last.
-    tag_prefix = f"{order}-rep{rep}-{arm}-{time.strftime('%H%M%S')}"
+    # The level keeps the next level's window on the same server, and the clock time a rerun
+    # of the same phase, from sharing prefixes with the last; the level first, so that it
+    # falls in the prompt's first 16-token cache block (after the chat template and the
+    # user's number: the clock's minutes may not, and two windows share one minute).
+    tag_prefix = f"u{spec.users}-{time.strftime('%H%M%S')}-{order}-rep{rep}-{arm}"
     files.extra_body.write_text(json.dumps(spec.extra_body or {}, allow_nan=False) + "\n")
     command = locust_command(url, records_path, events_path, spec, tag_prefix, locustfile, files.extra_body)
     tail = JsonlTail(records_path)
@@ -148,7 +151,7 @@ def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None
         raise StageFailed(f"locust exited with code {exit_code} and recorded nothing; see {log_path}:\n"
                            + _log_tail(log_path))
 
-    frame = to_frame(records, order=order, rep=rep, arm=arm)
+    frame = to_frame(records, order=order, rep=rep, arm=arm, users=spec.users)
     frame.to_parquet(out_parquet, engine="pyarrow", index=False)
     report = {
         "order": order, "rep": rep, "arm": arm, "url": url, "users": spec.users, "duration_s": duration_s,

@@ -14,6 +14,7 @@ COLUMNS = {  # docs/design.md's tidy/requests.parquet, then the stream diagnosti
     "order": "string",
     "rep": "int64",
     "arm": "string",
+    "users": "Int64",  # the closed loop's users (the level, in a run of levels)
     "kind": "string",
     "user": "int64",
     "tag": "string",
@@ -41,11 +42,11 @@ MIN_TOKEN_ARRIVALS = 8  # separate arrivals of tokens
 MIN_ARRIVAL_SPAN_SHARE = 0.8  # whose first-to-last span covers this share of t_end - t_first_token
 
 
-def to_frame(records, *, order, rep, arm):
-    frame = pd.DataFrame.from_records(records, columns=[c for c in COLUMNS if c not in ("order", "rep", "arm")])
-    frame.insert(0, "order", order)
-    frame.insert(1, "rep", rep)
-    frame.insert(2, "arm", arm)
+def to_frame(records, *, order, rep, arm, users=None):
+    keys = {"order": order, "rep": rep, "arm": arm, "users": users}
+    frame = pd.DataFrame.from_records(records, columns=[c for c in COLUMNS if c not in keys])
+    for position, (name, value) in enumerate(keys.items()):
+        frame.insert(position, name, value)
     return frame.astype(COLUMNS).sort_values("t_start", kind="stable").reset_index(drop=True)
 
 
