@@ -334,10 +334,12 @@ class Engine:
                 "requests": len(self.running), "host_s": self.replies.wake_s}
         if self.peer:
             self.peer.sendall(json.dumps(step).encode() + b"\n")
-        self.broadcast.put(step)
-        if changed:  # a new batch shape: the sampler's per-request state is rebuilt first
-            time.sleep(self.rng.uniform(*SAMPLER_REBUILD_S))
-        self.broadcast.put({"sample": self.steps})
+        sent_at = self.broadcast.put(step)
+        # a new batch shape: the sampler's per-request state is rebuilt first; the sample is
+        # stamped as sent after the rebuild's modelled time, whatever this machine's sleep took
+        rebuild = self.rng.uniform(*SAMPLER_REBUILD_S) if changed else 0.0
+        time.sleep(rebuild)
+        self.broadcast.put({"sample": self.steps}, written_at=sent_at + rebuild)
         self.replies.get()  # the spin: stock vLLM keeps a core busy here while the GPU works
         if self.peer and not self.peer_lines.readline():
             raise ConnectionError("the worker node closed the connection")
