@@ -28,24 +28,31 @@ node's processes):
   drafter, as in the study: 2.4 tokens a step on average, the first step of a request
   one), so the four streams of a closed loop drift apart.  The engine broadcasts a step
   to the local worker as two messages through a :class:`~thermab.sim.shm.ShmQueue`,
-  ``execute`` then ``sample`` (vLLM's execute_model and sample_tokens), 3 ms apart when
-  the batch changed (the sampler's state is rebuilt), and waits for the reply on a second
-  queue.  Both readers spin for ``busy_loop_s`` after each read, the value read at
-  start-up from the node's own ``shm_broadcast.py``.
+  ``execute`` then ``sample`` (vLLM's execute_model and sample_tokens), 1-6 ms apart
+  when the batch changed (the sampler's state is rebuilt), and waits for the reply on a
+  second queue.  Both readers spin for ``busy_loop_s`` after each read, the value read at
+  start-up from the node's own ``shm_broadcast.py``.  ``--seed`` fixes the engine's
+  draws (accepted drafts, rebuild times), as vLLM's ``--seed`` fixes its sampling.
 - VllmWorker: reads a step's two messages, launches it on the emulated GPU (a thread that
   sleeps the step's duration, then replies) and returns to the queue at once.  With stock
   vLLM's 1 s, the engine's and the worker's readers both spin for as long as the GPU is
-  busy: two GB10 cores.
+  busy: two GB10 cores.  With 2 ms both park during each 40-ms step and pay a wake-up
+  (``shm.WAKE_LATENCY_S``) on the next: the step's host path is the worker's launch
+  (``LAUNCH_S_PER_STEP``) plus the wake-ups its readers paid, and the GPU idles for what
+  the batch does not hide of it (``OVERLAP_S_PER_REQUEST`` a running request,
+  :func:`exposed_host_s`): one stream's decode is ~4 % slower, three or more streams hide
+  it all.
 
 CPU is accounted in GB10 cores, per thread, not burnt (:mod:`thermab.sim.cpu`): each
 reader busy from a read until it parks (``busy_loop_s`` later, unless the next message
 came first); ``LAUNCH_S_PER_STEP`` and ``API_S_PER_TOKEN`` of host work; and
 ``GPU_WAIT_THREADS``, the threads that poll while the GPU runs (CUDA stream sync, NCCL
 proxies, output copy), a share of a core each for every second the node's GPU is busy.  With ``lost_wakeup`` in the node's sim.json a
-notification sent within 5 ms of the previous one is dropped (:mod:`thermab.sim.shm`):
-with ``busy_loop_s`` 0.002 the worker goes idle 2 ms after a step's ``execute``, before
-its ``sample`` comes after a batch change, misses it, and the whole engine waits for the
-5-s re-check.
+notification sent while the previous one is still queued is dropped (:mod:`thermab.sim.shm`):
+with ``busy_loop_s`` 0.002 the worker parks again 2 ms after it read a step's ``execute``,
+often before the ``sample`` of a batch change comes, misses it about one time in ten
+(:func:`batch_change_stall_probability`), and the whole engine waits for the 5-s re-check;
+spins of 5 ms or longer outlast every rebuild and never stall.
 
 With ``--peer-port`` the engine also sends every step over TCP to a worker node on
 127.0.0.1 and waits for its reply (blocking, no spin), as tensor parallelism across two
