@@ -10,23 +10,24 @@ keeps a whole GB10 core busy; with 0.002 it sleeps between messages and pays a w
 The spin is accounted, not burnt: the reader looks every ``SPIN_POLL_S`` and sleeps in
 between, for ``HOST_POLL_S`` after each read (stock's second) whatever ``busy_loop_s`` is,
 and only then blocks on the pipe, so that this loaded machine schedules the reader alike
-in every arm and only the model below tells them apart.  Its ``spin_meter`` (a :class:`thermab.sim.cpu.Thread`) counts a GB10
-core busy from each read until the reader parks, ``busy_loop_s`` later unless the next
-message came first: on GB10 the reading thread works on the message or spins all that
-time.  Burning this machine's cores instead would take them from the other simulated node
-and the load generator, and heat would then depend on who else runs here.
+in every arm and only the model below tells them apart.  Its ``spin_meter`` (a
+:class:`thermab.sim.cpu.Thread`) counts a GB10 core busy from each read until the reader
+parks, ``busy_loop_s`` later unless the next message came first: on GB10 the reading
+thread works on the message or spins all that time.  Burning this machine's cores instead
+would take them from the other simulated node and the load generator, and heat would then
+depend on who else runs here.
 
 Every message carries the time it was sent (the writer's clock, or the time its model
 says, as the engine's ``sample`` after a rebuild), and the reader's state follows from the
 stamps, not from when this shared machine happened to run the reader: it had parked if
 the message was sent after its spin ended (``busy_loop_s`` after its previous read); it
 reads a message it spun for when it was sent, and one it parked for ``WAKE_LATENCY_S``
-after that.  That wake-up (on GB10 the thread's wake from its poll, the
-idle core's exit from its sleep state and the return through vLLM's dequeue) is recorded
-in ``wake_s``, which the engine and the worker add to the step's host path
-(thermab.sim.vllm): with a 2-ms spin both readers of a 40-ms step park and pay it every
-step, with 1 s neither does.  The value is calibrated, not measured: it is what makes
-single-stream decode with 2 ms the study's 2-6 % slower (docs/simulation.md).
+after that.  That wake-up (on GB10 the thread's wake from its poll, the idle core's exit
+from its sleep state and the return through vLLM's dequeue) is recorded in ``wake_s``,
+which the engine and the worker add to the step's host path (thermab.sim.vllm): with a
+2-ms spin both readers of a 40-ms step park and pay it every step, with 1 s neither does.
+The value is calibrated, not measured: it is what makes single-stream decode with 2 ms the
+study's 2-6 % slower (docs/simulation.md).
 
 A parked reader re-checks the counters every ``RECHECK_S`` even without a notification,
 as vLLM's reader does.  With ``lost_wakeup`` the notifications behave like vLLM's, a zmq
