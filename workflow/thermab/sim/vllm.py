@@ -28,24 +28,31 @@ node's processes):
   drafter, as in the study: 2.4 tokens a step on average, the first step of a request
   one), so the four streams of a closed loop drift apart.  The engine broadcasts a step
   to the local worker as two messages through a :class:`~thermab.sim.shm.ShmQueue`,
-  ``execute`` then ``sample`` (vLLM's execute_model and sample_tokens), 3 ms apart when
-  the batch changed (the sampler's state is rebuilt), and waits for the reply on a second
-  queue.  Both readers spin for ``busy_loop_s`` after each read, the value read at
-  start-up from the node's own ``shm_broadcast.py``.
+  ``execute`` then ``sample`` (vLLM's execute_model and sample_tokens), 1-6 ms apart
+  when the batch changed (the sampler's state is rebuilt), and waits for the reply on a
+  second queue.  Both readers spin for ``busy_loop_s`` after each read, the value read at
+  start-up from the node's own ``shm_broadcast.py``.  ``--seed`` fixes the engine's
+  draws (accepted drafts, rebuild times), as vLLM's ``--seed`` fixes its sampling.
 - VllmWorker: reads a step's two messages, launches it on the emulated GPU (a thread that
   sleeps the step's duration, then replies) and returns to the queue at once.  With stock
   vLLM's 1 s, the engine's and the worker's readers both spin for as long as the GPU is
-  busy: two GB10 cores.
+  busy: two GB10 cores.  With 2 ms both park during each 40-ms step and pay a wake-up
+  (``shm.WAKE_LATENCY_S``) on the next: the step's host path is the worker's launch
+  (``LAUNCH_S_PER_STEP``) plus the wake-ups its readers paid, and the GPU idles for what
+  the batch does not hide of it (``OVERLAP_S_PER_REQUEST`` a running request,
+  :func:`exposed_host_s`): one stream's decode is ~4 % slower, three or more streams hide
+  it all.
 
 CPU is accounted in GB10 cores, per thread, not burnt (:mod:`thermab.sim.cpu`): each
 reader busy from a read until it parks (``busy_loop_s`` later, unless the next message
 came first); ``LAUNCH_S_PER_STEP`` and ``API_S_PER_TOKEN`` of host work; and
 ``GPU_WAIT_THREADS``, the threads that poll while the GPU runs (CUDA stream sync, NCCL
 proxies, output copy), a share of a core each for every second the node's GPU is busy.  With ``lost_wakeup`` in the node's sim.json a
-notification sent within 5 ms of the previous one is dropped (:mod:`thermab.sim.shm`):
-with ``busy_loop_s`` 0.002 the worker goes idle 2 ms after a step's ``execute``, before
-its ``sample`` comes after a batch change, misses it, and the whole engine waits for the
-5-s re-check.
+notification sent while the previous one is still queued is dropped (:mod:`thermab.sim.shm`):
+with ``busy_loop_s`` 0.002 the worker parks again 2 ms after it read a step's ``execute``,
+often before the ``sample`` of a batch change comes, misses it about one time in ten
+(:func:`batch_change_stall_probability`), and the whole engine waits for the 5-s re-check;
+spins of 5 ms or longer outlast every rebuild and never stall.
 
 With ``--peer-port`` the engine also sends every step over TCP to a worker node on
 127.0.0.1 and waits for its reply (blocking, no spin), as tensor parallelism across two
@@ -87,7 +94,7 @@ from pathlib import Path
 from thermab.sim import node, tokens
 from thermab.sim.cpu import Account, Thread
 from thermab.sim.metrics import CONTENT_TYPE, ServerMetrics
-from thermab.sim.shm import ShmQueue
+from thermab.sim.shm import ShmQueue, stall_probability
 
 BLOCK_TOKENS = 16
 MAX_MODEL_LEN = 8192
@@ -97,7 +104,12 @@ NATURAL_MAX_TOKENS = 512
 PREFILL_S_PER_TOKEN = 0.05e-3
 MTP_DRAFT_TOKENS = 5  # the study's drafter proposed 5 tokens a step
 MTP_ACCEPT = 0.6  # each drafted token accepted with this chance, while the previous one was
-SAMPLER_REBUILD_S = 0.003  # host time to rebuild the sampling state when the batch changed
+SAMPLER_REBUILD_S = (0.001, 0.006)  # host time to rebuild the sampling state when the batch changed (uniform)
+# What of a step's host path (the worker's launch and the wake-ups its readers paid) the GPU
+# hides: vLLM's async scheduling prepares the next step while the GPU still runs the batch's
+# per-request work (sampling, MTP drafting, output copy), this long for each request.
+# Calibrated with shm.WAKE_LATENCY_S to the study (docs/simulation.md).
+OVERLAP_S_PER_REQUEST = 0.0009
 HOST_LAG_S = 0.5  # host lags up to this long are this machine's: the GPU counts as busy (Gpu)
 # GB10 CPU time the node's threads account (thermab.sim.cpu), chosen so that the nodes read
 # what the study measured: a worker node ~208 % (its GPU-waiting threads), the patched head
@@ -190,13 +202,16 @@ class Gpu:
         self.waiters = [(account.thread(name), share) for name, share in GPU_WAIT_THREADS.items()]
         self.finished_at = None
 
-    def run(self, step: dict, launched_at: float) -> None:
-        """Run ``step`` launched at ``launched_at`` (time.monotonic); return when it is done."""
+    def run(self, step: dict, launched_at: float, host_s: float = 0.0) -> None:
+        """Run ``step`` launched at ``launched_at`` (time.monotonic); return when it is done.
+        ``host_s`` is the step's GB10 host path; what the batch does not hide of it
+        (:func:`exposed_host_s`) the GPU idles before the step, while the batch runs on."""
         busy = step["duration_s"]
         if step["ran_on"] and self.finished_at is not None:
-            finished_at = max(self.finished_at + step["duration_s"], launched_at)
-            if finished_at - self.finished_at <= step["duration_s"] + HOST_LAG_S:
-                busy = finished_at - self.finished_at
+            started_at = self.finished_at + exposed_host_s(host_s, step.get("requests", 0))
+            finished_at = max(started_at + step["duration_s"], launched_at)
+            if finished_at - started_at <= step["duration_s"] + HOST_LAG_S:
+                busy = finished_at - started_at
             self.finished_at = finished_at
         else:
             self.finished_at = launched_at + step["duration_s"]
@@ -207,12 +222,26 @@ class Gpu:
             thread.add(share * busy)
 
 
+def exposed_host_s(host_s: float, requests: int) -> float:
+    """The part of a step's host path that the GPU waits for: what the batch's per-request
+    work (``OVERLAP_S_PER_REQUEST`` each) does not cover.  One stream hides little of the
+    wake-ups a short spin pays; four hide them all."""
+    return max(0.0, host_s - OVERLAP_S_PER_REQUEST * requests)
+
+
+def batch_change_stall_probability(busy_loop_s: float) -> float:
+    """With ``lost_wakeup``: the chance that a batch change stalls the engine until the
+    re-check, the worker missing the step's ``sample`` (:func:`thermab.sim.shm.stall_probability`
+    over the sampler's rebuild time)."""
+    return stall_probability(busy_loop_s, SAMPLER_REBUILD_S)
+
+
 def run_gpu(gpu: Gpu, launched: queue.Queue, replies: ShmQueue) -> None:
     """The local worker's GPU stream: runs each launched step, then replies (the step's
     sampling request has come by then)."""
     while True:
-        step, launched_at = launched.get()
-        gpu.run(step, launched_at)
+        step, launched_at, host_s = launched.get()
+        gpu.run(step, launched_at, host_s)
         replies.put(step["step"])
 
 
@@ -231,8 +260,9 @@ def run_local_worker(root: Path, broadcast: ShmQueue, replies: ShmQueue) -> None
     while True:
         step = broadcast.get()
         launched_at = time.monotonic()
+        host_s = step["host_s"] + broadcast.wake_s + LAUNCH_S_PER_STEP
         broadcast.get()  # the step's sampling request
-        launched.put((step, launched_at))
+        launched.put((step, launched_at, host_s + broadcast.wake_s))
 
 
 def connect_peer(port: int) -> socket.socket:
@@ -266,14 +296,14 @@ class Engine:
     state is the scheduler's view after the step, as vLLM's SchedulerStats give it to the
     metrics: requests running and waiting, and the share of KV-cache blocks in use."""
 
-    def __init__(self, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer):
+    def __init__(self, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer, seed=None):
         self.conn = conn
         self.broadcast = broadcast
         self.replies = replies
         self.step_s = step_s
         self.peer = peer
         self.peer_lines = peer.makefile("rb") if peer else None
-        self.rng = random.Random()
+        self.rng = random.Random(seed)
         self.waiting = {}  # rid -> (uncached prompt tokens, completion tokens, prompt tokens)
         self.running = {}  # rid -> [completion tokens, emitted, prompt tokens]
         self.batch_changed = False  # a request finished or left since the last step
@@ -306,13 +336,17 @@ class Engine:
             self.running[rid] = [length, 0, prompt_tokens]
         self.waiting.clear()
         self.steps += 1
-        step = {"step": self.steps, "duration_s": self.step_s + PREFILL_S_PER_TOKEN * prefill, "ran_on": ran_on}
+        # host_s: the wake-up the engine paid for the previous step's reply, on this step's path
+        step = {"step": self.steps, "duration_s": self.step_s + PREFILL_S_PER_TOKEN * prefill, "ran_on": ran_on,
+                "requests": len(self.running), "host_s": self.replies.wake_s}
         if self.peer:
             self.peer.sendall(json.dumps(step).encode() + b"\n")
-        self.broadcast.put(step)
-        if changed:  # a new batch shape: the sampler's per-request state is rebuilt first
-            time.sleep(SAMPLER_REBUILD_S)
-        self.broadcast.put({"sample": self.steps})
+        sent_at = self.broadcast.put(step)
+        # a new batch shape: the sampler's per-request state is rebuilt first; the sample is
+        # stamped as sent after the rebuild's modelled time, whatever this machine's sleep took
+        rebuild = self.rng.uniform(*SAMPLER_REBUILD_S) if changed else 0.0
+        time.sleep(rebuild)
+        self.broadcast.put({"sample": self.steps}, written_at=sent_at + rebuild)
         self.replies.get()  # the spin: stock vLLM keeps a core busy here while the GPU works
         if self.peer and not self.peer_lines.readline():
             raise ConnectionError("the worker node closed the connection")
@@ -347,7 +381,7 @@ class Engine:
             self.stats = {"since": time.monotonic(), "tokens": 0, "steps": 0}
 
 
-def run_engine(root: Path, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer_port) -> None:
+def run_engine(root: Path, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer_port, seed) -> None:
     become_child("EngineCore")
     account = Account(root)
     main = account.thread("EngineCore")
@@ -355,7 +389,7 @@ def run_engine(root: Path, conn, broadcast: ShmQueue, replies: ShmQueue, step_s:
     replies.spin_meter = main
     peer = connect_peer(peer_port) if peer_port else None
     conn.send("ready")
-    Engine(conn, broadcast, replies, step_s, peer).run()
+    Engine(conn, broadcast, replies, step_s, peer, seed).run()
 
 
 # ---- API server --------------------------------------------------------------------
@@ -646,7 +680,7 @@ def serve_head(args, busy_loop_s: float, lost_wakeup: bool) -> int:
     # closed after the engine is, so the engine alone holds it: its death reads as EOF.
     api_end, engine_end = fork.Pipe()
     engine = fork.Process(target=run_engine, daemon=True,
-                          args=(args.node, engine_end, broadcast, replies, args.step_ms / 1000.0, args.peer_port))
+                          args=(args.node, engine_end, broadcast, replies, args.step_ms / 1000.0, args.peer_port, args.seed))
     engine.start()
     engine_end.close()
     children = [worker, engine]
@@ -728,6 +762,7 @@ def main(argv=None) -> int:
     serve.add_argument("--peer-port", type=int, help="head only: the worker node's port")
     serve.add_argument("--step-ms", type=float, default=40.0, help="decode step time (GPU)")
     serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--seed", type=int, help="head only: seed of the engine's draws (accepted drafts, rebuild times)")
     serve.add_argument("--detach", action="store_true", help="run in a new session and return")
     stop = commands.add_parser("stop", help="stop the server recorded in ROOT/run/vllm.pid")
     stop.add_argument("--node", type=Path, required=True)
