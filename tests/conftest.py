@@ -37,6 +37,10 @@ SLOW = {
     "test_energy.py::test_timeline_power_panel_and_fleet_energy",
     "test_telemetry_layout.py::test_both_layouts_give_the_same_files",
     "test_stats.py::test_real_effect_has_power_and_null_effect_is_rarely_claimed",
+    "test_tune.py::test_an_interrupted_study_gives_back_its_running_trial",
+    "test_tune.py::test_the_answer_with_its_evidence",
+    "test_tune.py::test_it_says_plainly_when_nothing_beat_the_reference_or_the_budget_ran_out",
+    "test_tune.py::test_any_range_is_a_search_space_or_one_line_naming_the_tune",
 }
 
 
