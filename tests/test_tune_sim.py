@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 # at stock busy_loop_s both readers of the head (the engine's and the worker's) spin a whole
 # GB10 core while the GPU is busy (thermab.sim.vllm): the spin's CPU is two cores
 SPIN_CPU_PCT = 200.0
-BUDGET_PHASES = 24
+BUDGET_PHASES = 20
 
 pytestmark = pytest.mark.e2e
 
@@ -44,9 +44,10 @@ def overlay(head_port: int, worker_port: int) -> dict:
                 "server": {"stop": "{python} -m thermab.sim.vllm stop --node {root}", "start": start}}
 
     return {
-        "timings": {"baseline_s": 2, "load_s": 12, "cooldown_below_c": 60, "cooldown_max_s": 2,
+        "timings": {"baseline_s": 2, "load_s": 24, "cooldown_below_c": 60, "cooldown_max_s": 2,
                     "startup_timeout_s": 60},
-        "load": {"max_tokens": 160, "prompt_tokens": 600, "probe_at": 0.3, "probe_tokens": 64, "probe_n": 2},
+        # short requests: many batch changes (where a wake-up is lost) in a short window
+        "load": {"max_tokens": 48, "prompt_tokens": 200, "probe_at": 0.5, "probe_tokens": 32, "probe_n": 2},
         "max_repeats": 2,
         "tune": {"min": 0.0005, "max": 1, "scale": "log", "budget_phases": BUDGET_PHASES,
                  "objective": "head vLLM CPU median", "better": "lower",
@@ -79,7 +80,7 @@ def test_tune_never_chooses_a_stall_and_saves_most_of_the_spin(tmp_path):
     performance = pd.read_csv(run.table("performance"))
     chosen = performance[performance["arm"] == "B"]
     assert len(chosen) == 2 and chosen["stall_gaps"].eq(0).all(), "the chosen value stalled in its own phases"
-    assert best["constraints"]["stall gaps no worse than 0.5 (lower is better)"]["verdict"] == "yes"
+    assert [c["verdict"] for q, c in best["constraints"].items() if q.startswith("stall gaps")] == ["yes"]
 
     cpu = pd.read_csv(run.table("cpu"))
     head = cpu[cpu["host"] == "head"].groupby("arm")["median_pct"].mean()

@@ -125,6 +125,7 @@ def tune(config: dict, cores: int = 1, snakefile: Path = SNAKEFILE) -> layout.Tu
         result = run_trial(config, tune_dir, number, value, used, plan.best_estimate(told, tune_cfg["better"]),
                            cores, snakefile)
         tune_study.tell(study, result)
+        report.write(tune_dir, config, tune_study.results(study))  # the answer so far, after every trial
     report.write(tune_dir, config, tune_study.results(study))
     return tune_dir
 
