@@ -246,3 +246,26 @@ def test_it_says_plainly_when_nothing_beat_the_reference_or_the_budget_ran_out(t
     assert "No candidate met every constraint" in summary and "The budget ran out before a decision" in summary
     best, table, summary = written(tmp_path, [])
     assert best["value"] is None and table.empty and "No trial ran" in summary
+
+
+def test_a_look_already_answered_is_judged_without_running_again(tmp_path):
+    """Resuming: a trial whose look's questions.csv answers the repeats on disk is judged
+    from it; one whose last table is older (fewer phases) runs to its look again."""
+    from thermab.tune.run import finished_look
+
+    trial_dir = layout.TuneDir(tmp_path).trial(0)
+    run = trial_dir.run("sim", plan.ORDER)
+    for phase in ("rep1-A", "rep1-B", "rep2-B", "rep2-A"):
+        run.phase(phase).phase_json.parent.mkdir(parents=True)
+        run.phase(phase).phase_json.write_text("{}")
+    run.tables.mkdir()
+    rows = [{"question": "stall gaps no worse than 0.5", "arm": "B", "verdict": "yes", "estimate": 0.0,
+             "ci_low": 0.0, "ci_high": 0.0, "level": 0.9, "phases_per_arm": 2},
+            {"question": "head vLLM CPU median lower", "arm": "B", "verdict": "undecided", "estimate": -150.0,
+             "ci_low": -900.0, "ci_high": 600.0, "level": 0.9, "phases_per_arm": 2}]
+    pd.DataFrame(rows).to_csv(run.table("questions"), index=False)
+    look = finished_look(trial_dir, "sim", max_repeats=2, rows=2)
+    assert look.repeats == 2 and look.phases == 4 and look.objective["estimate"] == -150.0
+    assert plan.judge(look, "lower", None, 2, 100)[0] == plan.CAP
+    pd.DataFrame([{**row, "phases_per_arm": 1} for row in rows]).to_csv(run.table("questions"), index=False)
+    assert finished_look(trial_dir, "sim", max_repeats=2, rows=2) is None

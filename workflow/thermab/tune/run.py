@@ -137,6 +137,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cores", type=int, default=1, help="Snakemake's --cores for each look (default 1)")
     parser.add_argument("--snakefile", type=Path, default=SNAKEFILE, help="the workflow (default: this checkout's)")
     args = parser.parse_args(argv)
+    if not args.snakefile.is_file():  # a non-editable install has no checkout beside it
+        raise UserError(f"--snakefile {args.snakefile}: no such file (give the checkout's Snakefile)")
     config = read_config(args.configs)
     tune_dir = tune(config, args.cores, args.snakefile)
     print(tune_dir.summary.read_text())
