@@ -105,7 +105,8 @@ def figure(path: Path, trials: list[plan.Trial], chosen: plan.Trial | None, conf
     ax.set_xlim(tune["min"], tune["max"])
     ax.set_xlabel(config["setting"]["name"])
     ax.set_ylabel(f"{tune['objective']}\n(candidate − reference; {tune['better']} is better)")
-    ax.set_title(f"tune: {len(trials)} trials, {sum(t.phases for t in trials)} of {tune['budget_phases']} phases")
+    ax.set_title(f"tune: {len(trials)} trial{'' if len(trials) == 1 else 's'}, "
+                 f"{sum(t.phases for t in trials)} of {tune['budget_phases']} phases")
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
