@@ -47,6 +47,10 @@ SLOW = {
     "test_analyze.py::test_a_sample_given_twice_is_no_interval",
     "test_analyze.py::test_synthetic_run_with_retry_requests_and_cpu",
     "test_energy.py::test_runs_without_power_say_so",
+    "test_tune.py::test_an_interrupted_study_gives_back_its_running_trial",
+    "test_tune.py::test_the_answer_with_its_evidence",
+    "test_tune.py::test_it_says_plainly_when_nothing_beat_the_reference_or_the_budget_ran_out",
+    "test_tune.py::test_any_range_is_a_search_space_or_one_line_naming_the_tune",
 }
 
 

@@ -6,6 +6,7 @@
     check-config FILE           validate a config file, naming any key at fault
     restore [RESULTS_DIR]       restore every host by hand (after a controller crash)
     discover NAME=URL ...       read real nodes (read-only) and write a config that fits them
+    tune CONFIG ...             search the setting's best value, each trial a run (docs/tune.md)
 
 A mistake in what was given (a config key, a file, an argument) is answered with one line
 naming it and exit status 2, a host or stage that failed (``thermab.errors``) with its
@@ -26,6 +27,7 @@ COMMANDS = {
     "check-config": "thermab.config",
     "restore": "thermab.experiment.restore",
     "discover": "thermab.experiment.discover",
+    "tune": "thermab.tune.run",
 }
 
 

@@ -721,6 +721,7 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
         problems.append(f"config key 'safety.max_sensor_silence_s': {silence} s is shorter than two thermal "
                         f"sample intervals ('monitor.intervals.thermal' = {thermal_interval} s)")
     _question_problems(config, problems)
+    _tune_problems(config, problems)
     _across_keys(config, problems)
     problem = extra_body_problem(config["load"]["extra_body"])
     if problem:
@@ -799,35 +800,7 @@ def question_words(question: dict) -> str:
 def _question_problems(config: dict, problems: list[str]) -> None:
     config.setdefault("questions", default_questions(config["analysis"]["timeline_zone"]))
     for index, question in enumerate(config["questions"]):
-        def key(field=None):
-            return (f"config key 'questions.{index}{'.' + field if field else ''}' "
-                    f"({_short(question['metric'])} {question['kind']})")
-        margins = [name for name in ("margin", "margin_pct") if name in question]
-        if not known_metric(config, question["metric"]):
-            problems.append(f"{key('metric')}: unknown metric (one of: {', '.join(RUN_METRICS)}, 'HOST ZONE mean', "
-                            f"'HOST vLLM CPU median'; HOST one of {', '.join(map(_short, question_hosts(config)))})")
-        if len(margins) > 1:
-            problems.append(f"{key('margin_pct')}: give margin or margin_pct, not both")
-        for name in margins + ["by"] * ("by" in question):
-            if question[name] < 0:
-                problems.append(f"{key(name)}: {question[name]} is negative")
-        if "margin_pct" in question and question["margin_pct"] >= 100:
-            problems.append(f"{key('margin_pct')}: {question['margin_pct']} is 100 % or more, which any answer passes")
-        if question["kind"] in ("non_inferior", "equivalent"):
-            if not margins:
-                problems.append(f"{key()}: needs margin or margin_pct")
-            if "by" in question:
-                problems.append(f"{key('by')}: 'by' belongs to lower/higher; this kind has a margin")
-        else:
-            for name in margins:
-                problems.append(f"{key(name)}: a margin belongs to non_inferior/equivalent; lower/higher take 'by'")
-        outside = [level for level in question.get("users", []) if level not in user_levels(config["load"]["users"])]
-        if outside:
-            problems.append(f"{key('users')}: {', '.join(map(str, outside))} not among the levels of 'load.users' "
-                            f"({', '.join(map(str, user_levels(config['load']['users'])))})")
-        if (question["kind"] == "non_inferior") != ("better" in question):
-            problems.append(f"{key('better')}: (lower or higher) is " +
-                            ("required" if question["kind"] == "non_inferior" else "for non_inferior only"))
+        _one_question_problems(config, f"questions.{index}", question, problems)
     if config["until"] == "decided":
         if isinstance(config["load"]["users"], list):  # analysis/sequential counts a repeat's phases by rep{rep}-{arm}
             problems.append("config key 'until': 'decided' with a list of levels in 'load.users' is not supported; "
@@ -849,6 +822,67 @@ def extra_body_problem(extra_body) -> str | None:
     except (TypeError, ValueError, RecursionError) as error:
         return f"not JSON: {_short(str(error))}"
     return f"{size} bytes as JSON, more than {MAX_EXTRA_BODY}" if size > MAX_EXTRA_BODY else None
+
+
+def _one_question_problems(config: dict, where: str, question: dict, problems: list[str]) -> None:
+    """A question's own checks (``where``: its key, questions.N or tune.constraints.N)."""
+    def key(field=None):
+        return (f"config key '{where}{'.' + field if field else ''}' "
+                f"({_short(question['metric'])} {question['kind']})")
+    margins = [name for name in ("margin", "margin_pct") if name in question]
+    if not known_metric(config, question["metric"]):
+        problems.append(f"{key('metric')}: unknown metric (one of: {', '.join(RUN_METRICS)}, 'HOST ZONE mean', "
+                        f"'HOST vLLM CPU median'; HOST one of {', '.join(map(_short, question_hosts(config)))})")
+    if len(margins) > 1:
+        problems.append(f"{key('margin_pct')}: give margin or margin_pct, not both")
+    for name in margins + ["by"] * ("by" in question):
+        if question[name] < 0:
+            problems.append(f"{key(name)}: {question[name]} is negative")
+    if "margin_pct" in question and question["margin_pct"] >= 100:
+        problems.append(f"{key('margin_pct')}: {question['margin_pct']} is 100 % or more, which any answer passes")
+    if question["kind"] in ("non_inferior", "equivalent"):
+        if not margins:
+            problems.append(f"{key()}: needs margin or margin_pct")
+        if "by" in question:
+            problems.append(f"{key('by')}: 'by' belongs to lower/higher; this kind has a margin")
+    else:
+        for name in margins:
+            problems.append(f"{key(name)}: a margin belongs to non_inferior/equivalent; lower/higher take 'by'")
+    outside = [level for level in question.get("users", []) if level not in user_levels(config["load"]["users"])]
+    if outside:
+        problems.append(f"{key('users')}: {', '.join(map(str, outside))} not among the levels of 'load.users' "
+                        f"({', '.join(map(str, user_levels(config['load']['users'])))})")
+    if (question["kind"] == "non_inferior") != ("better" in question):
+        problems.append(f"{key('better')}: (lower or higher) is " +
+                        ("required" if question["kind"] == "non_inferior" else "for non_inferior only"))
+
+
+def _tune_problems(config: dict, problems: list[str]) -> None:
+    """``tune`` (docs/tune.md): a range that holds values, a metric that exists, one cluster.
+    The budget's floor (the phases one decision needs) is checked by thermab.tune.plan, which
+    owns the looks' arithmetic with analysis.sequential."""
+    tune = config.get("tune")
+    if tune is None:
+        return
+    low, high = tune["min"], tune["max"]
+    if high <= low:
+        problems.append(f"config key 'tune.max': {high:g} is not above 'tune.min' ({low:g}): "
+                        "the range holds no value to try")
+    if tune["scale"] == "log" and low <= 0:
+        problems.append(f"config key 'tune.min': {low:g} with scale log: a log scale needs a range above zero "
+                        "(min > 0), or scale linear")
+    if not known_metric(config, tune["objective"]):
+        problems.append(f"config key 'tune.objective': {_short(tune['objective'])!r} is no metric of "
+                        f"tables/variance.csv (one of: {', '.join(RUN_METRICS)}, 'HOST ZONE mean', "
+                        f"'HOST vLLM CPU median')")
+    for index, question in enumerate(tune["constraints"]):
+        _one_question_problems(config, f"tune.constraints.{index}", question, problems)
+    if len(config["clusters"]) != 1:
+        problems.append(f"config key 'tune': a tune searches one cluster, and the config has "
+                        f"{len(config['clusters'])} ({', '.join(map(_short, config['clusters']))})")
+    if literal_kind(next(iter(config["arms"].values()))["value"]) != "number":
+        problems.append("config key 'tune': the reference arm's value is not a number, so no number can be "
+                        "tried against it")
 
 
 def _across_keys(config: dict, problems: list[str]) -> None:

@@ -200,3 +200,65 @@ def fleet_dir(order: str) -> Path:
 
 def results_log(name: str) -> Path:  # logs of the rules that span clusters (compare, restore)
     return Path(RESULTS) / "logs" / name
+
+
+# -- the tune (python -m thermab tune, docs/tune.md) ------------------------------------------
+
+TRIAL_PATTERN = "trial-{number:03d}"  # a trial's directory under the tune's, by Optuna's trial number
+
+
+@dataclass(frozen=True)
+class TrialDir:
+    """``results/{cluster}/tune/trial-NNN/``: one trial, a workflow directory of its own
+    (Snakemake runs there with ``--directory``), so its run directory, patch state, locks and
+    simulated nodes are its own and an interrupted trial resumes as any run does."""
+
+    path: Path
+
+    @property
+    def config(self) -> Path:  # the generated config the trial's Snakemake runs
+        return self.path / "config.yaml"
+
+    @property
+    def log(self) -> Path:  # Snakemake's output, every look appended
+        return self.path / "snakemake.log"
+
+    def run(self, cluster: str, order: str) -> RunDir:
+        return RunDir(self.path / RUN_PATTERN.format(cluster=cluster, order=order))
+
+
+@dataclass(frozen=True)
+class TuneDir:
+    """``results/{cluster}/tune/``: the search's state and its answer."""
+
+    path: Path
+
+    def __init__(self, path):
+        object.__setattr__(self, "path", Path(path))
+
+    @property
+    def study(self) -> Path:  # Optuna's RDB storage (SQLite): an interrupted tune resumes from it
+        return self.path / "study.db"
+
+    @property
+    def best(self) -> Path:
+        return self.path / "best.json"
+
+    @property
+    def trials(self) -> Path:
+        return self.path / "trials.csv"
+
+    @property
+    def figure(self) -> Path:  # objective against value, every trial with its interval
+        return self.path / "tune.png"
+
+    @property
+    def summary(self) -> Path:
+        return self.path / "summary.md"
+
+    def trial(self, number: int) -> TrialDir:
+        return TrialDir(self.path / TRIAL_PATTERN.format(number=number))
+
+
+def tune_dir(cluster: str) -> TuneDir:
+    return TuneDir(Path(RESULTS) / cluster / "tune")

@@ -1,0 +1,271 @@
+"""The tune's parts without a cluster (issue 30): its config's bad input, the trial a value
+becomes, the looks' arithmetic, racing, the choice, the study's resumption and the report."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from thermab import layout
+from thermab.__main__ import main as thermab_main
+from thermab.config import ConfigError, read_file, validate
+from thermab.tune import plan, report, study as tune_study
+
+ROOT = Path(__file__).resolve().parents[1]
+RAW = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+TUNE = {"min": 0.0005, "max": 1, "scale": "log", "budget_phases": 40}
+PROFILE = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def tuned(**changes) -> dict:
+    raw = copy.deepcopy(RAW)
+    raw["tune"] = {**TUNE, **changes}
+    return raw
+
+
+def refused(raw: dict, named: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        validate(raw, ROOT)
+    message = str(caught.value)
+    assert "\n" not in message and named in message, message
+    return message
+
+
+# -- bad input: one line naming the key ---------------------------------------------------
+
+@pytest.mark.parametrize("low, high", [(0.1, 0.1), (1, 0.0005), (-1, -2)])
+def test_an_empty_or_inverted_range_is_refused(low, high):
+    assert "holds no value" in refused(tuned(min=low, max=high, scale="linear"), "'tune.max'")
+
+
+@pytest.mark.parametrize("low", [0, -0.5])
+def test_a_log_scale_through_zero_is_refused(low):
+    assert "log scale" in refused(tuned(min=low), "'tune.min'")
+    validate(tuned(min=low, scale="linear"), ROOT)  # a linear one may start at or below zero
+
+
+def test_an_objective_that_is_no_metric_is_refused():
+    assert "no metric" in refused(tuned(objective="head joules per smile"), "'tune.objective'")
+    for metric in ("head TSOC mean", "worker vLLM CPU median", "output throughput"):
+        validate(tuned(objective=metric), ROOT)
+
+
+@pytest.mark.parametrize("key", ["min", "max"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_nan_and_infinity_are_refused(key, value):
+    refused(tuned(**{key: value}), f"'tune.{key}'")
+
+
+def test_a_constraint_is_checked_as_a_question_is_and_named_where_it_is():
+    bad = [{"metric": "stall gaps", "kind": "non_inferior", "better": "lower", "margin": -1}]
+    refused(tuned(constraints=bad), "'tune.constraints.0.margin'")
+    refused(tuned(constraints=[{"metric": "speed of light", "kind": "lower"}]), "'tune.constraints.0.metric'")
+
+
+def test_unknown_keys_and_two_clusters_are_refused():
+    refused(tuned(budget=3), "'tune.budget'")
+    raw = tuned()
+    raw["clusters"]["other"] = copy.deepcopy(raw["clusters"]["sim"])
+    raw["clusters"]["other"]["endpoint"] = "http://127.0.0.1:18399"
+    for host in raw["clusters"]["other"]["hosts"].values():
+        host["root"] = host["root"].replace("/sim/sim/", "/sim/other/")
+    assert "one cluster" in refused(raw, "'tune'")
+
+
+@pytest.mark.parametrize("max_repeats, needed", [(2, 4), (3, 6), (4, 8), (8, 8)])
+def test_a_budget_below_one_decision_is_refused(max_repeats, needed):
+    """One decision: both arms up to the first look that spends alpha (sequential.MIN_DF)."""
+    assert plan.decision_phases(max_repeats) == needed
+    config = validate({**tuned(budget_phases=needed - 1), "max_repeats": max_repeats}, ROOT)
+    with pytest.raises(ConfigError) as caught:
+        plan.check_budget(config)
+    assert "'tune.budget_phases'" in str(caught.value) and "\n" not in str(caught.value)
+    plan.check_budget(validate({**tuned(budget_phases=needed), "max_repeats": max_repeats}, ROOT))
+
+
+def test_the_command_answers_bad_input_with_one_line_and_status_2(tmp_path, capsys):
+    path = tmp_path / "tune.yaml"
+    path.write_text(yaml.safe_dump(tuned(min=0, budget_phases=2)))
+    assert thermab_main(["tune", str(path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "'tune.min'" in error, error
+    path.write_text(yaml.safe_dump(RAW))
+    assert thermab_main(["tune", str(path)]) == 2
+    assert "no 'tune' section" in capsys.readouterr().err
+    path.write_text(yaml.safe_dump(tuned(budget_phases=2)))
+    assert thermab_main(["tune", str(path)]) == 2
+    assert "'tune.budget_phases'" in capsys.readouterr().err
+
+
+numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**6, 10**6))
+
+
+@PROFILE
+@given(low=numbers, high=numbers, scale=st.sampled_from(["log", "linear"]),
+       budget=st.one_of(st.integers(-5, 10**5), numbers))
+def test_any_range_is_a_search_space_or_one_line_naming_the_tune(low, high, scale, budget):
+    try:
+        config = validate(tuned(min=low, max=high, scale=scale, budget_phases=budget), ROOT)
+    except ConfigError as error:
+        assert "\n" not in str(error) and "'tune" in str(error), str(error)
+        return
+    tune = config["tune"]
+    assert math.isfinite(tune["min"]) and math.isfinite(tune["max"]) and tune["min"] < tune["max"]
+    assert tune["scale"] == "linear" or tune["min"] > 0
+    distribution = tune_study.distribution(tune)  # Optuna takes it as a search space
+    assert distribution.low == tune["min"] and distribution.high == tune["max"]
+
+
+# -- the trial a value becomes --------------------------------------------------------------
+
+@PROFILE
+@given(value=st.floats(min_value=1e-9, max_value=1e6), digits=st.integers(1, 12))
+def test_a_tried_value_is_a_literal_the_config_accepts(value, digits):
+    tried = plan.rounded(value, digits)
+    assert float(plan.literal(tried)) == tried
+    assert math.isclose(tried, value, rel_tol=10 ** (1 - digits))
+
+
+def test_a_trial_is_the_reference_against_the_value_until_decided(tmp_path):
+    config = validate(tuned(), ROOT)
+    trial = plan.trial_config(config, 0.00321)
+    path = tmp_path / "trial.yaml"
+    path.write_text(yaml.safe_dump(trial, sort_keys=False))
+    again = validate(read_file(path), ROOT)  # what the trial's Snakemake reads
+    assert "tune" not in again and again["order"] == "AB" and again["until"] == "decided"
+    assert again["arms"]["A"] == RAW["arms"]["A"] and again["arms"]["B"]["value"] == "0.00321"
+    assert again["questions"] == [*config["tune"]["constraints"], {"metric": "cluster energy per token",
+                                                                  "kind": "lower"}]
+
+
+# -- racing ---------------------------------------------------------------------------------
+
+def look(constraints: list[str], objective: tuple[float, float, float] = (-1.0, -2.0, 0.0),
+         objective_verdict: str = "undecided", repeats: int = 4) -> plan.Look:
+    rows = [{"question": f"constraint {i}", "verdict": v, "estimate": 0.0, "ci_low": -1.0, "ci_high": 1.0,
+             "level": 0.9} for i, v in enumerate(constraints)]
+    estimate, low, high = objective
+    rows.append({"question": "objective lower", "verdict": objective_verdict, "estimate": estimate, "ci_low": low,
+                 "ci_high": high, "level": 0.9})
+    return plan.Look(repeats=repeats, rows=rows)
+
+
+def test_a_constraint_decided_no_drops_the_trial_at_once():
+    action, why = plan.judge(look(["undecided", "no", "undecided"]), "lower", None, 8, 100)
+    assert action == plan.DROP and "constraint 1" in why
+
+
+def test_a_trial_that_cannot_beat_the_best_so_far_stops():
+    # its optimistic bound (-2) is worse than the best's estimate (-3): not a contender
+    action, why = plan.judge(look(["undecided"]), "lower", -3.0, 8, 100)
+    assert action == plan.BEATEN and "contender" in why
+    assert plan.judge(look(["undecided"]), "lower", -1.5, 8, 100)[0] == plan.CONTINUE  # it still may
+    assert plan.judge(look(["undecided"], (1.0, 0.0, 2.0)), "higher", 1.5, 8, 100)[0] == plan.CONTINUE
+    assert plan.judge(look(["undecided"], (1.0, 0.0, 2.0)), "higher", 2.5, 8, 100)[0] == plan.BEATEN
+
+
+def test_a_contender_keeps_measuring_until_decided_capped_or_out_of_budget():
+    assert plan.judge(look(["yes", "yes"], objective_verdict="yes"), "lower", None, 8, 100)[0] == plan.DECIDED
+    assert plan.judge(look(["yes", "undecided"]), "lower", None, 8, 100)[0] == plan.CONTINUE
+    assert plan.judge(look(["yes", "undecided"], repeats=8), "lower", None, 8, 100)[0] == plan.CAP
+    action, why = plan.judge(look(["yes", "undecided"], repeats=4), "lower", None, 8, 3)
+    assert action == plan.BUDGET and "budget ran out before a decision" in why
+    assert plan.next_look_phases(8, 4) == 4 and plan.next_look_phases(8, 8) is None
+
+
+def trial(number, value, objective, verdicts, beats="yes", action=plan.DECIDED, why="", phases=8):
+    return plan.Trial(number=number, value=value, phases=phases, objective=objective, ci_low=objective - 1,
+                      ci_high=objective + 1, level=0.9, beats_reference=beats,
+                      constraints=[{"question": f"c{i}", "verdict": v, "estimate": 0.0, "ci_low": -1.0, "ci_high": 1.0}
+                                   for i, v in enumerate(verdicts)], action=action, why=why)
+
+
+def test_the_best_is_the_best_feasible_estimate():
+    trials = [trial(0, 1e-3, -9.0, ["no"], action=plan.DROP), trial(1, 1e-2, -5.0, ["yes", "yes"]),
+              trial(2, 0.1, -6.0, ["yes", "undecided"], action=plan.CAP), trial(3, 0.02, -4.0, ["yes", "yes"])]
+    assert plan.best(trials, "lower").number == 1
+    assert plan.best(trials, "higher").number == 3
+    assert plan.best(trials[:1], "lower") is None
+    assert [plan.violation(t) for t in trials] == [1.0, 0.0, 0.5, 0.0]
+
+
+# -- the study: resumption ------------------------------------------------------------------
+
+def test_an_interrupted_study_gives_back_its_running_trial(tmp_path):
+    tune = validate(tuned(), ROOT)["tune"]
+    storage = layout.TuneDir(tmp_path).study
+    study = tune_study.open_study(tune, storage)
+    first = tune_study.ask(study, tune)
+    tune_study.tell(study, trial(first[0], first[1], -1.0, ["yes"]))
+    second = tune_study.ask(study, tune)
+    # the tune stops here; run again, it opens the same study and finds the trial it ran
+    again = tune_study.open_study(tune, storage)
+    assert tune_study.interrupted(again) == [second]
+    assert [t.number for t in tune_study.results(again)] == [first[0]]
+    assert tune["min"] <= second[1] <= tune["max"]
+    with pytest.raises(ConfigError, match="'tune'"):
+        tune_study.open_study({**tune, "max": 2}, storage)
+
+
+# -- the report -----------------------------------------------------------------------------
+
+def written(tmp_path, trials) -> tuple[dict, pd.DataFrame, str]:
+    config = validate(tuned(), ROOT)
+    tune_dir = layout.TuneDir(tmp_path)
+    report.write(tune_dir, config, trials)
+    assert tune_dir.figure.stat().st_size > 0
+    return json.loads(tune_dir.best.read_text()), pd.read_csv(tune_dir.trials), tune_dir.summary.read_text()
+
+
+def test_the_answer_with_its_evidence(tmp_path):
+    trials = [trial(0, 0.001, -9.0, ["no", "yes"], action=plan.DROP, why="decided no: c0"),
+              trial(1, 0.01, -5.0, ["yes", "yes"])]
+    best, table, summary = written(tmp_path, trials)
+    assert best["value"] == 0.01 and best["objective"] == -5.0
+    assert (best["objective_ci_low"], best["objective_ci_high"]) == (-6.0, -4.0)
+    assert best["constraints"] == {f"c{i}": {"verdict": "yes", "estimate": 0.0, "ci_low": -1.0, "ci_high": 1.0}
+                                   for i in range(2)}
+    assert list(table.columns) == report.TRIAL_COLUMNS and len(table) == 2
+    assert table["feasible"].tolist() == [False, True] and table["why_dropped"].iloc[0] == "decided no: c0"
+    assert summary.splitlines()[2].startswith("Best: busy_loop_s = 0.01")
+
+
+def test_it_says_plainly_when_nothing_beat_the_reference_or_the_budget_ran_out(tmp_path):
+    best, _, summary = written(tmp_path, [trial(0, 0.01, -0.1, ["yes"], beats="undecided")])
+    assert best["value"] == 0.01 and "No candidate beat the reference" in summary
+    best, _, summary = written(tmp_path, [trial(0, 0.001, 3.0, ["no"], action=plan.DROP),
+                                          trial(1, 0.1, -1.0, ["undecided"], action=plan.BUDGET, why="budget")])
+    assert best["value"] is None and best["budget_ran_out"] is True
+    assert "No candidate met every constraint" in summary and "The budget ran out before a decision" in summary
+    best, table, summary = written(tmp_path, [])
+    assert best["value"] is None and table.empty and "No trial ran" in summary
+
+
+def test_a_look_already_answered_is_judged_without_running_again(tmp_path):
+    """Resuming: a trial whose look's questions.csv answers the repeats on disk is judged
+    from it; one whose last table is older (fewer phases) runs to its look again."""
+    from thermab.tune.run import finished_look
+
+    trial_dir = layout.TuneDir(tmp_path).trial(0)
+    run = trial_dir.run("sim", plan.ORDER)
+    for phase in ("rep1-A", "rep1-B", "rep2-B", "rep2-A"):
+        run.phase(phase).phase_json.parent.mkdir(parents=True)
+        run.phase(phase).phase_json.write_text("{}")
+    run.tables.mkdir()
+    rows = [{"question": "stall gaps no worse than 0.5", "arm": "B", "verdict": "yes", "estimate": 0.0,
+             "ci_low": 0.0, "ci_high": 0.0, "level": 0.9, "phases_per_arm": 2},
+            {"question": "head vLLM CPU median lower", "arm": "B", "verdict": "undecided", "estimate": -150.0,
+             "ci_low": -900.0, "ci_high": 600.0, "level": 0.9, "phases_per_arm": 2}]
+    pd.DataFrame(rows).to_csv(run.table("questions"), index=False)
+    look = finished_look(trial_dir, "sim", max_repeats=2, rows=2)
+    assert look.repeats == 2 and look.phases == 4 and look.objective["estimate"] == -150.0
+    assert plan.judge(look, "lower", None, 2, 100)[0] == plan.CAP
+    pd.DataFrame([{**row, "phases_per_arm": 1} for row in rows]).to_csv(run.table("questions"), index=False)
+    assert finished_look(trial_dir, "sim", max_repeats=2, rows=2) is None

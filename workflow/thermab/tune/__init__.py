@@ -1,0 +1,12 @@
+"""``python -m thermab tune CONFIG``: the setting's best value within a declared range, each
+candidate measured as an experiment against the reference arm (docs/tune.md).
+
+- ``plan``: pure functions: the trial's config, the looks' arithmetic, racing, the best;
+- ``study``: Optuna's study (sampler, SQLite storage) asked and told;
+- ``report``: best.json, trials.csv, the figure and summary.md;
+- ``run``: the command, which runs each trial's looks through Snakemake.
+"""
+
+# Set by the tuner for its Snakemake invocations: each reaches one look of ``until: decided``
+# and returns, so the tuner, not the workflow, decides whether the trial goes on (racing).
+ONE_LOOK_ENV = "THERMAB_ONE_LOOK"
