@@ -10,7 +10,6 @@ so an imported run is judged the same way.  Pure functions over frames.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pandas as pd
