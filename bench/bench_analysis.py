@@ -38,7 +38,8 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))
 
-from thermab.load import validity  # noqa: E402  (the checkout's, as the children use)
+from thermab.contracts import REQUEST_COLUMNS  # noqa: E402  (the checkout's, as the children use)
+from thermab.load import validity  # noqa: E402
 ZONES = ["TSOC", "TS0E", "TS0P", "TS1E", "TS1P", "TGPU", "TUNC"]
 # agent source file -> its sensors (the kinds follow from the agent's registry at ingest)
 SOURCES = {"thermal": ZONES, "cpu": ["vllm_cpu_pct"], "freq": [f"cpu{i}" for i in range(12)]}
@@ -110,7 +111,7 @@ def write_run(run_dir: Path, hours: float, requests_total: int, seed: int = 1) -
             "completion_tokens": 400, "cached_tokens": 0, "ok": True, "error": "",
             "max_gap_s": rng.uniform(0.02, 0.2, per_window), "stall_gaps": 0, "usage_source": "usage",
             "token_arrivals": 400, "token_span_s": 17.6,
-        }).astype(validity.COLUMNS)
+        }).astype(REQUEST_COLUMNS)
         requests.to_parquet(run_dir / "phases" / f"{index:04d}.parquet")
         # and its validity.json, as the load stage writes it beside the records
         report = validity.validity_report(requests, (start, end), users=4, max_tokens=400, prompt_tokens=1400,

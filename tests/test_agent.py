@@ -14,6 +14,7 @@ import pytest
 
 from thermab.telemetry.agent import CpuFrequency, ProcessCpu, ThermalZones, parse_millidegrees, zone_name
 from thermab.config import HostSpec
+from thermab.contracts import Preflight
 from thermab.hosts.host import Host
 from thermab.telemetry import ingest
 from thermab.telemetry import deploy
@@ -141,12 +142,12 @@ def test_ingest_follows_a_clock_that_drifts(tmp_path):
     host_dir = tmp_path / "monitor/head"
     host_dir.mkdir(parents=True)
     (host_dir / "thermal.csv").write_text("t,sensor,value,reason\n900.0,TSOC,1,\n1505.0,TSOC,2,\n2100.0,TSOC,3,\n")
-    clocks = ingest.host_offsets({"t": 1000.0, "clock_offset_s": {"head": 0.0}},
+    clocks = ingest.host_offsets(Preflight(t=1000.0, clock_offset_s={"head": 0.0}),
                                  {"t": 2000.0, "clock_offset_end_s": {"head": 10.0}})
     tidy, _dropped = ingest.telemetry(tmp_path / "monitor", clocks)
     assert list(tidy["t"]) == [900.0, 1500.0, 2090.0], "interpolated between, the nearest held outside"
     assert clocks["head"].record() == {"at_s": [1000.0, 2000.0], "offset_s": [0.0, 10.0]}
-    without_times = ingest.host_offsets({"clock_offset_s": {"head": 0.0}}, {"clock_offset_end_s": {"head": 10.0}})
+    without_times = ingest.host_offsets(Preflight(clock_offset_s={"head": 0.0}), {"clock_offset_end_s": {"head": 10.0}})
     assert list(ingest.telemetry(tmp_path / "monitor", without_times)[0]["t"]) == [895.0, 1500.0, 2095.0]
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from openai_test_servers import MisbehavingServer
 from thermab.jsonl import JsonlTail
+from thermab.contracts import REQUEST_COLUMNS
 from thermab.load import prompts, runner, validity
 from thermab.load.stream import StreamFailure, StreamReader
 
@@ -50,7 +51,7 @@ def test_normal_load_records_every_request_with_probe_and_unique_tags(tmp_path):
         prompts_seen = list(server.prompts)
 
     assert "locust" not in sys.modules  # Locust ran in its own process
-    assert dict(frame.dtypes.astype(str)) == validity.COLUMNS
+    assert dict(frame.dtypes.astype(str)) == REQUEST_COLUMNS
     assert report == json.loads((tmp_path / "validity.json").read_text())
     assert (tmp_path / "requests.jsonl").exists() and (tmp_path / "locust.log").exists()
 

@@ -276,10 +276,10 @@ def test_a_preflight_over_ssh_leaves_known_hosts_as_it_was_and_records_offsets(s
     for host in run.hosts:
         host.close()
     assert known.read_bytes() == before
-    assert set(report["clock_offset_s"]) == {"head", "worker"}
-    for name, offset in report["clock_offset_s"].items():
-        assert abs(offset) <= LOOPBACK_OFFSET_S and report["clock_offset_uncertainty_s"][name] > 0
-    assert report["hosts"]["head"]["agent_python"].startswith("/") and report["safety"]["abort_at_c"]
+    assert set(report.clock_offset_s) == {"head", "worker"}
+    for name, offset in report.clock_offset_s.items():
+        assert abs(offset) <= LOOPBACK_OFFSET_S and report.clock_offset_uncertainty_s[name] > 0
+    assert report.hosts["head"]["agent_python"].startswith("/") and report.safety.abort_at_c
     assert not (run_dir / "guardian.json").exists() and processes_in(tmp_path) == [], "nothing started"
 
 

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import jsonschema
 import yaml
 
+from thermab import metric_names as names
 from thermab.errors import UserError  # noqa: F401 (imported from here by much of the package)
 
 try:  # the regex parser, to judge a user's pattern before it runs (no public API has it)
@@ -751,19 +752,14 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
 
 # -- declared questions (issue 24; analysis/questions.py answers them) ---------------------
 
-# variance.csv's metrics a question may name: these, and per host (or `head`, each cluster's
-# head) "{host} {zone} mean" of the timeline zone and "{host} vLLM CPU median"
-RUN_METRICS = ("output throughput", "probe decode speed", "stall gaps", "cluster energy per token")
-
-
 def default_questions(zone: str = "TSOC") -> list[dict]:
     """The spin-wait study's questions: cooler and less CPU, no real loss of speed or energy."""
-    return [{"metric": f"head {zone} mean", "kind": "lower"},
-            {"metric": "head vLLM CPU median", "kind": "lower"},
-            {"metric": "output throughput", "kind": "non_inferior", "better": "higher", "margin_pct": 5},
-            {"metric": "probe decode speed", "kind": "non_inferior", "better": "higher", "margin_pct": 6},
-            {"metric": "cluster energy per token", "kind": "lower"},
-            {"metric": "stall gaps", "kind": "non_inferior", "better": "lower", "margin": 0.5}]
+    return [{"metric": names.zone_mean("head", zone), "kind": "lower"},
+            {"metric": names.cpu_median("head"), "kind": "lower"},
+            {"metric": names.OUTPUT_THROUGHPUT, "kind": "non_inferior", "better": "higher", "margin_pct": 5},
+            {"metric": names.PROBE_DECODE_SPEED, "kind": "non_inferior", "better": "higher", "margin_pct": 6},
+            {"metric": names.CLUSTER_ENERGY_PER_TOKEN, "kind": "lower"},
+            {"metric": names.STALL_GAPS, "kind": "non_inferior", "better": "lower", "margin": 0.5}]
 
 
 def question_kinds() -> tuple[str, ...]:
@@ -778,12 +774,7 @@ def question_hosts(config: dict) -> list[str]:
 def known_metric(config: dict, metric: str) -> bool:
     """A metric variance.csv can have: a run metric, or a host's CPU or zone mean (any zone
     name: zones are found at preflight; one other than the timeline zone has no data)."""
-    if metric in RUN_METRICS:
-        return True
-    host, _, rest = metric.partition(" ")
-    zone, _, mean = rest.rpartition(" ")
-    return host in question_hosts(config) and (rest == "vLLM CPU median" or (
-        mean == "mean" and bool(re.fullmatch(r"\S+", zone))))
+    return metric in names.RUN_METRICS or names.host_of(metric) in question_hosts(config)
 
 
 def question_words(question: dict) -> str:
@@ -831,7 +822,7 @@ def _one_question_problems(config: dict, where: str, question: dict, problems: l
                 f"({_short(question['metric'])} {question['kind']})")
     margins = [name for name in ("margin", "margin_pct") if name in question]
     if not known_metric(config, question["metric"]):
-        problems.append(f"{key('metric')}: unknown metric (one of: {', '.join(RUN_METRICS)}, 'HOST ZONE mean', "
+        problems.append(f"{key('metric')}: unknown metric (one of: {', '.join(names.RUN_METRICS)}, 'HOST ZONE mean', "
                         f"'HOST vLLM CPU median'; HOST one of {', '.join(map(_short, question_hosts(config)))})")
     if len(margins) > 1:
         problems.append(f"{key('margin_pct')}: give margin or margin_pct, not both")
@@ -873,7 +864,7 @@ def _tune_problems(config: dict, problems: list[str]) -> None:
                         "(min > 0), or scale linear")
     if not known_metric(config, tune["objective"]):
         problems.append(f"config key 'tune.objective': {_short(tune['objective'])!r} is no metric of "
-                        f"tables/variance.csv (one of: {', '.join(RUN_METRICS)}, 'HOST ZONE mean', "
+                        f"tables/variance.csv (one of: {', '.join(names.RUN_METRICS)}, 'HOST ZONE mean', "
                         f"'HOST vLLM CPU median')")
     for index, question in enumerate(tune["constraints"]):
         _one_question_problems(config, f"tune.constraints.{index}", question, problems)

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from thermab.analysis import (TABLES, energy, levels, levels_summary, load_validity, metric_names, metrics,
-                              questions, sequential, stats, summary, washout)
+from thermab import metric_names
+from thermab.analysis import (TABLES, energy, levels, levels_summary, load_validity, metrics, questions,
+                              sequential, stats, summary, washout)
 from thermab.analysis.completeness import completeness, measured_intervals
 from thermab.analysis.model import Analysis, RunData, distinct_runs, load_run, ordered_hosts, sibling_runs
 from thermab.config import UserError

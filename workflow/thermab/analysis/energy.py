@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from thermab.analysis import metric_names as names
+from thermab import metric_names as names
 from thermab.analysis.metrics import PHASE_KEYS, PHASE_METRIC_COLUMNS
 from thermab.analysis.model import as_telemetry
 from thermab.telemetry.power import host_total_domains, time_weighted_mean

@@ -14,7 +14,7 @@ from thermab.analysis.headless import plt  # noqa: E402 (the Agg backend, litera
 import pandas as pd  # noqa: E402
 
 from thermab.analysis import energy  # noqa: E402
-from thermab.analysis import metric_names as names  # noqa: E402
+from thermab import metric_names as names  # noqa: E402
 from thermab.analysis.summary import DIGITS, fmt, markdown_table  # noqa: E402
 from thermab.layout import RunDir  # noqa: E402
 

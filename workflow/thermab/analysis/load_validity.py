@@ -15,7 +15,8 @@ import pandas as pd
 
 from thermab.analysis.metrics import PHASE_KEYS
 from thermab.config import UserError
-from thermab.load.validity import COLUMNS as REQUEST_COLUMNS, shortfalls, validity_report
+from thermab.contracts import REQUEST_COLUMNS
+from thermab.load.validity import shortfalls, validity_report
 
 VALIDITY_COLUMNS = PHASE_KEYS + [
     "users", "inflight_mean", "server_running_mean", "server_waiting_mean", "server_held_max",

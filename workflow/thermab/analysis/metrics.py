@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pandas as pd
 
-from thermab.analysis import metric_names as names
+from thermab import metric_names as names
 from thermab.analysis.model import as_telemetry
 from thermab.load import validity
 

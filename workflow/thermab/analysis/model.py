@@ -19,18 +19,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from thermab.config import UserError, check_file, question_kinds, read_bounded
+from thermab.contracts import REQUEST_COLUMNS, REQUIRED_REQUEST_COLUMNS, PhaseValidity, validity_key
 from thermab.experiment import events as events_file
 from thermab.experiment import plan
 from thermab.jsonl import MAX_JSONL_BYTES
 from thermab.layout import RunDir
-from thermab.load.validity import COLUMNS as REQUEST_DTYPES
 from thermab.telemetry.ingest import SERIES_KEYS, TELEMETRY_COLUMNS
 
 INDEX_COLUMNS = SERIES_KEYS + ["rows", "t_min", "t_max", "where"]
 MAX_JSON_BYTES = 64 * 2**20  # run.json, validity.json: a larger one is not thermab's
 MAX_PARQUET_BYTES = 64 * 2**30  # read by row group and column, never whole: a bound on what a run can be
 TELEMETRY_DTYPES = {"t": "float64", "value": "float64", "host": "string", "kind": "string", "sensor": "string"}
-REQUIRED_REQUEST_COLUMNS = ["order", "rep", "arm", "kind", "t_start", "t_end", "ok"]
 
 
 def _dtype_kind(dtype) -> str:
@@ -334,7 +333,7 @@ def load_run(run_dir, analysis: dict | None = None) -> RunData:
     requests_path = files.tidy_requests
     requests = _read_parquet(requests_path) if requests_path.exists() else None
     if requests is not None:
-        check_columns(requests_path, requests, REQUEST_DTYPES, REQUIRED_REQUEST_COLUMNS)
+        check_columns(requests_path, requests, REQUEST_COLUMNS, REQUIRED_REQUEST_COLUMNS)
     if requests is not None and requests.empty:
         requests = None
     events = read_events(files.events)
@@ -360,7 +359,7 @@ def read_sources(path: Path) -> dict:
     return sources
 
 
-def read_validity(path: Path) -> dict:
+def read_validity(path: Path) -> dict[tuple, PhaseValidity]:
     """Each phase's validity.json by (order, rep, arm, users), users None where the report
     has none (analysis.levels.at_level gives one level's by (order, rep, arm)).  The load stage
     writes it even for a load that was aborted; tidy/requests.parquet waits for every phase,
@@ -368,13 +367,7 @@ def read_validity(path: Path) -> dict:
     reports = {}
     for report_path in sorted(path.glob(str(RunDir(path).phase("*").validity.relative_to(path)))):
         report = _read_json(report_path)
-        order, rep, arm = (report.get(key) for key in ("order", "rep", "arm"))
-        if not (isinstance(order, str) and isinstance(arm, str) and isinstance(rep, int) and not isinstance(rep, bool)):
-            raise UserError(f"{report_path}: keys 'order' and 'arm' (text) and 'rep' (a whole number) are required")
-        users = report.get("users")
-        if not (users is None or (isinstance(users, int) and not isinstance(users, bool))):
-            raise UserError(f"{report_path}: key 'users' must be a whole number")
-        reports[(order, rep, arm, users)] = report
+        reports[validity_key(report, report_path)] = report
     return reports
 
 

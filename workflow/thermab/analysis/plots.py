@@ -24,7 +24,7 @@ from plotly.subplots import make_subplots  # noqa: E402
 
 from thermab.analysis.load_validity import is_short  # noqa: E402
 from thermab.analysis import energy, levels, tradeoff  # noqa: E402
-from thermab.analysis import metric_names as names  # noqa: E402
+from thermab import metric_names as names  # noqa: E402
 from thermab.analysis.questions import decisive_bounds  # noqa: E402
 from thermab.analysis.model import Analysis, RunData, ordered_hosts  # noqa: E402
 from thermab import layout  # noqa: E402

@@ -26,7 +26,7 @@ import math
 
 import pandas as pd
 
-from thermab.analysis import metric_names as names
+from thermab import metric_names as names
 
 # SciPy and statsmodels are imported where they are used: together they take about a second
 # to import, which every importer of the finding names (summary, the report) would pay

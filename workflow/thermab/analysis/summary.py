@@ -11,7 +11,7 @@ import pandas as pd
 from thermab.load.validity import FULL_LENGTH_MIN, INFLIGHT_SLACK, MIN_ARRIVAL_SPAN_SHARE, MIN_TOKEN_ARRIVALS, bursts
 
 from . import energy, load_validity, stats, washout
-from . import metric_names as names
+from thermab import metric_names as names
 
 # decimals per unit, chosen so that no printed digit is finer than the measurement
 DIGITS = {"°C": 1, "% of one core": 0, "tok/s": 1, "gaps": 0, "s": 1, "min": 1, "W": 1, "J": 0,

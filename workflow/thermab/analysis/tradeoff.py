@@ -15,7 +15,7 @@ matplotlib.use("Agg")  # headless: figures are files, never windows
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from thermab.analysis import metric_names as names  # noqa: E402
+from thermab import metric_names as names  # noqa: E402
 from thermab.analysis.load_validity import is_short  # noqa: E402
 from thermab.analysis.stats import describe, t_quantile  # noqa: E402
 
@@ -24,11 +24,11 @@ POINT_COLUMNS = ["metric", "arm", "users", "n", "mean", "ci_low", "ci_high", "sh
 
 def panels(config: dict) -> list[tuple[str, str, str]]:
     """(metric, its title, unit) of each panel, in order."""
-    head = config["head"]
-    return [(names.OUTPUT_THROUGHPUT, "output throughput", "tok/s"),
+    zone, cpu = names.zone_mean(config["head"], config["timeline_zone"]), names.cpu_median(config["head"])
+    return [(names.OUTPUT_THROUGHPUT, names.OUTPUT_THROUGHPUT, "tok/s"),
             (names.PROBE_DECODE_SPEED, "decode speed per stream (probe)", "tok/s"),
-            (names.zone_mean(head, config["timeline_zone"]), f"{head} {config['timeline_zone']} mean", "°C"),
-            (names.cpu_median(head), f"{head} vLLM CPU median", "% of one core"),
+            (zone, zone, "°C"),
+            (cpu, cpu, "% of one core"),
             (names.CLUSTER_ENERGY_PER_TOKEN, "energy per token (cluster)", "J/token")]
 
 

@@ -3,11 +3,11 @@ load window: the load's own marks forwarded to events.jsonl, the telemetry holes
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from thermab.config import sensor_silence_s
+from thermab.contracts import Preflight
 from thermab.experiment.cluster import ClusterRun
 from thermab.jsonl import JsonlTail
 from thermab.telemetry import deploy
@@ -50,10 +50,10 @@ class Interlock:
 
     def __init__(self, run: ClusterRun, marks: MarkForwarder):
         self.run, self.marks = run, marks
-        preflight = json.loads(run.files.preflight.read_text())
-        self.abort_at = preflight["safety"]["abort_at_c"]
-        self.offsets = preflight.get("clock_offset_s", {})
-        self.watched = {name for name, facts in preflight["hosts"].items() if facts.get("zones")}
+        preflight = Preflight.read(run.files.preflight)
+        self.abort_at = preflight.safety.abort_at_c
+        self.offsets = preflight.clock_offset_s
+        self.watched = preflight.watched
         self.silence_s = sensor_silence_s(run.config)
         cap = run.config["safety"]["max_load_minutes"]
         self.cap_s = cap * 60 if cap is not None else None
@@ -131,13 +131,13 @@ class Interlock:
 def telemetry_holes(run: ClusterRun, window: dict) -> list[str]:
     """Hosts expected to report (their agent runs; zones found at preflight for thermal)
     with no sample of a source in the load window: a phase without them has a silent hole."""
-    preflight = json.loads(run.files.preflight.read_text())
-    offsets = preflight.get("clock_offset_s", {})
+    preflight = Preflight.read(run.files.preflight)
+    offsets, watched = preflight.clock_offset_s, preflight.watched
     holes = []
     for host in run.hosts:
         offset = offsets.get(host.name, 0.0)
         expected = [(ProcessCpu.name, ProcessCpu.sensor)]
-        if preflight["hosts"].get(host.name, {}).get("zones"):
+        if host.name in watched:
             expected.append((ThermalZones.name, None))
         for source, sensor in expected:
             if not deploy.count_readings(host, run.session, source, window["start"] + offset,

@@ -10,6 +10,7 @@ import math
 import time
 from pathlib import Path
 
+from thermab.contracts import BaselineRecord, PhaseRecord, PhaseValidity, Preflight
 from thermab.errors import StageFailed
 from thermab.experiment import guardian, plan, server
 from thermab.experiment.cluster import ClusterRun, clock_offsets, offsets_record
@@ -55,7 +56,7 @@ def baseline(run: ClusterRun, out_path: Path) -> None:
     start = run.event("baseline_start")["t"]
     _sleep_with_progress(run, run.config["timings"]["baseline_s"], "baseline (idle)")
     end = run.event("baseline_end")["t"]
-    out_path.write_text(json.dumps({"phase": "baseline", "t_start": start, "t_end": end}, indent=1))
+    BaselineRecord(t_start=start, t_end=end).write(out_path)
 
 
 POWER_TAIL_ROWS = 2000  # of each of the head's power files: far more than IDLE_BEFORE_S of its readings
@@ -111,7 +112,7 @@ def _cooldown(run: ClusterRun, rep: int, arm: str, users: int | None) -> dict:
     return {"reason": reason, "seconds": round(time.monotonic() - start, 1)}
 
 
-def phase(run: ClusterRun, rep: int, arm: str) -> list[dict]:
+def phase(run: ClusterRun, rep: int, arm: str) -> list[PhaseRecord]:
     """Patch, restart, ready, then for each level of load (one when ``load.users`` is a
     number; plan.job_phases orders them) a load with probe and a cool down: the phase job
     ``rep{rep}-{arm}``.  Each window's files lie in its own phase directory (layout)."""
@@ -127,7 +128,7 @@ def phase(run: ClusterRun, rep: int, arm: str) -> list[dict]:
             plan.job_phases(rep, arm, plan.levels(run.config["load"]["users"]))]
 
 
-def _window(run: ClusterRun, window: plan.Phase, model: str, idle_w_before: float | None) -> dict:
+def _window(run: ClusterRun, window: plan.Phase, model: str, idle_w_before: float | None) -> PhaseRecord:
     """One load window of a phase job, then the cooldown that the next one starts after.
     ``idle_w_before``: the head's power before the job's one restart, for every level (as
     analysis/washout.py reads it from the restart mark)."""
@@ -164,16 +165,16 @@ def _window(run: ClusterRun, window: plan.Phase, model: str, idle_w_before: floa
         run.event("abort", rep=rep, arm=arm, users=window.users, detail={"reason": reason})
         raise StageFailed(f"phase {window.id} failed: {reason} (see the agent's log on that host)")
     cooldown = _cooldown(run, rep, arm, window.users)
-    result = {"phase": window.id, "order": run.order, "rep": rep, "arm": arm, "users": spec.users, "label":
-              run.config["arms"][arm]["label"], "value": run.config["arms"][arm]["value"], "model": model,
-              "load_start": load_window["start"], "load_end": load_window["end"], "validity": validity,
-              "cooldown": cooldown, "start_zones_c": start_zones,
-              "idle_w_before": idle_w_before}
-    files.phase_json.write_text(json.dumps(result, indent=1, default=str))
+    result = PhaseRecord(phase=window.id, order=run.order, rep=rep, arm=arm, users=spec.users,
+                         label=run.config["arms"][arm]["label"], value=run.config["arms"][arm]["value"],
+                         model=model, load_start=load_window["start"], load_end=load_window["end"],
+                         validity=validity, cooldown=cooldown, start_zones_c=start_zones,
+                         idle_w_before=idle_w_before)
+    result.write(files.phase_json)
     return result
 
 
-def _load(run: ClusterRun, window: plan.Phase, spec: LoadSpec, interlock: Interlock) -> dict:
+def _load(run: ClusterRun, window: plan.Phase, spec: LoadSpec, interlock: Interlock) -> PhaseValidity:
     files = run.files.phase(window.id)
     scrape = server_metrics.Scraper(run.cluster.endpoint, files.server_metrics,
                                     run.config["monitor"]["intervals"]["server"], progress=run.progress)
@@ -186,12 +187,12 @@ def _load(run: ClusterRun, window: plan.Phase, spec: LoadSpec, interlock: Interl
 def clock_drift(run: ClusterRun, offsets_end: dict[str, clock.Offset]) -> dict[str, float]:
     """Hosts whose clock moved against the controller's during the run by more than the
     two measurements' uncertainties explain (ingest corrects with the mean of the two)."""
-    start = json.loads(run.files.preflight.read_text())
-    uncertainty = start.get("clock_offset_uncertainty_s", {})
+    start = Preflight.read(run.files.preflight)
+    uncertainty = start.clock_offset_uncertainty_s
     drifts = {}
     for name, end in offsets_end.items():
         if name in uncertainty:
-            moved = clock.drift(clock.Offset(start["clock_offset_s"][name], uncertainty[name], 0), end)
+            moved = clock.drift(clock.Offset(start.clock_offset_s[name], uncertainty[name], 0), end)
             if moved is not None:
                 drifts[name] = moved
                 run.progress(f"WARNING clock of {name} moved {moved * 1000:+.1f} ms against the controller "

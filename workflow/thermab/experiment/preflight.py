@@ -8,13 +8,13 @@ host; advice that does not is printed and kept."""
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from thermab.config import ConfigError, abort_threshold
+from thermab.contracts import Preflight, Safety
 from thermab.errors import StageFailed
 from thermab.experiment import plan, server
 from thermab.experiment.cluster import ClusterRun, clock_offsets, offsets_record
@@ -113,7 +113,7 @@ def _interlock_line(abort_at: float | None, unread: list[str]) -> str:
     return "thermal interlock: off (no trip point found on any host and safety.abort_at_c not set)"
 
 
-def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
+def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> Preflight:
     """Check every host before anything changes; raise naming each host and cause.
 
     Preflight patches nothing and starts nothing (it only builds a simulated node's
@@ -122,14 +122,14 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
     starts with the first job that does change something (``phase.bring_up``)."""
     run.write_session()
     failed_record = run.files.preflight_failed
-    report: dict = {"cluster": run.cluster.name, "order": run.order, "t": time.time(), "hosts": {}}
+    report = Preflight(cluster=run.cluster.name, order=run.order, t=time.time())
     problems: list[str] = []
     # hosts checked side by side, so unreachable ones wait out their timeouts together
     with ThreadPoolExecutor(len(run.hosts)) as pool:
         checks = list(pool.map(lambda host: _check_host(run, host), run.hosts))
     for host, (facts, host_problems, advice) in zip(run.hosts, checks):
-        report["hosts"][host.name] = facts
-        report.setdefault("advice", []).extend(advice)
+        report.hosts[host.name] = facts
+        report.advice.extend(advice)
         problems += host_problems
         if not facts["reachable"]:
             run.progress(f"preflight {host.name}: UNREACHABLE")
@@ -144,40 +144,41 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
             run.progress(f"  restored {host.name}, which an earlier run left patched")
         for line in advice:
             run.progress(f"  {line}")
-    report["restored_leftovers"] = [name for name, f in report["hosts"].items() if "restored_leftover" in f]
-    report["endpoint"] = {"url": run.cluster.endpoint, "model": _endpoint_model(run.cluster.endpoint)}
-    if report["endpoint"]["model"] is None:
+    report.restored_leftovers = [name for name, f in report.hosts.items() if "restored_leftover" in f]
+    report.endpoint = {"url": run.cluster.endpoint, "model": _endpoint_model(run.cluster.endpoint)}
+    if report.endpoint["model"] is None:
         run.progress(f"  {run.cluster.endpoint} does not answer yet: the first phase starts the server")
     if not problems:
         offsets, clock_problems = clock_offsets(run.hosts)
         problems += clock_problems.values()
-        report.update(offsets_record(offsets, "clock_offset"))
+        for key, values in offsets_record(offsets, "clock_offset").items():
+            setattr(report, key, values)
         for name, offset in offsets.items():
             run.progress(f"clock of {name}: {offset.offset_s * 1000:+.1f} ± {offset.uncertainty_s * 1000:.1f} ms "
                          f"against the controller (best of {offset.samples} round trips)")
-    trips = [z["trip_point_c"] for z in report["hosts"].get(run.cluster.head, {}).get("zones", [])
+    trips = [z["trip_point_c"] for z in report.zones(run.cluster.head)
              if z["trip_point_c"]]
-    all_trips = [z["trip_point_c"] for facts in report["hosts"].values() for z in facts.get("zones", [])
+    all_trips = [z["trip_point_c"] for name in report.hosts for z in report.zones(name)
                  if z["trip_point_c"]]
-    lowest = deploy.lowest_trip_point(report["hosts"])
+    lowest = deploy.lowest_trip_point(report.hosts)
     try:
         abort_at = abort_threshold(run.config, all_trips)
     except ConfigError as error:
         problems.append(str(error))
         abort_at = None
-    report["safety"] = {"abort_at_c": abort_at, "lowest_trip_point_c": min(all_trips, default=None),
-                        "lowest_trip_point": lowest}
-    run.progress(_interlock_line(abort_at, [name for name, f in report["hosts"].items() if "zones" not in f]))
+    report.safety = Safety(abort_at_c=abort_at, lowest_trip_point_c=min(all_trips, default=None),
+                           lowest_trip_point=lowest)
+    run.progress(_interlock_line(abort_at, [name for name, f in report.hosts.items() if "zones" not in f]))
     if lowest:
         run.progress(f"  lowest trip point: {lowest}")
     if problems:
         # Snakemake deletes a failed job's outputs: the diagnosis is kept beside its log
         failed_record.parent.mkdir(parents=True, exist_ok=True)
-        failed_record.write_text(json.dumps({**report, "problems": problems}, indent=1))
+        report.write(failed_record, problems=problems)
         raise PreflightError(f"preflight failed, nothing was changed ({failed_record} has the details):\n  "
                              + "\n  ".join(problems))
     failed_record.unlink(missing_ok=True)
-    out_path.write_text(json.dumps(report, indent=1))
+    report.write(out_path)
     config = run.config
     plan.write_run_json(run_json.parent, plan.run_plan(
         cluster=run.cluster.name, order=run.order, repeats=config["repeats"], arms=config["arms"],
@@ -188,5 +189,5 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> dict:
         users=config["load"]["users"], prompt_tokens=config["load"]["prompt_tokens"],
         probe_n=config["load"]["probe_n"] if config["load"]["probe"] else 0,
         sample_intervals_s=config["monitor"]["intervals"],
-        hosts_without_zones=[name for name, facts in report["hosts"].items() if not facts.get("zones")]))
+        hosts_without_zones=[name for name in report.hosts if not report.zones(name)]))
     return report

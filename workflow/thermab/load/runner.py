@@ -34,6 +34,7 @@ from pathlib import Path
 
 from thermab.jsonl import JsonlTail
 from thermab.config import DECIMAL_FLOAT, DECIMAL_INT, defaults as schema_defaults, extra_body_problem, key_problem
+from thermab.contracts import PhaseValidity, write_validity
 from thermab.errors import StageFailed
 from thermab.layout import PhaseDir
 from thermab.load.validity import load_window, summary_line, to_frame, validity_report
@@ -115,7 +116,8 @@ def progress_line(records, elapsed_s, duration_s, now, hint=""):
 
 
 def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None, progress=None,
-             status_hint=None, progress_every_s=5.0, locustfile=None, interlock=None, interlock_every_s=1.0):
+             status_hint=None, progress_every_s=5.0, locustfile=None, interlock=None,
+             interlock_every_s=1.0) -> PhaseValidity:
     """Run one phase's load against ``url`` and return its validity report (see module doc).
 
     Single-stream mode: ``LoadSpec(users=1, probe=False, ...)``.
@@ -153,7 +155,7 @@ def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None
 
     frame = to_frame(records, order=order, rep=rep, arm=arm, users=spec.users)
     frame.to_parquet(out_parquet, engine="pyarrow", index=False)
-    report = {
+    report: PhaseValidity = {
         "order": order, "rep": rep, "arm": arm, "url": url, "users": spec.users, "duration_s": duration_s,
         "locust_exit_code": exit_code, "events": events,
         **validity_report(frame, load_window(events, frame, duration_s), users=spec.users,
@@ -165,7 +167,7 @@ def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None
         report["warnings"].append(f"load aborted: {aborted}")
     elif exit_code != 0:
         report["warnings"].append(f"locust exited with code {exit_code}; see {log_path}")
-    files.validity.write_text(json.dumps(report, indent=2) + "\n")
+    write_validity(files.validity, report)
     progress(summary_line(report))
     for warning in report["warnings"]:
         progress(f"  warning: {warning}")

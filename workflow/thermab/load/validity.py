@@ -1,7 +1,7 @@
 """Was the load the load intended? Pure functions over a phase's request records.
 
 ``to_frame`` puts the locustfile's records into the columns of ``tidy/requests.parquet``
-(docs/design.md, plus the stream diagnostics); ``validity_report`` states the facts of the
+(``contracts.REQUEST_COLUMNS``); ``validity_report`` states the facts of the
 load window with their n, ``warnings`` says in words what makes a phase suspect, and
 ``shortfalls`` how its load fell short of the configuration. ``decode_speed`` is the one
 rule for a request's decode speed: a rate only where the tokens' arrivals measured one.
@@ -10,28 +10,8 @@ rule for a request's decode speed: a rate only where the tokens' arrivals measur
 import numpy as np
 import pandas as pd
 
-COLUMNS = {  # docs/design.md's tidy/requests.parquet, then the stream diagnostics
-    "order": "string",
-    "rep": "int64",
-    "arm": "string",
-    "users": "Int64",  # the closed loop's users (the level, in a run of levels)
-    "kind": "string",
-    "user": "int64",
-    "tag": "string",
-    "t_start": "float64",
-    "t_first_token": "float64",
-    "t_end": "float64",
-    "prompt_tokens": "Int64",
-    "completion_tokens": "Int64",
-    "cached_tokens": "Int64",
-    "ok": "bool",
-    "error": "string",
-    "max_gap_s": "float64",
-    "stall_gaps": "int64",
-    "usage_source": "string",
-    "token_arrivals": "Int64",
-    "token_span_s": "float64",
-}
+from thermab.contracts import REQUEST_COLUMNS, Validity
+
 PROMPT_TOLERANCE = 0.10  # measured prompt size this far from the target is reported
 # The load fell short of the configuration (docs/design.md, "Load validity") when:
 INFLIGHT_SLACK = 0.05  # the mean in flight is more than this below the users,
@@ -44,10 +24,10 @@ MIN_ARRIVAL_SPAN_SHARE = 0.8  # whose first-to-last span covers this share of t_
 
 def to_frame(records, *, order, rep, arm, users=None):
     keys = {"order": order, "rep": rep, "arm": arm, "users": users}
-    frame = pd.DataFrame.from_records(records, columns=[c for c in COLUMNS if c not in keys])
+    frame = pd.DataFrame.from_records(records, columns=[c for c in REQUEST_COLUMNS if c not in keys])
     for position, (name, value) in enumerate(keys.items()):
         frame.insert(position, name, value)
-    return frame.astype(COLUMNS).sort_values("t_start", kind="stable").reset_index(drop=True)
+    return frame.astype(REQUEST_COLUMNS).sort_values("t_start", kind="stable").reset_index(drop=True)
 
 
 def load_window(events, frame, duration_s):
@@ -125,7 +105,7 @@ def error_category(error):
     return error.split(": ", 1)[0]
 
 
-def validity_report(frame, window, *, users, max_tokens, prompt_tokens, probe_n, stall_gap_s):
+def validity_report(frame, window, *, users, max_tokens, prompt_tokens, probe_n, stall_gap_s) -> Validity:
     """Was this the load intended? Facts with their n, then ``warnings`` in words."""
     start, end = window
     length = end - start
@@ -138,7 +118,7 @@ def validity_report(frame, window, *, users, max_tokens, prompt_tokens, probe_n,
     measured_prompt = load["prompt_tokens"].dropna()
     mean_inflight, share_at_users = inflight(load, start, end, users)
     decode = decode_speed(ok_probe)
-    report = {
+    report: Validity = {
         "window": {"start": _number(start, 3), "end": _number(end, 3), "s": _number(length)},
         "requests": {
             "load": len(load), "load_ok": len(ok_load), "probe": len(probe), "probe_ok": len(ok_probe),
@@ -187,12 +167,13 @@ def validity_report(frame, window, *, users, max_tokens, prompt_tokens, probe_n,
         "probe": {"n": len(probe), "ok": len(ok_probe), "measurable": int(decode.notna().sum()),
                   "token_arrivals": [int(n) for n in ok_probe["token_arrivals"].dropna()],
                   "decode_tok_s_median": _number(decode.median())},
+        "warnings": [],
     }
     report["warnings"] = warnings(report, probe_n)
     return report
 
 
-def warnings(report, probe_n):
+def warnings(report: Validity, probe_n):
     """What in ``report`` makes the phase suspect, in words a reader can act on."""
     out = []
     req, errors, conc = report["requests"], report["errors"], report["concurrency"]
@@ -239,7 +220,7 @@ def warnings(report, probe_n):
     return out
 
 
-def shortfalls(report):
+def shortfalls(report: Validity):
     """How the load of a phase fell short of its configuration, in words (empty when it did
     not), from a validity report (``validity.json``): the closed loop not closed, requests
     shorter than max_tokens, prefix-cache hits or an aborted load. Any of them changes what

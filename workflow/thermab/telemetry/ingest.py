@@ -32,6 +32,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from thermab import jsonl
+from thermab.contracts import Preflight
 from thermab.layout import PhaseDir, RunDir
 from thermab.telemetry import power, server_metrics
 from thermab.telemetry.agent import SOURCES
@@ -70,14 +71,14 @@ class ClockMap(NamedTuple):
         return {"at_s": [a - o for a, o in zip(self.at, self.offset)], "offset_s": list(self.offset)}
 
 
-def host_offsets(preflight: dict, stopped: dict) -> dict[str, ClockMap]:
+def host_offsets(preflight: Preflight, stopped: dict) -> dict[str, ClockMap]:
     """Each host's clock map from the offsets measured at preflight and at the end (each file's
     ``t`` is when, on the controller's clock)."""
-    start, end = preflight.get("clock_offset_s", {}), stopped.get("clock_offset_end_s", {})
+    start, end = preflight.clock_offset_s, stopped.get("clock_offset_end_s", {})
     maps = {}
     for host in sorted(set(start) | set(end)):
         measured = sorted((t + offsets[host], offsets[host]) for t, offsets in
-                          ((preflight.get("t"), start), (stopped.get("t"), end)) if host in offsets and t is not None)
+                          ((preflight.t, start), (stopped.get("t"), end)) if host in offsets and t is not None)
         if not measured:  # an older file without its time: the mean holds throughout
             values = [offsets[host] for offsets in (start, end) if host in offsets]
             measured = [(0.0, sum(values) / len(values))]
@@ -339,7 +340,7 @@ def requests(phase_files: list[Path]) -> pd.DataFrame:
 
 def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, out_requests: Path) -> dict:
     files = RunDir(run_dir)
-    preflight = json.loads(files.preflight.read_text())
+    preflight = Preflight.read(files.preflight)
     stopped_path = files.stopped
     stopped = json.loads(stopped_path.read_text()) if stopped_path.exists() else {}
     offsets = host_offsets(preflight, stopped)

@@ -1,0 +1,273 @@
+"""The files the stages hand each other, one typed definition each (docs/design.md,
+"Contracts"): ``preflight.json`` (preflight writes it; the interlock, the phase's clock check
+and ingest read it), ``validity.json`` (the load writes it; the phase and the analysis read
+it), ``phase.json`` (the phase and the baseline write it) and the columns of ``requests.parquet`` (the load
+writes them; ingest joins them, the analysis checks them).
+
+The lowest room, as the files cross rooms: a reader and the writer can never disagree on a
+key. The keys are the files' own, so the run directories of earlier versions still read
+(an older file lacks a key: its default below stands in)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict
+
+from thermab.errors import UserError
+
+# --- requests.parquet ------------------------------------------------------------------
+
+REQUEST_COLUMNS = {  # docs/design.md's tidy/requests.parquet, then the stream diagnostics
+    "order": "string",
+    "rep": "int64",
+    "arm": "string",
+    "users": "Int64",  # the closed loop's users (the level, in a run of levels)
+    "kind": "string",
+    "user": "int64",
+    "tag": "string",
+    "t_start": "float64",
+    "t_first_token": "float64",
+    "t_end": "float64",
+    "prompt_tokens": "Int64",
+    "completion_tokens": "Int64",
+    "cached_tokens": "Int64",
+    "ok": "bool",
+    "error": "string",
+    "max_gap_s": "float64",
+    "stall_gaps": "int64",
+    "usage_source": "string",
+    "token_arrivals": "Int64",
+    "token_span_s": "float64",
+}
+# what an analysis cannot do without (a file another tool wrote may lack the rest)
+REQUIRED_REQUEST_COLUMNS = ("order", "rep", "arm", "kind", "t_start", "t_end", "ok")
+
+
+# --- validity.json ---------------------------------------------------------------------
+
+class Window(TypedDict):
+    start: float | None
+    end: float | None
+    s: float | None
+
+
+class RequestCounts(TypedDict):
+    load: int
+    load_ok: int
+    probe: int
+    probe_ok: int
+    started_after_end: int
+    ended_after_end: int
+
+
+class Errors(TypedDict):
+    n: int
+    by_category: dict[str, int]
+    first: str | None
+    last_ok_end_s: float | None
+
+
+class FullLength(TypedDict):
+    max_tokens: int
+    share_of_ok_load: float | None
+
+
+class Cached(TypedDict):
+    load_with_cached_tokens: int
+    load_reporting_cached_tokens: int
+
+
+class Concurrency(TypedDict):
+    users: int
+    inflight_mean: float | None
+    share_of_window_at_users: float | None
+
+
+class Gaps(TypedDict):
+    stall_gap_s: float
+    max_gap_s: float | None
+    stall_gaps: int
+    requests_with_stalls: int
+
+
+class PromptTokens(TypedDict):
+    target: int
+    n: int
+    median: float | None
+    min: float | None
+    max: float | None
+    median_over_target: float | None
+
+
+class Throughput(TypedDict):
+    requests_completed: int
+    output_tokens: int
+    output_tok_s: float | None
+
+
+class Probe(TypedDict):
+    n: int
+    ok: int
+    measurable: int
+    token_arrivals: list[int]
+    decode_tok_s_median: float | None
+
+
+class Validity(TypedDict):
+    """The facts of a load window with their n (``load.validity.validity_report``), and
+    ``warnings`` in words: what the analysis derives for a run another tool wrote, too."""
+
+    window: Window
+    requests: RequestCounts
+    errors: Errors
+    full_length: FullLength
+    cached: Cached
+    concurrency: Concurrency
+    gaps: Gaps
+    prompt_tokens: PromptTokens
+    usage_source: dict[str, int]
+    throughput: Throughput
+    probe: Probe
+    warnings: list[str]
+
+
+class _PhaseValidity(Validity):
+    order: str
+    rep: int
+    arm: str
+    url: str
+    users: int  # the level, in a run of levels
+    duration_s: float
+    locust_exit_code: int
+    events: list[dict]  # the load's marks
+
+
+class PhaseValidity(_PhaseValidity, total=False):
+    """``phases/*/validity.json``: a phase's ``Validity`` with the phase and the load run."""
+
+    aborted: str  # only where the interlock stopped the load: why
+
+
+def write_validity(path: Path, report: PhaseValidity) -> None:
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def validity_key(report: dict, path: Path) -> tuple[str, int, str, int | None]:
+    """The phase a read ``validity.json`` belongs to, (order, rep, arm, users); users None
+    where the report has none (written before levels).  A report without them is a
+    UserError naming the file."""
+    order, rep, arm, users = (report.get(key) for key in ("order", "rep", "arm", "users"))
+    if not (isinstance(order, str) and isinstance(arm, str) and _whole(rep)):
+        raise UserError(f"{path}: keys 'order' and 'arm' (text) and 'rep' (a whole number) are required")
+    if not (users is None or _whole(users)):
+        raise UserError(f"{path}: key 'users' must be a whole number")
+    return order, rep, arm, users
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# --- preflight.json --------------------------------------------------------------------
+
+class ZoneFacts(TypedDict):
+    name: str
+    trip_point_c: float | None
+
+
+@dataclass
+class Safety:
+    abort_at_c: float | None = None  # the interlock's threshold; None: off
+    lowest_trip_point_c: float | None = None
+    lowest_trip_point: str | None = None  # in words: host, zone and trip point
+
+
+@dataclass
+class Preflight:
+    """``preflight.json``: each host's facts (``hosts``: name → reachability, file and its
+    sha256, anchor count, zones, agent Python, …), the interlock's settings and the clock
+    offsets measured at the start (host → seconds the host's clock is ahead)."""
+
+    cluster: str | None = None
+    order: str | None = None
+    t: float | None = None  # when, on the controller's clock (None in files written before it)
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    advice: list[str] = field(default_factory=list)
+    restored_leftovers: list[str] = field(default_factory=list)
+    endpoint: dict[str, Any] = field(default_factory=dict)  # url, and the model it served then
+    clock_offset_s: dict[str, float] = field(default_factory=dict)
+    clock_offset_uncertainty_s: dict[str, float] = field(default_factory=dict)
+    safety: Safety = field(default_factory=Safety)
+
+    def zones(self, host: str) -> list[ZoneFacts]:
+        """The zones found on ``host`` ([] where none, or the host is not in the file)."""
+        return self.hosts.get(host, {}).get("zones") or []
+
+    @property
+    def watched(self) -> set[str]:
+        """The hosts with zones: the interlock watches them, a phase expects their readings."""
+        return {name for name in self.hosts if self.zones(name)}
+
+    def to_json(self, **extra) -> str:
+        """The file's text; ``extra`` adds keys (the failed record's ``problems``)."""
+        return json.dumps({**dataclasses.asdict(self), **extra}, indent=1)
+
+    def write(self, path: Path, **extra) -> None:
+        Path(path).write_text(self.to_json(**extra))
+
+    @classmethod
+    def read(cls, path: Path) -> Preflight:
+        raw = json.loads(Path(path).read_text())
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {key: value for key, value in raw.items() if key in known}
+        values["safety"] = Safety(**{key: value for key, value in raw.get("safety", {}).items()
+                                     if key in {f.name for f in dataclasses.fields(Safety)}})
+        return cls(**values)
+
+
+# --- phase.json ------------------------------------------------------------------------
+
+@dataclass
+class BaselineRecord:
+    """``phases/baseline/phase.json``: the idle window before the first phase."""
+
+    t_start: float
+    t_end: float
+    phase: str = "baseline"
+
+    def write(self, path: Path) -> None:
+        Path(path).write_text(json.dumps({"phase": self.phase, "t_start": self.t_start, "t_end": self.t_end},
+                                         indent=1))
+
+
+@dataclass
+class PhaseRecord:
+    """``phases/*/phase.json``: one load window as the phase ran it.  ``sequential`` counts a
+    repeat done by the file's presence; its ``idle_w_before`` is the head's power before the
+    job's one restart (analysis/washout.py reads the same from the restart mark)."""
+
+    phase: str
+    order: str
+    rep: int
+    arm: str
+    users: int
+    label: str
+    value: Any  # the setting's value in this arm
+    model: str
+    load_start: float | None
+    load_end: float | None
+    validity: PhaseValidity
+    cooldown: dict[str, Any]  # reason, seconds
+    start_zones_c: dict[str, Any]  # host → zone → °C as the load began
+    idle_w_before: float | None
+
+    def write(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(dataclasses.asdict(self), indent=1, default=str))
+
+    @classmethod
+    def read(cls, path: Path) -> PhaseRecord:
+        raw = json.loads(Path(path).read_text())
+        return cls(**{f.name: raw.get(f.name) for f in dataclasses.fields(cls)})
