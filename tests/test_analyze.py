@@ -157,7 +157,7 @@ def test_sweep_names_the_best_setting(tmp_path):
     text = (run_dir / "summary.md").read_text()
     assert "busy_loop_s = 0.1 (0.1 s, arm B" in text
     result = analyze.compute(run_dir)
-    path = plots.dose_response_png(result.pooled, result.run.config, result.best, tmp_path / "dose.png")
+    path = plots.dose_response_png(result.pooled, result.run.plan, result.best, tmp_path / "dose.png")
     assert path.stat().st_size > 1000
 
 

@@ -100,7 +100,7 @@ def test_debug_shows_the_traceback(tmp_path):
 def test_analyze_infers_the_plan_without_run_json(run_dir, tmp_path):
     bare = copy_run(run_dir, tmp_path)
     (bare / "run.json").unlink()
-    plan = model.load_run(bare).config
+    plan = model.load_run(bare).plan
     assert plan["arms"] == {"A": {"label": "A", "value": ""}, "B": {"label": "B", "value": ""}}
     assert plan["reference_arm"] == "A" and plan["order"] == "AB" and plan["hosts"] == ["head", "worker"]
     assert plan["head"] == "head" and plan["thresholds_c"] == [85, 90, 92, 95] and plan["inferred"]

@@ -2,6 +2,7 @@
 in one line and without a traceback."""
 
 import copy
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -304,6 +305,15 @@ def test_accepted_templates_render(raw, tmp_path):
     head(raw)["server"]["stop"] = "echo $${{HOSTNAME}} {python} {root} {env}"
     spec = cluster_spec(validate(raw, ROOT), "sim", tmp_path).host("head")
     assert spec.command("stop").startswith("echo $${HOSTNAME} ")
+
+
+def test_the_controllers_python_is_named_so_and_its_old_name_still_works(raw, tmp_path):
+    """{controller_python} is the controller's Python, whatever the host's `python` key says;
+    a config written before it still says {python}, which means the same."""
+    head(raw).update(python="/opt/host-only/python")
+    head(raw)["server"]["stop"] = "{controller_python} -V; {python} -V"
+    spec = cluster_spec(validate(raw, ROOT), "sim", tmp_path).host("head")
+    assert spec.command("stop") == f"{shlex.quote(sys.executable)} -V; {shlex.quote(sys.executable)} -V"
 
 
 # -- whole files: what YAML would merge or misread silently ------------------------------------

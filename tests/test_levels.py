@@ -116,14 +116,14 @@ def test_a_level_keeps_its_own_marks_requests_and_reports_and_every_other_event(
     four = levels.at_level(run, 4)
     assert list(four.events["t"]) == [1, 4, 5, 6]  # the cooldown before it kept, level 1's marks not
     assert list(four.requests["t_start"]) == [5.1, 5.2]
-    assert four.validity == {("AB", 1, "A"): {"users": 4}} and four.config["users"] == 4
+    assert four.validity == {("AB", 1, "A"): {"users": 4}} and four.plan["users"] == 4
 
 
 def test_a_run_made_before_levels_is_its_one_level():
     events = [{"t": 2, "event": "load_start", "order": "AB", "rep": 1, "arm": "A"},
               {"t": 3, "event": "load_end", "order": "AB", "rep": 1, "arm": "A"}]
     run = _run({"users": 4}, events, pd.DataFrame({"t_start": [2.5]}), {("AB", 1, "A", 4): {}})
-    assert levels.of_run(run.config) == [4] and levels.of_run({}) == [None]
+    assert levels.of_run(run.plan) == [4] and levels.of_run({}) == [None]
     same = levels.at_level(run, 4)
     assert len(same.events) == 2 and len(same.requests) == 1 and list(same.validity) == [("AB", 1, "A")]
     table = levels.with_users(pd.DataFrame({"order": ["AB"], "rep": [1], "arm": ["A"], "n": [3]}), 4)

@@ -189,7 +189,7 @@ def test_the_forest_plot_is_drawn_and_in_the_report(tmp_path):
     result = compute(run_dir)
     write_outputs(result)
     (run_dir / "figures").mkdir()
-    path = plots.questions_png(result.tables["questions"], result.run.config, {"A": "red", "B": "blue"},
+    path = plots.questions_png(result.tables["questions"], result.run.plan, {"A": "red", "B": "blue"},
                                run_dir / "figures" / "questions.png")
     assert path.stat().st_size > 10_000
     write_report(run_dir, run_dir / "report.html")

@@ -388,7 +388,9 @@ def typed_overrides(overrides: dict) -> dict:
 
 # -- what a schema cannot express ---------------------------------------------------------------
 
-SERVER_PLACEHOLDERS = ("root", "python", "env")
+# {controller_python} is the controller's Python (the simulated servers run with it), not a
+# host's `python` key; {python} is its name in configs written before the two were told apart
+SERVER_PLACEHOLDERS = ("root", "controller_python", "env", "python")
 VALUE_PLACEHOLDER = "value"
 
 
@@ -926,7 +928,8 @@ class HostSpec:
         return self.settings.get("container_engine", "none")
 
     def command(self, which: str, env: dict[str, str] | None = None) -> str | None:
-        """The server stop/start command with {root}, {python} and {env} filled in, quoted.
+        """The server stop/start command with {root}, {controller_python} (or its old name
+        {python}) and {env} filled in, quoted.
 
         ``{env}`` becomes ``NAME=value`` pairs, for settings the server reads from its
         environment (``setting.method: env``)."""
@@ -934,8 +937,9 @@ class HostSpec:
         if template is None:
             return None
         pairs = " ".join(f"{name}={shlex.quote(value)}" for name, value in (env or {}).items())
+        controller_python = shlex.quote(sys.executable)
         return template.format(root=shlex.quote(str(self.root)) if self.root else "",
-                               python=shlex.quote(sys.executable), env=pairs)
+                               controller_python=controller_python, python=controller_python, env=pairs)
 
     def process_pattern(self, default: str) -> str:
         if "process_pattern" in self.settings:

@@ -35,19 +35,19 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
     """The load windows and the per-phase tables of one run, every row marked with whether
     its phase's load was the configured one (``load_valid``)."""
     windows = metrics.load_windows(run.events)
-    reports = {**load_validity.derived_reports(run.requests, windows, run.events, run.config, run.validity),
+    reports = {**load_validity.derived_reports(run.requests, windows, run.events, run.plan, run.validity),
                **run.validity}
     validity = washout.with_starts(
         load_validity.server_view(load_validity.validity_table(reports, windows), run.telemetry, windows),
-        windows, run.telemetry, run.events, run.config["head"], run.config["timeline_zone"])
+        windows, run.telemetry, run.events, run.plan["head"], run.plan["timeline_zone"])
     performance = metrics.performance(run.requests, windows)
     tables = {
         "windows": windows,
-        "thresholds": metrics.time_to_threshold(run.telemetry, windows, run.config["thresholds_c"]),
+        "thresholds": metrics.time_to_threshold(run.telemetry, windows, run.plan["thresholds_c"]),
         "zones": metrics.zone_stats(run.telemetry, windows),
         "cpu": metrics.cpu_stats(run.telemetry, windows),
         "performance": performance,
-        "energy": energy.energy_table(run.telemetry, windows, run.events, performance, ordered_hosts(run.config)),
+        "energy": energy.energy_table(run.telemetry, windows, run.events, performance, ordered_hosts(run.plan)),
     }
     # energy.csv keeps docs/design.md's columns exactly; a short phase's energy rows are
     # marked in the summary (its arm's †) and in the verdicts built on them
@@ -58,7 +58,7 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
 def run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """The per-phase metrics; in a crossover run (``until: decided``) each repeat carries its
     own order, so that the fit separates the position from the arm."""
-    config = run.config
+    config = run.plan
     values = _run_metrics(run, tables)
     if config.get("until") == "decided" and len(values):
         values["order"] = [plan.order_of_repeat(config["order"], int(rep)) for rep in values["rep"]]
@@ -66,7 +66,7 @@ def run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def _run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    config = run.config
+    config = run.plan
     return load_validity.mark(pd.concat([metrics.phase_metrics(tables["zones"], tables["cpu"], tables["performance"],
                                                                ordered_hosts(config), config["timeline_zone"]),
                                          energy.phase_metrics(tables["energy"])], ignore_index=True),
@@ -74,10 +74,10 @@ def _run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def _check_poolable(runs: list[RunData]) -> None:
-    first = runs[0].config
+    first = runs[0].plan
     for run in runs[1:]:
         for key in ("cluster", "arms", "reference_arm"):
-            if run.config.get(key) != first.get(key):
+            if run.plan.get(key) != first.get(key):
                 raise UserError(f"cannot pool {run.path} with {runs[0].path}: {key} differs")
 
 
@@ -91,7 +91,7 @@ def compute(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = N
         log.warning("%s is the same run as %s: pooled once", other, same)
     runs = [load_run(path, analysis) for path in unique]
     _check_poolable(runs)
-    every = levels.of_run(runs[0].config)
+    every = levels.of_run(runs[0].plan)
     parts = [compute_level([levels.at_level(r, users) for r in runs], detect_pct) for users in every]
     tables = levels.combine([tables for tables, _pooled, _best in parts], every)
     pooled = pd.concat([levels.with_users(pooled, users) for (_t, pooled, _b), users in zip(parts, every)],
@@ -103,7 +103,7 @@ def compute(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = N
 def compute_level(runs: list[RunData], detect_pct: float = 5.0) -> tuple[dict, pd.DataFrame, dict | None]:
     """The tables, the pooled per-phase metrics and a sweep's best setting of runs at one level."""
     run = runs[0]
-    config = run.config
+    config = run.plan
     every = [phase_tables(r) for r in runs]
     tables = every[0]
     pooled = pd.concat([run_metrics(r, t) for r, t in zip(runs, every)], ignore_index=True)
@@ -143,13 +143,13 @@ def write_outputs(result: Analysis) -> dict[str, pd.DataFrame]:
     run = result.run
     files = RunDir(run.path)
     _write_tables(files.tables, result.tables)
-    every = levels.of_run(run.config)
+    every = levels.of_run(run.plan)
     if len(every) == 1:
-        text = _summary(result, result.tables, run.config)
+        text = _summary(result, result.tables, run.plan)
     else:  # each level's summary under the questions across levels
-        texts = {users: _summary(result, levels.tables_at(result.tables, users), {**run.config, "users": users})
+        texts = {users: _summary(result, levels.tables_at(result.tables, users), {**run.plan, "users": users})
                  for users in every}
-        text = levels_summary.markdown(run.config, result.tables["questions"], texts)
+        text = levels_summary.markdown(run.plan, result.tables["questions"], texts)
     files.summary.write_text(text, encoding="utf-8")
     return result.tables
 
@@ -174,7 +174,7 @@ def compare_runs(run_dirs: list[Path], out_dir: Path, analysis: dict | None = No
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_tables(out_dir, {"variance": variance})
     orders = sorted(pd.unique(result.pooled["order"]))
-    lines = [f"# {result.run.config['cluster']}: every run pooled", "",
+    lines = [f"# {result.run.plan['cluster']}: every run pooled", "",
              f"Runs: {', '.join(str(p) for p in run_dirs)} (orders {', '.join(orders)}); "
              f"n = phases per arm across them.", "", "## Verdicts", ""]
     lines += [f"- {v}" for v in variance["verdict"].dropna() if not v.startswith("reference")]

@@ -35,7 +35,7 @@ def at_level(run: RunData, users: int | None) -> RunData:
     """``run`` as if only the windows at ``users`` had been run: load marks, requests and
     validity reports of other levels left out (every other event kept: a cooldown of the
     level before is what this one starts after).  ``users`` None keeps every window."""
-    default = single_level(run.config)
+    default = single_level(run.plan)
     events, requests = run.events, run.requests
     if users is not None:
         if USERS in events:
@@ -48,8 +48,8 @@ def at_level(run: RunData, users: int | None) -> RunData:
             requests = None if requests.empty else requests
     validity = {key[:3]: report for key, report in run.validity.items()
                 if users is None or (key[3] if key[3] is not None else default or users) == users}
-    config = {**run.config, USERS: users} if users is not None else run.config
-    return dataclasses.replace(run, events=events, requests=requests, validity=validity, config=config)
+    plan = {**run.plan, USERS: users} if users is not None else run.plan
+    return dataclasses.replace(run, events=events, requests=requests, validity=validity, plan=plan)
 
 
 def asked_at(questions: list[dict], users: int | None) -> list[dict]:

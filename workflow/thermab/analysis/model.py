@@ -201,7 +201,7 @@ def _read_row_groups(path, row_groups: tuple[int, ...], columns: list[str]) -> d
 @dataclass(frozen=True)
 class RunData:
     path: Path
-    config: dict
+    plan: dict  # run.json (or the plan inferred for an imported run), its analysis settings replaced
     events: pd.DataFrame
     telemetry: Telemetry
     requests: pd.DataFrame | None  # None when the run has no request data (imported runs)

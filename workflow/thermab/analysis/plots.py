@@ -44,24 +44,24 @@ def render_figures(result: Analysis) -> list[Path]:
     files = RunDir(result.run.path)
     files.figures.mkdir(parents=True, exist_ok=True)
     out = files.figure
-    colors = {arm: ARM_COLORS[i % len(ARM_COLORS)] for i, arm in enumerate(result.run.config["arms"])}
+    colors = {arm: ARM_COLORS[i % len(ARM_COLORS)] for i, arm in enumerate(result.run.plan["arms"])}
     written = timeline_png(result.run, result.tables["windows"], colors, files.figures)
     written.append(timeline_html(result.run, result.tables["windows"], colors, out("timeline.html")))
-    written.append(cpu_png(result.tables["cpu"], result.run.config, colors, out("cpu.png")))
-    written.append(throughput_png(result.tables["performance"], result.run.config, colors, out("throughput.png")))
-    written.append(time_to_threshold_png(result.tables, result.run.config, colors, out("time_to_threshold.png")))
+    written.append(cpu_png(result.tables["cpu"], result.run.plan, colors, out("cpu.png")))
+    written.append(throughput_png(result.tables["performance"], result.run.plan, colors, out("throughput.png")))
+    written.append(time_to_threshold_png(result.tables, result.run.plan, colors, out("time_to_threshold.png")))
     if "questions" in result.tables:
-        written.append(questions_png(result.tables["questions"], result.run.config, colors, out("questions.png")))
-    written.append(tradeoff.tradeoff_png(result.pooled, result.run.config, colors, out("tradeoff.png")))
+        written.append(questions_png(result.tables["questions"], result.run.plan, colors, out("questions.png")))
+    written.append(tradeoff.tradeoff_png(result.pooled, result.run.plan, colors, out("tradeoff.png")))
     # layout.figures names them: the report rule declares each, a sweep's dose response too
-    if set(layout.SWEEP_FIGURES) <= set(layout.figures(len(set(result.run.config["order"])))):
-        written.append(dose_response_png(result.pooled, result.run.config, result.best, out("dose_response.png")))
+    if set(layout.SWEEP_FIGURES) <= set(layout.figures(len(set(result.run.plan["order"])))):
+        written.append(dose_response_png(result.pooled, result.run.plan, result.best, out("dose_response.png")))
     return written
 
 
 def _timeline_frames(run: RunData):
     """(t0, head zones, timeline zone of each host) with t in minutes from run_start."""
-    config = run.config
+    config = run.plan
     starts = run.events.loc[run.events["event"] == "run_start", "t"]
     t0 = starts.min() if len(starts) else run.telemetry.t_min
     thermal = run.telemetry.frame(kind="thermal").assign(minutes=lambda f: (f["t"] - t0) / 60)
@@ -75,7 +75,7 @@ def _power_lines(run: RunData, t0: float) -> list[tuple[str, str, pd.DataFrame]]
     the run's order: what the power panel draws (empty without power telemetry)."""
     power = run.telemetry.frame(kind="power")
     lines = []
-    for host in ordered_hosts(run.config) + sorted(set(power["host"]) - set(ordered_hosts(run.config))):
+    for host in ordered_hosts(run.plan) + sorted(set(power["host"]) - set(ordered_hosts(run.plan))):
         own = power[power["host"] == host]
         for domain in energy.host_total_domains(set(own["sensor"])):
             samples = own[own["sensor"] == domain].sort_values("t")
@@ -111,7 +111,7 @@ def _server_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, 
         color, dash = SERVER_SENSORS[sensor]
         ax.step(samples["minutes"], samples["value"], where="post", color=color, ls=dash, lw=1.2,
                 label=f"server {sensor} requests")
-    users = run.config.get("users")
+    users = run.plan.get("users")
     for level in ([users] if isinstance(users, int) else users or []):  # each level of a run of levels
         ax.axhline(level, ls=":", lw=1, color="#555555", label=f"{level} users")
     _finish_panel(ax, windows, colors, t0, "requests (server)")
@@ -128,9 +128,9 @@ def _finish_panel(ax, windows: pd.DataFrame, colors: dict, t0: float, ylabel: st
 
 
 def _host_color(run: RunData, host: str) -> str:
-    if host == run.config["head"]:
+    if host == run.plan["head"]:
         return HEAD_ZONE_COLOR
-    others = [h for h in ordered_hosts(run.config) if h != run.config["head"]]
+    others = [h for h in ordered_hosts(run.plan) if h != run.plan["head"]]
     index = others.index(host) if host in others else len(others)
     return OTHER_HOST_COLORS[index % len(OTHER_HOST_COLORS)]
 
@@ -186,7 +186,7 @@ def _labelled_events(run: RunData, t0: float, span_min: float) -> list[tuple[lis
 
 def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -> list[Path]:
     """timeline.png and timeline.svg."""
-    config = run.config
+    config = run.plan
     t0, head, zone = _timeline_frames(run)
     power_lines = _power_lines(run, t0)
     server_lines = _server_lines(run, t0)
@@ -261,7 +261,7 @@ def _title(config: dict, what: str) -> str:
 def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict, path: Path) -> Path:
     """The timeline as a self-contained interactive page (hover lists every zone at that time),
     with the power panel below it when the run has power telemetry."""
-    config = run.config
+    config = run.plan
     t0, head, zone = _timeline_frames(run)
     power_lines = _power_lines(run, t0)
     server_lines = _server_lines(run, t0)

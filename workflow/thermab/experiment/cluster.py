@@ -22,7 +22,7 @@ from thermab.experiment.patch import Patcher
 from thermab.hosts import clock
 from thermab.hosts.host import Host
 from thermab.hosts.transport import TransportError
-from thermab.layout import SESSION_FILE, RunDir  # noqa: F401 (restore imports SESSION_FILE from here)
+from thermab.layout import RunDir
 from thermab.telemetry import deploy
 
 class ClusterRun:

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from thermab.config import UserError
 from thermab.experiment import events, guardian
-from thermab.experiment.cluster import SESSION_FILE, ClusterRun, exit_status
+from thermab.experiment.cluster import ClusterRun, exit_status
 from thermab import layout
+from thermab.layout import SESSION_FILE
 
 
 def patch_holder(run_dirs: list[Path]) -> Path | None:
