@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from thermab import jobs
-from thermab.experiment import phase
+from thermab.experiment import monitor
 
 with jobs.logged(snakemake.log[0]), jobs.put_back_if_terminated(jobs.run_for(snakemake)) as run:
-    phase.monitor_start(run, Path(snakemake.output[0]))
+    monitor.monitor_start(run, Path(snakemake.output[0]))

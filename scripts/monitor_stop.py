@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from thermab import jobs
-from thermab.experiment import phase
+from thermab.experiment import monitor
 
 with jobs.logged(snakemake.log[0]):
-    phase.monitor_stop(jobs.run_for(snakemake), Path(snakemake.output[0]))
+    monitor.monitor_stop(jobs.run_for(snakemake), Path(snakemake.output[0]))

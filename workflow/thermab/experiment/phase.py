@@ -1,39 +1,23 @@
-"""The host-touching stages after preflight: monitor start, the idle baseline, one phase
-job (patch, restart, ready, then per level of load: load with probe, cool down) and monitor
-stop.  The rules' scripts are one call into here."""
+"""The stages of rules/phase.smk: the idle baseline and one phase job (patch, restart,
+ready, then per level of load: load with probe, cool down).  The rules' scripts are one
+call into here; the monitor around them is ``monitor``, what the load asks every second
+``interlock``."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from pathlib import Path
 
-from thermab.contracts import BaselineRecord, PhaseRecord, PhaseValidity, Preflight
+from thermab.contracts import BaselineRecord, PhaseRecord, PhaseValidity
 from thermab.errors import StageFailed
 from thermab.experiment import guardian, plan, server
-from thermab.experiment.cluster import ClusterRun, clock_offsets, offsets_record
+from thermab.experiment.cluster import ClusterRun
 from thermab.experiment.interlock import Interlock, MarkForwarder, telemetry_holes
-from thermab.hosts import clock
+from thermab.experiment.monitor import bring_up
 from thermab.load.runner import LoadAborted, LoadSpec, run_load
 from thermab.telemetry import deploy, power, server_metrics
-
-
-def bring_up(run: ClusterRun) -> None:
-    """A guardian watching this Snakemake first, then hardware and agents: from here on,
-    whatever happens is cleaned up."""
-    run.write_session()
-    guardian.ensure(run.run_dir)
-    run.ensure_up()
-
-
-def monitor_start(run: ClusterRun, out_path: Path) -> None:
-    run.event("run_start", detail={"cluster": run.cluster.name})
-    bring_up(run)
-    out_path.write_text(json.dumps({"session": run.session, "t": time.time(),
-                                    "agents": {h.name: deploy.agent_pid(h, run.session) for h in run.hosts}},
-                                   indent=1))
 
 
 def _sleep_with_progress(run: ClusterRun, seconds: float, what: str) -> None:
@@ -182,35 +166,3 @@ def _load(run: ClusterRun, window: plan.Phase, spec: LoadSpec, interlock: Interl
         return run_load(run.cluster.endpoint, files.requests, spec, order=run.order, rep=window.rep,
                         arm=window.arm, log_path=run.files.locust_log(window.id), progress=run.progress,
                         status_hint=lambda: f"head {_hottest(run)}", interlock=interlock)
-
-
-def clock_drift(run: ClusterRun, offsets_end: dict[str, clock.Offset]) -> dict[str, float]:
-    """Hosts whose clock moved against the controller's during the run by more than the
-    two measurements' uncertainties explain (ingest corrects with the mean of the two)."""
-    start = Preflight.read(run.files.preflight)
-    uncertainty = start.clock_offset_uncertainty_s
-    drifts = {}
-    for name, end in offsets_end.items():
-        if name in uncertainty:
-            moved = clock.drift(clock.Offset(start.clock_offset_s[name], uncertainty[name], 0), end)
-            if moved is not None:
-                drifts[name] = moved
-                run.progress(f"WARNING clock of {name} moved {moved * 1000:+.1f} ms against the controller "
-                             f"during the run (more than the ± {(uncertainty[name] + end.uncertainty_s) * 1000:.1f} ms "
-                             "the two measurements allow); its samples are placed with the mean offset")
-    return drifts
-
-
-def monitor_stop(run: ClusterRun, out_path: Path) -> None:
-    """End of the run: restore, stop, pull every host's logs, release the guardian."""
-    offsets_end, clock_problems = clock_offsets(run.hosts)
-    problems = run.shutdown("completed")
-    run.event("run_end", detail={"problems": problems})
-    guardian.release(run.run_dir)
-    for problem in clock_problems.values():
-        run.progress(f"WARNING clock offset at the end not measured: {problem}")
-    out_path.write_text(json.dumps({"t": time.time(), **offsets_record(offsets_end, "clock_offset_end"),
-                                    "clock_drift_s": clock_drift(run, offsets_end),
-                                    "problems": problems}, indent=1))
-    if problems:
-        raise StageFailed("the run ended with problems (see above); logs pulled where possible")

@@ -119,7 +119,7 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> Preflight:
     Preflight patches nothing and starts nothing (it only builds a simulated node's
     files and puts back what a dead run left patched), so no guardian watches it: a
     failed preflight leaves nothing to undo and no host is touched again.  The guardian
-    starts with the first job that does change something (``phase.bring_up``)."""
+    starts with the first job that does change something (``monitor.bring_up``)."""
     run.write_session()
     failed_record = run.files.preflight_failed
     report = Preflight(cluster=run.cluster.name, order=run.order, t=time.time())
