@@ -77,7 +77,8 @@ def parsed_whole(text: str) -> dict[str, float]:
         for sample in family.samples:
             if sample.name in server_metrics.KEPT:
                 totals.setdefault(sample.name, []).append(sample.value)
-    return {name: sum(values) / len(values) if "kv_cache" in name else sum(values) for name, values in totals.items()}
+    mean = {name for name, short in server_metrics.GAUGES.items() if short in server_metrics.MEAN_GAUGES}
+    return {name: sum(values) / len(values) if name in mean else sum(values) for name, values in totals.items()}
 
 
 @pytest.mark.parametrize("text", [exposition(), VLLM_CPU_METRICS.read_text()], ids=["simulated", "vllm-cpu"])
@@ -156,6 +157,21 @@ class Bad(BaseHTTPRequestHandler):
 
     def do_GET(self):
         kind = self.server.kind
+        if kind in ("trickled", "not-http"):  # what comes before the headers' end, raw
+            try:
+                if kind == "not-http":
+                    self.wfile.write(b"metrics: none here\r\n\r\n")
+                else:
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                    for i in range(60):  # a header a byte at a time, each well inside the read timeout
+                        for byte in b"X-Slow-%d: 1\r\n" % i:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                            time.sleep(0.02)
+            except OSError:
+                pass
+            self.close_connection = True
+            return
         if kind == "missing":
             self.send_response(404)
             self.send_header("Content-Length", "0")
@@ -229,7 +245,8 @@ def test_a_big_body_within_the_bound_is_read_past_what_thermab_does_not_read(bad
 
 
 @pytest.mark.parametrize("kind, reason", [("huge", "larger than"), ("slow", "took longer than"),
-                                          ("malformed", "malformed /metrics")])
+                                          ("trickled", "took longer than"), ("malformed", "malformed /metrics"),
+                                          ("not-http", "gave no HTTP answer")])
 def test_a_bad_metrics_endpoint_is_an_error_row_never_a_stall(bad_server, tmp_path, kind, reason):
     rows, told, elapsed = scrape_rows(bad_server(kind), tmp_path, seconds=1.0)
     assert rows and all(r["value"] == "" and reason in r["reason"] for r in rows)

@@ -30,8 +30,11 @@ told once and not asked again in that phase.
 from __future__ import annotations
 
 import csv
+import functools
+import http.client
 import math
 import re
+import socket
 import threading
 import time
 import urllib.error
@@ -92,24 +95,83 @@ def parse(text: str) -> dict[str, float]:
             for name, values in totals.items()}
 
 
+class _Deadline:
+    """A connection whose socket is shut at ``deadline`` (``time.monotonic()``), whatever it
+    is reading then: the socket's own timeout bounds each read, so a server that trickles
+    its headers a byte at a time would hold the scrape for ever without it."""
+
+    def __init__(self, *args, deadline: float, timers: list, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.deadline, self.timers = deadline, timers
+
+    def connect(self) -> None:
+        super().connect()
+        timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), _shut, (self.sock,))
+        timer.daemon = True
+        self.timers.append(timer)
+        timer.start()
+
+
+def _shut(sock) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)  # the read in progress returns, the response ends short
+    except OSError:
+        pass  # closed already
+
+
+class _HTTPConnection(_Deadline, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_Deadline, http.client.HTTPSConnection):
+    pass
+
+
+class _DeadlineHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
+    """urllib's own handling (proxies from the environment, redirects, TLS) with connections
+    shut at the deadline."""
+
+    def __init__(self, deadline: float, timers: list):
+        super().__init__()
+        self.options = {"deadline": deadline, "timers": timers}
+
+    def http_open(self, req):
+        return self.do_open(functools.partial(_HTTPConnection, **self.options), req)
+
+    def https_open(self, req):
+        return self.do_open(functools.partial(_HTTPSConnection, **self.options), req, context=self._context)
+
+
 def fetch(url: str, timeout_s: float, max_bytes: int = MAX_BYTES) -> str:
     """The body of ``url``, within ``timeout_s`` in all and ``max_bytes``; raises
     ScrapeError saying why not (urllib.error.HTTPError passes through for its status)."""
     deadline = time.monotonic() + timeout_s
+    timers: list[threading.Timer] = []
+    opener = urllib.request.build_opener(_DeadlineHandler(deadline, timers))
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with opener.open(url, timeout=timeout_s) as response:
             chunks, size = [], 0
-            while chunk := response.read1(READ_CHUNK):  # what has come: the deadline is checked between
+            while True:
+                chunk = response.read1(READ_CHUNK)  # what has come
+                if time.monotonic() > deadline:  # past it the socket was shut: what came is cut short
+                    raise ScrapeError(f"/metrics took longer than {timeout_s:g} s")
+                if not chunk:
+                    break
                 chunks.append(chunk)
                 size += len(chunk)
                 if size > max_bytes:
                     raise ScrapeError(f"/metrics larger than {max_bytes} bytes")
-                if time.monotonic() > deadline:
-                    raise ScrapeError(f"/metrics took longer than {timeout_s:g} s")
     except urllib.error.HTTPError:
         raise
-    except (OSError, ValueError) as error:  # refused, reset, timed out, bad URL
+    except (OSError, ValueError, http.client.HTTPException) as error:  # refused, reset, timed out, shut, not HTTP
+        if time.monotonic() > deadline:
+            raise ScrapeError(f"/metrics took longer than {timeout_s:g} s") from None
+        if isinstance(error, http.client.HTTPException):
+            raise ScrapeError(f"/metrics gave no HTTP answer: {error!r}"[:300]) from None
         raise ScrapeError(f"/metrics unreachable: {error}") from None
+    finally:
+        for timer in timers:
+            timer.cancel()
     return b"".join(chunks).decode("utf-8", "replace")
 
 
