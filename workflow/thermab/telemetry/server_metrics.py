@@ -72,7 +72,7 @@ class ScrapeError(HostError):
 def kept_lines(text: str) -> str:
     """The sample lines of ``text`` that name a kept sample, the rest (comments, buckets,
     the families thermab does not read) left out before the parser sees them: on real vLLM
-    that is 9 of ~415 samples (docs/benchmarks.md); raises ScrapeError past MAX_SERIES."""
+    that is 9 of 430 samples (docs/benchmarks.md); raises ScrapeError past MAX_SERIES."""
     lines = KEPT_LINE.findall(text)
     if len(lines) > MAX_SERIES:
         raise ScrapeError(f"/metrics has more than {MAX_SERIES} series of the metrics thermab reads")
