@@ -129,17 +129,23 @@ class _HTTPSConnection(_Deadline, http.client.HTTPSConnection):
 
 class _DeadlineHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
     """urllib's own handling (proxies from the environment, redirects, TLS) with connections
-    shut at the deadline."""
-
-    def __init__(self, deadline: float, timers: list):
-        super().__init__()
-        self.options = {"deadline": deadline, "timers": timers}
+    shut at the deadline a request carries (:class:`_DeadlineRequest`)."""
 
     def http_open(self, req):
-        return self.do_open(functools.partial(_HTTPConnection, **self.options), req)
+        return self.do_open(functools.partial(_HTTPConnection, **req.watch), req)
 
     def https_open(self, req):
-        return self.do_open(functools.partial(_HTTPSConnection, **self.options), req, context=self._context)
+        return self.do_open(functools.partial(_HTTPSConnection, **req.watch), req, context=self._context)
+
+
+class _DeadlineRequest(urllib.request.Request):
+    def __init__(self, url: str, deadline: float, timers: list):
+        super().__init__(url)
+        self.watch = {"deadline": deadline, "timers": timers}
+
+
+# one opener for all scrapes: building one is 0.7 ms of CPU, a fifth of a scrape of real vLLM
+_OPENER = urllib.request.build_opener(_DeadlineHandler())
 
 
 def fetch(url: str, timeout_s: float, max_bytes: int = MAX_BYTES) -> str:
@@ -147,9 +153,8 @@ def fetch(url: str, timeout_s: float, max_bytes: int = MAX_BYTES) -> str:
     ScrapeError saying why not (urllib.error.HTTPError passes through for its status)."""
     deadline = time.monotonic() + timeout_s
     timers: list[threading.Timer] = []
-    opener = urllib.request.build_opener(_DeadlineHandler(deadline, timers))
     try:
-        with opener.open(url, timeout=timeout_s) as response:
+        with _OPENER.open(_DeadlineRequest(url, deadline, timers), timeout=timeout_s) as response:
             chunks, size = [], 0
             while True:
                 chunk = response.read1(READ_CHUNK)  # what has come
