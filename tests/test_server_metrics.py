@@ -177,6 +177,12 @@ class Bad(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        if kind == "moved" and self.path == "/metrics":  # as older vLLM answered
+            self.send_response(307)
+            self.send_header("Location", "/metrics/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.end_headers()
@@ -230,8 +236,9 @@ def scrape_rows(endpoint, tmp_path, seconds=1.5, interval=0.5):
     return rows, told, time.monotonic() - started
 
 
-def test_a_healthy_server_gives_a_row_per_metric_each_scrape(bad_server, tmp_path):
-    rows, told, _ = scrape_rows(bad_server("good"), tmp_path)
+@pytest.mark.parametrize("kind", ["good", "moved"])
+def test_a_healthy_server_gives_a_row_per_metric_each_scrape(bad_server, tmp_path, kind):
+    rows, told, _ = scrape_rows(bad_server(kind), tmp_path)
     running = [r for r in rows if r["sensor"] == "vllm:num_requests_running"]
     assert len(running) >= 2 and {r["value"] for r in running} == {"3.0"}
     assert not told and all(r["reason"] == "" for r in rows)
