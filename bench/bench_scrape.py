@@ -4,8 +4,9 @@ Against a simulated head started here (``--step-ms``, 20 by default; a free port
 (``--url``, with ``--server-pid`` to count its CPU), it prints:
 
 1. **client CPU per scrape**: ``--scrapes`` scrapes back to back through
-   ``Scraper.scrape`` (fetch, prometheus_client's parse, the CSV rows), this process's CPU
-   time (user + system) and wall time per scrape, and the body's size;
+   ``Scraper.scrape`` (fetch, the prefilter to the kept lines, prometheus_client's parse,
+   the CSV rows), this process's CPU time (user + system) and wall time per scrape, and
+   the body's size;
 2. **server CPU per scrape**: the server's process tree's CPU time (psutil) over the same
    scrapes, less that of an equal idle time without them, per scrape (where the server's
    pid is known);
@@ -69,7 +70,6 @@ def start_sim(root: Path, step_ms: int) -> tuple[str, int]:
             if time.monotonic() > deadline:
                 sys.exit("the simulated server did not start")
             time.sleep(0.3)  # a busy wait would add its own CPU to what this bench measures
-            time.sleep(0.3)
     return url, int((root / "run/vllm.pid").read_text())
 
 

