@@ -160,7 +160,10 @@ def test_no_true_difference_gives_a_wrong_yes_at_the_nominal_level():
         wrong = int((verdicts == questions.YES).sum())
         rates[name] = (wrong / n, *proportion_confint(wrong, n, alpha=0.05, method="wilson"))
     table = "; ".join(f"{m}: {r:.4f} (Wilson 95 % {lo:.4f}–{hi:.4f})" for m, (r, lo, hi) in rates.items())
-    print(f"wrong yes for 'lower' under no difference, n = {n} each: {table}")
+    looks = ", ".join(str(r) for r, a in sequential.look_alphas("AB", MAX_REPEATS).items() if a > 0)
+    print(f"test: one-sided t of 'lower' on the OLS arm + position estimate, looks at {looks} repeats; "
+          f"level: alpha = {questions.ALPHA} over all looks; n = {n} null experiments each; "
+          f"wrong yes (95 % Wilson binomial interval): {table}")
     rate, low, high = rates["rule"]
     assert low <= questions.ALPHA, table
     assert high >= 0.045, f"the rule does not spend its α: {table}"

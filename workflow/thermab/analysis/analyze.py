@@ -47,7 +47,7 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
         "zones": metrics.zone_stats(run.telemetry, windows),
         "cpu": metrics.cpu_stats(run.telemetry, windows),
         "performance": performance,
-        "energy": energy.energy_table(run.telemetry, windows, run.events, performance, ordered_hosts(run.plan)),
+        "energy": energy.energy_table(run.telemetry, windows, run.events, run.requests, ordered_hosts(run.plan)),
     }
     # energy.csv keeps docs/design.md's columns exactly; a short phase's energy rows are
     # marked in the summary (its arm's †) and in the verdicts built on them

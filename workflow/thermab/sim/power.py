@@ -26,7 +26,12 @@ in the inputs::
 and each counter advances by its power × dt, wrapping to 0 past ``max_energy_range_uj``.  The
 range is 2³² − 1 µJ (about 4.3 kJ, some 45 s at load), far below a real package's 262 kJ, so
 that every run sees counters wrap.  Gains are GB10-like orders of magnitude (a 140 W SoC, a
-Cortex-X925 core at 3.9 GHz some 5 W); the spin of the stock arm costs its ~0.9 cores.
+Cortex-X925 core at 3.9 GHz some 5 W); the spin of the stock arm costs the head its ~1.9
+cores of the study (402 % against 212 %), 9.5 W of the cluster's ~207 W of packages and
+DRAM under load (4.6 %), while the emulated GPU's 70 W dominate both arms.  The study
+measured no power, so ``w_per_core`` is the one figure here that a GB10 would have to
+confirm: the arms' J/token gap scales with it (-4.2 % at 5 W, -2.1 % at 2.5 W, -0.7 % at
+1 W in the default study's 16 phases, README "Repeats until decided").
 """
 
 from __future__ import annotations
