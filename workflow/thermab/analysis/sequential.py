@@ -71,8 +71,6 @@ def residual_df(arms: int, repeats: int) -> int:
 OBRIEN_FLEMING, POCOCK, BONFERRONI = "obrien_fleming", "pocock", "bonferroni"
 METHODS = (OBRIEN_FLEMING, POCOCK, BONFERRONI)
 METHOD = OBRIEN_FLEMING
-METHOD_WORDS = {OBRIEN_FLEMING: "O'Brien–Fleming-type Lan–DeMets alpha spending",
-                POCOCK: "Pocock-type Lan–DeMets alpha spending", BONFERRONI: "Bonferroni over the looks"}
 INFORMATION = "df"  # the information scale of the looks (module docstring)
 GRID_POINTS = 601  # per look: the boundaries to about 1e-5 in z (tests/test_sequential.py checks 1e-4)
 
