@@ -2,8 +2,8 @@
 ``python -m thermab tune`` over ``busy_loop_s`` in [0.0005, 1] (log) never chooses a value
 that stalls, and finds one that saves at least 80 % of the spin's CPU.
 
-A shortened config: 8-s loads of short requests (many batch changes, where a wake-up is
-lost), one crossover pair per trial (``max_repeats: 2``: one look, at 1 residual df, that
+A shortened config: 20-s loads (shorter ones lose too much to Locust's start on a busy
+machine, and a stalled request ends after them, uncounted), one crossover pair per trial (``max_repeats: 2``: one look, at 1 residual df, that
 spends all of α), the initial design a grid of four values across the range (the
 reference's 1 left out), a budget of those three trials.  The throughput and decode-speed
 constraints of the study's defaults cannot be decided on such loads at 1 df, so the one
@@ -49,10 +49,10 @@ def overlay(head_port: int, worker_port: int) -> dict:
                 "server": {"stop": "{python} -m thermab.sim.vllm stop --node {root}", "start": start}}
 
     return {
-        "timings": {"baseline_s": 1, "load_s": 8, "cooldown_below_c": 60, "cooldown_max_s": 0.5,
+        "timings": {"baseline_s": 1, "load_s": 20, "cooldown_below_c": 60, "cooldown_max_s": 0.5,
                     "startup_timeout_s": 60},
-        # short requests: many batch changes (where a wake-up is lost) in a short window
-        "load": {"max_tokens": 48, "prompt_tokens": 64, "probe_at": 0.5, "probe_tokens": 16, "probe_n": 1},
+        # 160-token requests: few enough that the client's own gaps between them keep the loop closed
+        "load": {"max_tokens": 160, "prompt_tokens": 64, "probe_at": 0.5, "probe_tokens": 16, "probe_n": 1},
         "monitor": {"intervals": {"cpu": 0.5}},
         "analysis": {"stall_gap_s": 2.5},
         "max_repeats": 2,
