@@ -3,8 +3,8 @@
 that stalls, and finds one that saves at least 80 % of the spin's CPU.
 
 A shortened config: 20-s loads (shorter ones lose too much to Locust's start on a busy
-machine, and a stalled request ends after them, uncounted), one crossover pair per trial (``max_repeats: 2``: one look, at 1 residual df, that
-spends all of α), the initial design a grid of four values across the range (the
+machine, and a stalled request ends after them, uncounted), one crossover pair per trial
+(``max_repeats: 2``: one look, at 1 residual df, that spends all of α), the initial design a grid of four values across the range (the
 reference's 1 left out), a budget of those three trials.  The throughput and decode-speed
 constraints of the study's defaults cannot be decided on such loads at 1 df, so the one
 constraint is the one the item is about, no more stalls than the reference (stall gaps
