@@ -7,7 +7,10 @@ sampler gets the same budget of trials (as a tune of that many trials would), ov
 seeds and thresholds; printed: how often the chosen value is feasible in truth and saves at
 least 80 % of the spin, and the median share of the spin saved.
 
-    python bench/bench_tune_samplers.py [--trials 6] [--repeats 40] [--startup 3] [--samplers tpe,gp]
+    python bench/bench_tune_samplers.py [--trials 6] [--repeats 40] [--startup 3] [--samplers tpe,gp] [--grid]
+
+``--grid``: the first ``--startup`` trials are the tune's initial design (a grid across the
+range, ``thermab.tune.plan.initial_values``, the reference's 1 left out) instead of random draws.
 """
 
 from __future__ import annotations
@@ -33,12 +36,18 @@ def stall_probability(value: float, threshold: float) -> float:
     return 0.0 if value >= threshold else min(1.0, 0.9 * (1 - value / threshold) + 0.2)
 
 
-def run(sampler_name: str, trials: int, seed: int, threshold: float, startup: int) -> float:
+def run(sampler_name: str, trials: int, seed: int, threshold: float, startup: int, grid: bool = False) -> float:
     rng = random.Random(seed)
 
-    options = dict(n_startup_trials=startup, seed=seed)
+    options = dict(n_startup_trials=1 if grid else startup, seed=seed)
     sampler = optuna.samplers.GPSampler(**options) if sampler_name == "gp" else optuna.samplers.TPESampler(**options)
     study = optuna.create_study(sampler=sampler, direction="minimize")
+    if grid:
+        from thermab.tune.plan import initial_values
+
+        tune = {"min": 0.0005, "max": 1, "scale": "log", "startup_trials": startup, "digits": 3}
+        for value in initial_values(tune, reference=1.0):
+            study.enqueue_trial({"value": value})
     for _ in range(trials):
         trial = study.ask({"value": optuna.distributions.FloatDistribution(0.0005, 1, log=True)})
         value = trial.params["value"]
@@ -58,14 +67,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--startup", type=int, default=3, help="random trials before the model (tune.startup_trials)")
     parser.add_argument("--samplers", default="tpe,gp")
+    parser.add_argument("--grid", action="store_true", help="the tune's grid as the first trials (tune.startup_trials)")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     for name in args.samplers.split(","):
         started = time.process_time()
-        saved = [run(name, args.trials, seed, threshold, args.startup) for seed in range(args.repeats)
+        saved = [run(name, args.trials, seed, threshold, args.startup, args.grid) for seed in range(args.repeats)
                  for threshold in (0.002, 0.003, 0.004)]
         good = [s for s in saved if not math.isnan(s)]
-        print(f"{name}: {args.trials} trials ({args.startup} at random) x {len(saved)} searches: chosen value stalls or none feasible "
+        print(f"{name}: {args.trials} trials ({args.startup} {'of the grid' if args.grid else 'at random'}) x {len(saved)} searches: chosen value stalls or none feasible "
               f"{sum(math.isnan(s) for s in saved)}, saves >= 80 % in {sum(s >= 0.8 for s in good)}/{len(saved)}, "
               f"median saved {statistics.median(good) if good else math.nan:.2f}; "
               f"sampler CPU {time.process_time() - started:.1f} s")

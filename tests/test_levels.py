@@ -95,8 +95,21 @@ def test_a_question_names_levels_of_the_run_only():
         {"metric": "stall gaps", "kind": "lower"}]
 
 
-def test_until_decided_with_levels_is_refused():
-    refused([1, 4], "'until'", until="decided", max_repeats=4)
+def test_until_decided_takes_levels_and_counts_a_repeat_by_all_of_them(tmp_path):
+    assert checked([1, 4], until="decided", max_repeats=4)["until"] == "decided"
+    from thermab.analysis import sequential
+
+    def done(*ids):
+        for phase_id in ids:
+            (tmp_path / "phases" / phase_id).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "phases" / phase_id / "phase.json").write_text("{}")
+
+    done("rep1-A-u1", "rep1-A-u4", "rep1-B-u1", "rep1-B-u4", "rep2-B-u4")
+    assert sequential.completed_repeats(tmp_path, "AB", [1, 4]) == 1  # rep2-B's 1-user window is missing
+    done("rep2-B-u1", "rep2-A-u4", "rep2-A-u1")
+    assert sequential.completed_repeats(tmp_path, "AB", [1, 4]) == 2
+    assert sequential.completed_repeats(tmp_path, "AB") == 0  # the phases of a run without levels
+    assert sequential.resume_repeats(tmp_path, "AB", 4, [1, 4]) == 2
 
 
 def _run(config, events, requests, validity):

@@ -201,17 +201,33 @@ def test_the_best_is_the_best_feasible_estimate():
 def test_an_interrupted_study_gives_back_its_running_trial(tmp_path):
     tune = validate(tuned(), ROOT)["tune"]
     storage = layout.TuneDir(tmp_path).study
-    study = tune_study.open_study(tune, storage)
+    study = tune_study.open_study(tune, storage, reference=1.0)
     first = tune_study.ask(study, tune)
     tune_study.tell(study, trial(first[0], first[1], -1.0, ["yes"]))
     second = tune_study.ask(study, tune)
     # the tune stops here; run again, it opens the same study and finds the trial it ran
-    again = tune_study.open_study(tune, storage)
+    again = tune_study.open_study(tune, storage, reference=1.0)
     assert tune_study.interrupted(again) == [second]
     assert [t.number for t in tune_study.results(again)] == [first[0]]
     assert tune["min"] <= second[1] <= tune["max"]
     with pytest.raises(ConfigError, match="'tune'"):
-        tune_study.open_study({**tune, "max": 2}, storage)
+        tune_study.open_study({**tune, "max": 2}, storage, reference=1.0)
+
+
+def test_the_first_trials_are_a_grid_across_the_range_without_the_reference(tmp_path):
+    tune = validate(tuned(startup_trials=4), ROOT)["tune"]
+    assert plan.initial_values(tune, reference=1.0) == [0.0005, 0.0063, 0.0794]  # 1 is the reference
+    assert plan.initial_values(tune, reference=0.002) == [0.0005, 0.0063, 0.0794, 1.0]
+    linear = {**tune, "scale": "linear", "min": 0, "max": 3}
+    assert plan.initial_values(linear, reference=1.0) == [0.0, 2.0, 3.0]
+    assert plan.initial_values({**linear, "startup_trials": 1}, reference=0.0) == [1.5]
+    study = tune_study.open_study(tune, layout.TuneDir(tmp_path).study, reference=1.0)
+    asked = [tune_study.ask(study, tune) for _ in range(4)]
+    assert [value for _, value in asked[:3]] == [0.0005, 0.0063, 0.0794]
+    assert tune["min"] <= asked[3][1] <= tune["max"]  # then the sampler's own
+    # opened again (an interrupted tune), the grid is not enqueued twice
+    again = tune_study.open_study(tune, layout.TuneDir(tmp_path).study, reference=1.0)
+    assert len(again.get_trials()) == 4
 
 
 # -- the report -----------------------------------------------------------------------------
@@ -264,8 +280,52 @@ def test_a_look_already_answered_is_judged_without_running_again(tmp_path):
             {"question": "head vLLM CPU median lower", "arm": "B", "verdict": "undecided", "estimate": -150.0,
              "ci_low": -900.0, "ci_high": 600.0, "level": 0.9, "phases_per_arm": 2}]
     pd.DataFrame(rows).to_csv(run.table("questions"), index=False)
-    look = finished_look(trial_dir, "sim", max_repeats=2, rows=2)
+    keys = [(0, None), (1, None)]
+    look = finished_look(trial_dir, "sim", max_repeats=2, keys=keys)
     assert look.repeats == 2 and look.phases == 4 and look.objective["estimate"] == -150.0
     assert plan.judge(look, "lower", None, 2, 100)[0] == plan.CAP
     pd.DataFrame([{**row, "phases_per_arm": 1} for row in rows]).to_csv(run.table("questions"), index=False)
-    assert finished_look(trial_dir, "sim", max_repeats=2, rows=2) is None
+    assert finished_look(trial_dir, "sim", max_repeats=2, keys=keys) is None
+
+
+def test_in_a_run_of_levels_a_constraint_names_its_levels_and_the_objective_is_the_highest(tmp_path):
+    """load.users a list: a constraint with ``users: [1]`` is asked at 1 user only, one
+    without at every level, the objective at the highest level; a look reads the candidate's
+    rows of questions.csv level by level (analysis.levels' order)."""
+    from thermab.tune.run import finished_look
+
+    raw = tuned(constraints=[{"metric": "probe decode speed", "kind": "non_inferior", "better": "higher",
+                              "margin_pct": 6, "users": [1]},
+                             {"metric": "stall gaps", "kind": "non_inferior", "better": "lower", "margin": 0.5}])
+    raw["load"]["users"] = [1, 4]
+    config = validate(raw, ROOT)
+    path = tmp_path / "trial.yaml"
+    path.write_text(yaml.safe_dump(plan.trial_config(config, 0.005), sort_keys=False))
+    trial_questions = validate(read_file(path), ROOT)["questions"]  # the trial's config is valid
+    assert trial_questions[-1] == {"metric": "cluster energy per token", "kind": "lower", "users": [4]}
+    keys = plan.answer_keys(config["tune"], [1, 4])
+    assert keys == [(0, 1), (1, 1), (1, 4), (2, 4)]
+
+    trial_dir = layout.TuneDir(tmp_path).trial(0)
+    run = trial_dir.run("sim", plan.ORDER)
+    for phase in ("rep1-A", "rep1-B", "rep2-B", "rep2-A"):
+        for users in (1, 4):
+            run.phase(f"{phase}-u{users}").phase_json.parent.mkdir(parents=True)
+            run.phase(f"{phase}-u{users}").phase_json.write_text("{}")
+    run.tables.mkdir()
+    words = ["probe decode speed no worse than 6 % (higher is better)", "stall gaps no worse than 0.5 (lower is better)",
+             "stall gaps no worse than 0.5 (lower is better)", "cluster energy per token lower"]
+    verdicts = ["no", "yes", "yes", "yes"]
+    rows = [{"question": q, "arm": "B", "verdict": v, "estimate": -0.1 * i, "ci_low": -1.0, "ci_high": 1.0,
+             "level": 0.9, "phases_per_arm": 2, "users": users}
+            for i, (q, v, (_index, users)) in enumerate(zip(words, verdicts, keys))]
+    pd.DataFrame(rows).to_csv(run.table("questions"), index=False)
+    look = finished_look(trial_dir, "sim", max_repeats=2, keys=keys, users=[1, 4])
+    assert look is not None and look.repeats == 2 and look.objective["estimate"] == -0.30000000000000004
+    assert [row["question"] for row in look.constraints] == [
+        "probe decode speed no worse than 6 % (higher is better) at 1 users",
+        "stall gaps no worse than 0.5 (lower is better) at 1 users",
+        "stall gaps no worse than 0.5 (lower is better) at 4 users"]
+    action, why = plan.judge(look, "lower", None, 2, 100)
+    assert action == plan.DROP and "probe decode speed" in why and "at 1 users" in why
+    assert finished_look(trial_dir, "sim", max_repeats=2, keys=keys[:3], users=[1, 4]) is None  # another table

@@ -69,7 +69,8 @@ def repeats_of(cluster):
     if not CROSSOVER:
         return config["repeats"]
     run_dir = layout.run_dir(cluster, config["order"]).path
-    return sequential.resume_repeats(run_dir, config["order"], config["max_repeats"])
+    return sequential.resume_repeats(run_dir, config["order"], config["max_repeats"],
+                                     plan.levels(config["load"]["users"]))
 
 
 REPEATS = {cluster: repeats_of(cluster) for cluster in config["clusters"]}

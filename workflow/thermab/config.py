@@ -795,9 +795,6 @@ def _question_problems(config: dict, problems: list[str]) -> None:
     for index, question in enumerate(config["questions"]):
         _one_question_problems(config, f"questions.{index}", question, problems)
     if config["until"] == "decided":
-        if isinstance(config["load"]["users"], list):  # analysis/sequential counts a repeat's phases by rep{rep}-{arm}
-            problems.append("config key 'until': 'decided' with a list of levels in 'load.users' is not supported; "
-                            "give 'repeats' for the levels, or one number of users")
         if not config["questions"]:
             problems.append("config key 'until': 'decided' needs at least one question under 'questions'")
         if config["max_repeats"] < max(2, config["repeats"]):

@@ -163,22 +163,22 @@ def next_repeats(order: str, max_repeats: int, repeats: int, verdicts) -> int | 
     return min(max_repeats, next(r for r in looks(order, max_repeats) if r > repeats))
 
 
-def completed_repeats(run_dir: Path, order: str) -> int:
-    """Repeats whose every phase has its phase.json, counted from the first."""
-    done = {phase.id for phase in phases(order, 100, crossover=True)
-            if RunDir(run_dir).phase(phase.id).phase_json.exists()}
-    rep = 0
-    while all(f"rep{rep + 1}-{arm}" in done for arm in order) and rep < 100:
+def completed_repeats(run_dir: Path, order: str, users: list[int] | None = None) -> int:
+    """Repeats whose every phase (every level's, ``users`` the levels or None) has its
+    phase.json, counted from the first."""
+    run, rep = RunDir(run_dir), 0
+    while rep < 100 and all(run.phase(phase.id).phase_json.exists()
+                            for phase in phases(order, rep + 1, crossover=True, users=users) if phase.rep == rep + 1):
         rep += 1
     return rep
 
 
-def resume_repeats(run_dir: Path, order: str, max_repeats: int) -> int:
+def resume_repeats(run_dir: Path, order: str, max_repeats: int, users: list[int] | None = None) -> int:
     """The repeats this invocation of an ``until: decided`` run should reach, from what is on
     disk: the first look not yet run, or, where the look's questions.csv is written, the
     next look it asks for (the same look when it is decided or the cap is reached).  So an
     interrupted run picks up where it stopped."""
-    done = completed_repeats(run_dir, order)
+    done = completed_repeats(run_dir, order, users)
     points = looks(order, max_repeats)
     target = next((r for r in points if r >= done), points[-1])
     answers_path = RunDir(run_dir).table("questions")

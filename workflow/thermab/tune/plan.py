@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from thermab.analysis.questions import NO, UNDECIDED, YES
 from thermab.analysis.sequential import look_alphas, looks
 from thermab.config import ConfigError
+from thermab.experiment import plan as experiment_plan
 
 ORDER = "AB"  # A: the reference arm, B: the candidate
 REFERENCE, CANDIDATE = ORDER
@@ -38,18 +39,46 @@ def rounded(value: float, digits: int) -> float:
     return float(f"{value:.{digits}g}")
 
 
+def initial_values(tune: dict, reference: float) -> list[float]:
+    """The search's initial design: ``startup_trials`` values evenly spaced on the scale
+    across the range, both ends included (one: the middle), rounded as tried, the
+    reference's own value left out (a trial of the reference against itself measures
+    nothing).  A grid, not random draws: the first trials span the range whatever the seed."""
+    low, high, count, log = tune["min"], tune["max"], tune["startup_trials"], tune["scale"] == "log"
+    ends = (math.log(low), math.log(high)) if log else (low, high)
+    points = ([ends[0] + (ends[1] - ends[0]) * i / (count - 1) for i in range(count)] if count > 1
+              else [(ends[0] + ends[1]) / 2])
+    values = [min(high, max(low, rounded(math.exp(p) if log else p, tune["digits"]))) for p in points]
+    return [value for value in dict.fromkeys(values) if value != reference]
+
+
 def literal(value: float) -> str:
     """The candidate as the arm's value (a Python literal the patcher writes)."""
     return repr(float(value))
 
 
-def objective_question(tune: dict) -> dict:
-    return {"metric": tune["objective"], "kind": tune["better"]}
+def objective_question(tune: dict, users=None) -> dict:
+    """The objective as a superiority question; in a run of levels (``load.users`` a list)
+    asked at the highest level only, so that a trial has one objective."""
+    question = {"metric": tune["objective"], "kind": tune["better"]}
+    levels = experiment_plan.levels(users)
+    return {**question, "users": [max(levels)]} if levels else question
 
 
-def trial_questions(tune: dict) -> list[dict]:
-    """The trial's questions: the constraints, then the objective (last)."""
-    return [*copy.deepcopy(tune["constraints"]), objective_question(tune)]
+def trial_questions(tune: dict, users=None) -> list[dict]:
+    """The trial's questions: the constraints (each at the levels it names, or every level),
+    then the objective (last)."""
+    return [*copy.deepcopy(tune["constraints"]), objective_question(tune, users)]
+
+
+def answer_keys(tune: dict, users=None) -> list[tuple[int, int | None]]:
+    """(index in ``trial_questions``, level) of each of the candidate's rows of
+    questions.csv, in its order: level by level, ascending (analysis.levels), each level's
+    questions in the order asked; the level None where ``load.users`` is a number."""
+    questions = trial_questions(tune, users)
+    levels = experiment_plan.levels(users) or [None]
+    return [(index, level) for level in levels for index, question in enumerate(questions)
+            if level is None or level in question.get("users", [level])]
 
 
 def trial_config(config: dict, value: float) -> dict:
@@ -57,7 +86,7 @@ def trial_config(config: dict, value: float) -> dict:
     trial = copy.deepcopy(config)
     tune = trial.pop("tune")
     reference = next(iter(config["arms"].values()))
-    trial.update(order=ORDER, repeats=1, until="decided", questions=trial_questions(tune),
+    trial.update(order=ORDER, repeats=1, until="decided", questions=trial_questions(tune, config["load"]["users"]),
                  arms={REFERENCE: copy.deepcopy(reference),
                        CANDIDATE: {"label": f"try-{value:g}", "value": literal(value)}})
     return trial
@@ -90,7 +119,7 @@ class Look:
     """A trial's state after a look: questions.csv's rows, by question, for the candidate."""
 
     repeats: int
-    rows: list[dict]  # the constraints' rows, then the objective's (trial_questions' order)
+    rows: list[dict]  # the constraints' rows, each level's, then the objective's (``of_answers`` orders them)
 
     @property
     def phases(self) -> int:
@@ -103,6 +132,16 @@ class Look:
     @property
     def objective(self) -> dict:
         return self.rows[-1]
+
+
+def of_answers(repeats: int, rows: list[dict], keys: list[tuple[int, int | None]]) -> Look:
+    """The look from the candidate's rows of questions.csv (``answer_keys`` names each): the
+    objective's row last, each constraint's row at a level named with that level."""
+    objective = max(index for index, _level in keys)
+    constraints = [{**row, "question": row["question"] + (f" at {level} users" if level is not None else "")}
+                   for row, (index, level) in zip(rows, keys) if index != objective]
+    return Look(repeats=repeats, rows=[*constraints, *(row for row, (index, _l) in zip(rows, keys)
+                                                      if index == objective)])
 
 
 def gain(better: str, value: float) -> float:

@@ -26,6 +26,7 @@ from thermab import config as thermab_config
 from thermab import layout
 from thermab.analysis.sequential import completed_repeats, looks
 from thermab.errors import StageFailed, UserError
+from thermab.experiment import plan as experiment_plan
 from thermab.tune import ONE_LOOK_ENV, plan, report, study as tune_study
 
 SNAKEFILE = Path(thermab.__file__).resolve().parents[2] / "Snakefile"  # the checkout's (an editable install)
@@ -48,22 +49,26 @@ def read_config(paths: list[str]) -> dict:
     return config
 
 
-def phases_run(trial: layout.TrialDir, cluster: str) -> int:
-    return len(plan.ORDER) * completed_repeats(trial.run(cluster, plan.ORDER).path, plan.ORDER)
+def phases_run(trial: layout.TrialDir, cluster: str, users=None) -> int:
+    """Phase jobs the trial has run (in a run of levels each a restart and a window per level)."""
+    return len(plan.ORDER) * completed_repeats(trial.run(cluster, plan.ORDER).path, plan.ORDER,
+                                               experiment_plan.levels(users))
 
 
-def finished_look(trial: layout.TrialDir, cluster: str, max_repeats: int, rows: int) -> plan.Look | None:
-    """The trial's last look, where its questions.csv answers the repeats on disk."""
+def finished_look(trial: layout.TrialDir, cluster: str, max_repeats: int,
+                  keys: list[tuple[int, int | None]], users=None) -> plan.Look | None:
+    """The trial's last look, where its questions.csv answers the repeats on disk (``keys``:
+    ``plan.answer_keys``; ``users``: load.users)."""
     run = trial.run(cluster, plan.ORDER)
-    done = completed_repeats(run.path, plan.ORDER)
+    done = completed_repeats(run.path, plan.ORDER, experiment_plan.levels(users))
     answers_path = run.table("questions")
     if done not in looks(plan.ORDER, max_repeats) or not answers_path.exists():
         return None
     answers = pd.read_csv(answers_path)
     answers = answers[answers["arm"] == plan.CANDIDATE]
-    if len(answers) != rows or answers["phases_per_arm"].max() < done:
+    if len(answers) != len(keys) or answers["phases_per_arm"].max() < done:
         return None  # written by an earlier look
-    return plan.Look(repeats=done, rows=answers.to_dict("records"))
+    return plan.of_answers(done, answers.to_dict("records"), keys)
 
 
 def snakemake_look(trial: layout.TrialDir, cluster: str, cores: int, snakefile: Path) -> None:
@@ -86,10 +91,10 @@ def run_trial(config: dict, tune_dir: layout.TuneDir, number: int, value: float,
     trial = tune_dir.trial(number)
     trial.path.mkdir(parents=True, exist_ok=True)
     trial.config.write_text(yaml.safe_dump(plan.trial_config(config, value), sort_keys=False))
-    rows = len(plan.trial_questions(tune))
+    keys = plan.answer_keys(tune, config["load"]["users"])
     while True:
-        left = tune["budget_phases"] - used_elsewhere - phases_run(trial, cluster)
-        look = finished_look(trial, cluster, max_repeats, rows)
+        left = tune["budget_phases"] - used_elsewhere - phases_run(trial, cluster, config["load"]["users"])
+        look = finished_look(trial, cluster, max_repeats, keys, config["load"]["users"])
         if look is not None:
             action, why = plan.judge(look, tune["better"], best_estimate, max_repeats, left)
             say(f"{trial.path.name} ({config['setting']['name']} = {value:g}): look at {look.phases} phases: "
@@ -110,7 +115,7 @@ def tune(config: dict, cores: int = 1, snakefile: Path = SNAKEFILE) -> layout.Tu
     cluster = next(iter(config["clusters"]))
     tune_cfg = config["tune"]
     tune_dir = layout.tune_dir(cluster)
-    study = tune_study.open_study(tune_cfg, tune_dir.study)
+    study = tune_study.open_study(tune_cfg, tune_dir.study, float(next(iter(config["arms"].values()))["value"]))
     budget, needed = tune_cfg["budget_phases"], plan.decision_phases(config["max_repeats"])
     pending = tune_study.interrupted(study)
     while True:

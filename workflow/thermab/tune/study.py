@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 
 from thermab.config import ConfigError
-from thermab.tune.plan import Trial, rounded, violation
+from thermab.tune.plan import Trial, initial_values, rounded, violation
 
 STUDY_NAME = "thermab-tune"
 PARAM = "value"
@@ -22,8 +22,10 @@ SEARCH_KEYS = ("min", "max", "scale", "objective", "better")  # a study answers 
 
 
 def sampler(tune: dict) -> optuna.samplers.BaseSampler:
-    # the constraint comes with each trial (Trial.set_constraint, tell): both samplers use it
-    options = dict(n_startup_trials=tune["startup_trials"], seed=tune["seed"])
+    # the constraint comes with each trial (Trial.set_constraint, tell): both samplers use it.
+    # The initial design is the grid enqueued in the study (open_study), so the sampler
+    # models from its first trial of its own on (a random start would only repeat the grid's role).
+    options = dict(n_startup_trials=1, seed=tune["seed"])
     if tune["sampler"] == "gp":
         return optuna.samplers.GPSampler(**options)
     return optuna.samplers.TPESampler(**options)
@@ -33,8 +35,9 @@ def distribution(tune: dict) -> optuna.distributions.FloatDistribution:
     return optuna.distributions.FloatDistribution(tune["min"], tune["max"], log=tune["scale"] == "log")
 
 
-def open_study(tune: dict, storage: Path) -> optuna.Study:
-    """The tune directory's study, created or opened again; one of another search is refused."""
+def open_study(tune: dict, storage: Path, reference: float) -> optuna.Study:
+    """The tune directory's study, created or opened again; one of another search is refused.
+    A new study is given the initial design (``plan.initial_values``) as its first trials."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage.parent.mkdir(parents=True, exist_ok=True)
     study = optuna.create_study(study_name=STUDY_NAME, storage=f"sqlite:///{storage}", sampler=sampler(tune),
@@ -42,6 +45,8 @@ def open_study(tune: dict, storage: Path) -> optuna.Study:
                                 load_if_exists=True)
     search = {key: tune[key] for key in SEARCH_KEYS}
     if not study.user_attrs:
+        for value in initial_values(tune, reference):
+            study.enqueue_trial({PARAM: value}, skip_if_exists=True)  # an interrupted start enqueues once
         for key, value in search.items():
             study.set_user_attr(key, value)
     elif {key: study.user_attrs.get(key) for key in SEARCH_KEYS} != search:
