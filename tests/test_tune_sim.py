@@ -34,7 +34,12 @@ REPO = Path(__file__).resolve().parents[1]
 # GB10 core while the GPU is busy (thermab.sim.vllm): the spin's CPU is two cores
 SPIN_CPU_PCT = 200.0
 BUDGET_PHASES = 12  # three trials of four phases
-pytestmark = pytest.mark.e2e
+# Three whole-workflow trials: 12 min 23 s on the two shared cores at load 6-12 (docs/tune.md),
+# a fifth of CI's whole budget, which the suite already fills; so it runs when asked for.
+LONG_ENV = "THERMAB_TUNE_E2E"
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(os.environ.get(LONG_ENV) != "1",
+                                 reason=f"the tune's search on the simulated cluster takes over ten minutes: {LONG_ENV}=1 runs it")]
 
 
 def free_port() -> int:
