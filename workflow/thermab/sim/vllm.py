@@ -212,23 +212,33 @@ class Gpu:
         """Run ``step`` launched at ``launched_at`` (time.monotonic); return when it is done.
         ``host_s`` is the step's GB10 host path; what the batch does not hide of it
         (:func:`exposed_host_s`) the GPU idles before the step, while the batch runs on."""
-        busy = step["duration_s"]
         if step["ran_on"] and self.due_at is not None:
-            started_at = self.due_at + exposed_host_s(host_s, step.get("requests", 0))
-            due_at = started_at + step["duration_s"]
-            finished_at = max(due_at, launched_at)
-            if finished_at - due_at <= HOST_LAG_S:  # on schedule, or catching up after a lag
-                busy = max(0.0, finished_at - max(started_at, self.finished_at))
-            else:
-                due_at = finished_at
+            finished_at, due_at, busy = scheduled_step(self.due_at, self.finished_at, launched_at, step["duration_s"],
+                                                       exposed_host_s(host_s, step.get("requests", 0)))
         else:
             finished_at = due_at = launched_at + step["duration_s"]
+            busy = step["duration_s"]
         self.finished_at, self.due_at = finished_at, due_at
         time.sleep(max(0.0, finished_at - time.monotonic()))
         self.busy_s += busy
         node.write_atomic(self.path, "%.6f\n" % self.busy_s)
         for thread, share in self.waiters:
             thread.add(share * busy)
+
+
+def scheduled_step(due_at: float, finished_at: float, launched_at: float, duration_s: float,
+                   exposed_s: float) -> tuple[float, float, float]:
+    """(when it ends, when it was due, GPU busy seconds) of a step of a batch that runs on,
+    the previous step due at ``due_at`` and ended at ``finished_at``: due one step (plus the
+    exposed host path) after the previous one was due, it ends then or at its launch if that
+    was later.  Up to ``HOST_LAG_S`` late the schedule goes on, so the steps after a lag
+    catch up; later, the GPU idled and the schedule starts again from the launch."""
+    started_at = due_at + exposed_s
+    due = started_at + duration_s
+    finished = max(due, launched_at)
+    if finished - due <= HOST_LAG_S:
+        return finished, due, max(0.0, finished - max(started_at, finished_at))
+    return finished, finished, duration_s
 
 
 def exposed_host_s(host_s: float, requests: int) -> float:
