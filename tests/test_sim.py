@@ -160,7 +160,7 @@ def test_stock_reader_is_a_busy_core_and_patched_parks_but_neither_burns_one():
     # the patched one is busy 2 ms after each read
     assert meters[1.0].seconds() >= 1.8
     assert meters[0.002].seconds() <= 20 * 0.002 + 0.01
-    # the spin is accounted, not burnt: the stock reader polls and sleeps in between
+    # the spin is accounted, not burnt: the reader blocks on its pipe between messages
     assert used[1.0][0] < 0.5 * meters[1.0].seconds()
 
 
