@@ -160,7 +160,7 @@ def test_stock_reader_is_a_busy_core_and_patched_parks_but_neither_burns_one():
     # the patched one is busy 2 ms after each read
     assert meters[1.0].seconds() >= 1.8
     assert meters[0.002].seconds() <= 20 * 0.002 + 0.01
-    # the spin is accounted, not burnt: the stock reader polls and sleeps in between
+    # the spin is accounted, not burnt: the reader blocks on its pipe between messages
     assert used[1.0][0] < 0.5 * meters[1.0].seconds()
 
 
@@ -722,3 +722,29 @@ def test_single_stream_pays_the_parked_readers_wake_up_and_four_streams_hide_it(
     assert 0.94 <= single <= 0.98, single
     four = speeds[0.002, 4][1] / speeds[1.0, 4][1]
     assert 0.98 <= four <= 1.02, four
+
+
+def test_the_gpu_schedule_goes_on_through_a_host_lag_and_starts_again_after_an_idle():
+    """This machine's host lags up to HOST_LAG_S: the steps after one end as launched until
+    they are due again, so 50 steps of 40 ms end on time and the GPU was busy throughout; a
+    longer gap is the GPU idling and the schedule starts again from the launch."""
+    due = finished = 0.0
+    busy = 0.0
+    for index in range(50):
+        launched = finished + (0.1 if index == 10 else 0.002)  # one host lag of 100 ms
+        finished, due, step_busy = vllm.scheduled_step(due, finished, launched, 0.04, 0.0)
+        busy += step_busy
+    assert finished == pytest.approx(2.0) and busy == pytest.approx(2.0)
+    assert vllm.scheduled_step(due, finished, finished + 0.0016, 0.04, 0.0016)[0] == pytest.approx(finished + 0.0416)
+    assert vllm.scheduled_step(due, finished, finished + 5.0, 0.04, 0.0) == (finished + 5.0, finished + 5.0, 0.04)
+
+
+def test_the_nth_request_of_a_length_gets_the_same_drafts_in_every_seeded_run():
+    """Common random numbers: two seeded engines give the n-th request of a length the same
+    draws whatever came between (here a probe of another length); unseeded engines do not."""
+    def draws(seed, lengths):
+        engine = vllm.Engine(None, None, None, 0.04, None, seed=seed)
+        return [[vllm.accepted_tokens(engine.request_draws(length)) for _ in range(20)] for length in lengths]
+
+    assert draws(7, [120, 64, 120])[::2] == draws(7, [120, 120]) != draws(8, [120, 120])
+    assert draws(None, [120]) != draws(None, [120])

@@ -4,9 +4,10 @@
 - Each phase job restarted once and ran a window per level, each in its own phase directory
   (rep1-A-u1, …), every table with its users, the summary across levels (up to the summary:
   the figures are test_levels.py's).
-- The study's single-stream cost: at 1 user the patched arm's decode speed per stream (the
-  median of its load requests') is 2–6 % below stock's; at 4 users the output throughput of
-  the two arms is equal within 2 %.
+- The study's single-stream cost: at 1 user the patched arm's decode is 2–6 % slower than
+  stock's, at 4 users the two arms' throughput is equal within 2 %, both read from the median
+  time a decode step took in the arm's load requests (the drafter's draws and a window's
+  whole requests would swamp a 4 % cost: the last test says why).
 Six load windows of 16 s: a few minutes."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 import yaml
 
 from sshd import free_port
-from thermab.load.validity import decode_speed
+from thermab.load.validity import decode_measurable, decode_speed
 
 REPO = Path(__file__).resolve().parents[1]
 LEVELS = [1, 4, 16]
@@ -74,16 +75,33 @@ def test_every_table_has_its_levels_and_the_summary_across_them(levels_run):
         assert f"## At {users} user" in summary
 
 
-@pytest.mark.xfail(strict=False, reason="the workflow's 1-user windows do not show the simulator's wake-up cost "
-                   "yet (measured +8.2 %: 51.8 stock, 56.0 patched tok/s), though the engine's own test does")
+def step_times(requests):
+    """Each request's time per decode step (s): the span of its token arrivals over the steps
+    between them.  A stream gets one arrival a step, whatever the drafter accepted in it."""
+    steps = requests["token_arrivals"].astype("float64") - 1
+    return (requests["token_span_s"] / steps).where(decode_measurable(requests))
+
+
 def test_single_stream_cost_at_one_user_and_none_at_four(levels_run):
+    """Decode speed is the tokens a step over the time a step takes.  The drafter's tokens a
+    step do not depend on the arm (the simulated drafter never reads busy_loop_s; real
+    speculative decoding accepts what the text gives), and with a handful of requests a
+    window they spread ±9 % a request, more than the cost; the spin acts on the step time
+    alone.  So the arms' decode speeds are compared by their median step times, at 4 users
+    as the throughput of the same streams.  The workflow's own figures are in the message."""
     requests = pd.read_parquet(levels_run / "tidy/requests.parquet")
     load = requests[(requests["kind"] == "load") & requests["ok"]]
+    medians = load.assign(step_s=step_times(load)).groupby(["users", "arm"])["step_s"].median()
+    step = {users: medians.loc[users] for users in (1, 4)}
     one = load[load["users"] == 1]
     decode = one.assign(speed=decode_speed(one)).groupby("arm")["speed"].median()
-    cost = (decode["B"] - decode["A"]) / decode["A"] * 100
-    assert -6 <= cost <= -2, f"at 1 user patched decode {cost:+.1f} % of stock ({decode.to_dict()} tok/s)"
     performance = pd.read_csv(levels_run / "tables/performance.csv")
     four = performance[performance["users"] == 4].set_index("arm")["output_tok_s"]
-    gap = (four["B"] - four["A"]) / four["A"] * 100
-    assert abs(gap) <= 2, f"at 4 users patched throughput {gap:+.1f} % of stock ({four.to_dict()} tok/s)"
+    ms = {users: times.mul(1000).round(2).to_dict() for users, times in step.items()}
+    measured = (f"step times {ms[1]} ms at 1 user, {ms[4]} ms at 4; decode medians at 1 user "
+                f"{decode.round(1).to_dict()} tok/s, output at 4 {four.round(1).to_dict()} tok/s")
+    cost = (step[1]["A"] / step[1]["B"] - 1) * 100
+    assert -6 <= cost <= -2, f"at 1 user patched decode {cost:+.1f} % of stock ({measured})"
+    gap = (step[4]["A"] / step[4]["B"] - 1) * 100
+    assert abs(gap) <= 2, f"at 4 users patched throughput {gap:+.1f} % of stock ({measured})"
+    print(measured)

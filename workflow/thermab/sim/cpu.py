@@ -9,7 +9,7 @@ in seconds of a GB10 core:
 
 - a reader of a shared-memory queue: from each message it reads until it parks, that is
   ``busy_loop_s`` later unless the next message came first (on GB10 the thread works or
-  spins all that time; here the poll sleeps between looks, see :mod:`thermab.sim.shm`);
+  spins all that time; here it blocks on a pipe, see :mod:`thermab.sim.shm`);
 - host work with a known cost on GB10 (an engine step, a token streamed): that cost;
 - threads that wait on the GPU by polling (CUDA stream sync, NCCL proxies): a share of a
   core for every second the node's GPU has work.

@@ -7,10 +7,10 @@ park on a pipe that the writer pokes after each write.  With vLLM's stock
 ``busy_loop_s = 1`` a reader that gets a message at least once a second never parks and
 keeps a whole GB10 core busy; with 0.002 it sleeps between messages and pays a wake-up.
 
-The spin is accounted, not burnt: the reader looks every ``SPIN_POLL_S`` and sleeps in
-between, for ``HOST_POLL_S`` after each read (stock's second) whatever ``busy_loop_s`` is,
-and only then blocks on the pipe, so that this loaded machine schedules the reader alike
-in every arm and only the model below tells them apart.  Its ``spin_meter`` (a
+The spin is accounted, not burnt: this machine's reader blocks on the pipe whatever
+``busy_loop_s`` is, so that this loaded machine schedules the reader alike in every arm,
+at no CPU (a poll every 0.1 ms cost a step a few ms of CPU here), and only the model below
+tells them apart.  Its ``spin_meter`` (a
 :class:`thermab.sim.cpu.Thread`) counts a GB10 core busy from each read until the reader
 parks, ``busy_loop_s`` later unless the next message came first: on GB10 the reading
 thread works on the message or spins all that time.  Burning this machine's cores instead
@@ -62,8 +62,6 @@ import time
 COUNTERS = struct.Struct("=QQ")  # written, read: each has exactly one writing process
 HEADER = struct.Struct("=Id?")  # a slot: length, when it was sent (time.monotonic), notification dropped
 FULL_RETRY_S = 0.0005
-SPIN_POLL_S = 0.0001
-HOST_POLL_S = 1.0  # this machine's reader polls this long after a read in every arm (stock's spin)
 RECHECK_S = 5.0
 NOTIFY_LATENCY_S = 0.0025  # mean time a notification stays queued (lost_wakeup only): the model's choice
 WAKE_LATENCY_S = 0.001  # a parked reader's wake-up on GB10: calibrated (docs/simulation.md)
@@ -95,7 +93,6 @@ class ShmQueue:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self.spin_until = time.monotonic() + busy_loop_s  # the reader's: when it parks unless a message came
-        self._polls_until = self.spin_until  # this machine's reader: when it stops polling for the pipe
         self.wake_s = 0.0  # the wake-up the last get paid: WAKE_LATENCY_S if it parked
         self._queued_until = 0.0  # the writer's: when its last notification is delivered
 
@@ -147,12 +144,7 @@ class ShmQueue:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 raise TimeoutError("no message within %.3f s" % timeout)
-            if now < self._polls_until:
-                time.sleep(SPIN_POLL_S)
-            else:
-                if self.spin_meter:
-                    self.spin_meter.end()
-                self._park(deadline)
+            self._park(deadline)  # the spin meter closes itself at its end (begin's until)
         memory_fence()
         offset = self._slot_offset(read)
         length, written_at, dropped = HEADER.unpack_from(self._buf, offset)
@@ -177,7 +169,6 @@ class ShmQueue:
         struct.pack_into("=Q", self._buf, 8, read + 1)
         self.wake_s = WAKE_LATENCY_S if parked else 0.0
         self.spin_until = read_at + self.busy_loop_s
-        self._polls_until = time.monotonic() + max(self.busy_loop_s, HOST_POLL_S)
         if self.spin_meter:  # a busy core for busy_loop_s from the read, as this machine ran it
             self.spin_meter.end()
             self.spin_meter.begin(until=time.monotonic() + self.busy_loop_s)

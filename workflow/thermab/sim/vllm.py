@@ -32,7 +32,9 @@ node's processes):
   when the batch changed (the sampler's state is rebuilt), and waits for the reply on a
   second queue.  Both readers spin for ``busy_loop_s`` after each read, the value read at
   start-up from the node's own ``shm_broadcast.py``.  ``--seed`` fixes the engine's
-  draws (accepted drafts, rebuild times), as vLLM's ``--seed`` fixes its sampling.
+  draws, as vLLM's ``--seed`` fixes its sampling: the rebuild times, and each request's
+  accepted drafts, a stream of its own that the n-th request of a length gets in every run,
+  so two arms under the same load accept the same drafts (``Engine.request_draws``).
 - VllmWorker: reads a step's two messages, launches it on the emulated GPU (a thread that
   sleeps the step's duration, then replies) and returns to the queue at once.  With stock
   vLLM's 1 s, the engine's and the worker's readers both spin for as long as the GPU is
@@ -110,7 +112,7 @@ SAMPLER_REBUILD_S = (0.001, 0.006)  # host time to rebuild the sampling state wh
 # per-request work (sampling, MTP drafting, output copy), this long for each request.
 # Calibrated with shm.WAKE_LATENCY_S to the study (docs/simulation.md).
 OVERLAP_S_PER_REQUEST = 0.0009
-HOST_LAG_S = 0.5  # host lags up to this long are this machine's: the GPU counts as busy (Gpu)
+HOST_LAG_S = 0.5  # host lags up to this long are this machine's: the GPU's schedule goes on (Gpu)
 # GB10 CPU time the node's threads account (thermab.sim.cpu), chosen so that the nodes read
 # what the study measured: a worker node ~208 % (its GPU-waiting threads), the patched head
 # ~212 % (the same, plus the readers busy 2 ms after each read and the API server), the
@@ -183,15 +185,18 @@ def become_child(name: str) -> None:
 
 class Gpu:
     """The emulated GPU of a node.  A step takes its duration in wall time and no CPU here.
-    While the batch runs on, a step ends one step time after the previous one, or as soon
-    as it is launched if the host took longer than that: vLLM schedules the next step
-    while the GPU runs the current one, so host work hides behind the GPU's.  Busy time
-    adds up in run/gpu_busy_s, which the thermal model differentiates, and keeps the
-    node's GPU-waiting threads busy (``GPU_WAIT_THREADS``, accounted in GB10 cores): while
-    the batch runs on, the time since the previous step ended, unless that is more than
-    ``HOST_LAG_S`` beyond a step.  A host that lags a few steps behind is this loaded
-    machine, not a GB10, whose GPU would have stayed busy; a longer gap (a stream waiting
-    out a lost wake-up) is the GPU idling."""
+    While the batch runs on, a step is due one step time after the previous one was due
+    (plus the host path the batch does not hide), and ends then, or as soon as it is
+    launched if the host was later than that: vLLM schedules the next step while the GPU
+    runs the current one, so host work hides behind the GPU's.  A host that lags up to
+    ``HOST_LAG_S`` behind the schedule is this loaded machine, not a GB10, whose GPU would
+    have stayed busy on time: the schedule goes on, and the steps after the lag end as soon
+    as they are launched until they are due again, so this machine's load moves neither the
+    cadence nor the GPU's busy share (only a host slower than the step on average sets the
+    cadence).  A longer gap (a stream waiting out a lost wake-up) is the GPU idling, and the
+    schedule starts again from the launch.  Busy time adds up in run/gpu_busy_s, which the
+    thermal model differentiates, and keeps the node's GPU-waiting threads busy
+    (``GPU_WAIT_THREADS``, accounted in GB10 cores)."""
 
     def __init__(self, root: Path, account: Account):
         self.path = node.run_dir(root) / "gpu_busy_s"
@@ -200,26 +205,40 @@ class Gpu:
         except (OSError, ValueError):
             self.busy_s = 0.0
         self.waiters = [(account.thread(name), share) for name, share in GPU_WAIT_THREADS.items()]
-        self.finished_at = None
+        self.finished_at = None  # when the last step ended here
+        self.due_at = None  # when it was due on the GB10's schedule
 
     def run(self, step: dict, launched_at: float, host_s: float = 0.0) -> None:
         """Run ``step`` launched at ``launched_at`` (time.monotonic); return when it is done.
         ``host_s`` is the step's GB10 host path; what the batch does not hide of it
         (:func:`exposed_host_s`) the GPU idles before the step, while the batch runs on."""
-        busy = step["duration_s"]
-        if step["ran_on"] and self.finished_at is not None:
-            started_at = self.finished_at + exposed_host_s(host_s, step.get("requests", 0))
-            finished_at = max(started_at + step["duration_s"], launched_at)
-            if finished_at - started_at <= step["duration_s"] + HOST_LAG_S:
-                busy = finished_at - started_at
-            self.finished_at = finished_at
+        if step["ran_on"] and self.due_at is not None:
+            finished_at, due_at, busy = scheduled_step(self.due_at, self.finished_at, launched_at, step["duration_s"],
+                                                       exposed_host_s(host_s, step.get("requests", 0)))
         else:
-            self.finished_at = launched_at + step["duration_s"]
-        time.sleep(max(0.0, self.finished_at - time.monotonic()))
+            finished_at = due_at = launched_at + step["duration_s"]
+            busy = step["duration_s"]
+        self.finished_at, self.due_at = finished_at, due_at
+        time.sleep(max(0.0, finished_at - time.monotonic()))
         self.busy_s += busy
         node.write_atomic(self.path, "%.6f\n" % self.busy_s)
         for thread, share in self.waiters:
             thread.add(share * busy)
+
+
+def scheduled_step(due_at: float, finished_at: float, launched_at: float, duration_s: float,
+                   exposed_s: float) -> tuple[float, float, float]:
+    """(when it ends, when it was due, GPU busy seconds) of a step of a batch that runs on,
+    the previous step due at ``due_at`` and ended at ``finished_at``: due one step (plus the
+    exposed host path) after the previous one was due, it ends then or at its launch if that
+    was later.  Up to ``HOST_LAG_S`` late the schedule goes on, so the steps after a lag
+    catch up; later, the GPU idled and the schedule starts again from the launch."""
+    started_at = due_at + exposed_s
+    due = started_at + duration_s
+    finished = max(due, launched_at)
+    if finished - due <= HOST_LAG_S:
+        return finished, due, max(0.0, finished - max(started_at, finished_at))
+    return finished, finished, duration_s
 
 
 def exposed_host_s(host_s: float, requests: int) -> float:
@@ -303,7 +322,10 @@ class Engine:
         self.step_s = step_s
         self.peer = peer
         self.peer_lines = peer.makefile("rb") if peer else None
-        self.rng = random.Random(seed)
+        self.seed = seed
+        self.rng = random.Random(seed)  # the rebuild times
+        self.draws = {}  # rid -> the drafter's draws for that request (request_draws)
+        self.admitted = {}  # completion length -> requests of that length admitted so far
         self.waiting = {}  # rid -> (uncached prompt tokens, completion tokens, prompt tokens)
         self.running = {}  # rid -> [completion tokens, emitted, prompt tokens]
         self.batch_changed = False  # a request finished or left since the last step
@@ -325,7 +347,18 @@ class Engine:
                 self.waiting[rid] = tuple(rest)
             else:
                 self.waiting.pop(rid, None)
+                self.draws.pop(rid, None)
                 self.batch_changed |= self.running.pop(rid, None) is not None
+
+    def request_draws(self, length: int) -> random.Random:
+        """The drafter's draws for a request of ``length`` tokens, a stream of its own.  Seeded,
+        the n-th request of a length since start-up gets the same stream in every run, so two
+        arms given the same load accept the same drafts request by request (common random
+        numbers: what the drafter accepts depends on the text, not on the host), whatever
+        else ran between them; unseeded, a fresh stream each."""
+        ordinal = self.admitted.get(length, 0)
+        self.admitted[length] = ordinal + 1
+        return random.Random(None if self.seed is None else "%s/%d/%d" % (self.seed, length, ordinal))
 
     def step(self) -> None:
         ran_on = bool(self.running)
@@ -334,6 +367,7 @@ class Engine:
         admitted = set(self.waiting)
         for rid, (_, length, prompt_tokens) in self.waiting.items():
             self.running[rid] = [length, 0, prompt_tokens]
+            self.draws[rid] = self.request_draws(length)
         self.waiting.clear()
         self.steps += 1
         # host_s: the wake-up the engine paid for the previous step's reply, on this step's path
@@ -354,11 +388,12 @@ class Engine:
         self.batch_changed = False
         for rid, state in list(self.running.items()):
             before = state[1]
-            state[1] = min(state[0], state[1] + (1 if rid in admitted else accepted_tokens(self.rng)))
+            state[1] = min(state[0], state[1] + (1 if rid in admitted else accepted_tokens(self.draws[rid])))
             tokens += state[1] - before
             outputs.append((rid, state[1], state[1] >= state[0]))
             if state[1] >= state[0]:
                 del self.running[rid]
+                del self.draws[rid]
                 self.batch_changed = True
         self.receive(block=False)  # the requests that came during the step are waiting now
         self.conn.send((outputs, self.state()))
