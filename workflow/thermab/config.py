@@ -269,9 +269,7 @@ def _describe(error: jsonschema.ValidationError) -> str:
 
 
 def load_schema() -> dict:
-    # libyaml's loader where PyYAML has it: the same data, a fifth of the time, and every
-    # job, command and Snakefile reads the schema once
-    return yaml.load(SCHEMA.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
 
 
 def defaults(section: str) -> dict:
