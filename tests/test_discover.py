@@ -514,7 +514,7 @@ def test_user_errors_are_one_line_naming_the_flag_or_host(cluster, tmp_path):
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 # an AB run of the discovered config kept short: seconds of load, not the study's 30 minutes
-SHORT_RUN = {"timings": {"baseline_s": 3, "load_s": 15, "cooldown_max_s": 3, "startup_timeout_s": 240},
+SHORT_RUN = {"timings": {"baseline_s": 1, "load_s": 10, "cooldown_max_s": 1, "startup_timeout_s": 240},
              "load": {"users": 2, "max_tokens": 32, "prompt_tokens": 128, "probe_at": 0.5, "probe_n": 1,
                       "probe_tokens": 16},
              "monitor": {"intervals": {"thermal": 2, "cpu": 1, "freq": 2, "system": 1}}}

@@ -78,8 +78,11 @@ def test_interlock_too_close_to_the_trip_point_is_refused(tmp_path):
 
 
 def test_server_killed_mid_load_fails_the_phase_then_a_rerun_redoes_it(tmp_path):
-    process = run_workflow(tmp_path, {"timings": {"load_s": 30}}, background=True)
-    run_dir = tmp_path / "results/sim/AB"
+    # one arm: the failed phase and its redo are what is checked; a phase after it would
+    # only add a restart and a load to the rerun
+    overrides = {"timings": {"load_s": 30}, "order": "A"}
+    process = run_workflow(tmp_path, overrides, background=True)
+    run_dir = tmp_path / "results/sim/A"
     try:
         wait_for_event(run_dir, "load_start")
         time.sleep(8)
@@ -96,7 +99,7 @@ def test_server_killed_mid_load_fails_the_phase_then_a_rerun_redoes_it(tmp_path)
     assert_clean(tmp_path, run_dir)
     baseline = run_dir / "phases/baseline/phase.json"
     baseline_mtime = baseline.stat().st_mtime
-    assert run_workflow(tmp_path, {"timings": {"load_s": 30}}) == 0, "the rerun completes"
+    assert run_workflow(tmp_path, overrides) == 0, "the rerun completes"
     assert baseline.stat().st_mtime == baseline_mtime, "the finished baseline is not redone"
     load_starts = [e for e in events(run_dir) if e["event"] == "load_start" and e["arm"] == "A"]
     assert len(load_starts) == 2, "the failed phase was redone"

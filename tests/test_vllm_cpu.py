@@ -14,6 +14,7 @@ THERMAB_VLLM_VENV); skips, saying so, without it. The tiny model is made here wh
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -44,6 +45,7 @@ SERVER_MARKS = ("VLLM::", "vllm.entrypoints.openai.api_server")
 SNAKEMAKE_TIMEOUT_S = 900
 
 
+@functools.cache  # one import of vllm a session: test_discover.py's real-vLLM test asks too
 def _venv_problem() -> str | None:
     """Why the venv cannot serve, or None."""
     python = VENV / "bin/python"

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from thermab import config as thermab_config
 from thermab import jobs, layout
-from thermab.analysis import TABLES, sequential
+from thermab.analysis import TABLES
 from thermab.experiment import plan
 from thermab.tune import ONE_LOOK_ENV
 
@@ -68,6 +68,10 @@ CROSSOVER = config["until"] == "decided"
 def repeats_of(cluster):
     if not CROSSOVER:
         return config["repeats"]
+    # imported here: it needs scipy and pandas, seconds of a core that every Snakemake start
+    # (each job under SLURM, each report's DAG) would pay for a run not `until: decided`
+    from thermab.analysis import sequential
+
     run_dir = layout.run_dir(cluster, config["order"]).path
     return sequential.resume_repeats(run_dir, config["order"], config["max_repeats"],
                                      plan.levels(config["load"]["users"]))

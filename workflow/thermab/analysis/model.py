@@ -89,7 +89,7 @@ class Telemetry:
         if index is None:
             return cls.from_frame(pq.read_table(path, columns=TELEMETRY_COLUMNS,
                                                 read_dictionary=SERIES_KEYS).to_pandas())
-        return cls(index, partial(_read_row_groups, path))
+        return cls(index, partial(_read_row_groups, path, metadata))  # its footer parsed once, not per series
 
     @classmethod
     def from_frame(cls, frame: pd.DataFrame) -> "Telemetry":
@@ -193,8 +193,9 @@ def _sorted_categories(values: pd.Series) -> pd.Categorical:
     return categorical.reorder_categories(categorical.categories.sort_values())
 
 
-def _read_row_groups(path, row_groups: tuple[int, ...], columns: list[str]) -> dict[str, np.ndarray]:
-    table = pq.ParquetFile(path).read_row_groups(list(row_groups), columns=columns)
+def _read_row_groups(path, metadata, row_groups: tuple[int, ...],
+                     columns: list[str]) -> dict[str, np.ndarray]:
+    table = pq.ParquetFile(path, metadata=metadata).read_row_groups(list(row_groups), columns=columns)
     return {name: table.column(name).to_numpy() for name in columns}
 
 
