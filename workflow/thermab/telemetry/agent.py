@@ -561,15 +561,33 @@ class ProcessCpu(Source):
             self.verdicts[cmdline] = verdict
         return verdict
 
-    def look(self, pid, now, first_seen):
+    def started(self, pid, now, uptime_ticks):
+        """When a process that was there before the agent's first scan started, on the clock
+        of ``now``, from its start time: one seen young is looked at again soon, as one born
+        after.  A process in exec shows an empty command line (the kernel closes the old
+        descriptors, so its parent's ``Popen`` has returned, before it sets the new one) and
+        one just forked its parent's: taking either as old would leave it unmatched for
+        ``rescan_s``.  Old where the start time cannot be read."""
+        try:
+            _, start = parse_stat(read_text(self.prefix + pid + "/stat"))
+        except (OSError, ValueError, IndexError):
+            start = None
+        if uptime_ticks is None or start is None:
+            return now - self.rescan_s
+        return now - max(0.0, (uptime_ticks - start) / self.clk_tck)
+
+    def look(self, pid, now, first_seen, uptime_ticks=None):
         """Read a process's cmdline, note whether it matches and, if not, when to look again
-        (once it is twice as old as the agent knows it, at most ``rescan_s`` on)."""
+        (once it is twice as old as the agent knows it, at most ``rescan_s`` on).
+        ``first_seen`` None: there at the agent's start (:meth:`started`)."""
         cmdline = self.cmdline(pid)
         if cmdline is None:  # ended
             self.known.pop(pid, None)
             self.matched.discard(pid)
             return
         matches = self.matches(pid, cmdline)
+        if first_seen is None:
+            first_seen = now - self.rescan_s if matches else self.started(pid, now, uptime_ticks)
         when = now + min(now - first_seen, self.rescan_s)
         self.known[pid] = (matches, first_seen, when)
         if matches:
@@ -597,9 +615,9 @@ class ProcessCpu(Source):
             new = (listed - self.known.keys()) | again
             self.listed_at = now
         self.seen_last_pid = last_pid
+        uptime_ticks = self.boot_ticks(now) if first_scan else None
         for pid in new:
-            # a process there when the agent started counts as old
-            self.look(pid, now, now - self.rescan_s if first_scan else now)
+            self.look(pid, now, None if first_scan else now, uptime_ticks)
         for pid in list(self.matched - new):  # a match is looked at every sample
             self.look(pid, now, self.known[pid][1])
         due = []
