@@ -469,7 +469,8 @@ DEFAULT_PROCESS_PATTERN = r"vllm serve|vllm\.entrypoints|VLLM::"
 class ProcessCpu(Source):
     """Σ Δ(utime+stime) / CLK_TCK / Δt × 100 over every process whose cmdline matches,
     plus the busiest threads (``thread <comm> <tid> cpu<N>``, N = the core it last ran
-    on), so a spinning thread can be attributed to a core and cluster.
+    on) of the processes above ``thread_floor_pct``, so a spinning thread can be
+    attributed to a core and cluster.
 
     A host runs hundreds of processes and few match, so a process's cmdline is read when
     its pid first shows, at every sample while it matches, and else again each time it is
@@ -489,7 +490,11 @@ class ProcessCpu(Source):
     name = "cpu"
     kind = "cpu"  # the kind of its rows in tidy/telemetry.parquet
     default_interval_s = 6.0
-    top_threads = 5
+    top_threads = 5  # None: every thread of every process (the simulated node's model sums them)
+    # reading threads costs the most of all the agent does (a listing and a stat per thread):
+    # only a process that used this share of a core since the last sample has its threads
+    # read, as a spinning thread holds a whole core (none, with every thread asked for)
+    thread_floor_pct = 10.0
     sensor = "vllm_cpu_pct"  # the sum over the matching processes
     rescan_s = 120.0
 
@@ -499,7 +504,7 @@ class ProcessCpu(Source):
         self.clk_tck = os.sysconf("SC_CLK_TCK")
         self.previous = None
         self.previous_t = None
-        self.previous_threads = {}
+        self.previous_threads = {}  # (pid, tid) -> (comm, ticks, cpu) at the last read of threads
         self.own_pids = {str(os.getpid())}
         self.known = {}  # pid -> (matches, monotonic time first seen, when to look again)
         self.looks = []  # heap of (when, pid): the non-matching processes to look at again
@@ -664,7 +669,6 @@ class ProcessCpu(Source):
         now = time.time()
         current = self.ticks()
         rows = []
-        busy = set(current)
         if self.previous is not None:
             elapsed = now - self.previous_t
             uptime_ticks = self.boot_ticks(now)
@@ -673,26 +677,44 @@ class ProcessCpu(Source):
             for pid, (ticks, start) in current.items():
                 if pid in self.previous and self.previous[pid][1] == start:
                     delta += ticks - self.previous[pid][0]
-                    if ticks == self.previous[pid][0]:
-                        busy.discard(pid)  # idle since the last sample: so are its threads
                 elif since_ticks is not None and start >= since_ticks:
                     delta += ticks  # born inside this interval: all its ticks are new
             rows.append((self.sensor, 100.0 * delta / self.clk_tck / elapsed, ""))
             rows.append(("vllm_processes", float(len(current)), ""))
         rows += [("vllm_processes", None, reason) for reason in self.slow]
         self.slow = []
-        threads = self.thread_ticks(busy)
-        # an idle process's threads have the ticks they had: kept without reading them
-        threads.update((key, value) for key, value in self.previous_threads.items()
-                       if key[0] in current and key[0] not in busy)
+        rows += self.thread_rows(current, now)
+        self.previous, self.previous_t = current, now
+        return rows
+
+    def thread_rows(self, current, now):
+        """The busiest threads since the last sample, each its share of a core.  A process
+        has its threads read where it is new (their ticks are the baseline) or used
+        ``thread_floor_pct`` of a core since; an idle one's have the ticks they had; those of
+        one between are dropped, so a process that rises above the floor is listed from its
+        next sample on, never from ticks of another span."""
+        floor = 0.0
+        if self.previous is not None and self.top_threads is not None:
+            floor = self.thread_floor_pct / 100.0 * self.clk_tck * (now - self.previous_t)
+        read, idle = set(), set()
+        for pid, (ticks, start) in current.items():
+            before = (self.previous or {}).get(pid)
+            if before is None or before[1] != start or ticks - before[0] >= max(floor, 1):
+                read.add(pid)
+            elif ticks == before[0]:
+                idle.add(pid)
+        threads = self.thread_ticks(read)
+        threads.update((key, value) for key, value in self.previous_threads.items() if key[0] in idle)
+        rows = []
         if self.previous is not None:
+            elapsed = now - self.previous_t
             top = sorted(((ticks - self.previous_threads[key][1], key, comm, cpu)
                           for key, (comm, ticks, cpu) in threads.items() if key in self.previous_threads),
                          reverse=True)[:self.top_threads]
             for ticks, (pid, tid), comm, cpu in top:
                 if ticks > 0:
                     rows.append(("thread %s %s cpu%d" % (comm, tid, cpu), 100.0 * ticks / self.clk_tck / elapsed, ""))
-        self.previous, self.previous_t, self.previous_threads = current, now, threads
+        self.previous_threads = threads
         return rows
 
     def thread_ticks(self, pids):
