@@ -24,6 +24,7 @@ gap is visible.  ``out_dir/agent.json`` says what each source found at start.
 """
 
 import argparse
+import contextlib
 import csv
 import errno
 import heapq
@@ -78,6 +79,25 @@ class MatchTimeout(Exception):
     """A user's regex ran past its time bound on some text (catastrophic backtracking)."""
 
 
+def _expire(_signum, _frame):
+    raise MatchTimeout("no answer within the time bound")
+
+
+@contextlib.contextmanager
+def alarm_raises():
+    """Inside, SIGALRM raises MatchTimeout (in the main thread; elsewhere nothing changes):
+    ``time_bounded`` within only arms and stops the timer.  Installing a handler costs ten
+    times a match of a command line, and the agent matches every new process's."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGALRM) is _expire:
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, _expire)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+
+
 def time_bounded(call, limit_s=MATCH_LIMIT_S):
     """``call()`` (a regex search on untrusted text), stopped by MatchTimeout after
     ``limit_s``: Python's matcher checks for signals as it runs, so SIGALRM interrupts a
@@ -85,17 +105,14 @@ def time_bounded(call, limit_s=MATCH_LIMIT_S):
     without a time bound (``match_spans`` has one in any thread)."""
     if threading.current_thread() is not threading.main_thread():
         return call()
-
-    def expire(_signum, _frame):
-        raise MatchTimeout("no answer within %g s (a pattern that backtracks)" % limit_s)
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, limit_s)
-    try:
-        return call()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+    with alarm_raises():
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+        try:
+            return call()
+        except MatchTimeout:
+            raise MatchTimeout("no answer within %g s (a pattern that backtracks)" % limit_s) from None
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def match_spans(pattern, text, limit_s=MATCH_LIMIT_S):
@@ -621,17 +638,18 @@ class ProcessCpu(Source):
             self.listed_at = now
         self.seen_last_pid = last_pid
         uptime_ticks = self.boot_ticks(now) if first_scan else None
-        for pid in new:
-            self.look(pid, now, None if first_scan else now, uptime_ticks)
-        for pid in list(self.matched - new):  # a match is looked at every sample
-            self.look(pid, now, self.known[pid][1])
         due = []
         while self.looks and self.looks[0][0] <= now:
             due.append(heapq.heappop(self.looks))
-        for when, pid in due:  # (a look pushes its next one, which may be due now: next sample)
-            seen = self.known.get(pid)
-            if seen is not None and not seen[0] and seen[2] == when:  # else a look since made it stale
-                self.look(pid, now, seen[1])
+        with alarm_raises():  # once for all the matches of this sample
+            for pid in new:
+                self.look(pid, now, None if first_scan else now, uptime_ticks)
+            for pid in list(self.matched - new):  # a match is looked at every sample
+                self.look(pid, now, self.known[pid][1])
+            for when, pid in due:  # (a look pushes its next one, which may be due now: next sample)
+                seen = self.known.get(pid)
+                if seen is not None and not seen[0] and seen[2] == when:  # else a look since made it stale
+                    self.look(pid, now, seen[1])
         return sorted(self.matched, key=int)
 
     def ticks(self):
@@ -1426,6 +1444,7 @@ class Agent:
             if self._safely(source.available, False):
                 self.sources.append((source, interval))
         self.stopping = False
+        self.files = {}  # stem -> its CSV file, open for appending
         # a signal writes to this pipe (main() hands it to signal.set_wakeup_fd), so a SIGTERM
         # ends the wait between samples at once however long it is
         self.wake_fd, self.signal_fd = os.pipe()
@@ -1443,18 +1462,36 @@ class Agent:
         self._append("agent_events", [(time.time(), name, "", json.dumps(detail, sort_keys=True))])
 
     def _append(self, stem, rows):
+        """Rows appended to ``<stem>.csv`` and flushed.  The file stays open between samples
+        (opening it cost more than the rows); one that fails is closed and opened anew."""
         if not rows:  # a command source between measurements: no file with only a header
             return
-        path = os.path.join(self.out_dir, stem + ".csv")
-        new = not os.path.exists(path)
-        with open(path, "a", newline="") as handle:
+        handle = self.files.get(stem)
+        try:
+            if handle is None:
+                path = os.path.join(self.out_dir, stem + ".csv")
+                new = not os.path.exists(path)
+                handle = self.files[stem] = open(path, "a", newline="")
+                if new:
+                    csv.writer(handle).writerow(["t", "sensor", "value", "reason"])
             writer = csv.writer(handle)
-            if new:
-                writer.writerow(["t", "sensor", "value", "reason"])
             for row in rows:
                 t, sensor, value, reason = row
                 writer.writerow(["%.3f" % t, sensor, format_value(value), reason])
             handle.flush()
+        except OSError:
+            self.close_files(stem)
+            raise
+
+    def close_files(self, *stems):
+        """Close the CSV files (``stems``, or all)."""
+        for stem in stems or list(self.files):
+            handle = self.files.pop(stem, None)
+            if handle is not None:
+                try:
+                    handle.close()
+                except OSError:
+                    pass  # what a full disk kept from the file is lost either way
 
     def record(self, source):
         """One sample of one source, appended: whatever a reading does, the agent goes on."""
@@ -1510,6 +1547,7 @@ class Agent:
         for source, _ in self.sources:
             source.close()  # a command still in flight does not outlive the agent
         self.event("agent_stop", {"pid": os.getpid()})
+        self.close_files()
 
 
 def main(argv=None):
