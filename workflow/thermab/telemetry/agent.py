@@ -555,9 +555,12 @@ class ProcessCpu(Source):
         found = set()
         for number in numbers:
             pid = str(number)
-            try:
-                status = read_bytes(self.prefix + pid + "/status")
-            except OSError:  # ended, or never a process
+            path = self.prefix + pid + "/status"
+            try:  # most have ended: access() says so without an exception built (a third of the cost)
+                status = read_bytes(path) if os.access(path, os.F_OK) else None
+            except OSError:
+                status = None
+            if status is None:  # ended, or never a process
                 if self.known.pop(pid, None) is not None:
                     self.matched.discard(pid)
                 continue
