@@ -251,6 +251,25 @@ def test_every_source_the_agent_reports_is_listed(tmp_path):
     assert ("ipmi", "not on this host (the agent's source finds nothing to read)") in absent
 
 
+def test_cpufreq_policies_the_agent_cannot_read_are_shown(tmp_path):
+    """A policy without any file the agent reads is named among what was not found, with
+    the files it looked for; the others by the file each is read from."""
+    base = tmp_path / "sys/devices/system/cpu/cpufreq"
+    for number, name in [(0, "cpuinfo_avg_freq"), (1, "scaling_cur_freq"), (2, "cpuinfo_cur_freq"),
+                         (3, "scaling_governor"), (4, "scaling_governor")]:
+        (base / f"policy{number}").mkdir(parents=True)
+        (base / f"policy{number}" / name).write_text("2100000\n")
+    present, absent = summarize_agent({"freq": agent.CpuFrequency(str(tmp_path)).discover()})
+    assert present == [("cpufreq", "3 policies; cpuinfo_avg_freq on 1 (cpu0); scaling_cur_freq on 1 (cpu1); "
+                                   "cpuinfo_cur_freq on 1 (cpu2)")]
+    assert absent == [("cpufreq", "2 of 5 policies unread, without any of cpuinfo_avg_freq, scaling_cur_freq, "
+                                  "cpuinfo_cur_freq: policy3, policy4")]
+    for number in (0, 1, 2):
+        shutil.rmtree(base / f"policy{number}")
+    present, absent = summarize_agent({"freq": agent.CpuFrequency(str(tmp_path)).discover()})
+    assert present == [] and absent[0][1].startswith("2 of 2 policies unread"), "not 'no policies'"
+
+
 def tree_digest(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}  # links: the machine's own clock

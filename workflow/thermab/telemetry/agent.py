@@ -24,6 +24,7 @@ gap is visible.  ``out_dir/agent.json`` says what each source found at start.
 """
 
 import argparse
+import contextlib
 import csv
 import errno
 import heapq
@@ -78,6 +79,25 @@ class MatchTimeout(Exception):
     """A user's regex ran past its time bound on some text (catastrophic backtracking)."""
 
 
+def _expire(_signum, _frame):
+    raise MatchTimeout("no answer within the time bound")
+
+
+@contextlib.contextmanager
+def alarm_raises():
+    """Inside, SIGALRM raises MatchTimeout (in the main thread; elsewhere nothing changes):
+    ``time_bounded`` within only arms and stops the timer.  Installing a handler costs ten
+    times a match of a command line, and the agent matches every new process's."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGALRM) is _expire:
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, _expire)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+
+
 def time_bounded(call, limit_s=MATCH_LIMIT_S):
     """``call()`` (a regex search on untrusted text), stopped by MatchTimeout after
     ``limit_s``: Python's matcher checks for signals as it runs, so SIGALRM interrupts a
@@ -85,17 +105,14 @@ def time_bounded(call, limit_s=MATCH_LIMIT_S):
     without a time bound (``match_spans`` has one in any thread)."""
     if threading.current_thread() is not threading.main_thread():
         return call()
-
-    def expire(_signum, _frame):
-        raise MatchTimeout("no answer within %g s (a pattern that backtracks)" % limit_s)
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, limit_s)
-    try:
-        return call()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+    with alarm_raises():
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+        try:
+            return call()
+        except MatchTimeout:
+            raise MatchTimeout("no answer within %g s (a pattern that backtracks)" % limit_s) from None
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def match_spans(pattern, text, limit_s=MATCH_LIMIT_S):
@@ -469,7 +486,8 @@ DEFAULT_PROCESS_PATTERN = r"vllm serve|vllm\.entrypoints|VLLM::"
 class ProcessCpu(Source):
     """Σ Δ(utime+stime) / CLK_TCK / Δt × 100 over every process whose cmdline matches,
     plus the busiest threads (``thread <comm> <tid> cpu<N>``, N = the core it last ran
-    on), so a spinning thread can be attributed to a core and cluster.
+    on) of the processes above ``thread_floor_pct``, so a spinning thread can be
+    attributed to a core and cluster.
 
     A host runs hundreds of processes and few match, so a process's cmdline is read when
     its pid first shows, at every sample while it matches, and else again each time it is
@@ -489,7 +507,11 @@ class ProcessCpu(Source):
     name = "cpu"
     kind = "cpu"  # the kind of its rows in tidy/telemetry.parquet
     default_interval_s = 6.0
-    top_threads = 5
+    top_threads = 5  # None: every thread of every process (the simulated node's model sums them)
+    # reading threads costs the most of all the agent does (a listing and a stat per thread):
+    # only a process that used this share of a core since the last sample has its threads
+    # read, as a spinning thread holds a whole core (none, with every thread asked for)
+    thread_floor_pct = 10.0
     sensor = "vllm_cpu_pct"  # the sum over the matching processes
     rescan_s = 120.0
 
@@ -499,7 +521,7 @@ class ProcessCpu(Source):
         self.clk_tck = os.sysconf("SC_CLK_TCK")
         self.previous = None
         self.previous_t = None
-        self.previous_threads = {}
+        self.previous_threads = {}  # (pid, tid) -> (comm, ticks, cpu) at the last read of threads
         self.own_pids = {str(os.getpid())}
         self.known = {}  # pid -> (matches, monotonic time first seen, when to look again)
         self.looks = []  # heap of (when, pid): the non-matching processes to look at again
@@ -533,9 +555,12 @@ class ProcessCpu(Source):
         found = set()
         for number in numbers:
             pid = str(number)
-            try:
-                status = read_bytes(self.prefix + pid + "/status")
-            except OSError:  # ended, or never a process
+            path = self.prefix + pid + "/status"
+            try:  # most have ended: access() says so without an exception built (a third of the cost)
+                status = read_bytes(path) if os.access(path, os.F_OK) else None
+            except OSError:
+                status = None
+            if status is None:  # ended, or never a process
                 if self.known.pop(pid, None) is not None:
                     self.matched.discard(pid)
                 continue
@@ -561,15 +586,33 @@ class ProcessCpu(Source):
             self.verdicts[cmdline] = verdict
         return verdict
 
-    def look(self, pid, now, first_seen):
+    def started(self, pid, now, uptime_ticks):
+        """When a process that was there before the agent's first scan started, on the clock
+        of ``now``, from its start time: one seen young is looked at again soon, as one born
+        after.  A process in exec shows an empty command line (the kernel closes the old
+        descriptors, so its parent's ``Popen`` has returned, before it sets the new one) and
+        one just forked its parent's: taking either as old would leave it unmatched for
+        ``rescan_s``.  Old where the start time cannot be read."""
+        try:
+            _, start = parse_stat(read_text(self.prefix + pid + "/stat"))
+        except (OSError, ValueError, IndexError):
+            start = None
+        if uptime_ticks is None or start is None:
+            return now - self.rescan_s
+        return now - max(0.0, (uptime_ticks - start) / self.clk_tck)
+
+    def look(self, pid, now, first_seen, uptime_ticks=None):
         """Read a process's cmdline, note whether it matches and, if not, when to look again
-        (once it is twice as old as the agent knows it, at most ``rescan_s`` on)."""
+        (once it is twice as old as the agent knows it, at most ``rescan_s`` on).
+        ``first_seen`` None: there at the agent's start (:meth:`started`)."""
         cmdline = self.cmdline(pid)
         if cmdline is None:  # ended
             self.known.pop(pid, None)
             self.matched.discard(pid)
             return
         matches = self.matches(pid, cmdline)
+        if first_seen is None:
+            first_seen = now - self.rescan_s if matches else self.started(pid, now, uptime_ticks)
         when = now + min(now - first_seen, self.rescan_s)
         self.known[pid] = (matches, first_seen, when)
         if matches:
@@ -597,18 +640,19 @@ class ProcessCpu(Source):
             new = (listed - self.known.keys()) | again
             self.listed_at = now
         self.seen_last_pid = last_pid
-        for pid in new:
-            # a process there when the agent started counts as old
-            self.look(pid, now, now - self.rescan_s if first_scan else now)
-        for pid in list(self.matched - new):  # a match is looked at every sample
-            self.look(pid, now, self.known[pid][1])
+        uptime_ticks = self.boot_ticks(now) if first_scan else None
         due = []
         while self.looks and self.looks[0][0] <= now:
             due.append(heapq.heappop(self.looks))
-        for when, pid in due:  # (a look pushes its next one, which may be due now: next sample)
-            seen = self.known.get(pid)
-            if seen is not None and not seen[0] and seen[2] == when:  # else a look since made it stale
-                self.look(pid, now, seen[1])
+        with alarm_raises():  # once for all the matches of this sample
+            for pid in new:
+                self.look(pid, now, None if first_scan else now, uptime_ticks)
+            for pid in list(self.matched - new):  # a match is looked at every sample
+                self.look(pid, now, self.known[pid][1])
+            for when, pid in due:  # (a look pushes its next one, which may be due now: next sample)
+                seen = self.known.get(pid)
+                if seen is not None and not seen[0] and seen[2] == when:  # else a look since made it stale
+                    self.look(pid, now, seen[1])
         return sorted(self.matched, key=int)
 
     def ticks(self):
@@ -646,7 +690,6 @@ class ProcessCpu(Source):
         now = time.time()
         current = self.ticks()
         rows = []
-        busy = set(current)
         if self.previous is not None:
             elapsed = now - self.previous_t
             uptime_ticks = self.boot_ticks(now)
@@ -655,26 +698,44 @@ class ProcessCpu(Source):
             for pid, (ticks, start) in current.items():
                 if pid in self.previous and self.previous[pid][1] == start:
                     delta += ticks - self.previous[pid][0]
-                    if ticks == self.previous[pid][0]:
-                        busy.discard(pid)  # idle since the last sample: so are its threads
                 elif since_ticks is not None and start >= since_ticks:
                     delta += ticks  # born inside this interval: all its ticks are new
             rows.append((self.sensor, 100.0 * delta / self.clk_tck / elapsed, ""))
             rows.append(("vllm_processes", float(len(current)), ""))
         rows += [("vllm_processes", None, reason) for reason in self.slow]
         self.slow = []
-        threads = self.thread_ticks(busy)
-        # an idle process's threads have the ticks they had: kept without reading them
-        threads.update((key, value) for key, value in self.previous_threads.items()
-                       if key[0] in current and key[0] not in busy)
+        rows += self.thread_rows(current, now)
+        self.previous, self.previous_t = current, now
+        return rows
+
+    def thread_rows(self, current, now):
+        """The busiest threads since the last sample, each its share of a core.  A process
+        has its threads read where it is new (their ticks are the baseline) or used
+        ``thread_floor_pct`` of a core since; an idle one's have the ticks they had; those of
+        one between are dropped, so a process that rises above the floor is listed from its
+        next sample on, never from ticks of another span."""
+        floor = 0.0
+        if self.previous is not None and self.top_threads is not None:
+            floor = self.thread_floor_pct / 100.0 * self.clk_tck * (now - self.previous_t)
+        read, idle = set(), set()
+        for pid, (ticks, start) in current.items():
+            before = (self.previous or {}).get(pid)
+            if before is None or before[1] != start or ticks - before[0] >= max(floor, 1):
+                read.add(pid)
+            elif ticks == before[0]:
+                idle.add(pid)
+        threads = self.thread_ticks(read)
+        threads.update((key, value) for key, value in self.previous_threads.items() if key[0] in idle)
+        rows = []
         if self.previous is not None:
+            elapsed = now - self.previous_t
             top = sorted(((ticks - self.previous_threads[key][1], key, comm, cpu)
                           for key, (comm, ticks, cpu) in threads.items() if key in self.previous_threads),
                          reverse=True)[:self.top_threads]
             for ticks, (pid, tid), comm, cpu in top:
                 if ticks > 0:
                     rows.append(("thread %s %s cpu%d" % (comm, tid, cpu), 100.0 * ticks / self.clk_tck / elapsed, ""))
-        self.previous, self.previous_t, self.previous_threads = current, now, threads
+        self.previous_threads = threads
         return rows
 
     def thread_ticks(self, pids):
@@ -1386,6 +1447,7 @@ class Agent:
             if self._safely(source.available, False):
                 self.sources.append((source, interval))
         self.stopping = False
+        self.files = {}  # stem -> its CSV file, open for appending
         # a signal writes to this pipe (main() hands it to signal.set_wakeup_fd), so a SIGTERM
         # ends the wait between samples at once however long it is
         self.wake_fd, self.signal_fd = os.pipe()
@@ -1403,18 +1465,36 @@ class Agent:
         self._append("agent_events", [(time.time(), name, "", json.dumps(detail, sort_keys=True))])
 
     def _append(self, stem, rows):
+        """Rows appended to ``<stem>.csv`` and flushed.  The file stays open between samples
+        (opening it cost more than the rows); one that fails is closed and opened anew."""
         if not rows:  # a command source between measurements: no file with only a header
             return
-        path = os.path.join(self.out_dir, stem + ".csv")
-        new = not os.path.exists(path)
-        with open(path, "a", newline="") as handle:
+        handle = self.files.get(stem)
+        try:
+            if handle is None:
+                path = os.path.join(self.out_dir, stem + ".csv")
+                new = not os.path.exists(path)
+                handle = self.files[stem] = open(path, "a", newline="")
+                if new:
+                    csv.writer(handle).writerow(["t", "sensor", "value", "reason"])
             writer = csv.writer(handle)
-            if new:
-                writer.writerow(["t", "sensor", "value", "reason"])
             for row in rows:
                 t, sensor, value, reason = row
                 writer.writerow(["%.3f" % t, sensor, format_value(value), reason])
             handle.flush()
+        except OSError:
+            self.close_files(stem)
+            raise
+
+    def close_files(self, *stems):
+        """Close the CSV files (``stems``, or all)."""
+        for stem in stems or list(self.files):
+            handle = self.files.pop(stem, None)
+            if handle is not None:
+                try:
+                    handle.close()
+                except OSError:
+                    pass  # what a full disk kept from the file is lost either way
 
     def record(self, source):
         """One sample of one source, appended: whatever a reading does, the agent goes on."""
@@ -1470,6 +1550,7 @@ class Agent:
         for source, _ in self.sources:
             source.close()  # a command still in flight does not outlive the agent
         self.event("agent_stop", {"pid": os.getpid()})
+        self.close_files()
 
 
 def main(argv=None):

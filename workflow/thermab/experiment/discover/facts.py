@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from thermab.hosts.transport import Result
 from thermab.telemetry import deploy
+from thermab.telemetry.agent import CpuFrequency
 
 
 @dataclass(frozen=True)
@@ -55,15 +56,15 @@ def summarize_agent(found: dict) -> tuple[list[tuple[str, str]], list[tuple[str,
                 present.append(("thermal zones", ", ".join(
                     f"{z['name']} (trip {z['trip_point_c']:g} °C)" if z.get("trip_point_c") is not None
                     else f"{z['name']} (no trip point)" for z in zones)))
-        elif name == "freq" and not facts.get("policies"):
-            absent.append(("cpufreq", "/sys/devices/system/cpu/cpufreq has no policies"))
         elif name == "freq":
-            policies = facts["policies"]
-            average = [cpu for cpu, source in policies.items() if source == "cpuinfo_avg_freq"]
-            present.append(("cpufreq", f"{len(policies)} policies; cpuinfo_avg_freq on "
-                            f"{len(average) if average else 'none'}"
-                            + (f" ({', '.join(average)})" if 0 < len(average) < len(policies) else "")
-                            + ("" if len(average) == len(policies) else "; scaling_cur_freq on the rest")))
+            policies, unread = facts.get("policies") or {}, facts.get("unread") or []
+            if policies:
+                present.append(("cpufreq", describe_policies(policies)))
+            if unread:  # there, but no value will come from them: a gap the user should see
+                absent.append(("cpufreq", f"{len(unread)} of {len(policies) + len(unread)} policies unread, "
+                               f"without any of {', '.join(CpuFrequency.FILES)}: {', '.join(unread)}"))
+            if not policies and not unread:
+                absent.append(("cpufreq", "/sys/devices/system/cpu/cpufreq has no policies"))
         elif name == "hwmon":
             sensors = facts.get("sensors") or []
             present.append(("hwmon", f"{len(sensors)} sensors" + (f": {', '.join(sensors[:8])}" if sensors else "")
@@ -73,6 +74,17 @@ def summarize_agent(found: dict) -> tuple[list[tuple[str, str]], list[tuple[str,
         else:
             present.append((name, json.dumps(facts, sort_keys=True)[:300]))
     return present, absent
+
+
+def describe_policies(policies: dict[str, str]) -> str:
+    """``20 policies; cpuinfo_avg_freq on 10 (cpu5, ...); scaling_cur_freq on 10 (cpu0, ...)``:
+    which file each policy is read from (the agent's order of preference)."""
+    parts = []
+    for file in CpuFrequency.FILES:
+        cpus = [cpu for cpu, source in policies.items() if source == file]
+        if cpus:
+            parts.append(f"{file} on " + ("all" if len(cpus) == len(policies) else f"{len(cpus)} ({', '.join(cpus)})"))
+    return f"{len(policies)} policies; " + "; ".join(parts)
 
 
 def render_table(found: list[Fact], missing: list[Fact]) -> str:
