@@ -91,8 +91,9 @@ FOLLOWER_MARK = "thermab-bench-follower"
 def start_processes(processes: int, followers: int, threads: int) -> list[subprocess.Popen]:
     """The host's extra processes: sleepers, and vLLM-like ones to follow."""
     started = [subprocess.Popen(["sleep", "86400"]) for _ in range(processes)]
-    return started + [subprocess.Popen([sys.executable, "-c", FOLLOWER, str(threads), FOLLOWER_MARK])
-                      for _ in range(followers)]
+    return started + [
+        subprocess.Popen([sys.executable, "-c", FOLLOWER, str(threads), FOLLOWER_MARK]) for _ in range(followers)
+    ]
 
 
 def live(root: Path, seconds: float, agent_file: str, profile: bool, pattern: str | None, followers: int) -> float:
@@ -121,11 +122,15 @@ def live(root: Path, seconds: float, agent_file: str, profile: bool, pattern: st
         agent.wait()
     total = sum(1 for p in Path("/proc").iterdir() if p.name.isdigit())
     share = ns / 1e9 / seconds * 100
-    print(f"live agent {agent_file}{' (under cProfile)' if profile else ''}, default intervals, {seconds:.0f} s, "
-          f"{followers} followed, about {total} processes on the host: {ns / 1e6:.1f} ms CPU = {share:.4f} % of one core "
-          f"(utime+stime {ticks / os.sysconf('SC_CLK_TCK'):.2f} s; target <= 0.05 %)", flush=True)
+    print(
+        f"live agent {agent_file}{' (under cProfile)' if profile else ''}, default intervals, {seconds:.0f} s, "
+        f"{followers} followed, about {total} processes on the host: {ns / 1e6:.1f} ms CPU = {share:.4f} % of one core "
+        f"(utime+stime {ticks / os.sysconf('SC_CLK_TCK'):.2f} s; target <= 0.05 %)",
+        flush=True,
+    )
     if profile:
         import pstats
+
         pstats.Stats(str(root / "agent.prof")).sort_stats("tottime").print_stats(15)
         pstats.Stats(str(root / "agent.prof")).sort_stats("cumulative").print_stats(25)
     return share
@@ -145,7 +150,7 @@ def _cpu_ns(pid: int) -> int:
 
 def _cpu_ticks(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[11]) + int(fields[12])
 
 
@@ -154,17 +159,32 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--processes", type=int, default=500)
-    parser.add_argument("--agent", action="append",
-                        help="an agent.py to run live (again for another: the runs alternate); default this one")
+    parser.add_argument(
+        "--agent",
+        action="append",
+        help="an agent.py to run live (again for another: the runs alternate); default this one",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="live runs of each agent")
     parser.add_argument("--profile", action="store_true", help="run the live agent under cProfile")
-    parser.add_argument("--process-pattern", help="the live agent's pattern (default the agent's): one that "
-                        "matches nothing here measures the scan alone, without the processes it follows")
-    parser.add_argument("--followers", type=int, default=0, help="start this many vLLM-like processes (a few %% "
-                        "of a core in all) and set the pattern to theirs: what following costs, whatever else runs")
+    parser.add_argument(
+        "--process-pattern",
+        help="the live agent's pattern (default the agent's): one that "
+        "matches nothing here measures the scan alone, without the processes it follows",
+    )
+    parser.add_argument(
+        "--followers",
+        type=int,
+        default=0,
+        help="start this many vLLM-like processes (a few %% "
+        "of a core in all) and set the pattern to theirs: what following costs, whatever else runs",
+    )
     parser.add_argument("--follower-threads", type=int, default=30, help="threads of each followed process")
-    parser.add_argument("--settle", type=float, default=ProcessCpu.rescan_s + 5,
-                        help="seconds the extra processes run before the first live agent starts")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=ProcessCpu.rescan_s + 5,
+        help="seconds the extra processes run before the first live agent starts",
+    )
     args = parser.parse_args()
     agents = args.agent or [agent_module.__file__]
     with tempfile.TemporaryDirectory() as tmp:
@@ -182,11 +202,15 @@ def main() -> None:
             per_sample = (time.process_time() - start) / args.rounds
             share = per_sample / DEFAULT_INTERVALS[source.name]
             total_share += share
-            print(f"{source.name:<8} {per_sample * 1000:>14.3f} {DEFAULT_INTERVALS[source.name]:>11.0f} "
-                  f"{share * 100:>14.4f}%")
+            print(
+                f"{source.name:<8} {per_sample * 1000:>14.3f} {DEFAULT_INTERVALS[source.name]:>11.0f} "
+                f"{share * 100:>14.4f}%"
+            )
         processes = sum(1 for p in Path("/proc").iterdir() if p.name.isdigit())
-        print(f"total agent CPU at default intervals: {total_share * 100:.4f} % of one core "
-              f"({processes} processes scanned per cpu sample, {args.rounds} rounds)")
+        print(
+            f"total agent CPU at default intervals: {total_share * 100:.4f} % of one core "
+            f"({processes} processes scanned per cpu sample, {args.rounds} rounds)"
+        )
     shares: dict[str, list[float]] = {agent: [] for agent in agents}
     started = start_processes(args.processes, args.followers, args.follower_threads)
     try:
@@ -204,9 +228,11 @@ def main() -> None:
             process.kill()
             process.wait()
     for agent, values in shares.items():
-        print(f"{agent}: {len(values)} runs of {args.seconds:.0f} s, % of one core: median "
-              f"{statistics.median(values):.4f}, min {min(values):.4f}, max {max(values):.4f} "
-              f"({', '.join('%.4f' % v for v in values)})")
+        print(
+            f"{agent}: {len(values)} runs of {args.seconds:.0f} s, % of one core: median "
+            f"{statistics.median(values):.4f}, min {min(values):.4f}, max {max(values):.4f} "
+            f"({', '.join(f'{v:.4f}' for v in values)})"
+        )
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO / "workflow"))
 
 from thermab.contracts import REQUEST_COLUMNS  # noqa: E402  (the checkout's, as the children use)
 from thermab.load import validity  # noqa: E402
+
 ZONES = ["TSOC", "TS0E", "TS0P", "TS1E", "TS1P", "TGPU", "TUNC"]
 # agent source file -> its sensors (the kinds follow from the agent's registry at ingest)
 SOURCES = {"thermal": ZONES, "cpu": ["vllm_cpu_pct"], "freq": [f"cpu{i}" for i in range(12)]}
@@ -53,22 +54,29 @@ def peak():
         sys.stderr.write("\\npeak kB " + next(l for l in status if l.startswith("VmHWM")).split()[1] + "\\n")
 atexit.register(peak)
 """
-INGEST = PEAK + """from pathlib import Path
+INGEST = (
+    PEAK
+    + """from pathlib import Path
 from thermab.telemetry import ingest
 run = Path(sys.argv[1])
 ingest.ingest(run, sorted(run.glob("phases/*.parquet")), run / "tidy/telemetry.parquet", run / "tidy/requests.parquet")
 """
-ANALYZE = PEAK + """import runpy
+)
+ANALYZE = (
+    PEAK
+    + """import runpy
 sys.argv = ["thermab", "analyze", sys.argv[1]]
 runpy.run_module("thermab", run_name="__main__")
 """
+)
 
 
 def fixed3(values: np.ndarray) -> pa.Array:
     """Non-negative numbers as the agent writes them ("%.3f"), formatted by Arrow (fast)."""
     digits = pc.utf8_lpad(pc.cast(pa.array(np.round(values * 1000).astype("int64")), pa.string()), 4, "0")
-    return pc.binary_join_element_wise(pc.utf8_slice_codeunits(digits, 0, -3),
-                                       pc.utf8_slice_codeunits(digits, -3, 1 << 30), ".")
+    return pc.binary_join_element_wise(
+        pc.utf8_slice_codeunits(digits, 0, -3), pc.utf8_slice_codeunits(digits, -3, 1 << 30), "."
+    )
 
 
 def write_run(run_dir: Path, hours: float, requests_total: int, seed: int = 1) -> None:
@@ -79,23 +87,30 @@ def write_run(run_dir: Path, hours: float, requests_total: int, seed: int = 1) -
     for index, start in enumerate(range(0, seconds - PHASE_S + 1, PHASE_S)):
         arm, rep = "AB"[index % 2], index // 2 + 1
         windows.append((T0 + start + 60.0, T0 + start + 60.0 + 1800, arm, rep))
-        events += [{"t": T0 + start + 60.0, "event": "load_start", "order": "AB", "rep": rep, "arm": arm},
-                   {"t": T0 + start + 1860.0, "event": "load_end", "order": "AB", "rep": rep, "arm": arm}]
+        events += [
+            {"t": T0 + start + 60.0, "event": "load_start", "order": "AB", "rep": rep, "arm": arm},
+            {"t": T0 + start + 1860.0, "event": "load_end", "order": "AB", "rep": rep, "arm": arm},
+        ]
     run_dir.mkdir(parents=True)
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     (run_dir / "preflight.json").write_text(json.dumps({"clock_offset_s": {"head": 0.0, "worker": 0.0}}))
     loaded = np.zeros(seconds, dtype=bool)
     for start, end, _arm, _rep in windows:
-        loaded[int(start - T0):int(end - T0)] = True
+        loaded[int(start - T0) : int(end - T0)] = True
     for host in ("head", "worker"):
         (run_dir / "monitor" / host).mkdir(parents=True)
         for source, sensors in SOURCES.items():
             idle, rise = LEVELS[source]
             # one sample of every sensor per second, rows in sampling order as the agent appends them
             values = idle + rise * loaded[:, None] + rng.normal(0, 0.5, (seconds, len(sensors)))
-            table = pa.table({"t": fixed3(np.repeat(t, len(sensors))),
-                              "sensor": pa.array(np.tile(np.array(sensors, dtype=object), seconds), pa.string()),
-                              "value": fixed3(values.ravel()), "reason": pa.array(np.full(seconds * len(sensors), ""))})
+            table = pa.table(
+                {
+                    "t": fixed3(np.repeat(t, len(sensors))),
+                    "sensor": pa.array(np.tile(np.array(sensors, dtype=object), seconds), pa.string()),
+                    "value": fixed3(values.ravel()),
+                    "reason": pa.array(np.full(seconds * len(sensors), "")),
+                }
+            )
             path = run_dir / "monitor" / host / f"{source}.csv"
             path.write_text("t,sensor,value,reason\n")
             with open(path, "ab") as handle:
@@ -104,34 +119,68 @@ def write_run(run_dir: Path, hours: float, requests_total: int, seed: int = 1) -
     per_window = max(requests_total // max(len(windows), 1), 1)
     for index, (start, end, arm, rep) in enumerate(windows):
         starts = np.sort(rng.uniform(start, end, per_window))
-        requests = pd.DataFrame({
-            "order": "AB", "rep": rep, "arm": arm, "kind": "load", "user": rng.integers(1, 5, per_window),
-            "tag": [f"r{rep}{arm}{i}" for i in range(per_window)], "t_start": starts,
-            "t_first_token": starts + 0.3, "t_end": starts + 18.0, "prompt_tokens": 1400,
-            "completion_tokens": 400, "cached_tokens": 0, "ok": True, "error": "",
-            "max_gap_s": rng.uniform(0.02, 0.2, per_window), "stall_gaps": 0, "usage_source": "usage",
-            "token_arrivals": 400, "token_span_s": 17.6,
-        }).astype(REQUEST_COLUMNS)
+        requests = pd.DataFrame(
+            {
+                "order": "AB",
+                "rep": rep,
+                "arm": arm,
+                "kind": "load",
+                "user": rng.integers(1, 5, per_window),
+                "tag": [f"r{rep}{arm}{i}" for i in range(per_window)],
+                "t_start": starts,
+                "t_first_token": starts + 0.3,
+                "t_end": starts + 18.0,
+                "prompt_tokens": 1400,
+                "completion_tokens": 400,
+                "cached_tokens": 0,
+                "ok": True,
+                "error": "",
+                "max_gap_s": rng.uniform(0.02, 0.2, per_window),
+                "stall_gaps": 0,
+                "usage_source": "usage",
+                "token_arrivals": 400,
+                "token_span_s": 17.6,
+            }
+        ).astype(REQUEST_COLUMNS)
         requests.to_parquet(run_dir / "phases" / f"{index:04d}.parquet")
         # and its validity.json, as the load stage writes it beside the records
-        report = validity.validity_report(requests, (start, end), users=4, max_tokens=400, prompt_tokens=1400,
-                                          probe_n=0, stall_gap_s=1.0)
+        report = validity.validity_report(
+            requests, (start, end), users=4, max_tokens=400, prompt_tokens=1400, probe_n=0, stall_gap_s=1.0
+        )
         (run_dir / "phases" / f"{index:04d}").mkdir()
         (run_dir / "phases" / f"{index:04d}" / "validity.json").write_text(
-            json.dumps({"order": "AB", "rep": rep, "arm": arm, **report}))
-    (run_dir / "run.json").write_text(json.dumps({
-        "cluster": "bench", "order": "AB", "repeats": len(windows) // 2,
-        "arms": {"A": {"label": "stock", "value": "1"}, "B": {"label": "patched", "value": "0.002"}},
-        "reference_arm": "A", "setting": "busy_loop_s", "head": "head", "hosts": ["head", "worker"],
-        "thresholds_c": [85, 90, 92, 95], "trip_point_c": 104.8, "reference_lines_c": [96, 87],
-        "stall_gap_s": 1.0, "timeline_zone": "TSOC", "max_tokens": 400, "load_s": 1800}))
+            json.dumps({"order": "AB", "rep": rep, "arm": arm, **report})
+        )
+    (run_dir / "run.json").write_text(
+        json.dumps(
+            {
+                "cluster": "bench",
+                "order": "AB",
+                "repeats": len(windows) // 2,
+                "arms": {"A": {"label": "stock", "value": "1"}, "B": {"label": "patched", "value": "0.002"}},
+                "reference_arm": "A",
+                "setting": "busy_loop_s",
+                "head": "head",
+                "hosts": ["head", "worker"],
+                "thresholds_c": [85, 90, 92, 95],
+                "trip_point_c": 104.8,
+                "reference_lines_c": [96, 87],
+                "stall_gap_s": 1.0,
+                "timeline_zone": "TSOC",
+                "max_tokens": 400,
+                "load_s": 1800,
+            }
+        )
+    )
 
 
 def measure(command: list[str]) -> tuple[float, float, float]:
     """(wall s, CPU s, peak MB) of one child process: CPU from its rusage (wait4), peak
     from its own report."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "workflow"),
-                                                                      os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "workflow"), os.environ.get("PYTHONPATH")])),
+    }
     with tempfile.TemporaryFile() as stderr:
         started = time.perf_counter()
         child = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
@@ -174,8 +223,11 @@ def main() -> None:
             requests = pq.read_metadata(run_dir / "tidy/requests.parquet").num_rows
             wall, cpu, peak, walls = repeated([sys.executable, "-c", ANALYZE, str(run_dir)], args.repeat)
             analysis.append(f"{hours:>6g} {rows:>15,} {requests:>9,} {wall:>15.2f} {peak:>8.0f}")
-            spread.append(f"# {hours:g} h analyze wall s: " + " ".join(f"{w:.2f}" for w in walls)
-                          + f" (CPU s of the fastest: {cpu:.2f})")
+            spread.append(
+                f"# {hours:g} h analyze wall s: "
+                + " ".join(f"{w:.2f}" for w in walls)
+                + f" (CPU s of the fastest: {cpu:.2f})"
+            )
     print(f"{'hours':>6} {'telemetry rows':>15} {'requests':>9} {'analyze wall s':>15} {'peak MB':>8}")
     print("\n".join(analysis))
     print()

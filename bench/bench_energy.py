@@ -58,7 +58,7 @@ def trace(kind: str, window_s: float, rng: np.random.Generator) -> np.ndarray:
         load[:] = 200.0
         starts = MARGIN_S + np.sort(rng.uniform(0, window_s, size=rng.poisson(window_s / 10)))
         for first in (starts / DT).astype(int):
-            load[first:first + round(0.5 / DT)] += 300.0
+            load[first : first + round(0.5 / DT)] += 300.0
     elif kind == "ripple":
         load = 300.0 + 100.0 * np.sin(2 * np.pi * t / 1.0 + rng.uniform(0, 2 * np.pi))
     else:
@@ -104,8 +104,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     clock = "ideal clock" if args.ideal_clock else f"agent clock (up to {LATE_S * 1000:.0f} ms late)"
     print(f"|error| of the window energy in %, mean / max over {args.trials} trials, {clock}\n")
-    header = "| trace | interval | " + " | ".join(
-        f"{method} {window:g} s" for window in args.windows for method in ("reading", "counter")) + " |"
+    header = (
+        "| trace | interval | "
+        + " | ".join(f"{method} {window:g} s" for window in args.windows for method in ("reading", "counter"))
+        + " |"
+    )
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     within = {}
@@ -113,7 +116,9 @@ def main(argv=None) -> int:
         for interval in INTERVALS:
             cells = []
             for window in args.windows:
-                result = errors(kind, window, interval, args.trials, args.ideal_clock, seed=int(interval * 1000 + window))
+                result = errors(
+                    kind, window, interval, args.trials, args.ideal_clock, seed=int(interval * 1000 + window)
+                )
                 for method in ("reading", "counter"):
                     cells.append(f"{result[method].mean():.2f} / {result[method].max():.2f}")
                     key = (method, window, interval)

@@ -32,8 +32,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from thermab.analysis.energy import time_weighted_mean  # noqa: E402
-from thermab.telemetry import agent as agent_module  # noqa: E402
-from thermab.telemetry import power  # noqa: E402
+from thermab.telemetry import (
+    agent as agent_module,  # noqa: E402
+    power,  # noqa: E402
+)
 
 
 def gpu_load(seconds: float) -> int:
@@ -52,14 +54,27 @@ def gpu_load(seconds: float) -> int:
 
 
 def record(args) -> Path:
-    print(subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,power.limit", "--format=csv"],
-                         capture_output=True, text=True).stdout)
+    print(
+        subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,power.limit", "--format=csv"],
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     work = Path(tempfile.mkdtemp(prefix="thermab-gpu-energy-"))
-    (work / "agent.json").write_text(json.dumps({
-        "out_dir": str(work), "stop_file": str(work / "stop"),
-        # only the power sources, so nothing else shares the sampling loop
-        "intervals": {**{name: 0 for name in ("thermal", "hwmon", "freq", "cpu", "system", "gpu")},
-                      **{name: args.interval for name in ("gpu_power", "rapl", "hwmon_power", "ipmi")}}}))
+    (work / "agent.json").write_text(
+        json.dumps(
+            {
+                "out_dir": str(work),
+                "stop_file": str(work / "stop"),
+                # only the power sources, so nothing else shares the sampling loop
+                "intervals": {
+                    **{name: 0 for name in ("thermal", "hwmon", "freq", "cpu", "system", "gpu")},
+                    **{name: args.interval for name in ("gpu_power", "rapl", "hwmon_power", "ipmi")},
+                },
+            }
+        )
+    )
     agent = subprocess.Popen([sys.executable, agent_module.__file__, "--config", str(work / "agent.json")])
     time.sleep(args.idle)
     load_start = time.time()
@@ -77,8 +92,7 @@ def record(args) -> Path:
 
 
 def analyse(directory: Path, interval: float) -> None:
-    raw = pd.read_csv(directory / "gpu_power.csv", dtype={"value": "float64"}, keep_default_na=False,
-                      na_values=[""])
+    raw = pd.read_csv(directory / "gpu_power.csv", dtype={"value": "float64"}, keep_default_na=False, na_values=[""])
     print("rows:", len(raw), "missing:", raw[raw["value"].isna()]["reason"].value_counts().to_dict())
     raw = raw.dropna(subset=["value"])
     readings = raw[raw["sensor"] == "gpu0 W"].sort_values("t")
@@ -101,17 +115,24 @@ def analyse(directory: Path, interval: float) -> None:
     for step in (1, 5, 15):
         found = [time_weighted_mean(t_s[offset::step], w_s[offset::step]) * span for offset in range(step)]
         errors = [(j / counter_j - 1) * 100 for j in found]
-        print(f"power.draw every {step * interval:g} s: {min(found):.1f} to {max(found):.1f} J, "
-              f"{min(errors):+.3f} to {max(errors):+.3f} % against the counter ({step} phase(s))")
+        print(
+            f"power.draw every {step * interval:g} s: {min(found):.1f} to {max(found):.1f} J, "
+            f"{min(errors):+.3f} to {max(errors):+.3f} % against the counter ({step} phase(s))"
+        )
     loaded = np.flatnonzero(w >= 0.9 * w.max())
     first, last = t_w[loaded[0]], t_w[loaded[-1]]
     print(f"\nunder load (readings >= 90 % of the largest): {last - first:.0f} s")
-    for name, low, high in (("idle before", -np.inf, first - 2), ("load", first + 1, last - 1),
-                            ("idle after", last + 2, np.inf)):
+    for name, low, high in (
+        ("idle before", -np.inf, first - 2),
+        ("load", first + 1, last - 1),
+        ("idle after", last + 2, np.inf),
+    ):
         from_readings = w[(t_w >= low) & (t_w < high)]
         from_counter = watts[(middle >= low) & (middle < high)]
-        print(f"{name}: power.draw {from_readings.mean():.1f} W (n = {len(from_readings)}), "
-              f"counter {from_counter.mean():.1f} W (n = {len(from_counter)})")
+        print(
+            f"{name}: power.draw {from_readings.mean():.1f} W (n = {len(from_readings)}), "
+            f"counter {from_counter.mean():.1f} W (n = {len(from_counter)})"
+        )
 
 
 def main(argv=None) -> int:

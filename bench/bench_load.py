@@ -81,10 +81,16 @@ def summarise(name, frame, start, end, users, cpu_window_s, cpu_total_s) -> dict
     done = frame[(frame["t_end"] >= start) & (frame["t_end"] < end) & frame["ok"]]
     window_tokens = int(done["completion_tokens"].sum())
     mean_inflight, _ = inflight(frame, start, end, users)
-    return {"client": name, "window_s": end - start, "window_tokens": window_tokens,
-            "all_tokens": int(frame.loc[frame["ok"], "completion_tokens"].sum()),
-            "cpu_window_s": cpu_window_s, "cpu_total_s": cpu_total_s,
-            "output_tok_s": window_tokens / (end - start), "inflight_mean": mean_inflight}
+    return {
+        "client": name,
+        "window_s": end - start,
+        "window_tokens": window_tokens,
+        "all_tokens": int(frame.loc[frame["ok"], "completion_tokens"].sum()),
+        "cpu_window_s": cpu_window_s,
+        "cpu_total_s": cpu_total_s,
+        "output_tok_s": window_tokens / (end - start),
+        "inflight_mean": mean_inflight,
+    }
 
 
 class Profiler:
@@ -96,9 +102,24 @@ class Profiler:
     def attach(self, pid: int, seconds: float) -> None:
         if self.out is not None:
             self.process = subprocess.Popen(
-                ["py-spy", "record", "--pid", str(pid), "--nonblocking", "--rate", str(PROFILE_RATE_HZ),
-                 "--duration", str(max(1, int(seconds))), "--format", "raw", "--output", str(self.out)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                [
+                    "py-spy",
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--nonblocking",
+                    "--rate",
+                    str(PROFILE_RATE_HZ),
+                    "--duration",
+                    str(max(1, int(seconds))),
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(self.out),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
 
     def finish(self) -> None:
         if self.process is not None:
@@ -141,8 +162,7 @@ class LocustCpu(threading.Thread):
         while not self.done.is_set() and "load_end" not in self.at:
             time.sleep(CPU_POLL_S)
             if process is None:
-                process = next((p for p in psutil.Process().children()
-                                if "locust" in " ".join(p.cmdline())), None)
+                process = next((p for p in psutil.Process().children() if "locust" in " ".join(p.cmdline())), None)
                 continue
             try:
                 times = process.cpu_times()
@@ -159,8 +179,9 @@ class LocustCpu(threading.Thread):
         return self.at["load_end"] - self.at["load_start"]
 
 
-def bench_locust(url: str, seconds: int, users: int, max_tokens: int, profile: Path | None,
-                 locustfile: Path | None) -> dict:
+def bench_locust(
+    url: str, seconds: int, users: int, max_tokens: int, profile: Path | None, locustfile: Path | None
+) -> dict:
     import pandas as pd
 
     from thermab.load.runner import LoadSpec, run_load
@@ -170,18 +191,34 @@ def bench_locust(url: str, seconds: int, users: int, max_tokens: int, profile: P
         cpu = LocustCpu(Path(tmp) / "load_events.jsonl", seconds, profiler)
         cpu.start()
         before = children_cpu_s()
-        spec = LoadSpec(duration_s=seconds, users=users, max_tokens=max_tokens, prompt_tokens=PROMPT_TOKENS,
-                        probe=False)
-        report = run_load(url, Path(tmp) / "requests.parquet", spec, order="B", rep=1, arm="A",
-                          progress=lambda line: None, locustfile=locustfile)
+        spec = LoadSpec(
+            duration_s=seconds, users=users, max_tokens=max_tokens, prompt_tokens=PROMPT_TOKENS, probe=False
+        )
+        report = run_load(
+            url,
+            Path(tmp) / "requests.parquet",
+            spec,
+            order="B",
+            rep=1,
+            arm="A",
+            progress=lambda line: None,
+            locustfile=locustfile,
+        )
         total = children_cpu_s() - before
         cpu.done.set()
         cpu.join()
         frame = pd.read_parquet(Path(tmp) / "requests.parquet")
     profiler.finish()
     window = report["window"]
-    return summarise("thermab (Locust)", frame[frame["kind"] == "load"], window["start"], window["end"], users,
-                     cpu.window_cpu_s(), total)
+    return summarise(
+        "thermab (Locust)",
+        frame[frame["kind"] == "load"],
+        window["start"],
+        window["end"],
+        users,
+        cpu.window_cpu_s(),
+        total,
+    )
 
 
 def bench_reference(url: str, seconds: int, users: int, max_tokens: int, profile: Path | None) -> dict:
@@ -191,16 +228,24 @@ def bench_reference(url: str, seconds: int, users: int, max_tokens: int, profile
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "reference.json"
         before = children_cpu_s()
-        worker = subprocess.Popen([sys.executable, __file__, "--reference-worker", url, str(users), str(seconds),
-                                   str(max_tokens), str(out)])
+        worker = subprocess.Popen(
+            [sys.executable, __file__, "--reference-worker", url, str(users), str(seconds), str(max_tokens), str(out)]
+        )
         profiler.attach(worker.pid, seconds)  # py-spy waits for the interpreter to come up
         if worker.wait() != 0:
             raise RuntimeError(f"the reference client exited with {worker.returncode}")
         total = children_cpu_s() - before
         result = json.loads(out.read_text())
     profiler.finish()
-    return summarise("reference (asyncio + aiohttp)", pd.DataFrame(result["records"]), result["start"],
-                     result["end"], users, result["cpu_window_s"], total)
+    return summarise(
+        "reference (asyncio + aiohttp)",
+        pd.DataFrame(result["records"]),
+        result["start"],
+        result["end"],
+        users,
+        result["cpu_window_s"],
+        total,
+    )
 
 
 def reference_worker(url: str, users: int, seconds: int, max_tokens: int, out: str) -> None:
@@ -217,9 +262,14 @@ def reference_worker(url: str, users: int, seconds: int, max_tokens: int, out: s
     async def worker(user: int, session: aiohttp.ClientSession, end: float) -> None:
         sequence = 0
         while time.time() < end:
-            body = {"model": "test-model", "stream": True, "stream_options": {"include_usage": True},
-                    "max_tokens": max_tokens, "ignore_eos": True,
-                    "messages": [{"role": "user", "content": build_prompt(f"[ref u{user} #{sequence}]", PROMPT_TOKENS)}]}
+            body = {
+                "model": "test-model",
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "messages": [{"role": "user", "content": build_prompt(f"[ref u{user} #{sequence}]", PROMPT_TOKENS)}],
+            }
             sequence += 1
             t_start, usage = time.time(), None
             async with session.post(url + "/v1/chat/completions", json=body) as response:
@@ -227,8 +277,14 @@ def reference_worker(url: str, users: int, seconds: int, max_tokens: int, out: s
                     if line.startswith(b"data: {"):
                         chunk = json.loads(line[6:])
                         usage = chunk.get("usage") or usage
-            records.append({"t_start": t_start, "t_end": time.time(), "ok": usage is not None,
-                            "completion_tokens": (usage or {}).get("completion_tokens", 0)})
+            records.append(
+                {
+                    "t_start": t_start,
+                    "t_end": time.time(),
+                    "ok": usage is not None,
+                    "completion_tokens": (usage or {}).get("completion_tokens", 0),
+                }
+            )
 
     async def main(start: float) -> None:
         asyncio.get_running_loop().call_later(seconds, lambda: cpu.setdefault("end", time.process_time()))
@@ -238,8 +294,11 @@ def reference_worker(url: str, users: int, seconds: int, max_tokens: int, out: s
     start = time.time()
     cpu["start"] = time.process_time()
     asyncio.run(main(start))
-    Path(out).write_text(json.dumps({"records": records, "start": start, "end": start + seconds,
-                                     "cpu_window_s": cpu["end"] - cpu["start"]}))
+    Path(out).write_text(
+        json.dumps(
+            {"records": records, "start": start, "end": start + seconds, "cpu_window_s": cpu["end"] - cpu["start"]}
+        )
+    )
 
 
 def per_1m(cpu_s: float, tokens: int) -> float:
@@ -247,18 +306,23 @@ def per_1m(cpu_s: float, tokens: int) -> float:
 
 
 def show(row: dict) -> None:
-    print(f"  {row['client']:<30} {row['output_tok_s']:8.1f} output tok/s   in flight {row['inflight_mean']:7.3f}"
-          f"   CPU-s per 1M tokens {per_1m(row['cpu_window_s'], row['window_tokens']):6.1f} in the window, "
-          f"{per_1m(row['cpu_total_s'], row['all_tokens']):6.1f} with start-up", flush=True)
+    print(
+        f"  {row['client']:<30} {row['output_tok_s']:8.1f} output tok/s   in flight {row['inflight_mean']:7.3f}"
+        f"   CPU-s per 1M tokens {per_1m(row['cpu_window_s'], row['window_tokens']):6.1f} in the window, "
+        f"{per_1m(row['cpu_total_s'], row['all_tokens']):6.1f} with start-up",
+        flush=True,
+    )
 
 
 def pooled(rows: list[dict]) -> dict:
-    return {"client": rows[0]["client"],
-            "output_tok_s": sum(r["window_tokens"] for r in rows) / sum(r["window_s"] for r in rows),
-            "inflight_mean": sum(r["inflight_mean"] * r["window_s"] for r in rows) / sum(r["window_s"] for r in rows),
-            "inflight_min": min(r["inflight_mean"] for r in rows),
-            "cpu_per_1m": per_1m(sum(r["cpu_window_s"] for r in rows), sum(r["window_tokens"] for r in rows)),
-            "cpu_total_per_1m": per_1m(sum(r["cpu_total_s"] for r in rows), sum(r["all_tokens"] for r in rows))}
+    return {
+        "client": rows[0]["client"],
+        "output_tok_s": sum(r["window_tokens"] for r in rows) / sum(r["window_s"] for r in rows),
+        "inflight_mean": sum(r["inflight_mean"] * r["window_s"] for r in rows) / sum(r["window_s"] for r in rows),
+        "inflight_min": min(r["inflight_mean"] for r in rows),
+        "cpu_per_1m": per_1m(sum(r["cpu_window_s"] for r in rows), sum(r["window_tokens"] for r in rows)),
+        "cpu_total_per_1m": per_1m(sum(r["cpu_total_s"] for r in rows), sum(r["all_tokens"] for r in rows)),
+    }
 
 
 def bench_users(args, users: int) -> None:
@@ -267,12 +331,18 @@ def bench_users(args, users: int) -> None:
     try:
         for run in range(1, args.runs + 1):
             print(f"users {users}, run {run}:", flush=True)
-            profile = {name: args.profile / f"{name}-{users}u-run{run}.txt" if args.profile else None
-                       for name in ("locust", "reference")}
-            steps = [lambda: ours.append(bench_locust(url, args.seconds, users, args.max_tokens, profile["locust"],
-                                                      args.locustfile)),
-                     lambda: reference.append(bench_reference(url, args.seconds, users, args.max_tokens,
-                                                              profile["reference"]))]
+            profile = {
+                name: args.profile / f"{name}-{users}u-run{run}.txt" if args.profile else None
+                for name in ("locust", "reference")
+            }
+            steps = [
+                lambda profile=profile: ours.append(
+                    bench_locust(url, args.seconds, users, args.max_tokens, profile["locust"], args.locustfile)
+                ),
+                lambda profile=profile: reference.append(
+                    bench_reference(url, args.seconds, users, args.max_tokens, profile["reference"])
+                ),
+            ]
             for step in steps if run % 2 else steps[::-1]:
                 step()
             show(ours[-1])
@@ -284,13 +354,18 @@ def bench_users(args, users: int) -> None:
     target = INFLIGHT_TARGET.get(users)
     print(f"users {users}, {args.runs} runs pooled:")
     for row in (a, b):
-        print(f"  {row['client']:<30} {row['output_tok_s']:8.1f} output tok/s   in flight {row['inflight_mean']:7.3f}"
-              f" (lowest run {row['inflight_min']:.3f}{f', target >= {target}' if target else ''})"
-              f"   CPU-s per 1M tokens {row['cpu_per_1m']:6.1f} in the window, {row['cpu_total_per_1m']:6.1f} "
-              f"with start-up")
+        print(
+            f"  {row['client']:<30} {row['output_tok_s']:8.1f} output tok/s   in flight {row['inflight_mean']:7.3f}"
+            f" (lowest run {row['inflight_min']:.3f}{f', target >= {target}' if target else ''})"
+            f"   CPU-s per 1M tokens {row['cpu_per_1m']:6.1f} in the window, {row['cpu_total_per_1m']:6.1f} "
+            f"with start-up"
+        )
     print(f"  with start-up, CPU per token ours/reference: {a['cpu_total_per_1m'] / b['cpu_total_per_1m']:.2f}")
-    print(f"ratios ours/reference: tok/s {a['output_tok_s'] / b['output_tok_s']:.3f} (target >= 0.99), "
-          f"CPU per token {a['cpu_per_1m'] / b['cpu_per_1m']:.2f} (target <= 1.0)", flush=True)
+    print(
+        f"ratios ours/reference: tok/s {a['output_tok_s'] / b['output_tok_s']:.3f} (target >= 0.99), "
+        f"CPU per token {a['cpu_per_1m'] / b['cpu_per_1m']:.2f} (target <= 1.0)",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -309,8 +384,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
-    print(f"server: {1 / args.token_interval_s:.0f} tok/s per stream, max_tokens {args.max_tokens}, prompts of "
-          f"{PROMPT_TOKENS} tokens; {args.runs} runs of {args.seconds} s per client and user count", flush=True)
+    print(
+        f"server: {1 / args.token_interval_s:.0f} tok/s per stream, max_tokens {args.max_tokens}, prompts of "
+        f"{PROMPT_TOKENS} tokens; {args.runs} runs of {args.seconds} s per client and user count",
+        flush=True,
+    )
     for users in args.users:
         bench_users(args, users)
 

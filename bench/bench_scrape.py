@@ -37,11 +37,11 @@ import pandas as pd
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "workflow"))
+sys.path.insert(0, str(REPO / "workflow"))  # the bench runs from a checkout, installed or not
 
-from thermab.load import runner
-from thermab.sim import node
-from thermab.telemetry import server_metrics
+from thermab.load import runner  # noqa: E402
+from thermab.sim import node  # noqa: E402
+from thermab.telemetry import server_metrics  # noqa: E402
 
 STUDY = runner.LoadSpec(duration_s=1)  # the schema's load: 4 users, 1400-token prompts, 400 out
 USERS, PROMPT_TOKENS, MAX_TOKENS = STUDY.users, STUDY.prompt_tokens, STUDY.max_tokens
@@ -57,9 +57,29 @@ def free_port() -> int:
 def start_sim(root: Path, step_ms: int) -> tuple[str, int]:
     node.create_node(root, "head")
     port = free_port()
-    subprocess.run([sys.executable, "-m", "thermab.sim.vllm", "serve", "--node", str(root), "--port", str(port),
-                    "--model", "sim", "--role", "head", "--step-ms", str(step_ms), "--detach"],
-                   check=True, capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO / "workflow")})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "thermab.sim.vllm",
+            "serve",
+            "--node",
+            str(root),
+            "--port",
+            str(port),
+            "--model",
+            "sim",
+            "--role",
+            "head",
+            "--step-ms",
+            str(step_ms),
+            "--detach",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO / "workflow")},
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -99,20 +119,31 @@ def scrape_cost(url: str, pid: int | None, scrapes: int, directory: Path) -> Non
         server = tree_cpu_s(pid) - server0 if pid else 0.0
     samples = sum(1 for line in body.splitlines() if line and not line.startswith("#"))
     print(f"/metrics body: {len(body.encode())} bytes, {samples} samples")
-    print(f"client, per scrape: {cpu / scrapes * 1e3:.2f} ms CPU, {wall / scrapes * 1e3:.2f} ms wall "
-          f"({scrapes} back to back): {cpu / scrapes * 100:.3f} % of one core at 1 Hz")
+    print(
+        f"client, per scrape: {cpu / scrapes * 1e3:.2f} ms CPU, {wall / scrapes * 1e3:.2f} ms wall "
+        f"({scrapes} back to back): {cpu / scrapes * 100:.3f} % of one core at 1 Hz"
+    )
     if pid:  # the server's own CPU over an idle stretch as long, its baseline
         idle0 = tree_cpu_s(pid)
         time.sleep(wall)
         idle = tree_cpu_s(pid) - idle0
         per_scrape = (server - idle) / scrapes
-        print(f"server, per scrape: {per_scrape * 1e3:.2f} ms CPU ({server:.3f} CPU-s over the scrapes, "
-              f"{idle:.3f} over as long idle): {per_scrape * 100:.3f} % of one core at 1 Hz")
+        print(
+            f"server, per scrape: {per_scrape * 1e3:.2f} ms CPU ({server:.3f} CPU-s over the scrapes, "
+            f"{idle:.3f} over as long idle): {per_scrape * 100:.3f} % of one core at 1 Hz"
+        )
 
 
 def load_once(url: str, model: str, seconds: int, interval_s: float | None, directory: Path) -> dict:
-    spec = runner.LoadSpec(duration_s=seconds, users=USERS, max_tokens=MAX_TOKENS, prompt_tokens=PROMPT_TOKENS,
-                           probe=False, stop_timeout_s=30, model=model)
+    spec = runner.LoadSpec(
+        duration_s=seconds,
+        users=USERS,
+        max_tokens=MAX_TOKENS,
+        prompt_tokens=PROMPT_TOKENS,
+        probe=False,
+        stop_timeout_s=30,
+        model=model,
+    )
     out = directory / "requests.parquet"
     directory.mkdir(parents=True)
 
@@ -127,10 +158,13 @@ def load_once(url: str, model: str, seconds: int, interval_s: float | None, dire
     frame = pd.read_parquet(out)
     start, end = report["window"]["start"], report["window"]["end"]
     done = frame[frame["ok"] & (frame["kind"] == "load") & (frame["t_end"] >= start) & (frame["t_end"] < end)]
-    return {"ttft_s": (done["t_first_token"] - done["t_start"]).mean(),
-            "itl_s": ((done["t_end"] - done["t_first_token"]) / (done["completion_tokens"] - 1)).mean(),
-            "latency_s": (done["t_end"] - done["t_start"]).mean(),
-            "tok_s": report["throughput"]["output_tok_s"], "requests": len(done)}
+    return {
+        "ttft_s": (done["t_first_token"] - done["t_start"]).mean(),
+        "itl_s": ((done["t_end"] - done["t_first_token"]) / (done["completion_tokens"] - 1)).mean(),
+        "latency_s": (done["t_end"] - done["t_start"]).mean(),
+        "tok_s": report["throughput"]["output_tok_s"],
+        "requests": len(done),
+    }
 
 
 def load_cost(url: str, model: str, seconds: int, runs: int, directory: Path) -> None:
@@ -140,16 +174,22 @@ def load_cost(url: str, model: str, seconds: int, runs: int, directory: Path) ->
         for k in range(len(names)):
             name = names[(run + k) % len(names)]
             results[name].append(load_once(url, model, seconds, SETTINGS[name], directory / f"{run}-{k}"))
-            print(f"  run {run + 1}, {name}: " + ", ".join(f"{key} {value:.4g}" for key, value in results[name][-1].items()),
-                  flush=True)
+            print(
+                f"  run {run + 1}, {name}: "
+                + ", ".join(f"{key} {value:.4g}" for key, value in results[name][-1].items()),
+                flush=True,
+            )
     pooled = {name: pd.DataFrame(rows).mean() for name, rows in results.items()}
     base = pooled["none"]
     print(f"under load ({USERS} users, {PROMPT_TOKENS} in, {MAX_TOKENS} out, {seconds:g} s x {runs} runs each):")
     print("| scrape | TTFT ms | inter-token ms | request s | output tok/s |")
     print("| --- | --- | --- | --- | --- |")
     for name, row in pooled.items():
-        cells = [f"{row[key] * scale:.{digits}f}" + ("" if name == "none" else f" ({(row[key] - base[key]) * scale:+.{digits}f})")
-                 for key, scale, digits in (("ttft_s", 1e3, 1), ("itl_s", 1e3, 2), ("latency_s", 1, 3), ("tok_s", 1, 1))]
+        cells = [
+            f"{row[key] * scale:.{digits}f}"
+            + ("" if name == "none" else f" ({(row[key] - base[key]) * scale:+.{digits}f})")
+            for key, scale, digits in (("ttft_s", 1e3, 1), ("itl_s", 1e3, 2), ("latency_s", 1, 3), ("tok_s", 1, 1))
+        ]
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 

@@ -72,13 +72,19 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     for name in args.samplers.split(","):
         started = time.process_time()
-        saved = [run(name, args.trials, seed, threshold, args.startup, args.grid) for seed in range(args.repeats)
-                 for threshold in (0.002, 0.003, 0.004)]
+        saved = [
+            run(name, args.trials, seed, threshold, args.startup, args.grid)
+            for seed in range(args.repeats)
+            for threshold in (0.002, 0.003, 0.004)
+        ]
         good = [s for s in saved if not math.isnan(s)]
-        print(f"{name}: {args.trials} trials ({args.startup} {'of the grid' if args.grid else 'at random'}) x {len(saved)} searches: chosen value stalls or none feasible "
-              f"{sum(math.isnan(s) for s in saved)}, saves >= 80 % in {sum(s >= 0.8 for s in good)}/{len(saved)}, "
-              f"median saved {statistics.median(good) if good else math.nan:.2f}; "
-              f"sampler CPU {time.process_time() - started:.1f} s")
+        print(
+            f"{name}: {args.trials} trials ({args.startup} {'of the grid' if args.grid else 'at random'}) "
+            f"x {len(saved)} searches: chosen value stalls or none feasible "
+            f"{sum(math.isnan(s) for s in saved)}, saves >= 80 % in {sum(s >= 0.8 for s in good)}/{len(saved)}, "
+            f"median saved {statistics.median(good) if good else math.nan:.2f}; "
+            f"sampler CPU {time.process_time() - started:.1f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Rule analyze: the tables and summary.md (the same as `python -m thermab analyze RUN_DIR`),
 with the config's analysis settings."""
+
 from pathlib import Path
 
 from thermab import jobs

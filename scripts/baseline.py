@@ -1,4 +1,5 @@
 """Rule baseline: the idle recording before the first phase."""
+
 from pathlib import Path
 
 from thermab import jobs

@@ -1,4 +1,5 @@
 """Rule compare: every analysed run of each cluster pooled into one variance table."""
+
 from pathlib import Path
 
 from thermab import jobs, layout

@@ -1,4 +1,5 @@
 """Rule monitor_start: the guardian, the simulated hardware and one agent per host."""
+
 from pathlib import Path
 
 from thermab import jobs

@@ -1,4 +1,5 @@
 """Rule monitor_stop: restore every host, stop servers and agents, pull the logs."""
+
 from pathlib import Path
 
 from thermab import jobs

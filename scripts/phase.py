@@ -1,4 +1,5 @@
 """Rule phase: patch, restart, ready, then per level of load: load with probe, cool down."""
+
 from thermab import jobs
 from thermab.experiment import phase
 

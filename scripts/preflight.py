@@ -1,4 +1,5 @@
 """Rule preflight: check every host before anything changes."""
+
 from pathlib import Path
 
 from thermab import jobs

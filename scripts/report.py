@@ -1,15 +1,22 @@
 """Rule report: figures, report.html and the provenance archive (config, versions, DAG)."""
+
 from pathlib import Path
 
-from thermab.analysis import provenance
 from thermab import jobs
+from thermab.analysis import provenance
 from thermab.analysis.analyze import compute
-from thermab.analysis.plots import render_figures
 from thermab.analysis.html_report import write_report
+from thermab.analysis.plots import render_figures
 
 with jobs.logged(snakemake.log[0]):
     run_dir = Path(snakemake.output.html).parent
     render_figures(compute(run_dir, analysis=dict(snakemake.params.analysis)))
     write_report(run_dir, Path(snakemake.output.html))
-    provenance.write(run_dir, Path(snakemake.output.provenance), dict(snakemake.config),
-                     Path(snakemake.params.snakefile), Path.cwd(), snakemake.output.html)
+    provenance.write(
+        run_dir,
+        Path(snakemake.output.provenance),
+        dict(snakemake.config),
+        Path(snakemake.params.snakefile),
+        Path.cwd(),
+        snakemake.output.html,
+    )

@@ -1,4 +1,5 @@
 """Rule restore: every host back to its original files, servers and agents stopped."""
+
 from thermab import jobs
 from thermab.experiment.restore import restore_all
 

@@ -18,13 +18,36 @@ import fleet
 
 TIERS = ("unit", "integration", "e2e", "real")
 FILE_TIERS = {
-    "integration": {"test_agent.py", "test_cli_errors.py", "test_discover.py", "test_guardian.py", "test_interlock.py",
-                "test_load.py", "test_package.py", "test_power.py", "test_sim.py", "test_config.py",
-                "test_known_hosts.py", "test_agent_devices.py", "test_server_metrics.py", "test_hostile_config.py",
-                "test_hostile_runs.py", "test_questions.py", "test_sequential.py", "test_config_properties.py",
-                "test_levels.py"},
-    "real": {"test_ssh.py", "test_docker.py", "test_vllm_cpu.py", "test_timeline_browser.py", "test_slurm.py",
-             "test_load_tools.py"},
+    "integration": {
+        "test_agent.py",
+        "test_cli_errors.py",
+        "test_discover.py",
+        "test_guardian.py",
+        "test_interlock.py",
+        "test_load.py",
+        "test_package.py",
+        "test_power.py",
+        "test_sim.py",
+        "test_config.py",
+        "test_known_hosts.py",
+        "test_agent_devices.py",
+        "test_server_metrics.py",
+        "test_hostile_config.py",
+        "test_hostile_runs.py",
+        "test_questions.py",
+        "test_sequential.py",
+        "test_config_properties.py",
+        "test_levels.py",
+        "test_lint.py",
+    },
+    "real": {
+        "test_ssh.py",
+        "test_docker.py",
+        "test_vllm_cpu.py",
+        "test_timeline_browser.py",
+        "test_slurm.py",
+        "test_load_tools.py",
+    },
 }
 
 # in-process tests that take seconds each (measured with --durations; a whole-run analysis
@@ -61,6 +84,7 @@ def pytest_ignore_collect(collection_path, config):
         return None
     try:
         from _pytest.mark.expression import Expression
+
         selected = Expression.compile(config.option.markexpr).evaluate(lambda name, **_kwargs: name == tier)
     except Exception:  # pytest's expression API is its own: where it changed, collect as before
         return None

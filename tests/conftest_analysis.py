@@ -17,9 +17,24 @@ PROBE_TOKENS = 256
 BASELINE = (5.0, 55.0)  # seconds after run_start
 
 
-def write_synthetic_run(path, order="AB", arms=ARMS, reps=1, temperature=None, cpu=None, tok_s=None,
-                        stalls=None, loop_share=None, probe_arrivals=None, aborted_first=False, requests=True,
-                        seed=0, t0=1.7e9, power=None, power_interval_s=5.0) -> Path:
+def write_synthetic_run(
+    path,
+    order="AB",
+    arms=ARMS,
+    reps=1,
+    temperature=None,
+    cpu=None,
+    tok_s=None,
+    stalls=None,
+    loop_share=None,
+    probe_arrivals=None,
+    aborted_first=False,
+    requests=True,
+    seed=0,
+    t0=1.7e9,
+    power=None,
+    power_interval_s=5.0,
+) -> Path:
     """A run of ``reps`` × ``order`` phases of PHASE_S seconds after an idle baseline
     ``[t0 + BASELINE[0], t0 + BASELINE[1])``: the head TSOC sits at
     ``temperature[arm]`` during load (N(0, 0.3) noise), 50 °C otherwise; CPU at ``cpu[arm]``;
@@ -28,7 +43,8 @@ def write_synthetic_run(path, order="AB", arms=ARMS, reps=1, temperature=None, c
     tokens arrive in ``probe_arrivals[arm]`` bursts (default one per token, 17 tok/s). With
     ``requests``, tidy/requests.parquet and each phase's validity.json as the load stage writes
     them.  ``power``: {(host, domain): {arm: watts under load, "idle": watts}}, sampled every
-    ``power_interval_s`` as kind ``power``.  ``aborted_first``: the first phase has an aborted attempt (load_start, abort) before
+    ``power_interval_s`` as kind ``power``.  ``aborted_first``: the first phase has an aborted
+    attempt (load_start, abort) before
     its retry."""
     temperature = temperature or {"A": 90.0, "B": 80.0}
     cpu = cpu or {"A": 398.0, "B": 212.0}
@@ -37,8 +53,11 @@ def write_synthetic_run(path, order="AB", arms=ARMS, reps=1, temperature=None, c
     rng = np.random.default_rng(seed)
     path = Path(path)
     (path / "tidy").mkdir(parents=True, exist_ok=True)
-    events = [{"t": t0, "event": "run_start"}, {"t": t0 + BASELINE[0], "event": "baseline_start", "order": order},
-              {"t": t0 + BASELINE[1], "event": "baseline_end", "order": order}]
+    events = [
+        {"t": t0, "event": "run_start"},
+        {"t": t0 + BASELINE[0], "event": "baseline_start", "order": order},
+        {"t": t0 + BASELINE[1], "event": "baseline_end", "order": order},
+    ]
     windows, t = [], t0 + 60
     for rep in range(1, reps + 1):
         for arm in order:
@@ -47,9 +66,12 @@ def write_synthetic_run(path, order="AB", arms=ARMS, reps=1, temperature=None, c
             if aborted_first and not windows:
                 events += [{"t": t + 10, "event": "load_start", **keys}, {"t": t + 20, "event": "abort", **keys}]
                 t += 30
-            events += [{"t": t + 10, "event": "server_ready", **keys}, {"t": t + 15, "event": "load_start", **keys},
-                       {"t": t + 15 + PHASE_S, "event": "load_end", **keys},
-                       {"t": t + 15 + PHASE_S + GAP_S, "event": "cooldown_end", **keys}]
+            events += [
+                {"t": t + 10, "event": "server_ready", **keys},
+                {"t": t + 15, "event": "load_start", **keys},
+                {"t": t + 15 + PHASE_S, "event": "load_end", **keys},
+                {"t": t + 15 + PHASE_S + GAP_S, "event": "cooldown_end", **keys},
+            ]
             windows.append((keys, t + 15, t + 15 + PHASE_S))
             t += 15 + PHASE_S + GAP_S
     events.append({"t": t, "event": "run_end"})
@@ -75,21 +97,41 @@ def write_synthetic_run(path, order="AB", arms=ARMS, reps=1, temperature=None, c
         parts.append(_series(power_t, host, "power", domain, level(power_t, watts, watts["idle"])))
     pd.concat(parts, ignore_index=True).sort_values("t").to_parquet(path / "tidy" / "telemetry.parquet", index=False)
     if requests:
-        phases = [_phase_requests(keys, start, end, tok_s[keys["arm"]], stalls.get(keys["arm"], 0),
-                                  (loop_share or {}).get(keys["arm"], 1.0),
-                                  (probe_arrivals or {}).get(keys["arm"], PROBE_TOKENS))
-                  for keys, start, end in windows]
+        phases = [
+            _phase_requests(
+                keys,
+                start,
+                end,
+                tok_s[keys["arm"]],
+                stalls.get(keys["arm"], 0),
+                (loop_share or {}).get(keys["arm"], 1.0),
+                (probe_arrivals or {}).get(keys["arm"], PROBE_TOKENS),
+            )
+            for keys, start, end in windows
+        ]
         pd.concat(phases, ignore_index=True).to_parquet(path / "tidy" / "requests.parquet", index=False)
-        for (keys, start, end), frame in zip(windows, phases):
-            report = validity.validity_report(frame, (start, end), users=USERS, max_tokens=MAX_TOKENS,
-                                              prompt_tokens=1400, probe_n=3, stall_gap_s=1.0)
+        for (keys, start, end), frame in zip(windows, phases, strict=False):
+            report = validity.validity_report(
+                frame, (start, end), users=USERS, max_tokens=MAX_TOKENS, prompt_tokens=1400, probe_n=3, stall_gap_s=1.0
+            )
             phase_dir = path / "phases" / f"rep{keys['rep']}-{keys['arm']}"
             phase_dir.mkdir(parents=True, exist_ok=True)
             (phase_dir / "validity.json").write_text(json.dumps({**keys, "users": USERS, **report}), encoding="utf-8")
-    run = {"cluster": "synthetic", "order": order, "repeats": reps, "arms": arms,
-           "reference_arm": next(iter(arms)), "setting": "busy_loop_s", "head": "head",
-           "hosts": ["head", "worker"], "thresholds_c": [85, 90, 92, 95], "trip_point_c": 104.8,
-           "reference_lines_c": [96, 87], "stall_gap_s": 1.0, "timeline_zone": "TSOC"}
+    run = {
+        "cluster": "synthetic",
+        "order": order,
+        "repeats": reps,
+        "arms": arms,
+        "reference_arm": next(iter(arms)),
+        "setting": "busy_loop_s",
+        "head": "head",
+        "hosts": ["head", "worker"],
+        "thresholds_c": [85, 90, 92, 95],
+        "trip_point_c": 104.8,
+        "reference_lines_c": [96, 87],
+        "stall_gap_s": 1.0,
+        "timeline_zone": "TSOC",
+    }
     (path / "run.json").write_text(json.dumps(run), encoding="utf-8")
     (path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
     return path
@@ -111,19 +153,48 @@ def _phase_requests(keys, start, end, tok_s, stalls, loop_share, probe_arrivals)
         t_end = start + (user - 0.5) / USERS * period
         while (t_start := max(start, t_end - loop_share * period)) < end:
             first_token = t_start + min(1.0, (t_end - t_start) / 2)
-            records.append({"kind": "load", "user": user, "tag": f"u{user} {t_end:.0f}", "t_start": t_start,
-                            "t_first_token": first_token, "t_end": t_end, "prompt_tokens": 1400,
-                            "completion_tokens": MAX_TOKENS, "cached_tokens": 0, "ok": True, "error": "",
-                            "max_gap_s": 0.3, "stall_gaps": stalls if user == 1 and t_start == start else 0,
-                            "usage_source": "usage", "token_arrivals": MAX_TOKENS,
-                            "token_span_s": t_end - first_token})
+            records.append(
+                {
+                    "kind": "load",
+                    "user": user,
+                    "tag": f"u{user} {t_end:.0f}",
+                    "t_start": t_start,
+                    "t_first_token": first_token,
+                    "t_end": t_end,
+                    "prompt_tokens": 1400,
+                    "completion_tokens": MAX_TOKENS,
+                    "cached_tokens": 0,
+                    "ok": True,
+                    "error": "",
+                    "max_gap_s": 0.3,
+                    "stall_gaps": stalls if user == 1 and t_start == start else 0,
+                    "usage_source": "usage",
+                    "token_arrivals": MAX_TOKENS,
+                    "token_span_s": t_end - first_token,
+                }
+            )
             t_end += period
     decode_s = 15.0 if probe_arrivals >= PROBE_TOKENS else 0.003
     for i in range(3):
         first_token = start + 101 + 20 * i
-        records.append({"kind": "probe", "user": 0, "tag": f"p{i}", "t_start": first_token - 1,
-                        "t_first_token": first_token, "t_end": first_token + decode_s, "prompt_tokens": 20,
-                        "completion_tokens": PROBE_TOKENS, "cached_tokens": None, "ok": True, "error": "",
-                        "max_gap_s": 0.1, "stall_gaps": 0, "usage_source": "usage",
-                        "token_arrivals": probe_arrivals, "token_span_s": decode_s * 0.9})
+        records.append(
+            {
+                "kind": "probe",
+                "user": 0,
+                "tag": f"p{i}",
+                "t_start": first_token - 1,
+                "t_first_token": first_token,
+                "t_end": first_token + decode_s,
+                "prompt_tokens": 20,
+                "completion_tokens": PROBE_TOKENS,
+                "cached_tokens": None,
+                "ok": True,
+                "error": "",
+                "max_gap_s": 0.1,
+                "stall_gaps": 0,
+                "usage_source": "usage",
+                "token_arrivals": probe_arrivals,
+                "token_span_s": decode_s * 0.9,
+            }
+        )
     return validity.to_frame(records, **keys)

@@ -25,8 +25,14 @@ class Dockerd:
     process: subprocess.Popen
 
     def docker(self, *args: str, check: bool = True, input: bytes | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(["docker", *args], env={**os.environ, "DOCKER_HOST": self.host},
-                              capture_output=True, check=check, input=input, timeout=120)
+        return subprocess.run(
+            ["docker", *args],
+            env={**os.environ, "DOCKER_HOST": self.host},
+            capture_output=True,
+            check=check,
+            input=input,
+            timeout=120,
+        )
 
     def stop(self) -> None:
         stop_process(self.process, grace_s=30)
@@ -55,9 +61,23 @@ def start_dockerd(directory: Path) -> Dockerd:
     socket_path = directory / "docker.sock"
     log = open(directory / "dockerd.log", "w")
     process = subprocess.Popen(
-        ["dockerd", "--data-root", str(directory / "data"), "--exec-root", str(directory / "exec"),
-         "-H", f"unix://{socket_path}", "--pidfile", str(directory / "docker.pid"), "--bridge", "none",
-         "--iptables=false"], stdout=log, stderr=subprocess.STDOUT)
+        [
+            "dockerd",
+            "--data-root",
+            str(directory / "data"),
+            "--exec-root",
+            str(directory / "exec"),
+            "-H",
+            f"unix://{socket_path}",
+            "--pidfile",
+            str(directory / "docker.pid"),
+            "--bridge",
+            "none",
+            "--iptables=false",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     engine = Dockerd(f"unix://{socket_path}", process)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

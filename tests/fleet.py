@@ -12,8 +12,9 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-SHORT = {"timings": {"baseline_s": 4, "load_s": 15, "cooldown_below_c": 60, "cooldown_max_s": 4,
-                     "startup_timeout_s": 60}}
+SHORT = {
+    "timings": {"baseline_s": 4, "load_s": 15, "cooldown_below_c": 60, "cooldown_max_s": 4, "startup_timeout_s": 60}
+}
 
 
 def short_fleet(directory: Path) -> Path:
@@ -29,8 +30,18 @@ def short_fleet(directory: Path) -> Path:
 
 
 def snakemake(workdir: Path, configs: list[str], *args: str, env=None, timeout: float = 1800):
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(workdir), "--configfile", *configs, *args]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        *configs,
+        *args,
+    ]
     # the timeout only ends a hung run: on two cores shared with other work a fleet run took
     # 15 min (twice the usual)
     started = time.monotonic()

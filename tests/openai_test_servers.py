@@ -50,8 +50,7 @@ class PrefixCache:
     def lookup_and_store(self, text):
         block_chars = BLOCK_TOKENS * CHARS_PER_TOKEN
         prefixes = [
-            hashlib.sha256(text[:end].encode()).digest()
-            for end in range(block_chars, len(text) + 1, block_chars)
+            hashlib.sha256(text[:end].encode()).digest() for end in range(block_chars, len(text) + 1, block_chars)
         ]
         with self._lock:
             hits = 0
@@ -66,8 +65,9 @@ class PrefixCache:
 class MisbehavingServer:
     """One misbehaving OpenAI-compatible server; use as a context manager."""
 
-    def __init__(self, behaviour="normal", *, token_interval_s=0.01, prefill_s=0.02,
-                 tokens_per_chunk=3, model="test-model"):
+    def __init__(
+        self, behaviour="normal", *, token_interval_s=0.01, prefill_s=0.02, tokens_per_chunk=3, model="test-model"
+    ):
         if behaviour not in BEHAVIOURS:
             raise ValueError(f"behaviour must be one of {BEHAVIOURS}, not {behaviour!r}")
         self.behaviour = behaviour
@@ -190,16 +190,24 @@ class MisbehavingServer:
                 max_tokens = int(body.get("max_tokens", 16))
                 n_tokens = max_tokens if body.get("ignore_eos") else max(1, max_tokens // 2)
                 include_usage = (body.get("stream_options") or {}).get("include_usage", False)
-                base = {"id": "chatcmpl-test", "object": "chat.completion.chunk",
-                        "created": int(time.time()), "model": peer.model}
+                base = {
+                    "id": "chatcmpl-test",
+                    "object": "chat.completion.chunk",
+                    "created": int(time.time()),
+                    "model": peer.model,
+                }
 
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 time.sleep(peer.prefill_s)
-                self._event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                  "finish_reason": None}]})
+                self._event(
+                    {
+                        **base,
+                        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                    }
+                )
                 sent = 0
                 while sent < n_tokens:
                     if peer.behaviour in ("drop", "truncated") and sent >= n_tokens // 2:
@@ -208,16 +216,23 @@ class MisbehavingServer:
                     step = min(peer.tokens_per_chunk, n_tokens - sent)
                     time.sleep(peer.token_interval_s * step)
                     text = "".join(f" {WORDS[(sent + i) % len(WORDS)]}" for i in range(step))
-                    self._event({**base, "choices": [{"index": 0, "delta": {"content": text},
-                                                      "finish_reason": None}]})
+                    self._event({**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
                     sent += step
                 finish = "length" if n_tokens == max_tokens else "stop"
                 self._event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
                 if include_usage and peer.behaviour != "no_usage":
-                    self._event({**base, "choices": [], "usage": {
-                        "prompt_tokens": prompt_tokens, "completion_tokens": n_tokens,
-                        "total_tokens": prompt_tokens + n_tokens,
-                        "prompt_tokens_details": {"cached_tokens": cached_tokens}}})
+                    self._event(
+                        {
+                            **base,
+                            "choices": [],
+                            "usage": {
+                                "prompt_tokens": prompt_tokens,
+                                "completion_tokens": n_tokens,
+                                "total_tokens": prompt_tokens + n_tokens,
+                                "prompt_tokens_details": {"cached_tokens": cached_tokens},
+                            },
+                        }
+                    )
                 self._write_chunk(b"data: [DONE]\n\n")
                 self._write_chunk(b"")
 

@@ -45,5 +45,8 @@ def live_processes():
 
 def processes_in(workdir) -> list[str]:
     """Every live process whose command line or working directory lies in ``workdir``."""
-    return [f"{pid}: {cmdline[:160]}" for pid, cmdline, cwd in live_processes()
-            if str(workdir) in cmdline or cwd.startswith(str(workdir))]
+    return [
+        f"{pid}: {cmdline[:160]}"
+        for pid, cmdline, cwd in live_processes()
+        if str(workdir) in cmdline or cwd.startswith(str(workdir))
+    ]

@@ -92,9 +92,19 @@ def start_slurm(directory: Path, cpus: int = 2) -> Slurm:
     slurm = Slurm(directory, directory / "slurm.conf", socket.gethostname().split(".")[0], cpus)
     log = directory / "munged.log"
     munged = subprocess.Popen(
-        [binaries["munged"], "--foreground", "--force", f"--socket={munge_socket}", f"--key-file={key}",
-         f"--pid-file={directory / 'munge' / 'munged.pid'}", f"--seed-file={directory / 'munge' / 'seed'}",
-         f"--log-file={log}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        [
+            binaries["munged"],
+            "--foreground",
+            "--force",
+            f"--socket={munge_socket}",
+            f"--key-file={key}",
+            f"--pid-file={directory / 'munge' / 'munged.pid'}",
+            f"--seed-file={directory / 'munge' / 'seed'}",
+            f"--log-file={log}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     slurm.processes.append(munged)
     try:
         _wait("munged", munged, log, munge_socket.exists, timeout=15)
@@ -111,12 +121,12 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={munge_socket}
-StateSaveLocation={directory / 'state'}
-SlurmdSpoolDir={directory / 'spool'}
-SlurmctldPidFile={directory / 'slurmctld.pid'}
-SlurmdPidFile={directory / 'slurmd.pid'}
-SlurmctldLogFile={directory / 'slurmctld.log'}
-SlurmdLogFile={directory / 'slurmd.log'}
+StateSaveLocation={directory / "state"}
+SlurmdSpoolDir={directory / "spool"}
+SlurmctldPidFile={directory / "slurmctld.pid"}
+SlurmdPidFile={directory / "slurmd.pid"}
+SlurmctldLogFile={directory / "slurmctld.log"}
+SlurmdLogFile={directory / "slurmd.log"}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -138,14 +148,22 @@ PartitionName={PARTITION} Nodes={slurm.node} Default=YES MaxTime=INFINITE State=
         DEFAULT_CONF.symlink_to(slurm.conf)
         for daemon in ("slurmctld", "slurmd"):
             log = directory / f"{daemon}.log"
-            process = subprocess.Popen([binaries[daemon], "-D", "-f", str(slurm.conf)], env=slurm.env,
-                                       stdout=open(directory / f"{daemon}.out", "w"), stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                [binaries[daemon], "-D", "-f", str(slurm.conf)],
+                env=slurm.env,
+                stdout=open(directory / f"{daemon}.out", "w"),
+                stderr=subprocess.STDOUT,
+            )
             slurm.processes.append(process)
             if daemon == "slurmctld":
                 _wait(daemon, process, log, lambda: slurm.run("sinfo", check=False).returncode == 0)
             else:
-                _wait(daemon, process, log, lambda: "idle" in slurm.run(
-                    "sinfo", "--noheader", "--format=%T", check=False).stdout)
+                _wait(
+                    daemon,
+                    process,
+                    log,
+                    lambda: "idle" in slurm.run("sinfo", "--noheader", "--format=%T", check=False).stdout,
+                )
     except BaseException:
         slurm.stop()
         raise

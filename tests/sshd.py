@@ -49,8 +49,23 @@ def start_sshd(directory: Path, extra_config: str = "", host_ca: Path | None = N
     for key in (host_key, client_key):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     if host_ca is not None:
-        subprocess.run(["ssh-keygen", "-q", "-s", str(host_ca), "-I", "thermab-test", "-h", "-n", "127.0.0.1",
-                        "-V", "-5m:+1h", str(host_key.with_suffix(".pub"))], check=True)
+        subprocess.run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-s",
+                str(host_ca),
+                "-I",
+                "thermab-test",
+                "-h",
+                "-n",
+                "127.0.0.1",
+                "-V",
+                "-5m:+1h",
+                str(host_key.with_suffix(".pub")),
+            ],
+            check=True,
+        )
         extra_config += f"\nHostCertificate {host_key}-cert.pub\n"
     authorized = directory / "authorized_keys"
     authorized.write_text(client_key.with_suffix(".pub").read_text())

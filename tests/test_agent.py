@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from thermab.telemetry.agent import CpuFrequency, ProcessCpu, ThermalZones, parse_millidegrees, zone_name
+from processes import processes_in, wait_until
 from thermab.config import HostSpec
 from thermab.contracts import Preflight
 from thermab.hosts.host import Host
-from thermab.telemetry import ingest
-from thermab.telemetry import deploy
-from processes import processes_in, wait_until
+from thermab.telemetry import deploy, ingest
+from thermab.telemetry.agent import CpuFrequency, ProcessCpu, ThermalZones, parse_millidegrees, zone_name
 
 GB10_ZONES = ["TSOC", "TS0E", "TS0P", "TS1E", "TS1P", "TGPU", "TUNC"]
 
@@ -47,10 +46,15 @@ def test_zone_names_follow_the_device_path():
     assert zone_name("", "iwlwifi_1", 9, {"iwlwifi_1": "..."}, "0000:00:14.3") == "iwlwifi_1@0000:00:14.3"
 
 
-@pytest.mark.parametrize("text, value, reason", [
-    ("89600", 89.6, ""), ("garbage", None, "not a number"), ("-273000", None, "implausible"),
-    ("151000", None, "implausible"),
-])
+@pytest.mark.parametrize(
+    "text, value, reason",
+    [
+        ("89600", 89.6, ""),
+        ("garbage", None, "not a number"),
+        ("-273000", None, "implausible"),
+        ("151000", None, "implausible"),
+    ],
+)
 def test_bad_readings_become_missing_with_a_reason(text, value, reason):
     parsed, why = parse_millidegrees(text)
     assert parsed == value and reason in why
@@ -98,7 +102,7 @@ def test_process_cpu_counts_a_busy_process(tmp_path):
 def stat_ticks(pid: int) -> int:
     """utime+stime of a process from /proc, read without the agent."""
     text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2:].split()
+    fields = text[text.rindex(")") + 2 :].split()
     return int(fields[11]) + int(fields[12])
 
 
@@ -142,8 +146,9 @@ def test_ingest_follows_a_clock_that_drifts(tmp_path):
     host_dir = tmp_path / "monitor/head"
     host_dir.mkdir(parents=True)
     (host_dir / "thermal.csv").write_text("t,sensor,value,reason\n900.0,TSOC,1,\n1505.0,TSOC,2,\n2100.0,TSOC,3,\n")
-    clocks = ingest.host_offsets(Preflight(t=1000.0, clock_offset_s={"head": 0.0}),
-                                 {"t": 2000.0, "clock_offset_end_s": {"head": 10.0}})
+    clocks = ingest.host_offsets(
+        Preflight(t=1000.0, clock_offset_s={"head": 0.0}), {"t": 2000.0, "clock_offset_end_s": {"head": 10.0}}
+    )
     tidy, _dropped = ingest.telemetry(tmp_path / "monitor", clocks)
     assert list(tidy["t"]) == [900.0, 1500.0, 2090.0], "interpolated between, the nearest held outside"
     assert clocks["head"].record() == {"at_s": [1000.0, 2000.0], "offset_s": [0.0, 10.0]}
@@ -158,12 +163,13 @@ def test_ingest_counts_malformed_rows_and_events_out_of_order(tmp_path):
         "t,sensor,value,reason\n"
         "100.0,TSOC,80.5,\n"
         "101.0,TSOC,,unreadable: Permission denied\n"
-        "102.0,TSOC,not-a-number\n"   # a row cut short by a crash
+        "102.0,TSOC,not-a-number\n"  # a row cut short by a crash
         "103.0,TSOC,81.0,,extra,fields\n"
         "xx,TSOC,82.0,\n"
         "103.5,TSOC,inf,\n"
         "inf,TSOC,82.0,\n"
-        "104.0,TSOC,82.5,\n")
+        "104.0,TSOC,82.5,\n"
+    )
     tidy, dropped = ingest.telemetry(tmp_path / "monitor", {"head": 10.0})
     assert list(tidy["value"]) == [80.5, 82.5] and list(tidy["t"]) == [90.0, 94.0]
     assert dropped["head/thermal: not a finite number"] == 2
@@ -171,8 +177,11 @@ def test_ingest_counts_malformed_rows_and_events_out_of_order(tmp_path):
     assert dropped["head/thermal: wrong number of fields"] == 1
     assert dropped["head/thermal: malformed row"] == 2
     from thermab.experiment.events import read_checked
+
     (tmp_path / "events.jsonl").write_text(
-        '{"t": 5, "event": "load_start"}\n{"t": 3, "event": "run_start"}\n{"t": 9, "ev\n\n{"t": 7, "event": "load_end"}\n')
+        '{"t": 5, "event": "load_start"}\n{"t": 3, "event": "run_start"}\n'
+        '{"t": 9, "ev\n\n{"t": 7, "event": "load_end"}\n'
+    )
     records, problems = read_checked(tmp_path / "events.jsonl")
     assert [r["event"] for r in records] == ["load_start", "run_start", "load_end"]
     assert problems == {"malformed_lines": 1, "out_of_order": 1}
@@ -195,13 +204,17 @@ def make_x86(root: Path) -> None:
 
 def test_x86_host_reads_hwmon_and_has_no_zones(tmp_path):
     from thermab.telemetry.agent import Hwmon
+
     make_x86(tmp_path)
     assert ThermalZones(str(tmp_path)).discover()["zones"] == []
     hwmon = Hwmon(str(tmp_path))
     assert hwmon.available()
     assert hwmon.discover()["sensors"] == ["coretemp/Core 0", "coretemp/Package id 0", "nvme/temp1"]
     assert dict((s, v) for s, v, _ in hwmon.sample()) == {
-        "coretemp/Core 0": 58.0, "coretemp/Package id 0": 61.0, "nvme/temp1": 39.85}
+        "coretemp/Core 0": 58.0,
+        "coretemp/Package id 0": 61.0,
+        "nvme/temp1": 39.85,
+    }
 
 
 def test_a_zone_appearing_mid_run_is_picked_up(tmp_path):
@@ -214,12 +227,14 @@ def test_a_zone_appearing_mid_run_is_picked_up(tmp_path):
     (extra / "temp").write_text("41000\n")
     assert dict((s, v) for s, v, _ in zones.sample())["nvme"] == 41.0
     import shutil
+
     shutil.rmtree(extra)
     assert "nvme" not in dict((s, v) for s, v, _ in zones.sample())
 
 
 def test_nvidia_smi_output_is_parsed_with_missing_fields():
     from thermab.telemetry.agent import parse_nvidia_smi
+
     rows = parse_nvidia_smi("0, 45, 1980, 72.31, 88\n1, 51, [N/A], [N/A], 0\n")
     values = {s: (v, r) for s, v, r in rows}
     assert values["gpu0_temp_c"] == (45.0, "") and values["gpu0_power_w"] == (72.31, "")
@@ -236,28 +251,38 @@ def test_a_real_h200s_nvidia_smi_output_is_parsed(tmp_path, monkeypatch):
     stdout with exit 2, replayed by a stand-in nvidia-smi: the power source falls back to
     power.draw alone and names where its counter will come from."""
     from thermab.telemetry.agent import NvidiaPower, parse_nvidia_smi
+
     expected = {"idle": (39.0, 345.0, 79.31, 0.0), "load": (63.0, 1485.0, 689.31, 99.0)}
     for state, values in expected.items():
         rows = parse_nvidia_smi((H200 / f"nvidia-smi-{state}.csv").read_text())
-        assert rows == [(f"gpu0_{sensor}", value, "") for sensor, value in
-                        zip(("temp_c", "sm_clock_mhz", "power_w", "util_pct"), values)], state
+        assert rows == [
+            (f"gpu0_{sensor}", value, "")
+            for sensor, value in zip(("temp_c", "sm_clock_mhz", "power_w", "util_pct"), values, strict=False)
+        ], state
     rows = parse_nvidia_smi((H200 / "nvidia-smi-idle-units.csv").read_text())
     assert rows[0][0] == "gpu_parse_error" and rows[0][2].startswith("unexpected line: index, temperature.gpu")
     assert [r for _, _, r in rows[1:]] == ["", "not reported: 345 MHz", "not reported: 79.31 W", "not reported: 0 %"]
     refused = H200 / "power-energy-refused.txt"
-    fake_nvidia_smi(tmp_path, monkeypatch, f'case "$1" in *total_energy_consumption*) cat "{refused}"; exit 2;; esac\n'
-                    f'echo "0, 79.31"\n')
+    fake_nvidia_smi(
+        tmp_path,
+        monkeypatch,
+        f'case "$1" in *total_energy_consumption*) cat "{refused}"; exit 2;; esac\necho "0, 79.31"\n',
+    )
     power = NvidiaPower("/")
     found = power.discover()
     assert found["fields"] == ["index", "power.draw"] and found["sensors"] == ["gpu0 W"]
     assert found["energy_counter"] in ("NVML", None)  # NVML where this machine has the library
     assert power.rows_of(2, refused.read_text(), "") == [
-        ("gpu_power_error", None, 'exit 2: Field "total_energy_consumption" is not a valid field to query.')]
+        ("gpu_power_error", None, 'exit 2: Field "total_energy_consumption" is not a valid field to query.')
+    ]
 
 
 def test_busiest_threads_are_attributed_to_a_core(tmp_path):
     marker = f"thermab-thread-burner-{os.getpid()}"
-    code = "import threading\ndef spin():\n    while True: pass\nthreading.Thread(target=spin, daemon=True).start()\nimport time\ntime.sleep(60)"
+    code = (
+        "import threading\ndef spin():\n    while True: pass\n"
+        "threading.Thread(target=spin, daemon=True).start()\nimport time\ntime.sleep(60)"
+    )
     burner = subprocess.Popen([sys.executable, "-c", code, marker])
     try:
         source = ProcessCpu(marker)
@@ -278,11 +303,12 @@ def test_busiest_threads_are_attributed_to_a_core(tmp_path):
 
 # -- the agent never dies of a reading ------------------------------------------------------------
 
+
 def csv_rows(path: Path) -> list[dict]:
     import csv
+
     with open(path) as handle:
         return list(csv.DictReader(handle))
-
 
 
 def fake_nvidia_smi(tmp_path, monkeypatch, script: str) -> None:
@@ -300,11 +326,19 @@ def test_a_hanging_nvidia_smi_is_a_missing_value_and_delays_nothing(tmp_path, mo
     fake_nvidia_smi(tmp_path, monkeypatch, "exec sleep 600\n")
     out = tmp_path / "out"
     settings = tmp_path / "settings.json"
-    settings.write_text(json.dumps({"out_dir": str(out), "stop_file": str(tmp_path / "stop"),
-                                    "process_pattern": "no-such-process-xyz",
-                                    "intervals": {"gpu": 0.2, "gpu_power": 0.2, "system": 0.2}}))
-    agent = subprocess.Popen([sys.executable, str(deploy.AGENT_SOURCE), "--config", str(settings)],
-                             stderr=subprocess.PIPE, text=True)
+    settings.write_text(
+        json.dumps(
+            {
+                "out_dir": str(out),
+                "stop_file": str(tmp_path / "stop"),
+                "process_pattern": "no-such-process-xyz",
+                "intervals": {"gpu": 0.2, "gpu_power": 0.2, "system": 0.2},
+            }
+        )
+    )
+    agent = subprocess.Popen(
+        [sys.executable, str(deploy.AGENT_SOURCE), "--config", str(settings)], stderr=subprocess.PIPE, text=True
+    )
     try:
         assert wait_until(lambda: (out / "gpu.csv").exists(), timeout=60), "the timeout is recorded"
         (tmp_path / "stop").touch()
@@ -322,41 +356,58 @@ def test_a_hanging_nvidia_smi_is_a_missing_value_and_delays_nothing(tmp_path, mo
     assert wait_until(lambda: processes_in(tmp_path) == []), "the hung command ends with the agent"
 
 
-LOST_GPU = ("0, 45, 1980, 72.31, 88\n"
-            "Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error\n"
-            "2, 51, 1410, 65.00, 12\n")
+LOST_GPU = (
+    "0, 45, 1980, 72.31, 88\n"
+    "Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error\n"
+    "2, 51, 1410, 65.00, 12\n"
+)
 
 
 def test_a_gpu_off_the_bus_keeps_the_others_rows_and_is_named(tmp_path, monkeypatch):
     from thermab.telemetry.agent import NvidiaGpu, NvidiaPower
-    fake_nvidia_smi(tmp_path, monkeypatch, f"printf '{LOST_GPU}'\nprintf 'see the kernel log\\nline two\\n' >&2\nexit 15\n")
+
+    fake_nvidia_smi(
+        tmp_path, monkeypatch, f"printf '{LOST_GPU}'\nprintf 'see the kernel log\\nline two\\n' >&2\nexit 15\n"
+    )
     rows = {s: (v, r) for _, s, v, r in NvidiaGpu("/").measure()}
     assert rows["gpu0_temp_c"] == (45.0, "") and rows["gpu2_util_pct"] == (12.0, "")
     assert rows["gpu_error 0000:3b:00.0"] == (
-        None, "exit 15: Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error")
+        None,
+        "exit 15: Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error",
+    )
     assert not [s for s in rows if "parse_error" in s], "the error line is the failure, not a parse error"
     power = NvidiaPower("/")
     power.fields = ("index", "power.draw")
-    fake_nvidia_smi(tmp_path, monkeypatch, "printf '0, 72.31\\nUnable to determine the device handle for "
-                                          "GPU00000000:3B:00.0: GPU is lost\\n'\nexit 15\n")
+    fake_nvidia_smi(
+        tmp_path,
+        monkeypatch,
+        "printf '0, 72.31\\nUnable to determine the device handle for GPU00000000:3B:00.0: GPU is lost\\n'\nexit 15\n",
+    )
     rows = {s: (v, r) for _, s, v, r in power.measure()}
     assert rows["gpu0 W"] == (72.31, "") and rows["gpu_power_error 00000000:3b:00.0"][0] is None
 
 
-@pytest.mark.parametrize("script, reason", [
-    ("printf 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.\\n"
-     "Make sure that the latest NVIDIA driver is installed and running.\\n'\nexit 9\n",
-     "exit 9: NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver."),
-    ("exit 3\n", "exit 3"),
-])
+@pytest.mark.parametrize(
+    "script, reason",
+    [
+        (
+            "printf 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.\\n"
+            "Make sure that the latest NVIDIA driver is installed and running.\\n'\nexit 9\n",
+            "exit 9: NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.",
+        ),
+        ("exit 3\n", "exit 3"),
+    ],
+)
 def test_a_failed_command_is_one_row_with_a_category_and_its_first_line(tmp_path, monkeypatch, script, reason):
     from thermab.telemetry.agent import NvidiaGpu
+
     fake_nvidia_smi(tmp_path, monkeypatch, script)
     assert [(s, v, r) for _, s, v, r in NvidiaGpu("/").measure()] == [("gpu_error", None, reason)]
 
 
 def test_a_simulated_node_never_reads_the_machines_gpus(tmp_path, monkeypatch):
     from thermab.telemetry.agent import SOURCES, CommandSource, discover_all
+
     fake_nvidia_smi(tmp_path, monkeypatch, f"printf '{LOST_GPU}'\n")
     make_gb10(tmp_path / "node")
     commands = [source(str(tmp_path / "node")) for source in SOURCES if issubclass(source, CommandSource)]
@@ -392,8 +443,13 @@ def test_a_zone_is_renamed_when_its_device_path_appears(tmp_path):
 
 
 def run_agent(config: Path, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(deploy.AGENT_SOURCE), "--config", str(config)],
-                          capture_output=True, text=True, timeout=60, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, str(deploy.AGENT_SOURCE), "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
 
 
 def test_the_agent_never_overwrites_its_own_settings(tmp_path):
@@ -406,12 +462,15 @@ def test_the_agent_never_overwrites_its_own_settings(tmp_path):
     assert settings.read_text() == text
 
 
-@pytest.mark.parametrize("settings, fragment", [
-    ({"out_dir": ".", "process_pattern": "vllm("}, "process_pattern 'vllm(': not a regular expression"),
-    ({"out_dir": ".", "intervals": {"thermal": 0}}, "intervals.thermal"),
-    ({"intervals": {}}, "out_dir"),
-    ("not json", "not JSON"),
-])
+@pytest.mark.parametrize(
+    "settings, fragment",
+    [
+        ({"out_dir": ".", "process_pattern": "vllm("}, "process_pattern 'vllm(': not a regular expression"),
+        ({"out_dir": ".", "intervals": {"thermal": 0}}, "intervals.thermal"),
+        ({"intervals": {}}, "out_dir"),
+        ("not json", "not JSON"),
+    ],
+)
 def test_unusable_settings_stop_the_agent_once_in_one_line(tmp_path, settings, fragment):
     path = tmp_path / "settings.json"
     path.write_text(settings if isinstance(settings, str) else json.dumps(settings))
@@ -437,14 +496,25 @@ def test_a_bad_proc_stat_is_a_missing_value_and_the_others_go_on(tmp_path):
     (proc / "stat").write_text("cpu\n")  # too short to hold a CPU's times
     (proc / "loadavg").write_text("0.5 0.4 0.3 1/100 1\n")
     settings = tmp_path / "settings.json"
-    settings.write_text(json.dumps({"out_dir": str(tmp_path / "out"), "sys_root": str(root), "proc_root": str(proc),
-                                    "stop_file": str(tmp_path / "stop"), "process_pattern": "x",
-                                    "intervals": {"thermal": 0.2, "system": 0.2, "cpu": 0.2, "freq": 0.2}}))
-    agent = subprocess.Popen([sys.executable, str(deploy.AGENT_SOURCE), "--config", str(settings)],
-                             stderr=subprocess.PIPE, text=True)
+    settings.write_text(
+        json.dumps(
+            {
+                "out_dir": str(tmp_path / "out"),
+                "sys_root": str(root),
+                "proc_root": str(proc),
+                "stop_file": str(tmp_path / "stop"),
+                "process_pattern": "x",
+                "intervals": {"thermal": 0.2, "system": 0.2, "cpu": 0.2, "freq": 0.2},
+            }
+        )
+    )
+    agent = subprocess.Popen(
+        [sys.executable, str(deploy.AGENT_SOURCE), "--config", str(settings)], stderr=subprocess.PIPE, text=True
+    )
     try:
-        assert wait_until(lambda: (tmp_path / "out/system.csv").exists()
-                          and len(csv_rows(tmp_path / "out/system.csv")) >= 6)
+        assert wait_until(
+            lambda: (tmp_path / "out/system.csv").exists() and len(csv_rows(tmp_path / "out/system.csv")) >= 6
+        )
         (tmp_path / "stop").touch()
         assert agent.wait(timeout=30) == 0, agent.stderr.read()
     finally:
@@ -479,6 +549,7 @@ def test_an_odd_tree_never_breaks_a_source(tmp_path):
     """Two zones with one ACPI path, a zone without temp, a policy without a number, a
     dangling hwmon link: every zone keeps a name of its own and every source answers."""
     from thermab.telemetry.agent import SOURCES, Hwmon, discover_all
+
     for index, (path, temp) in enumerate([("\\_TZ_.TZ00", "40000"), ("\\_TZ_.TZ00", "41000"), ("", None)]):
         zone = tmp_path / f"sys/class/thermal/thermal_zone{index}"
         (zone / "device").mkdir(parents=True)
@@ -508,14 +579,28 @@ def test_an_odd_tree_never_breaks_a_source(tmp_path):
 
 # -- whatever a node's tree holds, every source answers ----------------------------------------------
 
-JUNK = ["", "\n", "abc\n", "-5\n", "99999999999999999999999\n", "nan\n", "inf\n", "1e3\n", " 42000 \n",
-        "\x00\x01", "42000\n43000\n", "0x10\n", "é\n"]
+JUNK = [
+    "",
+    "\n",
+    "abc\n",
+    "-5\n",
+    "99999999999999999999999\n",
+    "nan\n",
+    "inf\n",
+    "1e3\n",
+    " 42000 \n",
+    "\x00\x01",
+    "42000\n43000\n",
+    "0x10\n",
+    "é\n",
+]
 DAMAGE = ("junk", "delete", "directory", "link loop", "dangling link")
 
 
 @pytest.fixture(scope="module")
 def node_tree(tmp_path_factory):
     from thermab.sim.node import create_node
+
     root = tmp_path_factory.mktemp("template") / "node"
     create_node(root, role="head")
     return root, sorted(p.relative_to(root) for p in (root / "sys").rglob("*") if not p.is_symlink())
@@ -529,6 +614,7 @@ def damage(path: Path, how: str, junk: str) -> None:
         return
     if path.is_dir() and not path.is_symlink():
         import shutil
+
         shutil.rmtree(path)
     else:
         path.unlink()
@@ -544,6 +630,7 @@ def test_every_source_answers_whatever_the_tree_holds(node_tree, tmp_path_factor
     """Files of /sys replaced by junk, removed, turned into directories, looping or dangling
     links: no source raises, and every value is a finite number or missing with a reason."""
     import shutil
+
     from hypothesis import HealthCheck, given, settings, strategies as st
 
     from thermab.telemetry import agent
@@ -552,8 +639,11 @@ def test_every_source_answers_whatever_the_tree_holds(node_tree, tmp_path_factor
     work = tmp_path_factory.mktemp("damaged")
 
     @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-    @given(st.lists(st.tuples(st.sampled_from(files), st.sampled_from(DAMAGE), st.sampled_from(JUNK)),
-                    min_size=1, max_size=4))
+    @given(
+        st.lists(
+            st.tuples(st.sampled_from(files), st.sampled_from(DAMAGE), st.sampled_from(JUNK)), min_size=1, max_size=4
+        )
+    )
     def check(changes):
         root = work / "node"
         shutil.rmtree(root, ignore_errors=True)
@@ -580,21 +670,36 @@ def test_every_source_answers_whatever_the_tree_holds(node_tree, tmp_path_factor
 
 # -- vLLM's processes, by their titles; matched without reading every cmdline each sample ----------
 
+
 def test_the_default_pattern_matches_vllms_titles_and_commands_only():
     import yaml
+
     from thermab.config import SCHEMA
     from thermab.experiment.discover import PROCESS_PATTERN
     from thermab.telemetry.agent import DEFAULT_PROCESS_PATTERN
+
     schema = yaml.safe_load(SCHEMA.read_text())
-    assert schema["properties"]["monitor"]["properties"]["process_pattern"]["default"] \
-        == DEFAULT_PROCESS_PATTERN == PROCESS_PATTERN
+    assert (
+        schema["properties"]["monitor"]["properties"]["process_pattern"]["default"]
+        == DEFAULT_PROCESS_PATTERN
+        == PROCESS_PATTERN
+    )
     pattern = re.compile(DEFAULT_PROCESS_PATTERN)
-    for command in ("VLLM::EngineCore", "VLLM::Worker_TP0", "VLLM::Worker_TP1_EP1", "VLLM::APIServer",
-                    "/venv/bin/python3 /venv/bin/vllm serve deepseek-ai/DeepSeek-R1 --tensor-parallel-size 2",
-                    "python -m vllm.entrypoints.openai.api_server --model m", "python -m thermab.sim.vllm serve --node /n"):
+    for command in (
+        "VLLM::EngineCore",
+        "VLLM::Worker_TP0",
+        "VLLM::Worker_TP1_EP1",
+        "VLLM::APIServer",
+        "/venv/bin/python3 /venv/bin/vllm serve deepseek-ai/DeepSeek-R1 --tensor-parallel-size 2",
+        "python -m vllm.entrypoints.openai.api_server --model m",
+        "python -m thermab.sim.vllm serve --node /n",
+    ):
         assert pattern.search(command), command
-    for command in ("snakemake --configfile config/examples/local-vllm-cpu.yaml", "pytest tests/test_vllm_cpu.py",
-                    "vim vllm-notes.md"):
+    for command in (
+        "snakemake --configfile config/examples/local-vllm-cpu.yaml",
+        "pytest tests/test_vllm_cpu.py",
+        "vim vllm-notes.md",
+    ):
         assert not pattern.search(command), command
 
 
@@ -609,8 +714,9 @@ def fake_process(proc: Path, pid: int, cmdline: str, ticks: int, start: int = 10
     (directory / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
     comm = (cmdline if cmdline.startswith("VLLM::") else "python3")[:15]
     (directory / "comm").write_text(comm + "\n")
-    (directory / "status").write_text(f"Name:\t{comm}\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{tgid or pid}\n"
-                                      f"Ngid:\t0\nPid:\t{pid}\n")
+    (directory / "status").write_text(
+        f"Name:\t{comm}\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{tgid or pid}\nNgid:\t0\nPid:\t{pid}\n"
+    )
     stat = f"{pid} ({comm}) S 1 {pid} {pid} 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0 1 0 {start} 0 0"
     (directory / "stat").write_text(stat + " 0" * 20 + "\n")
     (directory / "task" / str(pid) / "stat").write_text(stat + " 0" * 20 + "\n")
@@ -657,8 +763,20 @@ def test_census_lists_the_matched_processes_with_titles_and_cpu(tmp_path):
     burner = subprocess.Popen(["bash", "-c", f'exec -a {marker} {sys.executable} -c "while True: pass"'])
     try:
         assert wait_until(lambda: ProcessCpu(marker).matching_pids(), timeout=10)
-        result = subprocess.run([sys.executable, str(deploy.AGENT_SOURCE), "--discover", "--sys-root", str(tmp_path),
-                                 "--process-pattern", marker], capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [
+                sys.executable,
+                str(deploy.AGENT_SOURCE),
+                "--discover",
+                "--sys-root",
+                str(tmp_path),
+                "--process-pattern",
+                marker,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         burner.kill()
         burner.wait()
@@ -668,23 +786,29 @@ def test_census_lists_the_matched_processes_with_titles_and_cpu(tmp_path):
     line = deploy.describe_processes(found)
     assert line.startswith("1 match") and f"{burner.pid} {marker}" in line
     from thermab.experiment.discover import summarize_agent
+
     assert dict(summarize_agent({"processes": found})[0])["vLLM processes"] == line
     assert "none match" in deploy.describe_processes({"pattern": "x", "processes": [], "cpu_pct": 0})
 
 
 # -- values that mean "unset" are not values ----------------------------------------------------
 
+
 def test_unset_trip_points_are_left_out_and_the_interlock_says_which_it_uses(tmp_path):
     make_gb10(tmp_path)
     zone = tmp_path / "sys/class/thermal/thermal_zone2"
-    for index, (millic, kind) in enumerate([("0", "critical"), ("-274000", "hot"), ("95000", "passive"),
-                                            ("45000", "active"), ("99000", "critical")]):
+    for index, (millic, kind) in enumerate(
+        [("0", "critical"), ("-274000", "hot"), ("95000", "passive"), ("45000", "active"), ("99000", "critical")]
+    ):
         (zone / f"trip_point_{index}_temp").write_text(millic + "\n")
         (zone / f"trip_point_{index}_type").write_text(kind + "\n")
     details = {z["name"]: z for z in ThermalZones(str(tmp_path)).discover()["details"]}
     assert details["TS0P"]["trip_point_c"] == 95.0 and details["TS0P"]["trip_point"] == "trip_point_2_temp (passive)"
     assert [t["trip_point"] for t in details["TS0P"]["trip_points_ignored"]] == [
-        "trip_point_0_temp (critical)", "trip_point_1_temp (hot)", "trip_point_3_temp (active)"]
+        "trip_point_0_temp (critical)",
+        "trip_point_1_temp (hot)",
+        "trip_point_3_temp (active)",
+    ]
     assert details["TSOC"]["trip_point_c"] == 104.8
     (tmp_path / "sys/class/thermal/thermal_zone0/trip_point_0_temp").write_text("0\n")
     assert ThermalZones(str(tmp_path)).discover()["details"][0]["trip_point_c"] is None, "0 is no trip point"
@@ -696,8 +820,15 @@ def test_unset_trip_points_are_left_out_and_the_interlock_says_which_it_uses(tmp
 def test_each_die_keeps_its_counter_and_counts_once_in_the_host_total(tmp_path):
     from thermab.analysis.energy import host_total_domains
     from thermab.telemetry.agent import RaplPower
-    for zone, name in [("intel-rapl:0", "package-0-die-0"), ("intel-rapl:0:0", "dram"), ("intel-rapl:0:1", "core"),
-                       ("intel-rapl:1", "package-0-die-1"), ("intel-rapl:1:0", "dram"), ("intel-rapl:2", "psys")]:
+
+    for zone, name in [
+        ("intel-rapl:0", "package-0-die-0"),
+        ("intel-rapl:0:0", "dram"),
+        ("intel-rapl:0:1", "core"),
+        ("intel-rapl:1", "package-0-die-1"),
+        ("intel-rapl:1:0", "dram"),
+        ("intel-rapl:2", "psys"),
+    ]:
         directory = tmp_path / "sys/class/powercap" / zone
         directory.mkdir(parents=True)
         (directory / "name").write_text(name + "\n")
@@ -705,8 +836,14 @@ def test_each_die_keeps_its_counter_and_counts_once_in_the_host_total(tmp_path):
         (directory / "max_energy_range_uj").write_text("262143328850\n")
     rapl = RaplPower(str(tmp_path))
     domains = rapl.discover()["domains"]
-    assert domains == ["package-0-die-0", "dram-0-die-0", "package-0-die-0/core", "package-0-die-1",
-                       "dram-0-die-1", "psys"]
+    assert domains == [
+        "package-0-die-0",
+        "dram-0-die-0",
+        "package-0-die-0/core",
+        "package-0-die-1",
+        "dram-0-die-1",
+        "psys",
+    ]
     assert len(rapl.sample()) == 6, "a counter for every zone"
     assert host_total_domains(domains) == ["dram-0-die-0", "dram-0-die-1", "package-0-die-0", "package-0-die-1"]
 
@@ -839,11 +976,13 @@ def full_scan(proc: Path, previous: dict, elapsed: float) -> tuple[dict, float, 
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
             if pattern.search(cmdline):
                 text = (entry / "stat").read_text()
-                fields = text[text.rindex(")") + 2:].split()
+                fields = text[text.rindex(")") + 2 :].split()
                 current[entry.name] = (int(fields[11]) + int(fields[12]), int(fields[19]))
     since = float((proc / "uptime").read_text().split()[0]) * clk_tck - elapsed * clk_tck
-    delta = sum(ticks - previous[pid][0] if previous.get(pid, (0, None))[1] == start else (ticks if start >= since else 0)
-                for pid, (ticks, start) in current.items())
+    delta = sum(
+        ticks - previous[pid][0] if previous.get(pid, (0, None))[1] == start else (ticks if start >= since else 0)
+        for pid, (ticks, start) in current.items()
+    )
     return current, 100.0 * delta / clk_tck / elapsed, len(current)
 
 
@@ -859,8 +998,13 @@ def test_the_incremental_sum_is_the_full_scans(tmp_path):
     steps = [
         [(10, "vllm serve m", 100, 100), (11, "bash", 5, 100), (12, "VLLM::EngineCore", 40, 100)],
         [(10, "vllm serve m", 150, 100), (12, "VLLM::EngineCore", 70, 100), (13, "VLLM::Worker_TP0", 20, now)],
-        [("-", 11), (10, "vllm serve m", 160, 100), (13, "VLLM::Worker_TP0", 60, now), (14, "python train.py", 9, now),
-         (15, "vllm serve m", 1, now, 10)],  # 15: a thread of 10 (probed; a real /proc lists no thread)
+        [
+            ("-", 11),
+            (10, "vllm serve m", 160, 100),
+            (13, "VLLM::Worker_TP0", 60, now),
+            (14, "python train.py", 9, now),
+            (15, "vllm serve m", 1, now, 10),
+        ],  # 15: a thread of 10 (probed; a real /proc lists no thread)
         [("-", 15), ("-", 12), (12, "VLLM::Worker_TP1", 5, now)],  # the numbers wrapped at pid_max
         [(150, "vllm serve x", 7, now), (10, "vllm serve m", 200, 100)],  # many pids at once
         [("-", 10), (10, "bash", 3, now), (150, "vllm serve x", 27, now)],  # a shell under vLLM's old number
@@ -925,13 +1069,19 @@ def test_threads_are_read_of_the_processes_above_the_floor(tmp_path):
     advance(20, 201, 900), advance(20, 202, 50), advance(30, 301, 50)  # 90 % and 5 % of a core; 5 %
     write()
     assert threads(top) == {"thread VLLM::EngineCor 201 cpu2": 90.0, "thread VLLM::EngineCor 202 cpu3": 5.0}
-    assert threads(every) == {"thread VLLM::EngineCor 201 cpu2": 90.0, "thread VLLM::EngineCor 202 cpu3": 5.0,
-                              "thread VLLM::Worker_TP 301 cpu5": 5.0}
+    assert threads(every) == {
+        "thread VLLM::EngineCor 201 cpu2": 90.0,
+        "thread VLLM::EngineCor 202 cpu3": 5.0,
+        "thread VLLM::Worker_TP 301 cpu5": 5.0,
+    }
     advance(30, 301, 500)  # 30 rises above the floor; 20 is idle
     write()
     assert threads(top) == {}, "no baseline of 30's threads in the last span: listed from the next sample"
     assert threads(every) == {"thread VLLM::Worker_TP 301 cpu5": 50.0}
     advance(30, 301, 500), advance(20, 201, 1000)
     write()
-    assert threads(top) == threads(every) == {"thread VLLM::EngineCor 201 cpu2": 100.0,
-                                              "thread VLLM::Worker_TP 301 cpu5": 50.0}
+    assert (
+        threads(top)
+        == threads(every)
+        == {"thread VLLM::EngineCor 201 cpu2": 100.0, "thread VLLM::Worker_TP 301 cpu5": 50.0}
+    )

@@ -66,8 +66,11 @@ def test_a_second_chip_of_a_driver_is_named_by_its_device(tmp_path):
     register_hwmon(tmp_path, 2, NVME1, "nvme", 41000, "Composite")
     register_hwmon(tmp_path, 3, "platform/coretemp.0", "coretemp", 60000, "Package id 0")
     hwmon = Hwmon(str(tmp_path))
-    assert hwmon.discover()["sensors"] == ["coretemp@coretemp.0/Package id 0", "nvme@nvme0/Composite",
-                                           "nvme@nvme1/Composite"]
+    assert hwmon.discover()["sensors"] == [
+        "coretemp@coretemp.0/Package id 0",
+        "nvme@nvme0/Composite",
+        "nvme@nvme1/Composite",
+    ]
     assert HwmonPower(str(tmp_path)).discover()["sensors"][0] == "hwmon/coretemp@coretemp.0/power1 W"
 
 
@@ -80,8 +83,10 @@ def test_a_renumbered_chip_keeps_its_name_and_never_lends_it(tmp_path):
     unregister_hwmon(tmp_path, 1)
     assert dict((s, v) for s, v, _ in hwmon.sample()) == {"nvme@nvme1/Composite": 41.0}
     register_hwmon(tmp_path, 1, "pci0000:00/0000:00:01.1/0000:03:00.0", "amdgpu", 70000, "edge")
-    assert dict((s, v) for s, v, _ in hwmon.sample()) == {"amdgpu@0000:03:00.0/edge": 70.0,
-                                                          "nvme@nvme1/Composite": 41.0}
+    assert dict((s, v) for s, v, _ in hwmon.sample()) == {
+        "amdgpu@0000:03:00.0/edge": 70.0,
+        "nvme@nvme1/Composite": 41.0,
+    }
     register_hwmon(tmp_path, 3, NVME0, "nvme", 40000, "Composite")
     assert dict((s, v) for s, v, _ in hwmon.sample())["nvme@nvme0/Composite"] == 40.0, "read again once back"
 
@@ -112,11 +117,21 @@ def test_zones_policies_and_rapl_zones_follow_their_devices(tmp_path):
 def run_agent(root: Path, out: Path, intervals: dict) -> subprocess.Popen:
     (root / "proc").mkdir(exist_ok=True)
     settings = root / "settings.json"
-    settings.write_text(json.dumps({"out_dir": str(out), "sys_root": str(root), "proc_root": str(root / "proc"),
-                                    "stop_file": str(root / "stop"), "process_pattern": "no-such-process-xyz",
-                                    "intervals": intervals}))
-    return subprocess.Popen([sys.executable, str(deploy.AGENT_SOURCE), "--config", str(settings)],
-                            stderr=subprocess.PIPE, text=True)
+    settings.write_text(
+        json.dumps(
+            {
+                "out_dir": str(out),
+                "sys_root": str(root),
+                "proc_root": str(root / "proc"),
+                "stop_file": str(root / "stop"),
+                "process_pattern": "no-such-process-xyz",
+                "intervals": intervals,
+            }
+        )
+    )
+    return subprocess.Popen(
+        [sys.executable, str(deploy.AGENT_SOURCE), "--config", str(settings)], stderr=subprocess.PIPE, text=True
+    )
 
 
 def test_devices_swapped_under_a_running_agent_never_trade_names(tmp_path):
@@ -141,8 +156,13 @@ def test_devices_swapped_under_a_running_agent_never_trade_names(tmp_path):
             shutil.rmtree(root / "sys/class/thermal/thermal_zone1")
         register_hwmon(root, 3, NVME0, "nvme", 40000, "Composite")
         expected_hwmon["nvme@nvme0/Composite"] = 40.0
-        assert wait_until(lambda: (out / "hwmon.csv").exists() and any(
-            r["sensor"] == "nvme@nvme0/Composite" for r in csv_rows(out / "hwmon.csv")), timeout=30)
+        assert wait_until(
+            lambda: (
+                (out / "hwmon.csv").exists()
+                and any(r["sensor"] == "nvme@nvme0/Composite" for r in csv_rows(out / "hwmon.csv"))
+            ),
+            timeout=30,
+        )
         (root / "stop").touch()
         assert agent.wait(timeout=30) == 0, agent.stderr.read()
     finally:
@@ -150,9 +170,11 @@ def test_devices_swapped_under_a_running_agent_never_trade_names(tmp_path):
             agent.kill()
             agent.wait()
     chips = {sensor.split("/")[0]: value for sensor, value in expected_hwmon.items()}
-    for stem, expected, name_of in (("hwmon", chips, lambda s: s.split("/")[0]),
-                                    ("hwmon_power", chips, lambda s: s.split("/")[1]),
-                                    ("thermal", expected_zone, lambda s: s)):
+    for stem, expected, name_of in (
+        ("hwmon", chips, lambda s: s.split("/")[0]),
+        ("hwmon_power", chips, lambda s: s.split("/")[1]),
+        ("thermal", expected_zone, lambda s: s),
+    ):
         rows = [r for r in csv_rows(out / f"{stem}.csv") if r["value"]]
         for row in rows:
             assert float(row["value"]) == pytest.approx(expected[name_of(row["sensor"])]), (stem, row)
@@ -164,14 +186,19 @@ def test_cpufreq_without_the_scaling_file_reads_the_hardwares_or_says_why(tmp_pa
     hardware's ``cpuinfo_cur_freq`` is read, and where it cannot be (root's alone) the value
     is missing with the reason; a policy with none of the files is named, not dropped."""
     base = tmp_path / "sys/devices/system/cpu/cpufreq"
-    for number, files in [(0, {"cpuinfo_cur_freq": "2100000"}), (1, {"cpuinfo_cur_freq": "2200000"}),
-                          (2, {"scaling_governor": "performance"})]:
+    for number, files in [
+        (0, {"cpuinfo_cur_freq": "2100000"}),
+        (1, {"cpuinfo_cur_freq": "2200000"}),
+        (2, {"scaling_governor": "performance"}),
+    ]:
         (base / f"policy{number}").mkdir(parents=True)
         for name, text in files.items():
             (base / f"policy{number}" / name).write_text(text + "\n")
     freq = CpuFrequency(str(tmp_path))
-    assert freq.discover() == {"policies": {"cpu0": "cpuinfo_cur_freq", "cpu1": "cpuinfo_cur_freq"},
-                               "unread": ["policy2"]}
+    assert freq.discover() == {
+        "policies": {"cpu0": "cpuinfo_cur_freq", "cpu1": "cpuinfo_cur_freq"},
+        "unread": ["policy2"],
+    }
     (base / "policy1/cpuinfo_cur_freq").chmod(0)
     rows = {sensor: (value, reason) for sensor, value, reason in freq.sample()}
     assert rows["cpu0"] == (2100.0, "")

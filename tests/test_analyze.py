@@ -15,16 +15,25 @@ CHART = Path(__file__).parent / "data" / "seed-repro-chart-data.json"
 STUDY_ARMS = {"stock": "1", "patched": "0.002"}
 # published: (stock mean, patched mean, stock max, patched max); maxima of the worker not published
 PUBLISHED = {
-    ("head", "TSOC"): (89.6, 80.5, 95, 85), ("head", "TS1P"): (89.6, 80.5, 95, 85),
-    ("head", "TUNC"): (73.7, 71.2, 77, 75), ("head", "TGPU"): (69.3, 68.8, 71, 72),
-    ("head", "TS0P"): (69.0, 67.2, 75, 71), ("worker", "TSOC"): (77.2, 77.6, None, None),
+    ("head", "TSOC"): (89.6, 80.5, 95, 85),
+    ("head", "TS1P"): (89.6, 80.5, 95, 85),
+    ("head", "TUNC"): (73.7, 71.2, 77, 75),
+    ("head", "TGPU"): (69.3, 68.8, 71, 72),
+    ("head", "TS0P"): (69.0, 67.2, 75, 71),
+    ("worker", "TSOC"): (77.2, 77.6, None, None),
 }
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    run_dir = chart_import.import_chart(CHART, tmp_path_factory.mktemp("study"), load_minutes=30, arms=STUDY_ARMS,
-                                    setting="busy_loop_s", cluster="gx10-study")
+    run_dir = chart_import.import_chart(
+        CHART,
+        tmp_path_factory.mktemp("study"),
+        load_minutes=30,
+        arms=STUDY_ARMS,
+        setting="busy_loop_s",
+        cluster="gx10-study",
+    )
     return run_dir, analyze.analyze(run_dir)
 
 
@@ -49,8 +58,11 @@ def test_study_window_boundaries(study):
     assert windows["window_s"].tolist() == pytest.approx([1800, 1800])
     assert set(tables["zones"]["n"]) == {60}
     telemetry = pd.read_parquet(run_dir / "tidy" / "telemetry.parquet")
-    first_after_end = telemetry[(telemetry["host"] == "head") & (telemetry["sensor"] == "TSOC")
-                                & (telemetry["t"] >= windows["load_end"].iloc[0])].iloc[0]
+    first_after_end = telemetry[
+        (telemetry["host"] == "head")
+        & (telemetry["sensor"] == "TSOC")
+        & (telemetry["t"] >= windows["load_end"].iloc[0])
+    ].iloc[0]
     assert first_after_end["t"] == pytest.approx(68.0 * 60) and first_after_end["value"] == 93.8
 
 
@@ -62,7 +74,11 @@ def test_study_import_writes_the_contracts(study):
     events = model.read_events(run_dir / "events.jsonl")
     loads = events[events["event"].isin(["load_start", "load_end"])]
     assert loads[["event", "arm"]].values.tolist() == [
-        ["load_start", "A"], ["load_end", "A"], ["load_start", "B"], ["load_end", "B"]]
+        ["load_start", "A"],
+        ["load_end", "A"],
+        ["load_start", "B"],
+        ["load_end", "B"],
+    ]
     assert set(events["event"]) >= {"run_start", "baseline_start", "cooldown_end", "restart_start", "run_end"}
     assert not (run_dir / "tidy" / "requests.parquet").exists()
 
@@ -100,8 +116,16 @@ def test_study_summary_and_verdict(study):
 def test_figures_render_for_the_study(study):
     paths = plots.render_figures(analyze.compute(study[0]))
     names = {p.name for p in paths}
-    assert names == {"timeline.png", "timeline.svg", "timeline.html", "cpu.png", "throughput.png",
-                     "time_to_threshold.png", "questions.png", "tradeoff.png"}
+    assert names == {
+        "timeline.png",
+        "timeline.svg",
+        "timeline.html",
+        "cpu.png",
+        "throughput.png",
+        "time_to_threshold.png",
+        "questions.png",
+        "tradeoff.png",
+    }
     assert all(p.stat().st_size > 1000 for p in paths)
     html = (study[0] / "figures" / "timeline.html").read_text()
     assert "<script src=" not in html and '"hovermode":"x unified"' in html
@@ -115,8 +139,23 @@ def test_wide_csv_import_matches_the_chart(tmp_path):
     pd.concat([head, worker[["worker:TSOC"]]], axis=1).to_csv(tmp_path / "wide.csv", index=False)
     pd.DataFrame(chart["marks"]).to_csv(tmp_path / "marks.csv", index=False)
     run_dir = tmp_path / "run"
-    assert chart_import.main([str(tmp_path / "wide.csv"), str(run_dir), "--marks", str(tmp_path / "marks.csv"),
-                          "--arm", "stock=1", "--arm", "patched=0.002", "--setting", "busy_loop_s"]) == 0
+    assert (
+        chart_import.main(
+            [
+                str(tmp_path / "wide.csv"),
+                str(run_dir),
+                "--marks",
+                str(tmp_path / "marks.csv"),
+                "--arm",
+                "stock=1",
+                "--arm",
+                "patched=0.002",
+                "--setting",
+                "busy_loop_s",
+            ]
+        )
+        == 0
+    )
     zones = analyze.analyze(run_dir)["zones"].set_index(["arm", "host", "sensor"])
     assert zones.at[("A", "head", "TSOC"), "mean_c"] == pytest.approx(89.53, abs=0.01)
     assert zones.at[("B", "worker", "TSOC"), "mean_c"] == pytest.approx(77.6, abs=0.3)
@@ -148,11 +187,21 @@ def test_ab_and_ba_pooled_separate_the_order_effect(tmp_path):
 
 
 def test_sweep_names_the_best_setting(tmp_path):
-    arms = {"A": {"label": "1 s", "value": "1"}, "B": {"label": "0.1 s", "value": "0.1"},
-            "C": {"label": "0.002 s", "value": "0.002"}}
-    run_dir = write_synthetic_run(tmp_path / "ABC", order="ABC", arms=arms, reps=2,
-                                  temperature={"A": 90.0, "B": 84.0, "C": 80.0}, cpu={"A": 398, "B": 300, "C": 212},
-                                  tok_s={"A": 85, "B": 86, "C": 86}, stalls={"C": 5})
+    arms = {
+        "A": {"label": "1 s", "value": "1"},
+        "B": {"label": "0.1 s", "value": "0.1"},
+        "C": {"label": "0.002 s", "value": "0.002"},
+    }
+    run_dir = write_synthetic_run(
+        tmp_path / "ABC",
+        order="ABC",
+        arms=arms,
+        reps=2,
+        temperature={"A": 90.0, "B": 84.0, "C": 80.0},
+        cpu={"A": 398, "B": 300, "C": 212},
+        tok_s={"A": 85, "B": 86, "C": 86},
+        stalls={"C": 5},
+    )
     analyze.analyze(run_dir)
     text = (run_dir / "summary.md").read_text()
     assert "busy_loop_s = 0.1 (0.1 s, arm B" in text
@@ -184,8 +233,9 @@ def test_bursty_probe_and_half_open_loop_are_stated_not_measured(tmp_path):
     verdicts = text.split("## Verdicts", 1)[1].split("\n## ", 1)[0]
     assert "probe decode speed" not in verdicts
     throughput = next(v for v in verdicts.splitlines() if v.startswith("- output throughput:"))
-    assert throughput.endswith("Built on phases whose load fell short of the configuration: AB rep1-B "
-                               "(see Load validity).")
+    assert throughput.endswith(
+        "Built on phases whose load fell short of the configuration: AB rep1-B (see Load validity)."
+    )
 
     perf = pd.read_csv(run_dir / "tables" / "performance.csv").set_index("arm")
     assert math.isnan(perf.at["B", "probe_tok_s_median"]) and perf.at["B", "probe_n"] == 0
@@ -205,8 +255,22 @@ def test_bursty_probe_and_half_open_loop_are_stated_not_measured(tmp_path):
 
 # -- runs written by other tools: only the contract's files ---------------------------------------
 
-CONTRACT_REQUEST_COLUMNS = ["order", "rep", "arm", "kind", "user", "tag", "t_start", "t_first_token", "t_end",
-                            "prompt_tokens", "completion_tokens", "cached_tokens", "ok", "error"]
+CONTRACT_REQUEST_COLUMNS = [
+    "order",
+    "rep",
+    "arm",
+    "kind",
+    "user",
+    "tag",
+    "t_start",
+    "t_first_token",
+    "t_end",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "ok",
+    "error",
+]
 
 
 @pytest.mark.parametrize("run_json", [True, False])
@@ -294,9 +358,14 @@ def test_any_value_in_run_json_is_analysed_or_named(tmp_path_factory):
         report.unlink()  # so that users, max_tokens, prompt_tokens and probe_n are used
     plan = json.loads((template / "run.json").read_text())
     keys = sorted(set(model.PLAN_NUMBERS) | {"thresholds_c", "reference_lines_c"})
-    values = st.one_of(st.none(), st.booleans(), st.integers(-5, 10 ** 6), st.text(max_size=5),
-                       st.floats(allow_nan=True, allow_infinity=True), st.lists(st.one_of(st.none(), st.floats(),
-                                                                                          st.text(max_size=3)), max_size=3))
+    values = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-5, 10**6),
+        st.text(max_size=5),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.lists(st.one_of(st.none(), st.floats(), st.text(max_size=3)), max_size=3),
+    )
 
     @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(key=st.sampled_from(keys), value=values)

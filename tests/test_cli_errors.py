@@ -18,8 +18,9 @@ CHART = Path(__file__).parent / "data" / "seed-repro-chart-data.json"
 
 
 def thermab(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "thermab", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=cwd or REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "thermab", *map(str, args)], capture_output=True, text=True, timeout=300, cwd=cwd or REPO
+    )
 
 
 def assert_user_error(result: subprocess.CompletedProcess, *named: str) -> None:

@@ -7,9 +7,11 @@ from thermab.hosts.transport import LocalTransport, TransportError
 
 
 def test_the_smallest_round_trip_wins_and_bounds_the_offset():
-    samples = [clock.Sample(100.0, 105.30, 100.40),  # slow: midpoint 100.20
-               clock.Sample(101.0, 106.02, 101.04),  # fast: midpoint 101.02
-               clock.Sample(102.0, 107.50, 102.90)]
+    samples = [
+        clock.Sample(100.0, 105.30, 100.40),  # slow: midpoint 100.20
+        clock.Sample(101.0, 106.02, 101.04),  # fast: midpoint 101.02
+        clock.Sample(102.0, 107.50, 102.90),
+    ]
     best = clock.estimate(samples)
     assert best.offset_s == pytest.approx(5.0) and best.uncertainty_s == pytest.approx(0.02)
     assert best.samples == 3

@@ -10,29 +10,43 @@ from thermab.analysis.completeness import completeness, measured_intervals
 from thermab.analysis.summary import _sampling, completeness_section
 from thermab.telemetry import ingest
 
-WINDOWS = pd.DataFrame({"order": ["AB", "AB"], "rep": [1, 1], "arm": ["A", "B"], "load_start": [100.0, 300.0],
-                        "load_end": [160.0, 360.0], "window_s": [60.0, 60.0]})
+WINDOWS = pd.DataFrame(
+    {
+        "order": ["AB", "AB"],
+        "rep": [1, 1],
+        "arm": ["A", "B"],
+        "load_start": [100.0, 300.0],
+        "load_end": [160.0, 360.0],
+        "window_s": [60.0, 60.0],
+    }
+)
 
 
 def series(host, kind, sensor, times):
-    return pd.DataFrame({"t": np.asarray(times, dtype=float), "host": host, "kind": kind, "sensor": sensor,
-                         "value": 50.0})
+    return pd.DataFrame(
+        {"t": np.asarray(times, dtype=float), "host": host, "kind": kind, "sensor": sensor, "value": 50.0}
+    )
 
 
 def telemetry():
     every_second = np.arange(0, 400, 1.0)
     silent_tsoc = every_second[(every_second < 120) | (every_second >= 150)]  # 30 s hole in window A
-    return pd.concat([
-        series("head", "thermal", "TSOC", silent_tsoc), series("head", "thermal", "TS0P", every_second),
-        series("head", "cpu", "vllm_cpu_pct", np.arange(0, 400, 2.0)),
-        series("head", "cpu", "thread x 1 cpu0", [101.0]),  # threads come and go: not counted
-        series("worker", "cpu", "vllm_cpu_pct", np.arange(0, 400, 2.0)),
-    ], ignore_index=True)
+    return pd.concat(
+        [
+            series("head", "thermal", "TSOC", silent_tsoc),
+            series("head", "thermal", "TS0P", every_second),
+            series("head", "cpu", "vllm_cpu_pct", np.arange(0, 400, 2.0)),
+            series("head", "cpu", "thread x 1 cpu0", [101.0]),  # threads come and go: not counted
+            series("worker", "cpu", "vllm_cpu_pct", np.arange(0, 400, 2.0)),
+        ],
+        ignore_index=True,
+    )
 
 
 def test_expected_got_and_largest_gap():
     table = completeness(telemetry(), WINDOWS, ["head", "worker"], {"thermal": 1, "cpu": 2}).set_index(
-        ["host", "source"])
+        ["host", "source"]
+    )
     assert table.loc[("head", "thermal"), "expected"] == 120
     assert table.loc[("head", "thermal"), "got"] == pytest.approx((60 - 30 + 60 + 60 + 60) / 2), "median of sensors"
     assert table.loc[("head", "thermal"), "largest_gap_s"] == pytest.approx(31.0), "the silent zone's hole"
@@ -44,7 +58,7 @@ def test_expected_got_and_largest_gap():
 
 def test_a_host_without_zones_is_not_expected_to_send_them_and_intervals_are_inferred():
     table = completeness(telemetry(), WINDOWS, ["head", "worker"], None, ["worker"])
-    assert ("worker", "thermal") not in set(zip(table["host"], table["source"]))
+    assert ("worker", "thermal") not in set(zip(table["host"], table["source"], strict=False))
     head_cpu = table[(table["host"] == "head") & (table["source"] == "cpu")].iloc[0]
     assert head_cpu["interval_s"] == 2.0 and head_cpu["expected"] == 60
 
@@ -64,10 +78,19 @@ def test_intervals_as_measured_with_their_precision():
     """Zones every 0.5 s read "0.5 s", not "0 s"; the CPU source is its sum, sampled every
     second, not the median over the busiest threads' series, which come and go."""
     half = np.arange(0, 100, 0.5)
-    threads = [series("head", "cpu", f"thread vllm {tid} cpu0", [10.0 * tid, 10.0 * tid + 2, 10.0 * tid + 4])
-               for tid in range(1, 9)]
-    frame = pd.concat([series("head", "thermal", "TSOC", half), series("head", "thermal", "TS0P", half),
-                       series("head", "cpu", "vllm_cpu_pct", np.arange(0, 100, 1.0)), *threads], ignore_index=True)
+    threads = [
+        series("head", "cpu", f"thread vllm {tid} cpu0", [10.0 * tid, 10.0 * tid + 2, 10.0 * tid + 4])
+        for tid in range(1, 9)
+    ]
+    frame = pd.concat(
+        [
+            series("head", "thermal", "TSOC", half),
+            series("head", "thermal", "TS0P", half),
+            series("head", "cpu", "vllm_cpu_pct", np.arange(0, 100, 1.0)),
+            *threads,
+        ],
+        ignore_index=True,
+    )
     intervals = measured_intervals(frame, "head")
     assert intervals == {"thermal": 0.5, "cpu": 1.0}
     assert _sampling(intervals, "thermal") == "sampled every 0.5 s (median)"
@@ -80,8 +103,12 @@ def agent_files(host_dir, end_s=400.0):
     """An agent's files as a host writes them: zones every 0.5 s, hwmon temperatures every
     15 s, RAPL counters every 5 s and hwmon power every second (the schema's defaults)."""
     host_dir.mkdir(parents=True)
-    files = {"thermal": (0.5, "TSOC"), "hwmon": (15.0, "nct6775@isa/SYSTIN"),
-             "rapl": (5.0, "package-0 uJ:max=262143328850"), "hwmon_power": (1.0, "acpi_power@0/power1 W")}
+    files = {
+        "thermal": (0.5, "TSOC"),
+        "hwmon": (15.0, "nct6775@isa/SYSTIN"),
+        "rapl": (5.0, "package-0 uJ:max=262143328850"),
+        "hwmon_power": (1.0, "acpi_power@0/power1 W"),
+    }
     for stem, (interval, sensor) in files.items():
         lines = ["t,sensor,value,reason"]
         for step, t in enumerate(np.arange(0.0, end_s, interval)):
@@ -99,8 +126,10 @@ def test_each_source_of_a_kind_is_judged_at_its_own_interval(tmp_path):
     sources = {}
     frame, dropped = ingest.telemetry(tmp_path / "monitor", {"head": 0.0}, sources)
     assert dropped == {}
-    assert sources["head"] == {"power": {"package-0": "rapl", "acpi_power@0/power1": "hwmon_power"},
-                               "thermal": {"TSOC": "thermal", "nct6775@isa/SYSTIN": "hwmon"}}
+    assert sources["head"] == {
+        "power": {"package-0": "rapl", "acpi_power@0/power1": "hwmon_power"},
+        "thermal": {"TSOC": "thermal", "nct6775@isa/SYSTIN": "hwmon"},
+    }
     table = completeness(frame, WINDOWS, ["head"], {**intervals, "cpu": 1}, sources=sources).set_index("source")
     assert set(table.index) == {"thermal", "hwmon", "rapl", "hwmon_power", "cpu"}
     for source, interval in intervals.items():

@@ -29,60 +29,70 @@ def test_default_config_is_valid_and_gets_defaults(raw):
     assert "probe_n" not in raw["load"], "validate must not modify its input"
 
 
-@pytest.mark.parametrize("change, key", [
-    (lambda c: c.update(ordr="BA"), "'ordr'"),
-    (lambda c: c.update(repeats=0), "'repeats'"),
-    (lambda c: c.update(repeats="three"), "'repeats'"),
-    (lambda c: c.update(order="AC"), "'order'"),
-    (lambda c: c.update(order="ABA"), "'order'"),
-    (lambda c: c["timings"].update(load_s=0), "'timings.load_s'"),
-    (lambda c: c["timings"].update(baseline_s=-5), "'timings.baseline_s'"),
-    (lambda c: c["load"].update(probe_at=1.2), "'load.probe_at'"),
-    (lambda c: c["load"].update(users="4"), "'load.users'"),
-    (lambda c: c["clusters"]["sim"].update(head="nohost"), "'clusters.sim.head'"),
-    (lambda c: c["clusters"]["sim"]["hosts"]["head"].update(transport="telnet"),
-     "'clusters.sim.hosts.head.transport'"),
-    (lambda c: c["clusters"]["sim"]["hosts"]["head"].update(transport="ssh"),
-     "'clusters.sim.hosts.head.address'"),
-    (lambda c: c["setting"].update(anchor="busy_loop_s: float = ([0-9"), "'setting.anchor'"),
-    (lambda c: c["setting"].update(replacement="busy_loop_s: float = 2"), "'setting.replacement'"),
-    (lambda c: c["arms"]["A"].update(label="has space"), "'arms.A.label'"),
-    (lambda c: c["clusters"]["sim"].update(endpoint="127.0.0.1:8000"), "'clusters.sim.endpoint'"),
-    (lambda c: c.pop("order"), "'order'"),
-    (lambda c: c.pop("clusters"), "'clusters'"),
-    (lambda c: c.update(clusters={}), "'clusters'"),
-    (lambda c: c["clusters"]["sim"].pop("hosts"), "'clusters.sim.hosts'"),
-    (lambda c: c["clusters"]["sim"].update(hosts={}), "'clusters.sim.hosts'"),
-    (lambda c: c["clusters"]["sim"].update(colour="red"), "'clusters.sim.colour'"),
-    (lambda c: c.update(order="ab"), "'order'"),
-    (lambda c: c.update(order=""), "'order'"),
-    (lambda c: c.update(arms={"A": {"label": "stock", "value": "1"}}), "'arms'"),
-    (lambda c: c["arms"].update(b={"label": "x", "value": "2"}), "'arms'"),
-    (lambda c: c["arms"]["B"].update(value=0.002), "'arms.B.value'"),
-    (lambda c: c["arms"]["B"].pop("label"), "'arms.B.label'"),
-    (lambda c: c["timings"].update(cooldown_max_s=0), "'timings.cooldown_max_s'"),
-    (lambda c: c["timings"].update(startup_timeout_s=-1), "'timings.startup_timeout_s'"),
-    (lambda c: c["timings"].update(load_s="30m"), "'timings.load_s'"),
-    (lambda c: c["load"].update(probe_at=0), "'load.probe_at'"),
-    (lambda c: c["load"].update(max_tokens=0), "'load.max_tokens'"),
-    (lambda c: c["load"].update(users=0), "'load.users'"),
-    (lambda c: c["load"].update(extra_body="low"), "'load.extra_body'"),
-    (lambda c: c["monitor"]["intervals"].update(cpu=0), "'monitor.intervals.cpu'"),
-    (lambda c: c["monitor"].update(interval=5), "'monitor.interval'"),
-    (lambda c: c["setting"].update(method="sed"), "'setting.method'"),
-    (lambda c: c["setting"].update(file="relative/path.py"), "'setting.file'"),
-    (lambda c: c["setting"].pop("anchor"), "'setting.anchor'"),
-    (lambda c: c["analysis"].update(thresholds_c="85"), "'analysis.thresholds_c'"),
-    (lambda c: c["clusters"]["sim"]["hosts"]["head"].pop("root"), "'clusters.sim.hosts.head.root'"),
-    (lambda c: c["clusters"]["sim"]["hosts"]["head"].update(port=70000), "'clusters.sim.hosts.head.port'"),
-    (lambda c: c["clusters"]["sim"]["hosts"]["head"].update(container_engine="docker"),
-     "'clusters.sim.hosts.head.container'"),
-    (lambda c: c["clusters"]["sim"]["hosts"]["head"].update(host_key_policy="yes"),
-     "'clusters.sim.hosts.head.host_key_policy'"),
-    (lambda c: c["clusters"]["sim"]["hosts"]["head"]["server"].update(restart="x"),
-     "'clusters.sim.hosts.head.server.restart'"),
-    (lambda c: c["clusters"]["sim"]["hosts"]["head"].update(jump="a b"), "'clusters.sim.hosts.head.jump'"),
-])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        (lambda c: c.update(ordr="BA"), "'ordr'"),
+        (lambda c: c.update(repeats=0), "'repeats'"),
+        (lambda c: c.update(repeats="three"), "'repeats'"),
+        (lambda c: c.update(order="AC"), "'order'"),
+        (lambda c: c.update(order="ABA"), "'order'"),
+        (lambda c: c["timings"].update(load_s=0), "'timings.load_s'"),
+        (lambda c: c["timings"].update(baseline_s=-5), "'timings.baseline_s'"),
+        (lambda c: c["load"].update(probe_at=1.2), "'load.probe_at'"),
+        (lambda c: c["load"].update(users="4"), "'load.users'"),
+        (lambda c: c["clusters"]["sim"].update(head="nohost"), "'clusters.sim.head'"),
+        (
+            lambda c: c["clusters"]["sim"]["hosts"]["head"].update(transport="telnet"),
+            "'clusters.sim.hosts.head.transport'",
+        ),
+        (lambda c: c["clusters"]["sim"]["hosts"]["head"].update(transport="ssh"), "'clusters.sim.hosts.head.address'"),
+        (lambda c: c["setting"].update(anchor="busy_loop_s: float = ([0-9"), "'setting.anchor'"),
+        (lambda c: c["setting"].update(replacement="busy_loop_s: float = 2"), "'setting.replacement'"),
+        (lambda c: c["arms"]["A"].update(label="has space"), "'arms.A.label'"),
+        (lambda c: c["clusters"]["sim"].update(endpoint="127.0.0.1:8000"), "'clusters.sim.endpoint'"),
+        (lambda c: c.pop("order"), "'order'"),
+        (lambda c: c.pop("clusters"), "'clusters'"),
+        (lambda c: c.update(clusters={}), "'clusters'"),
+        (lambda c: c["clusters"]["sim"].pop("hosts"), "'clusters.sim.hosts'"),
+        (lambda c: c["clusters"]["sim"].update(hosts={}), "'clusters.sim.hosts'"),
+        (lambda c: c["clusters"]["sim"].update(colour="red"), "'clusters.sim.colour'"),
+        (lambda c: c.update(order="ab"), "'order'"),
+        (lambda c: c.update(order=""), "'order'"),
+        (lambda c: c.update(arms={"A": {"label": "stock", "value": "1"}}), "'arms'"),
+        (lambda c: c["arms"].update(b={"label": "x", "value": "2"}), "'arms'"),
+        (lambda c: c["arms"]["B"].update(value=0.002), "'arms.B.value'"),
+        (lambda c: c["arms"]["B"].pop("label"), "'arms.B.label'"),
+        (lambda c: c["timings"].update(cooldown_max_s=0), "'timings.cooldown_max_s'"),
+        (lambda c: c["timings"].update(startup_timeout_s=-1), "'timings.startup_timeout_s'"),
+        (lambda c: c["timings"].update(load_s="30m"), "'timings.load_s'"),
+        (lambda c: c["load"].update(probe_at=0), "'load.probe_at'"),
+        (lambda c: c["load"].update(max_tokens=0), "'load.max_tokens'"),
+        (lambda c: c["load"].update(users=0), "'load.users'"),
+        (lambda c: c["load"].update(extra_body="low"), "'load.extra_body'"),
+        (lambda c: c["monitor"]["intervals"].update(cpu=0), "'monitor.intervals.cpu'"),
+        (lambda c: c["monitor"].update(interval=5), "'monitor.interval'"),
+        (lambda c: c["setting"].update(method="sed"), "'setting.method'"),
+        (lambda c: c["setting"].update(file="relative/path.py"), "'setting.file'"),
+        (lambda c: c["setting"].pop("anchor"), "'setting.anchor'"),
+        (lambda c: c["analysis"].update(thresholds_c="85"), "'analysis.thresholds_c'"),
+        (lambda c: c["clusters"]["sim"]["hosts"]["head"].pop("root"), "'clusters.sim.hosts.head.root'"),
+        (lambda c: c["clusters"]["sim"]["hosts"]["head"].update(port=70000), "'clusters.sim.hosts.head.port'"),
+        (
+            lambda c: c["clusters"]["sim"]["hosts"]["head"].update(container_engine="docker"),
+            "'clusters.sim.hosts.head.container'",
+        ),
+        (
+            lambda c: c["clusters"]["sim"]["hosts"]["head"].update(host_key_policy="yes"),
+            "'clusters.sim.hosts.head.host_key_policy'",
+        ),
+        (
+            lambda c: c["clusters"]["sim"]["hosts"]["head"]["server"].update(restart="x"),
+            "'clusters.sim.hosts.head.server.restart'",
+        ),
+        (lambda c: c["clusters"]["sim"]["hosts"]["head"].update(jump="a b"), "'clusters.sim.hosts.head.jump'"),
+    ],
+)
 def test_bad_values_name_their_key(raw, change, key):
     bad = copy.deepcopy(raw)
     change(bad)
@@ -96,6 +106,7 @@ def test_simulated_hosts_count_only_their_own_processes(raw, tmp_path):
     head = cluster.host("head")
     pattern = head.process_pattern("vllm")
     import re
+
     root = str(head.root)
     assert re.search(pattern, f"python -m thermab.sim.vllm serve --node {root} --role head")
     assert not re.search(pattern, f"python -m thermab.sim.vllm serve --node {root}2 --role head")
@@ -111,6 +122,7 @@ def test_commands_quote_paths(raw, tmp_path):
 
 
 # -- the class of problem: every key, every kind of wrong value ---------------------------------
+
 
 def head(c):
     return c["clusters"]["sim"]["hosts"]["head"]
@@ -150,12 +162,12 @@ BAD = [
     # integers are whole numbers written without a point; documented bounds
     ("load-below-one", lambda c: c["timings"].update(load_s=0.4), "'timings.load_s'"),
     ("load-fraction", lambda c: c["timings"].update(load_s=60.5), "'timings.load_s'"),
-    ("load-above-a-day", lambda c: c["timings"].update(load_s=10 ** 6), "'timings.load_s'"),
+    ("load-above-a-day", lambda c: c["timings"].update(load_s=10**6), "'timings.load_s'"),
     ("thermal-interval-tiny", lambda c: c["monitor"]["intervals"].update(thermal=0.05), "'monitor.intervals.thermal'"),
     ("freq-interval-tiny", lambda c: c["monitor"]["intervals"].update(freq=0.01), "'monitor.intervals.freq'"),
     ("gpu-interval-huge", lambda c: c["monitor"]["intervals"].update(gpu=86400), "'monitor.intervals.gpu'"),
     ("repeats-above-max", lambda c: c.update(repeats=101), "'repeats'"),
-    ("repeats-huge", lambda c: c.update(repeats=10 ** 30), "'repeats'"),
+    ("repeats-huge", lambda c: c.update(repeats=10**30), "'repeats'"),
     ("repeats-float", lambda c: c.update(repeats=2.0), "'repeats'"),
     ("repeats-1e30", lambda c: c.update(repeats=1e30), "'repeats'"),
     ("repeats-bool", lambda c: c.update(repeats=True), "'repeats'"),
@@ -168,15 +180,24 @@ BAD = [
     ("cap-zero", lambda c: c.setdefault("safety", {}).update(max_load_minutes=0), "'safety.max_load_minutes'"),
     ("threshold-out-of-range", lambda c: c["analysis"].update(thresholds_c=[500]), "'analysis.thresholds_c.0'"),
     ("thresholds-too-many", lambda c: c["analysis"].update(thresholds_c=list(range(21))), "'analysis.thresholds_c'"),
-    ("max-tokens-huge", lambda c: c["load"].update(max_tokens=10 ** 9), "'load.max_tokens'"),
+    ("max-tokens-huge", lambda c: c["load"].update(max_tokens=10**9), "'load.max_tokens'"),
     ("probe-n-zero", lambda c: c["load"].update(probe_n=0), "'load.probe_n'"),
     ("probe-at-one", lambda c: c["load"].update(probe_at=1.0), "'load.probe_at'"),
     ("connect-timeout-zero", lambda c: head(c).update(connect_timeout_s=0), HEAD + ".connect_timeout_s'"),
     ("cooldown-above-range", lambda c: c["timings"].update(cooldown_below_c=300), "'timings.cooldown_below_c'"),
-    ("silence-below-one", lambda c: c.setdefault("safety", {}).update(max_sensor_silence_s=0.5), "'safety.max_sensor_silence_s'"),
-    ("silence-below-two-intervals", lambda c: (c["monitor"]["intervals"].update(thermal=1),
-                                               c.setdefault("safety", {}).update(max_sensor_silence_s=1.5)),
-     "'safety.max_sensor_silence_s'"),
+    (
+        "silence-below-one",
+        lambda c: c.setdefault("safety", {}).update(max_sensor_silence_s=0.5),
+        "'safety.max_sensor_silence_s'",
+    ),
+    (
+        "silence-below-two-intervals",
+        lambda c: (
+            c["monitor"]["intervals"].update(thermal=1),
+            c.setdefault("safety", {}).update(max_sensor_silence_s=1.5),
+        ),
+        "'safety.max_sensor_silence_s'",
+    ),
     ("port-zero", lambda c: head(c).update(port=0), HEAD + ".port'"),
     # names that become directories and session names
     ("host-dot", lambda c: rename(c["clusters"]["sim"]["hosts"], "worker", "."), SIM + ".hosts'"),
@@ -230,8 +251,11 @@ BAD = [
     ("endpoint-query", lambda c: c["clusters"]["sim"].update(endpoint="http://h:1/?q=1"), SIM + ".endpoint'"),
     # the env method must reach the server
     ("env-without-placeholder", env_method, HEAD + ".server.start'"),
-    ("env-without-start", lambda c: env_method(c) or [h.pop("server") for h in c["clusters"]["sim"]["hosts"].values()],
-     SIM + ".hosts'"),
+    (
+        "env-without-start",
+        lambda c: env_method(c) or [h.pop("server") for h in c["clusters"]["sim"]["hosts"].values()],
+        SIM + ".hosts'",
+    ),
     ("env-without-var", lambda c: env_method(c) or c["setting"].pop("env_var"), "'setting.env_var'"),
     # simulated nodes are built and stopped under the working directory only
     ("sim-root-slash", lambda c: head(c).update(root="/"), HEAD + ".root'"),
@@ -246,13 +270,19 @@ BAD = [
     ("value-statements", lambda c: c["arms"]["B"].update(value="1; import os"), "'arms.B.value'"),
     ("value-empty", lambda c: c["arms"]["B"].update(value=""), "'arms.B.value'"),
     ("value-long", lambda c: c["arms"]["B"].update(value="1" * 300), "'arms.B.value'"),
-    ("values-differ-in-kind", lambda c: c["setting"].update(anchor="busy_loop_s: float = .+")
-     or c["arms"]["B"].update(value="'fast'"), "'arms'"),
+    (
+        "values-differ-in-kind",
+        lambda c: c["setting"].update(anchor="busy_loop_s: float = .+") or c["arms"]["B"].update(value="'fast'"),
+        "'arms'",
+    ),
     ("value-type-unknown", lambda c: c["setting"].update(value_type="code"), "'setting.value_type'"),
     ("file-newline", lambda c: c["setting"].update(file="/x\ny.py"), "'setting.file'"),
     # host fields that reach argv or paths
-    ("container-option", lambda c: head(c).update(container="--privileged", container_engine="docker"),
-     HEAD + ".container'"),
+    (
+        "container-option",
+        lambda c: head(c).update(container="--privileged", container_engine="docker"),
+        HEAD + ".container'",
+    ),
     ("address-option", lambda c: head(c).update(address="-oProxy"), HEAD + ".address'"),
     ("user-shell", lambda c: head(c).update(user="root; rm"), HEAD + ".user'"),
     ("jump-option", lambda c: head(c).update(jump="-oProxyCommand=x"), HEAD + ".jump'"),
@@ -284,8 +314,17 @@ def test_every_bad_config_is_refused_in_one_line_naming_its_key(raw, change, key
 
 
 def test_two_point_zero_is_refused_everywhere_an_integer_is_asked(raw):
-    for path in (["repeats"], ["phase_retries"], ["timings", "load_s"], ["load", "users"], ["load", "max_tokens"],
-                 ["load", "prompt_tokens"], ["load", "max_failed"], ["load", "probe_n"], ["load", "probe_tokens"]):
+    for path in (
+        ["repeats"],
+        ["phase_retries"],
+        ["timings", "load_s"],
+        ["load", "users"],
+        ["load", "max_tokens"],
+        ["load", "prompt_tokens"],
+        ["load", "max_failed"],
+        ["load", "probe_n"],
+        ["load", "probe_tokens"],
+    ):
         bad = copy.deepcopy(raw)
         target = bad
         for part in path[:-1]:
@@ -320,8 +359,11 @@ def test_the_controllers_python_is_named_so_and_its_old_name_still_works(raw, tm
 
 DEFAULT_TEXT = (ROOT / "config" / "config.yaml").read_text()
 BAD_FILES = [
-    ("arm-twice", DEFAULT_TEXT.replace('  B: {label: patched, value: "0.002"}',
-                                       '  A: {label: patched, value: "0.002"}'), "key 'A' given twice"),
+    (
+        "arm-twice",
+        DEFAULT_TEXT.replace('  B: {label: patched, value: "0.002"}', '  A: {label: patched, value: "0.002"}'),
+        "key 'A' given twice",
+    ),
     ("top-level-twice", DEFAULT_TEXT + "\nrepeats: 2\n", "key 'repeats' given twice"),
     ("host-twice", DEFAULT_TEXT.replace("      head:\n", "      worker:\n"), "key 'worker' given twice"),
     ("syntax", DEFAULT_TEXT + "\nload: [\n", "not valid YAML: line"),
@@ -346,13 +388,28 @@ def test_yaml_merge_keys_are_not_duplicates(tmp_path):
 
 
 def check_config(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "thermab", "check-config", str(path)],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "thermab", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
 
 
 # a sample of the table, run as a user runs it
-CLI_SAMPLE = ["abort-nan", "load-below-one", "host-dotdot", "stop-shell-brace", "pattern-invalid",
-              "endpoint-no-host", "env-without-placeholder", "sim-root-slash", "value-code", "repeats-float"]
+CLI_SAMPLE = [
+    "abort-nan",
+    "load-below-one",
+    "host-dotdot",
+    "stop-shell-brace",
+    "pattern-invalid",
+    "endpoint-no-host",
+    "env-without-placeholder",
+    "sim-root-slash",
+    "value-code",
+    "repeats-float",
+]
 
 
 @pytest.mark.parametrize("case", CLI_SAMPLE)
@@ -368,8 +425,11 @@ def test_check_config_answers_in_one_line_with_status_2(raw, tmp_path, case):
     assert len(result.stderr.strip().splitlines()) == 1 and key in result.stderr and str(path) in result.stderr
 
 
-@pytest.mark.parametrize("content", [b"\xff\xfe\x00", DEFAULT_TEXT.encode() + b"\nrepeats: 3\n", None, "dir"],
-                         ids=["not-utf8", "duplicate", "missing", "directory"])
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xfe\x00", DEFAULT_TEXT.encode() + b"\nrepeats: 3\n", None, "dir"],
+    ids=["not-utf8", "duplicate", "missing", "directory"],
+)
 def test_check_config_answers_file_problems_in_one_line(tmp_path, content):
     path = tmp_path / "c.yaml"
     if content == "dir":
@@ -384,18 +444,42 @@ def test_check_config_answers_file_problems_in_one_line(tmp_path, content):
 def test_debug_shows_the_traceback(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("- not a mapping\n")
-    result = subprocess.run([sys.executable, "-m", "thermab", "--debug", "check-config", str(path)],
-                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "thermab", "--debug", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert result.returncode != 0 and "Traceback" in result.stderr
 
 
 def test_nested_keys_on_the_command_line_are_typed(tmp_path):
     """`--config 'timings={load_s: 5}'`: Snakemake reads the mapping as text ('5'), which the
     schema would refuse as not an integer; the run takes the number, or names the key."""
+
     def dry_run(*override):
-        return subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
-                               "--directory", str(tmp_path), "--cores", "1", "-n", "-p", "all", "--config", *override],
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "snakemake",
+                "--snakefile",
+                str(ROOT / "Snakefile"),
+                "--directory",
+                str(tmp_path),
+                "--cores",
+                "1",
+                "-n",
+                "-p",
+                "all",
+                "--config",
+                *override,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     result = dry_run("timings={load_s: 5, baseline_s: 2.5}", "safety={abort_at_c: null}")
     assert result.returncode == 0, result.stderr[-2000:]

@@ -33,23 +33,64 @@ def leaves(value, path=()):
 
 
 FULL = validate(RAW, ROOT)  # with every default filled in, so every field is reached
-NUMBER_PATHS = sorted({p for p, v in leaves(FULL) if isinstance(v, (int, float)) and not isinstance(v, bool)}
-                      | {("safety", "abort_at_c"), ("safety", "max_load_minutes"), ("safety", "max_sensor_silence_s"),
-                         (*HOST, "port")}, key=str)
-STRING_PATHS = sorted({p for p, v in leaves(FULL) if isinstance(v, str)}
-                      | {(*HOST, name) for name in ("address", "user", "key_file", "known_hosts", "jump",
-                                                    "container", "process_pattern")}, key=str)
-RENAMES = [("clusters", "sim"), ("clusters", "sim", "hosts", "head"), ("clusters", "sim", "hosts", "worker"),
-           ("arms", "B")]
+NUMBER_PATHS = sorted(
+    {p for p, v in leaves(FULL) if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    | {("safety", "abort_at_c"), ("safety", "max_load_minutes"), ("safety", "max_sensor_silence_s"), (*HOST, "port")},
+    key=str,
+)
+STRING_PATHS = sorted(
+    {p for p, v in leaves(FULL) if isinstance(v, str)}
+    | {
+        (*HOST, name) for name in ("address", "user", "key_file", "known_hosts", "jump", "container", "process_pattern")
+    },
+    key=str,
+)
+RENAMES = [
+    ("clusters", "sim"),
+    ("clusters", "sim", "hosts", "head"),
+    ("clusters", "sim", "hosts", "worker"),
+    ("arms", "B"),
+]
 
-numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10 ** 40, 10 ** 40),
-                    st.booleans(), st.none(), st.just(2.0), st.just(1e30))
-texts = st.one_of(st.text(), st.text(alphabet="{}[]().:!$/\\ \n\0-_*|?+x0", max_size=12),
-                  st.sampled_from(["{python}", "{root}", "{env}", "{value}", "{{}}", ".", "..", "/", "http://",
-                                   "http://h:1", "0.002", "'s'", "True", "vllm", "(", "\n"]))
-anything = st.recursive(st.one_of(numbers, texts), lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.one_of(st.text(max_size=5), st.integers()), inner, max_size=3)),
-    max_leaves=6)
+numbers = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**40), 10**40),
+    st.booleans(),
+    st.none(),
+    st.just(2.0),
+    st.just(1e30),
+)
+texts = st.one_of(
+    st.text(),
+    st.text(alphabet="{}[]().:!$/\\ \n\0-_*|?+x0", max_size=12),
+    st.sampled_from(
+        [
+            "{python}",
+            "{root}",
+            "{env}",
+            "{value}",
+            "{{}}",
+            ".",
+            "..",
+            "/",
+            "http://",
+            "http://h:1",
+            "0.002",
+            "'s'",
+            "True",
+            "vllm",
+            "(",
+            "\n",
+        ]
+    ),
+)
+anything = st.recursive(
+    st.one_of(numbers, texts),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.one_of(st.text(max_size=5), st.integers()), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 
 
 def put(config: dict, path: tuple, value) -> None:
@@ -123,8 +164,10 @@ def test_any_name_for_a_cluster_host_or_arm(path, name):
 
 
 @PROFILE
-@given(path=st.sampled_from(NUMBER_PATHS + STRING_PATHS + [("load", "extra_body"), ("arms",), ("clusters",)]),
-       value=anything)
+@given(
+    path=st.sampled_from(NUMBER_PATHS + STRING_PATHS + [("load", "extra_body"), ("arms",), ("clusters",)]),
+    value=anything,
+)
 def test_any_value_of_any_type_anywhere(path, value):
     config = copy.deepcopy(RAW)
     put(config, path, value)
@@ -132,6 +175,7 @@ def test_any_value_of_any_type_anywhere(path, value):
 
 
 # -- `--config` mappings: Snakemake hands them over as text ----------------------------------------
+
 
 def admitted(path, value) -> bool:
     """Whether the schema's type at ``path`` takes ``value``'s type."""
@@ -157,8 +201,10 @@ def as_snakemake_text(value):
 
 
 @PROFILE
-@given(path=st.sampled_from([p for p in NUMBER_PATHS if len(p) > 1]),
-       value=st.one_of(st.integers(-10 ** 6, 10 ** 6), st.floats(allow_nan=True, allow_infinity=True), st.none()))
+@given(
+    path=st.sampled_from([p for p in NUMBER_PATHS if len(p) > 1]),
+    value=st.one_of(st.integers(-(10**6), 10**6), st.floats(allow_nan=True, allow_infinity=True), st.none()),
+)
 def test_a_number_in_a_config_mapping_keeps_its_type(path, value):
     """`--config timings={load_s: 30}`: the number given is the number validated."""
     override = {}
@@ -178,8 +224,10 @@ def test_a_number_in_a_config_mapping_keeps_its_type(path, value):
 
 
 @PROFILE
-@given(path=st.sampled_from([p for p in STRING_PATHS if len(p) > 1]),
-       value=st.sampled_from(["0.002", "1", "true", "null", "1e3", "[1]", "{a: 1}", "x"]))
+@given(
+    path=st.sampled_from([p for p in STRING_PATHS if len(p) > 1]),
+    value=st.sampled_from(["0.002", "1", "true", "null", "1e3", "[1]", "{a: 1}", "x"]),
+)
 def test_text_in_a_config_mapping_stays_text_where_text_is_asked(path, value):
     """An arm value of 0.002 is the text the file gets, not a float."""
     override = {}

@@ -53,6 +53,7 @@ def container(name="vllm-head", cid="c0ffee" * 10, pid=50, mounts=(), labels=(),
 
 # -- pure functions ------------------------------------------------------------------------------
 
+
 def test_targets_from_the_command_line():
     assert parse_target("head=ssh://ubuntu@gx10-a:2222") == Target("head", "ssh", "gx10-a", 2222, "ubuntu")
     assert parse_target("w=ssh://10.0.0.2") == Target("w", "ssh", "10.0.0.2", 22, None)
@@ -66,36 +67,50 @@ def test_targets_from_the_command_line():
         parse_containers(["c=x"], ["a", "b"])
 
 
-@pytest.mark.parametrize("argv, server", [
-    (["vllm", "serve", "m"], True),
-    (["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "m", "--port", "8000"], True),
-    (["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], True),
-    (["python3", "-u", "-m", "vllm.entrypoints.cli.main", "serve"], True),
-    (["python", "-m", "thermab.sim.vllm", "serve", "--node", "/"], True),  # the simulated node's server
-    (["sh", "-c", "vllm serve m"], False),  # the shell around it, not the server
-    (["VLLM::EngineCore"], False),
-    (["tail", "-f", "/var/log/vllm.log"], False),
-    (["python", "-m", "thermab.sim.vllm", "stop", "--node", "/"], False),
-])
+@pytest.mark.parametrize(
+    "argv, server",
+    [
+        (["vllm", "serve", "m"], True),
+        (["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "m", "--port", "8000"], True),
+        (["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], True),
+        (["python3", "-u", "-m", "vllm.entrypoints.cli.main", "serve"], True),
+        (["python", "-m", "thermab.sim.vllm", "serve", "--node", "/"], True),  # the simulated node's server
+        (["sh", "-c", "vllm serve m"], False),  # the shell around it, not the server
+        (["VLLM::EngineCore"], False),
+        (["tail", "-f", "/var/log/vllm.log"], False),
+        (["python", "-m", "thermab.sim.vllm", "stop", "--node", "/"], False),
+    ],
+)
 def test_what_counts_as_a_vllm_server(argv, server):
     assert is_server(tuple(argv)) is server
 
 
 def test_process_records_parse_as_the_scan_writes_them():
-    record = ("4242\x1f/usr/bin/python3\0/usr/local/bin/vllm\0serve\0m\0\x1fName:\tvllm\nPPid:\t17\n"
-              "NSpid:\t4242\t1\n\x1f0::/system.slice/docker-abc.scope\n\x1f/work\n\x1e")
+    record = (
+        "4242\x1f/usr/bin/python3\0/usr/local/bin/vllm\0serve\0m\0\x1fName:\tvllm\nPPid:\t17\n"
+        "NSpid:\t4242\t1\n\x1f0::/system.slice/docker-abc.scope\n\x1f/work\n\x1e"
+    )
     junk = "17\x1f\x1fPPid:\t1\n\x1f\x1f\x1e"  # a kernel thread: no cmdline
-    assert parse_processes(record + junk) == [Process(
-        4242, 17, ("/usr/bin/python3", "/usr/local/bin/vllm", "serve", "m"), "0::/system.slice/docker-abc.scope\n",
-        "/work", (4242, 1))]
+    assert parse_processes(record + junk) == [
+        Process(
+            4242,
+            17,
+            ("/usr/bin/python3", "/usr/local/bin/vllm", "serve", "m"),
+            "0::/system.slice/docker-abc.scope\n",
+            "/work",
+            (4242, 1),
+        )
+    ]
 
 
 def test_servers_are_placed_in_their_containers():
     owner = container(pid=50)
-    main = process(60, ["python3", "-m", "vllm.entrypoints.openai.api_server"], ppid=55,
-                   cgroup=f"0::/docker/{owner.id}")
-    wrapper = process(55, ["sh", "-c", "python3 -m vllm.entrypoints.openai.api_server"], ppid=50,
-                      cgroup=f"0::/docker/{owner.id}")
+    main = process(
+        60, ["python3", "-m", "vllm.entrypoints.openai.api_server"], ppid=55, cgroup=f"0::/docker/{owner.id}"
+    )
+    wrapper = process(
+        55, ["sh", "-c", "python3 -m vllm.entrypoints.openai.api_server"], ppid=50, cgroup=f"0::/docker/{owner.id}"
+    )
     engine_core = process(61, ["VLLM::EngineCore"], ppid=60, cgroup=f"0::/docker/{owner.id}")
     exec_owner = container("vllm-idle", "beef" * 16, pid=70)
     execd = process(80, ["vllm", "serve", "m"], ppid=9, cgroup=f"0::/docker/{exec_owner.id}")
@@ -103,8 +118,11 @@ def test_servers_are_placed_in_their_containers():
     child = process(91, ["vllm", "serve", "m"], ppid=90)  # a forked child keeps the command line
     stranger = process(95, ["vllm", "serve", "m"], cgroup="0::/docker/0123", namespaced=True)
     servers, unowned = servers_of([main, wrapper, engine_core, execd, on_host, child, stranger], [owner, exec_owner])
-    assert [(s.process.pid, s.container and s.container.name, s.main) for s in servers] == \
-        [(60, "vllm-head", True), (80, "vllm-idle", False), (90, None, False)]
+    assert [(s.process.pid, s.container and s.container.name, s.main) for s in servers] == [
+        (60, "vllm-head", True),
+        (80, "vllm-idle", False),
+        (90, None, False),
+    ]
     assert unowned == [stranger]
 
 
@@ -122,17 +140,30 @@ def test_several_candidates_are_a_question_naming_the_flag():
 
 
 def test_venv_preset_restarts_the_command_line_from_its_directory():
-    argv = ["/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
-            "--override-generation-config", '{"temperature": 0}', "--port", "8000"]
+    argv = [
+        "/opt/venv/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "m",
+        "--override-generation-config",
+        '{"temperature": 0}',
+        "--port",
+        "8000",
+    ]
     server = Server(process(7, argv, cwd="/srv/my models"))
-    place = Place(server, "/opt/venv/lib/vllm/x.py", "/srv/my models", (("VLLM_CPU_KVCACHE_SPACE", "1"),),
-                    log="/tmp/v.log")
+    place = Place(
+        server, "/opt/venv/lib/vllm/x.py", "/srv/my models", (("VLLM_CPU_KVCACHE_SPACE", "1"),), log="/tmp/v.log"
+    )
     preset = choose_preset(place)
     assert preset.name == "venv" and preset.file == "/opt/venv/lib/vllm/x.py"
     spec = HostSpec("h", "c", "local", preset.settings)
     start = spec.command("start")  # the config holds a format string: braces come back whole
-    assert start == ("cd '/srv/my models' && { VLLM_CPU_KVCACHE_SPACE=1 setsid nohup " + shlex.join(argv)
-                     + " >> /tmp/v.log 2>&1 < /dev/null & }")
+    assert start == (
+        "cd '/srv/my models' && { VLLM_CPU_KVCACHE_SPACE=1 setsid nohup "
+        + shlex.join(argv)
+        + " >> /tmp/v.log 2>&1 < /dev/null & }"
+    )
     stop = spec.command("stop")
     assert stop.startswith("p='^/opt/venv/bin/python -m vllm\\.entrypoints")
     unit = choose_preset(Place(server, "/x.py", unit="vllm.service"))
@@ -140,8 +171,10 @@ def test_venv_preset_restarts_the_command_line_from_its_directory():
     user = choose_preset(Place(server, "/x.py", unit="--user vllm.service"))
     assert user.settings["server"]["start"] == "systemctl --user start vllm.service"
     assert systemd_service("12:pids:/system.slice/vllm.service\n0::/system.slice/vllm.service\n") == "vllm.service"
-    assert systemd_service("0::/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service\n") == \
-        "--user vllm.service"
+    assert (
+        systemd_service("0::/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service\n")
+        == "--user vllm.service"
+    )
     assert systemd_service("0::/user.slice/user-1000.slice/session-3.scope\n") is None
 
 
@@ -150,23 +183,32 @@ def test_container_presets():
     main = Server(process(), owner, True)
     preset = choose_preset(Place(main, FILE))
     assert preset.name == "docker restart" and preset.file == FILE
-    assert preset.settings == {"container_engine": "docker", "container": "vllm head", "server": {
-        "stop": "docker stop -t 60 'vllm head'", "start": "docker start 'vllm head'"}}
-    execd = choose_preset(Place(Server(process(argv=["vllm", "serve", "m"]), owner, False), FILE, "/w",
-                                    (("VLLM_X", "1"),)))
+    assert preset.settings == {
+        "container_engine": "docker",
+        "container": "vllm head",
+        "server": {"stop": "docker stop -t 60 'vllm head'", "start": "docker start 'vllm head'"},
+    }
+    execd = choose_preset(
+        Place(Server(process(argv=["vllm", "serve", "m"]), owner, False), FILE, "/w", (("VLLM_X", "1"),))
+    )
     assert execd.name == "exec-serve"
     assert execd.settings["server"]["start"] == "docker exec -d -w /w -e VLLM_X=1 'vllm head' vllm serve m"
     assert execd.settings["server"]["stop"].startswith(
-        "p='^vllm serve m$'; docker exec 'vllm head' pkill -TERM -f \"$p\"")
+        "p='^vllm serve m$'; docker exec 'vllm head' pkill -TERM -f \"$p\""
+    )
     mount = Mount("bind", "/opt/thermab/shm_broadcast.py", FILE, False)
-    labels = (("com.docker.compose.project", "llm"), ("com.docker.compose.service", "vllm"),
-              ("com.docker.compose.project.working_dir", "/opt/llm"),
-              ("com.docker.compose.project.config_files", "/opt/llm/compose.yaml"))
+    labels = (
+        ("com.docker.compose.project", "llm"),
+        ("com.docker.compose.service", "vllm"),
+        ("com.docker.compose.project.working_dir", "/opt/llm"),
+        ("com.docker.compose.project.config_files", "/opt/llm/compose.yaml"),
+    )
     composed = choose_preset(Place(Server(process(), container(mounts=[mount], labels=labels), True), FILE))
     assert composed.name == "compose bind mount" and composed.file == "/opt/thermab/shm_broadcast.py"
     assert "container_engine" not in composed.settings  # patched on the host, where the mount's source is
-    assert composed.settings["server"]["start"] == ("docker compose --project-directory /opt/llm -p llm "
-                                                    "-f /opt/llm/compose.yaml up -d --force-recreate vllm")
+    assert composed.settings["server"]["start"] == (
+        "docker compose --project-directory /opt/llm -p llm -f /opt/llm/compose.yaml up -d --force-recreate vllm"
+    )
     bound = choose_preset(Place(Server(process(), container(mounts=[mount]), True), FILE))
     assert bound.name == "docker restart" and bound.file == "/opt/thermab/shm_broadcast.py"
 
@@ -191,11 +233,20 @@ def test_values_files_and_environment():
     assert current_value(text * 2, SETTING["anchor"], SETTING["replacement"]) is None
     assert file_in_vllm(FILE) == "distributed/device_communicators/shm_broadcast.py"
     assert file_in_vllm("{vllm}/a/b.py") == "a/b.py" and file_in_vllm("/etc/x.conf") is None
-    assert bind_mount_of(FILE, (Mount("bind", "/host/vllm", "/usr/local/lib/python3.12/dist-packages/vllm", True),)) \
-        == (Mount("bind", "/host/vllm", "/usr/local/lib/python3.12/dist-packages/vllm", True),
-            "/host/vllm/distributed/device_communicators/shm_broadcast.py")
-    environ = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_API_KEY": "secret", "HF_TOKEN": "t", "PATH": "/bin",
-               "HF_HUB_OFFLINE": "1", "VLLM_SAME": "x"}
+    assert bind_mount_of(
+        FILE, (Mount("bind", "/host/vllm", "/usr/local/lib/python3.12/dist-packages/vllm", True),)
+    ) == (
+        Mount("bind", "/host/vllm", "/usr/local/lib/python3.12/dist-packages/vllm", True),
+        "/host/vllm/distributed/device_communicators/shm_broadcast.py",
+    )
+    environ = {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_API_KEY": "secret",
+        "HF_TOKEN": "t",
+        "PATH": "/bin",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_SAME": "x",
+    }
     assert replayed_env(environ, {"VLLM_SAME": "x"}) == {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
@@ -213,8 +264,9 @@ def test_the_config_passes_check_config_with_comments_and_a_todo():
     head = choose_preset(Place(Server(process(), container("vllm-head"), True), FILE))
     worker = choose_preset(Place(Server(process(), container("vllm-worker"), True), FILE))
     options = {"key_file": "~/.ssh/id_ed25519", "known_hosts": "~/.ssh/known_hosts", "jump": None}
-    config, comments = build_config([plan("head", head), plan("worker", worker)], "head", "http://head.lan:8000",
-                                      "deepseek", SETTING, ARMS, options)
+    config, comments = build_config(
+        [plan("head", head), plan("worker", worker)], "head", "http://head.lan:8000", "deepseek", SETTING, ARMS, options
+    )
     text = render_yaml(config, comments, "header line")
     assert yaml.safe_load(text) == config
     checked = validate(yaml.safe_load(text))
@@ -230,8 +282,15 @@ def test_the_config_passes_check_config_with_comments_and_a_todo():
 def test_different_paths_use_the_vllm_placeholder_and_different_values_are_refused():
     a = choose_preset(Place(Server(process()), "/venv-a/vllm/distributed/device_communicators/shm_broadcast.py"))
     b = choose_preset(Place(Server(process()), "/venv-b/vllm/distributed/device_communicators/shm_broadcast.py"))
-    config, _ = build_config([plan("a", a, "/venv-a/bin/python"), plan("b", b, "/venv-b/bin/python")], "b",
-                               "http://b.lan:8000", None, SETTING, ARMS, {})
+    config, _ = build_config(
+        [plan("a", a, "/venv-a/bin/python"), plan("b", b, "/venv-b/bin/python")],
+        "b",
+        "http://b.lan:8000",
+        None,
+        SETTING,
+        ARMS,
+        {},
+    )
     assert config["setting"]["file"] == "{vllm}/distributed/device_communicators/shm_broadcast.py"
     assert config["clusters"][CLUSTER]["hosts"]["a"]["python"] == "/venv-a/bin/python"
     with pytest.raises(Question, match=r"different values of the setting \(a: 1, b: 0.002\)"):
@@ -255,15 +314,29 @@ def test_cpufreq_policies_the_agent_cannot_read_are_shown(tmp_path):
     """A policy without any file the agent reads is named among what was not found, with
     the files it looked for; the others by the file each is read from."""
     base = tmp_path / "sys/devices/system/cpu/cpufreq"
-    for number, name in [(0, "cpuinfo_avg_freq"), (1, "scaling_cur_freq"), (2, "cpuinfo_cur_freq"),
-                         (3, "scaling_governor"), (4, "scaling_governor")]:
+    for number, name in [
+        (0, "cpuinfo_avg_freq"),
+        (1, "scaling_cur_freq"),
+        (2, "cpuinfo_cur_freq"),
+        (3, "scaling_governor"),
+        (4, "scaling_governor"),
+    ]:
         (base / f"policy{number}").mkdir(parents=True)
         (base / f"policy{number}" / name).write_text("2100000\n")
     present, absent = summarize_agent({"freq": agent.CpuFrequency(str(tmp_path)).discover()})
-    assert present == [("cpufreq", "3 policies; cpuinfo_avg_freq on 1 (cpu0); scaling_cur_freq on 1 (cpu1); "
-                                   "cpuinfo_cur_freq on 1 (cpu2)")]
-    assert absent == [("cpufreq", "2 of 5 policies unread, without any of cpuinfo_avg_freq, scaling_cur_freq, "
-                                  "cpuinfo_cur_freq: policy3, policy4")]
+    assert present == [
+        (
+            "cpufreq",
+            "3 policies; cpuinfo_avg_freq on 1 (cpu0); scaling_cur_freq on 1 (cpu1); cpuinfo_cur_freq on 1 (cpu2)",
+        )
+    ]
+    assert absent == [
+        (
+            "cpufreq",
+            "2 of 5 policies unread, without any of cpuinfo_avg_freq, scaling_cur_freq, "
+            "cpuinfo_cur_freq: policy3, policy4",
+        )
+    ]
     for number in (0, 1, 2):
         shutil.rmtree(base / f"policy{number}")
     present, absent = summarize_agent({"freq": agent.CpuFrequency(str(tmp_path)).discover()})
@@ -271,8 +344,11 @@ def test_cpufreq_policies_the_agent_cannot_read_are_shown(tmp_path):
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}  # links: the machine's own clock
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }  # links: the machine's own clock
 
 
 def test_agent_discovery_writes_nothing_on_the_host(tmp_path):
@@ -293,10 +369,28 @@ def test_two_servers_on_this_machine_are_a_question_and_the_endpoint_picks_one(t
     nodes = [tmp_path / f"node{i}" for i in (0, 1)]
     try:
         for node, port in zip(nodes, ports, strict=True):
-            subprocess.run([sys.executable, "-m", "thermab.sim.node", "create", str(node), "--role", "head"],
-                           check=True)
-            subprocess.run([sys.executable, "-m", "thermab.sim.vllm", "serve", "--node", str(node), "--role", "head",
-                            "--port", str(port), "--model", "sim", "--detach"], check=True, capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "thermab.sim.node", "create", str(node), "--role", "head"], check=True
+            )
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "thermab.sim.vllm",
+                    "serve",
+                    "--node",
+                    str(node),
+                    "--role",
+                    "head",
+                    "--port",
+                    str(port),
+                    "--model",
+                    "sim",
+                    "--detach",
+                ],
+                check=True,
+                capture_output=True,
+            )
         for port in ports:
             wait_http(f"http://127.0.0.1:{port}/health", 60)
         output = tmp_path / "out.yaml"
@@ -318,9 +412,16 @@ def test_two_servers_on_this_machine_are_a_question_and_the_endpoint_picks_one(t
 
 # -- real hosts: sshd and a private Docker engine --------------------------------------------
 
+
 def run_discover(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "thermab", "discover", *args], capture_output=True, text=True,
-                          timeout=600, cwd=cwd, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "thermab", "discover", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def check_config(path: Path) -> subprocess.CompletedProcess:
@@ -328,9 +429,26 @@ def check_config(path: Path) -> subprocess.CompletedProcess:
 
 
 def dry_run(path: Path, workdir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "snakemake", "-n", "--snakefile", str(REPO / "Snakefile"),
-                           "--directory", str(workdir), "--configfile", str(path), "--cores", "1", "all"],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--configfile",
+            str(path),
+            "--cores",
+            "1",
+            "all",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def wait_http(url: str, timeout_s: float, alive=lambda: True) -> None:
@@ -358,8 +476,9 @@ def python_mounts() -> list[str]:
     bind-mounted read-only at the same paths, run the simulated server in the container."""
     mounts = [str(Path(sys.base_prefix).resolve()), str(REPO / "workflow")]
     libraries = [p for p in ("/lib", "/lib64") if Path(p).exists()]
-    return [arg for path in mounts for arg in ("-v", f"{path}:{path}:ro")] + \
-        [arg for path in libraries for arg in ("-v", f"{Path(path).resolve()}:{path}:ro")]
+    return [arg for path in mounts for arg in ("-v", f"{path}:{path}:ro")] + [
+        arg for path in libraries for arg in ("-v", f"{Path(path).resolve()}:{path}:ro")
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -405,17 +524,55 @@ def start_containers(engine, directory: Path, ports: dict[str, int]) -> None:
     pythonpath = f"PYTHONPATH={REPO / 'workflow'}:/usr/local/lib/python3.12/dist-packages"
 
     def serve(name):
-        return [str(PYTHON), "-m", "thermab.sim.vllm", "serve", "--node", "/", "--role", "head", "--port",
-                str(ports[name]), "--model", f"sim-{name}", "--host", "127.0.0.1"]
+        return [
+            str(PYTHON),
+            "-m",
+            "thermab.sim.vllm",
+            "serve",
+            "--node",
+            "/",
+            "--role",
+            "head",
+            "--port",
+            str(ports[name]),
+            "--model",
+            f"sim-{name}",
+            "--host",
+            "127.0.0.1",
+        ]
 
-    compose = ["--label", "com.docker.compose.project=llm", "--label", "com.docker.compose.service=vllm",
-               "--label", f"com.docker.compose.project.working_dir={directory}",
-               "--label", f"com.docker.compose.project.config_files={directory}/compose.yaml",
-               "-v", f"{bound}:{FILE}:ro"]
-    for name, extra, command in (("vllm-head", [], serve("vllm-head")), ("vllm-idle", [], ["sleep", "100000"]),
-                                 ("vllm-compose", compose, serve("vllm-compose"))):
-        engine.docker("create", "--name", name, "--network", "host", "--restart", "unless-stopped", "-e", pythonpath,
-                      *python_mounts(), *extra, IMAGE, *command)
+    compose = [
+        "--label",
+        "com.docker.compose.project=llm",
+        "--label",
+        "com.docker.compose.service=vllm",
+        "--label",
+        f"com.docker.compose.project.working_dir={directory}",
+        "--label",
+        f"com.docker.compose.project.config_files={directory}/compose.yaml",
+        "-v",
+        f"{bound}:{FILE}:ro",
+    ]
+    for name, extra, command in (
+        ("vllm-head", [], serve("vllm-head")),
+        ("vllm-idle", [], ["sleep", "100000"]),
+        ("vllm-compose", compose, serve("vllm-compose")),
+    ):
+        engine.docker(
+            "create",
+            "--name",
+            name,
+            "--network",
+            "host",
+            "--restart",
+            "unless-stopped",
+            "-e",
+            pythonpath,
+            *python_mounts(),
+            *extra,
+            IMAGE,
+            *command,
+        )
         tree = node if name != "vllm-compose" else without_the_bound_file
         for part in ("usr", "sim.json", "run"):
             engine.docker("cp", str(tree / part), f"{name}:/")
@@ -426,8 +583,14 @@ def start_containers(engine, directory: Path, ports: dict[str, int]) -> None:
 
 
 def ssh_args(sshd, directory: Path, *more: str) -> list[str]:
-    return [f"head=ssh://{getpass.getuser()}@127.0.0.1:{sshd.port}", "--key-file", str(sshd.client_key),
-            "--known-hosts", str(sshd.known_hosts), *more]
+    return [
+        f"head=ssh://{getpass.getuser()}@127.0.0.1:{sshd.port}",
+        "--key-file",
+        str(sshd.client_key),
+        "--known-hosts",
+        str(sshd.known_hosts),
+        *more,
+    ]
 
 
 def state(engine, ports) -> dict:
@@ -440,8 +603,12 @@ def state(engine, ports) -> dict:
             "file": hashlib.sha256(engine.docker("exec", name, "cat", FILE).stdout).hexdigest(),
             "pid": int(engine.docker("inspect", "-f", "{{.State.Pid}}", name).stdout),
             "processes": sorted(engine.docker("top", name, "-o", "pid,args").stdout.decode().splitlines()),
-            "models": [m["id"] for m in json.loads(
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10).read())["data"]],
+            "models": [
+                m["id"]
+                for m in json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10).read())[
+                    "data"
+                ]
+            ],
         }
     return found
 
@@ -454,14 +621,21 @@ def test_docker_restart_preset_over_ssh(cluster, tmp_path):
     result = run_discover(*ssh_args(sshd, directory, "--container", "vllm-head", "-o", str(output)))
     assert result.returncode == 0, result.stderr
     assert state(engine, ports) == before, "discover changed a container"
-    assert not [p for p in Path("/tmp").glob("thermab-agent*") if p.stat().st_mtime >= marker], \
+    assert not [p for p in Path("/tmp").glob("thermab-agent*") if p.stat().st_mtime >= marker], (
         "discover wrote the agent to the host"
+    )
     table = result.stderr
-    for expected in (f"container vllm-head (pid {before['vllm-head']['pid']}, port {ports['vllm-head']}); docker, "
-                     "image thermab-test:local, restart policy unless-stopped, its own process, bind mounts",
-                     "vLLM version       0.25.2.dev0+thermab.sim", f"setting file       {FILE}",
-                     "busy_loop_s now    1 (anchor matches once)", "preset             docker restart",
-                     "/v1/models answers sim-vllm-head", "clock offset", "thermal zones      /sys/class/thermal has"):
+    for expected in (
+        f"container vllm-head (pid {before['vllm-head']['pid']}, port {ports['vllm-head']}); docker, "
+        "image thermab-test:local, restart policy unless-stopped, its own process, bind mounts",
+        "vLLM version       0.25.2.dev0+thermab.sim",
+        f"setting file       {FILE}",
+        "busy_loop_s now    1 (anchor matches once)",
+        "preset             docker restart",
+        "/v1/models answers sim-vllm-head",
+        "clock offset",
+        "thermal zones      /sys/class/thermal has",
+    ):
         assert expected in table, expected
     config = yaml.safe_load(output.read_text())
     host = config["clusters"]["discovered"]["hosts"]["head"]
@@ -487,16 +661,19 @@ def test_exec_serve_and_compose_presets_over_ssh(cluster, tmp_path):
         found[name] = yaml.safe_load(output.read_text())
     assert state(engine, ports) == before, "discover changed a container"
     idle = found["vllm-idle"]["clusters"]["discovered"]["hosts"]["head"]
-    assert idle["server"]["start"] == (f"docker exec -d -w /tmp -e VLLM_SIM=1 vllm-idle {PYTHON} -m thermab.sim.vllm "
-                                       f"serve --node / --role head --port {ports['vllm-idle']} --model sim-vllm-idle "
-                                       "--host 127.0.0.1")
+    assert idle["server"]["start"] == (
+        f"docker exec -d -w /tmp -e VLLM_SIM=1 vllm-idle {PYTHON} -m thermab.sim.vllm "
+        f"serve --node / --role head --port {ports['vllm-idle']} --model sim-vllm-idle "
+        "--host 127.0.0.1"
+    )
     assert "pgrep" in idle["server"]["stop"]
     composed = found["vllm-compose"]
     host = composed["clusters"]["discovered"]["hosts"]["head"]
     assert composed["setting"]["file"] == str(directory / "bound-shm_broadcast.py")
     assert "container" not in host and "python" not in host
-    assert host["server"]["start"] == (f"docker compose --project-directory {directory} -p llm -f "
-                                       f"{directory}/compose.yaml up -d --force-recreate vllm")
+    assert host["server"]["start"] == (
+        f"docker compose --project-directory {directory} -p llm -f {directory}/compose.yaml up -d --force-recreate vllm"
+    )
 
 
 def test_two_containers_are_a_question_not_a_guess(cluster, tmp_path):
@@ -515,11 +692,18 @@ def test_user_errors_are_one_line_naming_the_flag_or_host(cluster, tmp_path):
     engine, sshd, ports, directory = cluster
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    cases = {("head=ssh://127.0.0.1:1", "--known-hosts", str(empty)): "host head:",
-             ("head=gopher://x",): "host head: 'gopher://x'",
-             ("head=local://", "--head", "nope"): "--head nope",
-             (f"head=ssh://{getpass.getuser()}@127.0.0.1:{sshd.port}", "--key-file", str(sshd.client_key),
-              "--known-hosts", str(empty)): "is not pinned"}
+    cases = {
+        ("head=ssh://127.0.0.1:1", "--known-hosts", str(empty)): "host head:",
+        ("head=gopher://x",): "host head: 'gopher://x'",
+        ("head=local://", "--head", "nope"): "--head nope",
+        (
+            f"head=ssh://{getpass.getuser()}@127.0.0.1:{sshd.port}",
+            "--key-file",
+            str(sshd.client_key),
+            "--known-hosts",
+            str(empty),
+        ): "is not pinned",
+    }
     for args, expected in cases.items():
         result = run_discover(*args)
         assert result.returncode == 2, (args, result.stderr)
@@ -530,13 +714,19 @@ def test_user_errors_are_one_line_naming_the_flag_or_host(cluster, tmp_path):
 
 # -- this machine's real vLLM server (vllm-cpu) ----------------------------------------------
 
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+VLLM_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
 # an AB run of the discovered config kept short: seconds of load, not the study's 30 minutes
-SHORT_RUN = {"timings": {"baseline_s": 1, "load_s": 10, "cooldown_max_s": 1, "startup_timeout_s": 240},
-             "load": {"users": 2, "max_tokens": 32, "prompt_tokens": 128, "probe_at": 0.5, "probe_n": 1,
-                      "probe_tokens": 16},
-             "monitor": {"intervals": {"thermal": 2, "cpu": 1, "freq": 2, "system": 1}}}
+SHORT_RUN = {
+    "timings": {"baseline_s": 1, "load_s": 10, "cooldown_max_s": 1, "startup_timeout_s": 240},
+    "load": {"users": 2, "max_tokens": 32, "prompt_tokens": 128, "probe_at": 0.5, "probe_n": 1, "probe_tokens": 16},
+    "monitor": {"intervals": {"thermal": 2, "cpu": 1, "freq": 2, "system": 1}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -551,20 +741,41 @@ def vllm_cpu(tmp_path_factory):
         pytest.skip(problem)
     if server_processes():
         pytest.skip("a vLLM server already runs here (one at a time on 2 cores): " + "; ".join(server_processes()))
-    made = subprocess.run([str(VENV / "bin/python"), str(MAKE_MODEL), str(MODEL)], capture_output=True, text=True,
-                          timeout=300)
+    made = subprocess.run(
+        [str(VENV / "bin/python"), str(MAKE_MODEL), str(MODEL)], capture_output=True, text=True, timeout=300
+    )
     assert made.returncode == 0, made.stderr[-2000:]
     workdir = tmp_path_factory.mktemp("vllm-cpu-discover")
     (workdir / ".thermab").mkdir()
     (workdir / ".thermab/vllm-cpu-venv").symlink_to(VENV)
     (workdir / ".thermab/tiny-llama").symlink_to(MODEL)
     port = free_port()
-    argv = [".thermab/vllm-cpu-venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model",
-            ".thermab/tiny-llama", "--served-model-name", "tiny-llama", "--host", "127.0.0.1", "--port", str(port),
-            "--max-model-len", "2048", "--enforce-eager"]  # no torch.compile: each of the 3 starts is quicker
+    argv = [
+        ".thermab/vllm-cpu-venv/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        ".thermab/tiny-llama",
+        "--served-model-name",
+        "tiny-llama",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "2048",
+        "--enforce-eager",
+    ]  # no torch.compile: each of the 3 starts is quicker
     log = open(workdir / "first-server.log", "w")
-    server = subprocess.Popen(argv, cwd=workdir, env={**os.environ, **VLLM_ENV}, stdout=log, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
+    server = subprocess.Popen(
+        argv,
+        cwd=workdir,
+        env={**os.environ, **VLLM_ENV},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", 300, alive=lambda: server.poll() is None)
         yield workdir, port, server
@@ -600,8 +811,16 @@ def test_vllm_cpu_discover_check_dry_run_and_an_ab_run(vllm_cpu):
     digest = hashlib.sha256(venv_file().read_bytes()).hexdigest()
     running = processes_in(workdir)
     output = workdir / "discovered.yaml"
-    result = run_discover("local=local://", "--endpoint", f"http://127.0.0.1:{port}", "--cluster", CPU_CLUSTER,
-                          "-o", str(output), cwd=workdir)
+    result = run_discover(
+        "local=local://",
+        "--endpoint",
+        f"http://127.0.0.1:{port}",
+        "--cluster",
+        CPU_CLUSTER,
+        "-o",
+        str(output),
+        cwd=workdir,
+    )
     assert result.returncode == 0, result.stderr
     assert processes_in(workdir) == running and first.poll() is None, "discover touched the server"
     assert hashlib.sha256(venv_file().read_bytes()).hexdigest() == digest
@@ -609,21 +828,48 @@ def test_vllm_cpu_discover_check_dry_run_and_an_ab_run(vllm_cpu):
     config = yaml.safe_load(output.read_text())
     host = config["clusters"][CPU_CLUSTER]["hosts"]["local"]
     assert host["python"] == str(workdir / ".thermab/vllm-cpu-venv/bin/python")
-    assert host["server"]["start"].startswith(f"cd {workdir} && {{{{ HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "
-                                              "VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 setsid nohup "
-                                              ".thermab/vllm-cpu-venv/bin/python -m vllm.entrypoints")
+    assert host["server"]["start"].startswith(
+        f"cd {workdir} && {{{{ HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "
+        "VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 setsid nohup "
+        ".thermab/vllm-cpu-venv/bin/python -m vllm.entrypoints"
+    )
     assert config["load"]["model"] == "tiny-llama"
     assert check_config(output).returncode == 0
     dry = dry_run(output, workdir)
     assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
 
     override = workdir / "short-run.yaml"
-    override.write_text(yaml.safe_dump({**SHORT_RUN, "clusters": {CPU_CLUSTER: {
-        "end_state": "stopped", "hosts": {"local": {"agent_dir": str(workdir / "agent")}}}}}))
+    override.write_text(
+        yaml.safe_dump(
+            {
+                **SHORT_RUN,
+                "clusters": {
+                    CPU_CLUSTER: {"end_state": "stopped", "hosts": {"local": {"agent_dir": str(workdir / "agent")}}}
+                },
+            }
+        )
+    )
     started = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-                          str(workdir), "--configfile", str(output), str(override), "--cores", "1", "all"],
-                         capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--configfile",
+            str(output),
+            str(override),
+            "--cores",
+            "1",
+            "all",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     (workdir / "snakemake.log").write_text(run.stdout + run.stderr)
     assert run.returncode == 0, f"after {time.monotonic() - started:.0f} s:\n{run.stderr[-4000:]}"
     print(f"AB run on the discovered config: {time.monotonic() - started:.0f} s")

@@ -4,15 +4,17 @@ import hashlib
 
 import pytest
 
-from thermab.experiment import server
-from thermab.config import HostSpec
-from thermab.hosts.host import Host
-from thermab.experiment.patch import PatchError, Patcher
-from thermab.hosts.transport import CommandError
 from dockerd import IMAGE, start_dockerd
+from thermab.config import HostSpec
+from thermab.experiment import server
+from thermab.experiment.patch import Patcher, PatchError
+from thermab.hosts.host import Host
+from thermab.hosts.transport import CommandError
 
 FILE = "/usr/local/lib/python3.12/dist-packages/vllm/distributed/device_communicators/shm_broadcast.py"
-STOCK = "class SpinCondition:\n    def __init__(\n        self,\n        busy_loop_s: float = 1,\n    ):\n        pass\n"
+STOCK = (
+    "class SpinCondition:\n    def __init__(\n        self,\n        busy_loop_s: float = 1,\n    ):\n        pass\n"
+)
 SETTING = {"file": FILE, "anchor": r"busy_loop_s: float = [0-9.eE+-]+", "replacement": "busy_loop_s: float = {value}"}
 
 
@@ -29,11 +31,25 @@ def container(engine, monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", engine.host)
     engine.docker("rm", "-f", "vllm-head", check=False)
     engine.docker("run", "-d", "--name", "vllm-head", "--network", "none", IMAGE, "/bin/sleep", "100000")
-    engine.docker("exec", "-i", "vllm-head", "sh", "-c", f"mkdir -p {FILE.rsplit('/', 1)[0]} && cat > {FILE}",
-                  input=STOCK.encode())
-    spec = HostSpec("spark1", "c", "local", {"container_engine": "docker", "container": "vllm-head",
-                                             "server": {"stop": "docker stop -t 1 vllm-head",
-                                                        "start": "docker start vllm-head"}})
+    engine.docker(
+        "exec",
+        "-i",
+        "vllm-head",
+        "sh",
+        "-c",
+        f"mkdir -p {FILE.rsplit('/', 1)[0]} && cat > {FILE}",
+        input=STOCK.encode(),
+    )
+    spec = HostSpec(
+        "spark1",
+        "c",
+        "local",
+        {
+            "container_engine": "docker",
+            "container": "vllm-head",
+            "server": {"stop": "docker stop -t 1 vllm-head", "start": "docker start vllm-head"},
+        },
+    )
     return Host(spec)
 
 
@@ -88,8 +104,9 @@ def test_hostile_file_path_stays_one_argument(engine, container, tmp_path):
     setting = dict(SETTING, file=f"/tmp/x'; touch {marker}; echo '")
     with pytest.raises(CommandError):
         Patcher(container, setting, tmp_path / "state").apply("0.002")
-    assert engine.docker("exec", "vllm-head", "test", "-e", marker, check=False).returncode == 1, \
+    assert engine.docker("exec", "vllm-head", "test", "-e", marker, check=False).returncode == 1, (
         "the path was not split by the container's shell"
+    )
 
 
 def test_full_path_ssh_docker_exec_patch_restart_restore(engine, tmp_path):
@@ -105,15 +122,30 @@ def test_full_path_ssh_docker_exec_patch_restart_restore(engine, tmp_path):
     # the "server": reads the setting at start-up, as vLLM does at import, then idles
     start = f"grep -o 'busy_loop_s: float = [0-9.]*' {FILE} > /tmp/started-with 2>/dev/null; exec sleep 100000"
     engine.docker("run", "-d", "--init", "--name", "vllm-ssh", "--network", "none", IMAGE, "sh", "-c", start)
-    engine.docker("exec", "-i", "vllm-ssh", "sh", "-c", f"mkdir -p {FILE.rsplit('/', 1)[0]} && cat > {FILE}",
-                  input=STOCK.encode())
+    engine.docker(
+        "exec", "-i", "vllm-ssh", "sh", "-c", f"mkdir -p {FILE.rsplit('/', 1)[0]} && cat > {FILE}", input=STOCK.encode()
+    )
     try:
-        transport = SshTransport("spark1", "127.0.0.1", port=sshd.port, user=getpass.getuser(),
-                                 key_file=str(sshd.client_key), known_hosts=str(sshd.known_hosts), retries=1)
-        spec = HostSpec("spark1", "c", "ssh", {"address": "127.0.0.1", "container_engine": "docker",
-                                               "container": "vllm-ssh",
-                                               "server": {"stop": "docker stop -t 1 vllm-ssh",
-                                                          "start": "docker start vllm-ssh"}})
+        transport = SshTransport(
+            "spark1",
+            "127.0.0.1",
+            port=sshd.port,
+            user=getpass.getuser(),
+            key_file=str(sshd.client_key),
+            known_hosts=str(sshd.known_hosts),
+            retries=1,
+        )
+        spec = HostSpec(
+            "spark1",
+            "c",
+            "ssh",
+            {
+                "address": "127.0.0.1",
+                "container_engine": "docker",
+                "container": "vllm-ssh",
+                "server": {"stop": "docker stop -t 1 vllm-ssh", "start": "docker start vllm-ssh"},
+            },
+        )
         host = Host(spec, transport)
         patcher = Patcher(host, SETTING, tmp_path / "state")
         patcher.apply("0.002")

@@ -31,18 +31,52 @@ COLUMNS = {
     "thresholds": ["order", "rep", "arm", "host", "sensor", "threshold_c", "reached_s", "samples_at_or_above"],
     "zones": ["order", "rep", "arm", "host", "sensor", "mean_c", "max_c", "n"],
     "cpu": ["order", "rep", "arm", "host", "median_pct", "p5_pct", "p95_pct", "n"],
-    "performance": ["order", "rep", "arm", "requests_completed", "output_tokens", "window_s", "output_tok_s",
-                    "probe_tok_s_median", "probe_n"],
-    "energy": ["order", "rep", "arm", "host", "domain", "window_s", "mean_w", "energy_j", "idle_w",
-               "energy_above_idle_j", "output_tokens", "j_per_token", "j_per_token_above_idle"],
+    "performance": [
+        "order",
+        "rep",
+        "arm",
+        "requests_completed",
+        "output_tokens",
+        "window_s",
+        "output_tok_s",
+        "probe_tok_s_median",
+        "probe_n",
+    ],
+    "energy": [
+        "order",
+        "rep",
+        "arm",
+        "host",
+        "domain",
+        "window_s",
+        "mean_w",
+        "energy_j",
+        "idle_w",
+        "energy_above_idle_j",
+        "output_tokens",
+        "j_per_token",
+        "j_per_token_above_idle",
+    ],
 }
 
 pytestmark = pytest.mark.e2e
 
 
 def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(workdir), "--configfile", *CONFIGS, "--cores", "1", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        *CONFIGS,
+        "--cores",
+        "1",
+        *args,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     (workdir / f"snakemake-{len(list(workdir.glob('snakemake-*.log')))}.log").write_text(result.stdout + result.stderr)
     return result
@@ -118,8 +152,20 @@ def test_load_was_the_intended_load(ab_run):
 
 def test_events_and_tidy_telemetry(ab_run):
     names = [json.loads(line)["event"] for line in (ab_run / "events.jsonl").read_text().splitlines()]
-    for name in ("run_start", "baseline_start", "baseline_end", "patch_applied", "restart_start", "server_ready",
-                 "load_start", "probe_start", "probe_end", "load_end", "cooldown_end", "run_end"):
+    for name in (
+        "run_start",
+        "baseline_start",
+        "baseline_end",
+        "patch_applied",
+        "restart_start",
+        "server_ready",
+        "load_start",
+        "probe_start",
+        "probe_end",
+        "load_end",
+        "cooldown_end",
+        "run_end",
+    ):
         assert name in names, name
     assert "abort" not in names
     assert names.count("load_start") == 2
@@ -157,12 +203,23 @@ def test_energy_per_arm_from_the_simulated_power_tree(ab_run):
 
 def test_report_figures_and_provenance(ab_run):
     assert "stock" in (ab_run / "summary.md").read_text()
-    for name in ("figures/timeline.png", "figures/timeline.svg", "figures/timeline.html", "report.html",
-                 "provenance/dag.dot", "provenance/dag.mmd", "provenance/dag.svg", "provenance/config.yaml",
-                 "provenance/versions.json", "provenance/sha256.txt"):
+    for name in (
+        "figures/timeline.png",
+        "figures/timeline.svg",
+        "figures/timeline.html",
+        "report.html",
+        "provenance/dag.dot",
+        "provenance/dag.mmd",
+        "provenance/dag.svg",
+        "provenance/config.yaml",
+        "provenance/versions.json",
+        "provenance/sha256.txt",
+    ):
         assert (ab_run / name).stat().st_size > 0, name
-    assert "rule_phase" in (ab_run / "provenance/dag.dot").read_text() or \
-        "phase" in (ab_run / "provenance/dag.dot").read_text()
+    assert (
+        "rule_phase" in (ab_run / "provenance/dag.dot").read_text()
+        or "phase" in (ab_run / "provenance/dag.dot").read_text()
+    )
 
 
 def test_changed_analysis_settings_analyse_again(ab_run, workdir, tmp_path):
@@ -229,9 +286,23 @@ def test_ba_with_repeats_accumulates_beside_ab(ab_run, workdir):
 
 
 def test_interrupt_restores_and_stops_everything(ab_run, workdir):
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(workdir), "--configfile", *CONFIGS, "--cores", "1", "all",
-               "--config", "order=AB", "repeats=2"]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        *CONFIGS,
+        "--cores",
+        "1",
+        "all",
+        "--config",
+        "order=AB",
+        "repeats=2",
+    ]
     # its own process group, so the SIGINT reaches Snakemake and its jobs as a Ctrl-C does
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     events = workdir / "results/sim/AB/events.jsonl"
@@ -260,7 +331,10 @@ def test_interrupt_restores_and_stops_everything(ab_run, workdir):
     result = snakemake(workdir, "all", "--config", "order=AB", "repeats=2", "--rerun-incomplete")
     assert result.returncode == 0, result.stderr[-4000:]
     assert finished.stat().st_mtime == finished_mtime
-    starts = [e for e in map(json.loads, events.read_text().splitlines())
-              if e["event"] == "load_start" and e.get("rep") == 2 and e.get("arm") == "A"]
+    starts = [
+        e
+        for e in map(json.loads, events.read_text().splitlines())
+        if e["event"] == "load_start" and e.get("rep") == 2 and e.get("arm") == "A"
+    ]
     assert len(starts) == 2, "rep2-A was redone after the interruption"
     assert_clean(workdir, workdir / "results/sim/AB")

@@ -14,18 +14,25 @@ T0 = 1.7e9
 
 
 def events(*rows):
-    return pd.DataFrame([dict(zip(("t", "event", "order", "rep", "arm"), row)) for row in rows])
+    return pd.DataFrame([dict(zip(("t", "event", "order", "rep", "arm"), row, strict=False)) for row in rows])
 
 
 def power(host, domain, times, values):
-    return pd.DataFrame({"t": np.asarray(times, float), "host": host, "kind": "power", "sensor": domain,
-                         "value": np.asarray(values, float)})
+    return pd.DataFrame(
+        {
+            "t": np.asarray(times, float),
+            "host": host,
+            "kind": "power",
+            "sensor": domain,
+            "value": np.asarray(values, float),
+        }
+    )
 
 
 def requests(*rows):
     """(order, rep, arm, kind, t_first_token, t_end, completion_tokens, ok) per request."""
     columns = metrics.PHASE_KEYS + ["kind", "t_first_token", "t_end", "completion_tokens", "ok"]
-    frame = pd.DataFrame([dict(zip(columns, row)) for row in rows], columns=columns)
+    frame = pd.DataFrame([dict(zip(columns, row, strict=False)) for row in rows], columns=columns)
     return frame.assign(t_start=frame["t_first_token"] - 1.0)
 
 
@@ -34,9 +41,14 @@ def inside(order, rep, arm, tokens, start):
     return (order, rep, arm, "load", start + 10.0, start + 20.0, tokens, True)
 
 
-EVENTS = events((0, "baseline_start", "AB", None, None), (100, "baseline_end", "AB", None, None),
-                (1000, "load_start", "AB", 1, "A"), (1100, "load_end", "AB", 1, "A"),
-                (2000, "load_start", "AB", 1, "B"), (2100, "load_end", "AB", 1, "B"))
+EVENTS = events(
+    (0, "baseline_start", "AB", None, None),
+    (100, "baseline_end", "AB", None, None),
+    (1000, "load_start", "AB", 1, "A"),
+    (1100, "load_end", "AB", 1, "A"),
+    (2000, "load_start", "AB", 1, "B"),
+    (2100, "load_end", "AB", 1, "B"),
+)
 WINDOWS = metrics.load_windows(EVENTS)
 TOKENS = requests(inside("AB", 1, "A", 2000, 1000), inside("AB", 1, "B", 2500, 2000))
 
@@ -49,11 +61,14 @@ def test_time_weighted_mean_is_the_trapezoid_over_the_span_covered():
 
 
 def test_definitions_on_irregular_samples():
-    telemetry = pd.concat([
-        power("head", "package-0", [10, 50, 90], [20, 20, 20]),  # baseline
-        power("head", "package-0", [995, 1000, 1010, 1030, 1090, 1100], [999, 100, 100, 200, 200, 999]),
-        power("head", "package-0", [2005, 2095], [150, 150]),
-    ], ignore_index=True)
+    telemetry = pd.concat(
+        [
+            power("head", "package-0", [10, 50, 90], [20, 20, 20]),  # baseline
+            power("head", "package-0", [995, 1000, 1010, 1030, 1090, 1100], [999, 100, 100, 200, 200, 999]),
+            power("head", "package-0", [2005, 2095], [150, 150]),
+        ],
+        ignore_index=True,
+    )
     table = energy.energy_table(telemetry, WINDOWS, EVENTS, TOKENS, ["head"])
     a = table[(table["arm"] == "A") & (table["host"] == "head")].iloc[0]
     # inside [1000, 1100): 100 W to 1010, a ramp to 200 W at 1030, 200 W to 1090: 16000 J over 90 s
@@ -72,21 +87,24 @@ def test_definitions_on_irregular_samples():
 def test_tokens_are_those_generated_inside_the_window():
     # window [1000, 1100): each request's tokens spread evenly from its first token to its end
     phase = requests(
-        ("AB", 1, "A", "load", 1010, 1020, 400, True),    # wholly inside: 400
-        ("AB", 1, "A", "load", 1090, 1110, 400, True),    # in flight at load_end: half, 200
-        ("AB", 1, "A", "probe", 1050, 1060, 256, True),   # a probe's tokens are paid for too: 256
-        ("AB", 1, "A", "load", 1095, 1095, 100, True),    # all at one instant inside: 100
-        ("AB", 1, "A", "load", 1100, 1100, 100, True),    # at one instant at load_end: outside
-        ("AB", 1, "A", "load", 1020, 1030, 400, False),   # failed: its tokens are unknown
-        ("AB", 1, "A", "load", 500, 600, 400, True),      # an aborted attempt's, before the window
+        ("AB", 1, "A", "load", 1010, 1020, 400, True),  # wholly inside: 400
+        ("AB", 1, "A", "load", 1090, 1110, 400, True),  # in flight at load_end: half, 200
+        ("AB", 1, "A", "probe", 1050, 1060, 256, True),  # a probe's tokens are paid for too: 256
+        ("AB", 1, "A", "load", 1095, 1095, 100, True),  # all at one instant inside: 100
+        ("AB", 1, "A", "load", 1100, 1100, 100, True),  # at one instant at load_end: outside
+        ("AB", 1, "A", "load", 1020, 1030, 400, False),  # failed: its tokens are unknown
+        ("AB", 1, "A", "load", 500, 600, 400, True),  # an aborted attempt's, before the window
     )
     window = WINDOWS.iloc[0]
     assert energy.tokens_in_window(phase, window) == pytest.approx(400 + 200 + 256 + 100)
-    assert math.isnan(energy.tokens_in_window(None, window)) and math.isnan(energy.tokens_in_window(phase.iloc[:0], window))
+    assert math.isnan(energy.tokens_in_window(None, window)) and math.isnan(
+        energy.tokens_in_window(phase.iloc[:0], window)
+    )
     no_first_token = phase.iloc[:2].assign(t_first_token=np.nan, t_start=[1000.0, 1070.0])
     assert energy.tokens_in_window(no_first_token, window) == pytest.approx(400 + 400 * 30 / 40), "t_start stands in"
-    table = energy.energy_table(power("head", "package-0", [1000, 1050, 1099], [100] * 3), WINDOWS.iloc[:1],
-                                EVENTS, phase, ["head"])
+    table = energy.energy_table(
+        power("head", "package-0", [1000, 1050, 1099], [100] * 3), WINDOWS.iloc[:1], EVENTS, phase, ["head"]
+    )
     row = table[table["host"] == "all"].iloc[0]
     assert row["output_tokens"] == pytest.approx(956) and row["j_per_token"] == pytest.approx(100 * 100 / 956)
 
@@ -107,7 +125,7 @@ def test_counting_the_requests_that_ended_would_read_the_energy_high_and_noisy()
     for _ in range(200):
         end = start + rng.uniform(54.0, 60.0)
         rows = []
-        for user in range(4):
+        for _user in range(4):
             t = start
             while t < end:
                 last = t + request_s * rng.normal(1.0, 0.055)
@@ -119,25 +137,35 @@ def test_counting_the_requests_that_ended_would_read_the_energy_high_and_noisy()
         ended.append(phase.loc[phase["t_end"] < end, "completion_tokens"].sum() / (end - start))
     generated, ended = np.array(generated), np.array(ended)
     cv = {name: 100 * v.std() / v.mean() for name, v in (("generated", generated), ("ended", ended))}
-    print(f"tokens/s over 200 windows: generated {generated.mean():.1f} (CV {cv['generated']:.2f} %), "
-          f"of the requests that ended {ended.mean():.1f} (CV {cv['ended']:.2f} %)")
+    print(
+        f"tokens/s over 200 windows: generated {generated.mean():.1f} (CV {cv['generated']:.2f} %), "
+        f"of the requests that ended {ended.mean():.1f} (CV {cv['ended']:.2f} %)"
+    )
     assert ended.mean() < 0.96 * generated.mean()
     assert cv["ended"] > 2 * cv["generated"]
 
 
 def test_host_total_never_sums_a_sub_domain_or_an_overlapping_reading():
-    assert energy.host_total_domains(["package-0", "package-0/core", "package-0/uncore", "dram-0", "gpu0",
-                                      "psys", "hwmon/power_meter/node"]) == ["dram-0", "gpu0", "package-0"]
+    assert energy.host_total_domains(
+        ["package-0", "package-0/core", "package-0/uncore", "dram-0", "gpu0", "psys", "hwmon/power_meter/node"]
+    ) == ["dram-0", "gpu0", "package-0"]
     assert energy.host_total_domains(["node", "package-0", "gpu0"]) == ["node"]
     assert energy.host_total_domains(["package-0/core", "hwmon/amdgpu/PPT"]) == []
     assert energy.host_total_domains(["gpu-1", "core-0", "uncore"]) == ["gpu-1"]
     times = [1000, 1050, 1099]
-    telemetry = pd.concat([
-        power("head", "package-0", times, [60] * 3), power("head", "package-0/core", times, [40] * 3),
-        power("head", "dram-0", times, [5] * 3), power("head", "gpu0", times, [300] * 3),
-        power("head", "psys", times, [90] * 3), power("head", "hwmon/power_meter/node", times, [500] * 3),
-        power("worker", "node", times, [250] * 3), power("worker", "package-0", times, [70] * 3),
-    ], ignore_index=True)
+    telemetry = pd.concat(
+        [
+            power("head", "package-0", times, [60] * 3),
+            power("head", "package-0/core", times, [40] * 3),
+            power("head", "dram-0", times, [5] * 3),
+            power("head", "gpu0", times, [300] * 3),
+            power("head", "psys", times, [90] * 3),
+            power("head", "hwmon/power_meter/node", times, [500] * 3),
+            power("worker", "node", times, [250] * 3),
+            power("worker", "package-0", times, [70] * 3),
+        ],
+        ignore_index=True,
+    )
     table = energy.energy_table(telemetry, WINDOWS.iloc[:1], EVENTS, TOKENS, ["head", "worker"])
     total = table[(table["host"] == "all") & (table["domain"] == "total")].iloc[0]
     assert total["mean_w"] == 60 + 5 + 300 + 250
@@ -148,11 +176,16 @@ def test_host_total_never_sums_a_sub_domain_or_an_overlapping_reading():
 
 
 def test_a_domain_without_samples_is_empty_never_zero(tmp_path):
-    telemetry = pd.concat([
-        power("head", "package-0", [1000, 1050, 2000, 2050], [60, 60, 50, 50]),
-        power("head", "gpu0", [1000, 1050], [300, 300]),  # gone in phase B
-    ], ignore_index=True)
-    table = energy.energy_table(telemetry, WINDOWS, EVENTS.iloc[2:], requests(inside("AB", 1, "A", 2000, 1000)), ["head"])
+    telemetry = pd.concat(
+        [
+            power("head", "package-0", [1000, 1050, 2000, 2050], [60, 60, 50, 50]),
+            power("head", "gpu0", [1000, 1050], [300, 300]),  # gone in phase B
+        ],
+        ignore_index=True,
+    )
+    table = energy.energy_table(
+        telemetry, WINDOWS, EVENTS.iloc[2:], requests(inside("AB", 1, "A", 2000, 1000)), ["head"]
+    )
     gpu_b = table[(table["arm"] == "B") & (table["domain"] == "gpu0")].iloc[0]
     for column in ("mean_w", "energy_j", "energy_above_idle_j", "j_per_token", "j_per_token_above_idle"):
         assert math.isnan(gpu_b[column]), column
@@ -193,8 +226,13 @@ def test_synthetic_run_energy_table_summary_and_verdicts(tmp_path):
     total = written[(written["host"] == "all") & (written["domain"] == "total")].set_index(["rep", "arm"])
     run = analyze.compute(run_dir).run
     windows = tables["windows"].set_index(["rep", "arm"])
-    tokens = {(rep, arm): energy.tokens_in_window(run.requests[(run.requests["rep"] == rep) & (run.requests["arm"] == arm)],
-                                                  windows.loc[(rep, arm)]) for rep in (1, 2) for arm in "AB"}
+    tokens = {
+        (rep, arm): energy.tokens_in_window(
+            run.requests[(run.requests["rep"] == rep) & (run.requests["arm"] == arm)], windows.loc[(rep, arm)]
+        )
+        for rep in (1, 2)
+        for arm in "AB"
+    }
     for rep in (1, 2):
         for arm, watts in (("A", 60 + 8 + 300 + 200), ("B", 50 + 8 + 290 + 200)):
             row = total.loc[(rep, arm)]
@@ -227,8 +265,12 @@ def test_timeline_power_panel_and_fleet_energy(tmp_path):
     analyze.analyze(run_dir)
     result = analyze.compute(run_dir)
     lines = plots._power_lines(result.run, 0.0)
-    assert [(host, domain) for host, domain, _ in lines] == [("head", "dram-0"), ("head", "gpu0"),
-                                                             ("head", "package-0"), ("worker", "node")]
+    assert [(host, domain) for host, domain, _ in lines] == [
+        ("head", "dram-0"),
+        ("head", "gpu0"),
+        ("head", "package-0"),
+        ("worker", "node"),
+    ]
     paths = plots.render_figures(result)
     html = (run_dir / "figures" / "timeline.html").read_text()
     assert "power (W)" in html and "worker node power" in html

@@ -12,17 +12,27 @@ from thermab import errors, jobs
 from thermab.errors import HostError, StageFailed, ThermabError, UserError
 
 # outside the tree on purpose (thermab/errors.py says why)
-OUTSIDE = {"thermab.telemetry.agent.SettingsError", "thermab.telemetry.agent.MatchTimeout", "thermab.sim.vllm.ApiError",
-           "thermab.sim.vllm.EngineGone"}
+OUTSIDE = {
+    "thermab.telemetry.agent.SettingsError",
+    "thermab.telemetry.agent.MatchTimeout",
+    "thermab.sim.vllm.ApiError",
+    "thermab.sim.vllm.EngineGone",
+}
 BRANCHES = {
-    "thermab.errors.UserError": UserError, "thermab.config.ConfigError": UserError,
+    "thermab.errors.UserError": UserError,
+    "thermab.config.ConfigError": UserError,
     "thermab.experiment.discover.errors.UsageError": UserError,
     "thermab.experiment.discover.errors.Question": UserError,
-    "thermab.hosts.transport.TransportError": HostError, "thermab.hosts.transport.CommandError": HostError,
-    "thermab.hosts.ssh.RefusedError": HostError, "thermab.hosts.known_hosts.HostKeyError": HostError,
-    "thermab.experiment.patch.PatchError": HostError, "thermab.telemetry.deploy.AgentError": HostError,
-    "thermab.load.stream.StreamFailure": HostError, "thermab.telemetry.server_metrics.ScrapeError": HostError,
-    "thermab.experiment.preflight.PreflightError": StageFailed, "thermab.experiment.server.NotReady": StageFailed,
+    "thermab.hosts.transport.TransportError": HostError,
+    "thermab.hosts.transport.CommandError": HostError,
+    "thermab.hosts.ssh.RefusedError": HostError,
+    "thermab.hosts.known_hosts.HostKeyError": HostError,
+    "thermab.experiment.patch.PatchError": HostError,
+    "thermab.telemetry.deploy.AgentError": HostError,
+    "thermab.load.stream.StreamFailure": HostError,
+    "thermab.telemetry.server_metrics.ScrapeError": HostError,
+    "thermab.experiment.preflight.PreflightError": StageFailed,
+    "thermab.experiment.server.NotReady": StageFailed,
     "thermab.load.runner.LoadAborted": StageFailed,
 }
 
@@ -42,8 +52,11 @@ def package_exceptions() -> dict[str, type]:
 
 def test_every_exception_class_is_in_its_branch():
     classes = package_exceptions()
-    assert set(classes) - {"thermab.errors.ThermabError", "thermab.errors.HostError",
-                           "thermab.errors.StageFailed"} - OUTSIDE == set(BRANCHES)
+    assert set(classes) - {
+        "thermab.errors.ThermabError",
+        "thermab.errors.HostError",
+        "thermab.errors.StageFailed",
+    } - OUTSIDE == set(BRANCHES)
     for name, branch in BRANCHES.items():
         assert issubclass(classes[name], branch), name
     for name in OUTSIDE:
@@ -52,13 +65,19 @@ def test_every_exception_class_is_in_its_branch():
 
 def test_the_old_names_and_bases_still_work():
     from thermab.config import UserError as from_config
+
     assert from_config is UserError
     assert issubclass(HostError, RuntimeError) and issubclass(StageFailed, RuntimeError)
     assert errors.exit_status(UserError("x")) == 2 and errors.exit_status(StageFailed("x")) == 1
 
 
-@pytest.mark.parametrize("error, status", [(StageFailed("phase rep1-A failed: 3 of 9 load requests failed"), 1),
-                                           (UserError("config key 'order': 'AA' names an arm twice"), 2)])
+@pytest.mark.parametrize(
+    "error, status",
+    [
+        (StageFailed("phase rep1-A failed: 3 of 9 load requests failed"), 1),
+        (UserError("config key 'order': 'AA' names an arm twice"), 2),
+    ],
+)
 def test_a_job_prints_the_message_once_without_a_traceback(tmp_path, capsys, error, status):
     log = tmp_path / "job.log"
     with pytest.raises(SystemExit) as exited:

@@ -21,5 +21,7 @@ def test_config_validates(path):
 def test_env_method_reaches_the_start_command_quoted():
     config = load(Path(__file__).resolve().parents[1] / "config/examples/single-host-venv.yaml")
     host = cluster_spec(config, "box").host("box")
-    assert host.command("start", {"VLLM_SPIN_S": "0.002; rm -rf /"}) == \
-        "systemctl set-environment VLLM_SPIN_S='0.002; rm -rf /' && systemctl start vllm"
+    assert (
+        host.command("start", {"VLLM_SPIN_S": "0.002; rm -rf /"})
+        == "systemctl set-environment VLLM_SPIN_S='0.002; rm -rf /' && systemctl start vllm"
+    )

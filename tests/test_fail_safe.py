@@ -29,20 +29,38 @@ def own_ports(head_port: int) -> dict:
     """The e2e cluster on ports of its own, so it never meets another run's servers."""
     worker_port = head_port + 1
     start = "{python} -m thermab.sim.vllm serve --node {root} --role %s --port %d --model sim-deepseek --detach"
-    return {"sim": {"endpoint": f"http://127.0.0.1:{head_port}", "hosts": {
-        "worker": {"server": {"start": start % ("worker", worker_port)}},
-        "head": {"server": {"start": start % ("head", head_port) + f" --peer-port {worker_port}"}}}}}
+    return {
+        "sim": {
+            "endpoint": f"http://127.0.0.1:{head_port}",
+            "hosts": {
+                "worker": {"server": {"start": start % ("worker", worker_port)}},
+                "head": {"server": {"start": start % ("head", head_port) + f" --peer-port {worker_port}"}},
+            },
+        }
+    }
 
 
 def start_workflow(workdir: Path, overrides: dict) -> subprocess.Popen:
     override_file = workdir / "override.yaml"
     override_file.write_text(yaml.safe_dump(overrides))
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(workdir), "--configfile", *CONFIGS, str(override_file), "--cores", "1", "all"]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        *CONFIGS,
+        str(override_file),
+        "--cores",
+        "1",
+        "all",
+    ]
     log = open(workdir / "snakemake.log", "w")
     # its own process group, so a SIGINT reaches Snakemake and its jobs as a Ctrl-C does
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
 
 
 def test_a_stop_command_with_a_stray_brace_cannot_block_the_restore(tmp_path):
@@ -78,12 +96,16 @@ def test_a_stop_command_with_a_stray_brace_cannot_block_the_restore(tmp_path):
         current = (tmp_path / ".thermab/sim/sim" / host / SHM).read_bytes()
         assert hashlib.sha256(current).hexdigest() == preflight["hosts"][host]["sha256"]
     print(f"restored {max(e['t'] for e in restored) - interrupted_at:.1f} s after the interrupt")
-    assert wait_until(lambda: not [line for line in processes_in(tmp_path) if "guardian" in line], timeout=120), "its work done"
+    assert wait_until(lambda: not [line for line in processes_in(tmp_path) if "guardian" in line], timeout=120), (
+        "its work done"
+    )
     left = processes_in(tmp_path)  # agents, thermal models and the worker's server are stopped
-    assert all("thermab.sim.vllm serve" in line and "/head" in line for line in left), \
+    assert all("thermab.sim.vllm serve" in line and "/head" in line for line in left), (
         f"only the head's server, whose stop failed, may run on (until its worker is gone): {left}"
-    result = subprocess.run([sys.executable, "-m", "thermab", "restore"], capture_output=True, text=True,
-                            timeout=300, cwd=tmp_path)
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "thermab", "restore"], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert result.returncode == 1, result.stderr
     assert "PROBLEM stop the server on head" in result.stderr and "Traceback" not in result.stderr
     stop_servers_left(tmp_path)
@@ -93,8 +115,11 @@ def test_a_stop_command_with_a_stray_brace_cannot_block_the_restore(tmp_path):
 def stop_servers_left(workdir: Path) -> None:
     """The head's server this test's broken stop command could not stop: by its node's own
     stop, else by pid (a head whose worker went first may have dropped its pid file)."""
-    subprocess.run([sys.executable, "-m", "thermab.sim.vllm", "stop", "--node", str(workdir / ".thermab/sim/sim/head")],
-                   check=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "thermab.sim.vllm", "stop", "--node", str(workdir / ".thermab/sim/sim/head")],
+        check=True,
+        timeout=60,
+    )
     for pid, cmdline, _cwd in live_processes():
         if str(workdir) in cmdline and "thermab.sim.vllm serve" in cmdline:
             try:

@@ -24,9 +24,22 @@ pytestmark = pytest.mark.e2e
 def run_workflow(workdir: Path, overrides: dict, *extra: str, background: bool = False):
     override_file = workdir / "override.yaml"
     override_file.write_text(yaml.safe_dump(overrides))
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(workdir), "--configfile", *CONFIGS, str(override_file),
-               "--cores", "1", "all", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        *CONFIGS,
+        str(override_file),
+        "--cores",
+        "1",
+        "all",
+        *extra,
+    ]
     log = open(workdir / f"snakemake-{time.time():.0f}.log", "w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     return process if background else process.wait(timeout=900)
@@ -62,8 +75,9 @@ def test_thermal_interlock_stops_the_load_and_restores(tmp_path):
     first_crossing = min(crossings)
     records = [json.loads(line) for line in (run_dir / "phases/rep1-A/requests.jsonl").read_text().splitlines()]
     interval = 1.0  # monitor.intervals.thermal of the default config
-    assert max(r["t_start"] for r in records) <= first_crossing + interval + 1.0, \
+    assert max(r["t_start"] for r in records) <= first_crossing + interval + 1.0, (
         "no request starts later than one sample interval plus 1 s after the limit was reached"
+    )
     assert (run_dir / "phases/rep1-A/validity.json").exists(), "what was measured is kept"
     assert_clean(tmp_path, run_dir)
 
@@ -86,8 +100,11 @@ def test_server_killed_mid_load_fails_the_phase_then_a_rerun_redoes_it(tmp_path)
     try:
         wait_for_event(run_dir, "load_start")
         time.sleep(8)
-        subprocess.run([sys.executable, "-m", "thermab.sim.vllm", "stop", "--node",
-                        str(tmp_path / ".thermab/sim/sim/head")], check=True, timeout=60)
+        subprocess.run(
+            [sys.executable, "-m", "thermab.sim.vllm", "stop", "--node", str(tmp_path / ".thermab/sim/sim/head")],
+            check=True,
+            timeout=60,
+        )
         assert process.wait(timeout=300) != 0
     finally:
         if process.poll() is None:

@@ -9,11 +9,10 @@ from pathlib import Path
 import yaml
 
 from processes import wait_until
-from thermab.experiment import events
-from thermab.experiment import guardian
-from thermab.telemetry import deploy
 from thermab.config import validate
+from thermab.experiment import events, guardian
 from thermab.experiment.cluster import ClusterRun, exit_status
+from thermab.telemetry import deploy
 
 ROOT = Path(__file__).resolve().parents[1]
 STOCK = "class SpinCondition:\n    def __init__(self,\n        busy_loop_s: float = 1,\n    ): pass\n"
@@ -22,11 +21,22 @@ FILE = "/usr/local/lib/python3.12/dist-packages/vllm/distributed/device_communic
 
 def local_cluster_config(tmp_path: Path) -> dict:
     raw = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    raw["clusters"] = {"t": {"head": "head", "endpoint": "http://127.0.0.1:9", "end_state": "stopped", "hosts": {
-        "head": {"transport": "local", "root": str(tmp_path / "head"), "agent_dir": str(tmp_path / "agent"),
-                 "process_pattern": "no-such-process-xyz"}}}}
+    raw["clusters"] = {
+        "t": {
+            "head": "head",
+            "endpoint": "http://127.0.0.1:9",
+            "end_state": "stopped",
+            "hosts": {
+                "head": {
+                    "transport": "local",
+                    "root": str(tmp_path / "head"),
+                    "agent_dir": str(tmp_path / "agent"),
+                    "process_pattern": "no-such-process-xyz",
+                }
+            },
+        }
+    }
     return validate(raw)
-
 
 
 def test_guardian_restores_and_stops_when_the_controller_dies(tmp_path):
@@ -103,8 +113,13 @@ def test_shutdown_restores_first_and_goes_on_past_a_broken_stop_command(tmp_path
 
 def test_restore_command_says_what_failed_in_its_exit_status(tmp_path):
     run, target, agent = patched_run_with_broken_stop(tmp_path)
-    result = subprocess.run([sys.executable, "-m", "thermab", "restore", str(tmp_path / "results")],
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "thermab", "restore", str(tmp_path / "results")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert result.returncode == 1, result.stderr
     assert "PROBLEM stop the server on head" in result.stderr and "Traceback" not in result.stderr
     assert target.read_text() == STOCK
@@ -116,8 +131,13 @@ def test_restore_command_says_what_failed_in_its_exit_status(tmp_path):
     try:
         if os.access(target, os.W_OK):
             return  # root ignores the modes: the unwritable case cannot be made here
-        result = subprocess.run([sys.executable, "-m", "thermab", "restore", str(tmp_path / "results")],
-                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        result = subprocess.run(
+            [sys.executable, "-m", "thermab", "restore", str(tmp_path / "results")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
     finally:
         target.parent.chmod(0o755)
         target.chmod(0o644)
@@ -133,8 +153,9 @@ def test_a_terminated_guardian_restores_at_once(tmp_path):
     target.write_text(STOCK)
     run = ClusterRun(local_cluster_config(tmp_path), "t", "AB", tmp_path / "results/t/AB", tmp_path)
     run.write_session()
-    controller = subprocess.Popen([sys.executable, "-c", "import signal, time; "
-                                   "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+    controller = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"]
+    )
     try:
         pid = guardian.ensure(run.run_dir, watch=controller.pid)
         run.patcher(run.hosts[0]).apply("0.002")
@@ -172,8 +193,13 @@ def test_restore_puts_back_the_interrupted_run_of_a_cluster_with_several(tmp_pat
     ba.event("patch_applied", rep=1, arm="B", host="head", detail=ba.patcher(ba.hosts[0]).apply("0.002"))
     (ba.run_dir / guardian.PID_FILE).write_text('{"pid": 999999999, "watch": 999999998}')  # killed with it
     before_ab = (ab.run_dir / "events.jsonl").read_text()
-    result = subprocess.run([sys.executable, "-m", "thermab", "restore", str(tmp_path / "results")],
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "thermab", "restore", str(tmp_path / "results")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert target.read_text() == STOCK
     assert wait_until(lambda: not guardian.alive(agent)), "BA's agent is stopped"

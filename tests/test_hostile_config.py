@@ -16,19 +16,30 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from thermab.config import (MAX_EXTRA_BODY, ConfigError, HostSpec, UserError, _validator, load_schema, read_bounded,
-                            read_file, redact_url, validate)
 from test_agent import fake_process
-from thermab.experiment.patch import PatchError, Patcher, anchor_count
-from thermab.telemetry.agent import ProcessCpu
+from thermab.config import (
+    MAX_EXTRA_BODY,
+    ConfigError,
+    HostSpec,
+    UserError,
+    _validator,
+    load_schema,
+    read_bounded,
+    read_file,
+    redact_url,
+    validate,
+)
+from thermab.experiment.patch import Patcher, PatchError, anchor_count
 from thermab.hosts.host import Host
 from thermab.hosts.transport import TransportError
+from thermab.telemetry.agent import ProcessCpu
 
 ROOT = Path(__file__).resolve().parents[1]
 RAW = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 HEAD = ("clusters", "sim", "hosts", "head")
-PROFILE = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                         HealthCheck.function_scoped_fixture])
+PROFILE = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 
 
 def refused(change, named: str) -> str:
@@ -51,8 +62,9 @@ components = st.lists(st.sampled_from(["usr", "lib", "vllm", "x.py"]), min_size=
 
 
 @PROFILE
-@given(before=components, bad=st.sampled_from(["..", ".", ""]), after=components,
-       start=st.sampled_from(["/", "{vllm}/"]))
+@given(
+    before=components, bad=st.sampled_from(["..", ".", ""]), after=components, start=st.sampled_from(["/", "{vllm}/"])
+)
 def test_a_setting_file_that_is_not_normalised_is_refused(before, bad, after, start):
     path = start + "/".join(before + [bad] + after)
     refused(lambda c: c["setting"].update(file=path), "'setting.file'")
@@ -68,12 +80,16 @@ def test_a_path_under_a_root_never_climbs_out(tmp_path, path):
 def test_two_hosts_with_one_root_are_refused():
     def same_root(config):
         config["clusters"]["sim"]["hosts"]["worker"]["root"] = head(config)["root"] + "/../head"
+
     refused(same_root, "reaches the same files as host")
 
 
 STOCK = "x = 1\nbusy_loop_s: float = 1\n"
-SETTING = {"file": "/lib/shm.py", "anchor": r"busy_loop_s: float = [0-9.]+",
-           "replacement": "busy_loop_s: float = {value}"}
+SETTING = {
+    "file": "/lib/shm.py",
+    "anchor": r"busy_loop_s: float = [0-9.]+",
+    "replacement": "busy_loop_s: float = {value}",
+}
 
 
 @pytest.mark.parametrize("restore_order", [(0, 1), (1, 0)])
@@ -83,8 +99,10 @@ def test_hosts_sharing_one_file_restore_its_unpatched_bytes(tmp_path, restore_or
     target = tmp_path / "node" / "lib" / "shm.py"
     target.parent.mkdir(parents=True)
     target.write_text(STOCK)
-    patchers = [Patcher(Host(HostSpec(name, "test", "local", {}, tmp_path / "node")), SETTING,
-                        tmp_path / "state" / name) for name in ("a", "b")]
+    patchers = [
+        Patcher(Host(HostSpec(name, "test", "local", {}, tmp_path / "node")), SETTING, tmp_path / "state" / name)
+        for name in ("a", "b")
+    ]
     for value in ("0.002", "0.1"):
         for patcher in patchers:
             patcher.keep_original()
@@ -102,8 +120,11 @@ def test_a_dotdot_file_is_patched_inside_the_root_only(tmp_path):
     for path in (outside, inside):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(STOCK)
-    patcher = Patcher(Host(HostSpec("a", "test", "local", {}, tmp_path / "node")),
-                      {**SETTING, "file": "/../lib/shm.py"}, tmp_path / "state")
+    patcher = Patcher(
+        Host(HostSpec("a", "test", "local", {}, tmp_path / "node")),
+        {**SETTING, "file": "/../lib/shm.py"},
+        tmp_path / "state",
+    )
     patcher.apply("0.002")
     assert outside.read_text() == STOCK and "0.002" in inside.read_text()
     patcher.restore()
@@ -111,6 +132,7 @@ def test_a_dotdot_file_is_patched_inside_the_root_only(tmp_path):
 
 
 # -- 2. special and huge files -----------------------------------------------------------
+
 
 @pytest.fixture
 def specials(tmp_path):
@@ -129,8 +151,13 @@ def test_a_special_or_huge_file_is_refused_at_once(specials, kind):
         read_bounded(path, 2**20)
     with pytest.raises(ConfigError, match=re.escape(str(path))):
         read_file(path)
-    result = subprocess.run([sys.executable, "-m", "thermab", "check-config", str(path)], capture_output=True,
-                            text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT / "workflow")})
+    result = subprocess.run(
+        [sys.executable, "-m", "thermab", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "workflow")},
+    )
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
@@ -144,6 +171,7 @@ def test_a_host_file_that_is_a_fifo_is_refused_without_blocking(tmp_path):
 
 # -- 4. YAML corners -----------------------------------------------------------------------
 
+
 def yaml_file(tmp_path, text: str) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(text)
@@ -151,8 +179,9 @@ def yaml_file(tmp_path, text: str) -> Path:
 
 
 @PROFILE
-@given(key=st.from_regex(r"[a-z]{1,8}", fullmatch=True), first=st.integers(), second=st.integers(),
-       nested=st.booleans())
+@given(
+    key=st.from_regex(r"[a-z]{1,8}", fullmatch=True), first=st.integers(), second=st.integers(), nested=st.booleans()
+)
 def test_a_key_twice_on_one_line_is_refused(tmp_path, key, first, second, nested):
     line = f"{{{key}: {first}, other: 1, {key}: {second}}}"
     text = f"arms:\n  A: {line}\n" if nested else f"{line}\n"
@@ -160,10 +189,15 @@ def test_a_key_twice_on_one_line_is_refused(tmp_path, key, first, second, nested
         read_file(yaml_file(tmp_path, text))
 
 
-yaml11 = st.one_of(st.from_regex(r"0[0-7]{1,6}", fullmatch=True), st.from_regex(r"[1-9][0-9]?(_[0-9]{3}){1,2}", fullmatch=True),
-                   st.from_regex(r"[1-9][0-9]?:[0-5][0-9]", fullmatch=True), st.from_regex(r"0x[0-9A-F]{1,4}", fullmatch=True),
-                   st.from_regex(r"0b[01]{1,8}", fullmatch=True), st.from_regex(r"[1-9]_[0-9]{3}\.[0-9]", fullmatch=True),
-                   st.sampled_from(["yes", "no", "on", "off", "Yes", "NO", "On", "OFF"]))
+yaml11 = st.one_of(
+    st.from_regex(r"0[0-7]{1,6}", fullmatch=True),
+    st.from_regex(r"[1-9][0-9]?(_[0-9]{3}){1,2}", fullmatch=True),
+    st.from_regex(r"[1-9][0-9]?:[0-5][0-9]", fullmatch=True),
+    st.from_regex(r"0x[0-9A-F]{1,4}", fullmatch=True),
+    st.from_regex(r"0b[01]{1,8}", fullmatch=True),
+    st.from_regex(r"[1-9]_[0-9]{3}\.[0-9]", fullmatch=True),
+    st.sampled_from(["yes", "no", "on", "off", "Yes", "NO", "On", "OFF"]),
+)
 
 
 @PROFILE
@@ -175,7 +209,7 @@ def test_yaml_1_1_implicit_readings_are_refused(tmp_path, written):
 
 
 @PROFILE
-@given(value=st.one_of(st.integers(-10**30, 10**30), st.floats(allow_nan=False, allow_infinity=False), st.booleans()))
+@given(value=st.one_of(st.integers(-(10**30), 10**30), st.floats(allow_nan=False, allow_infinity=False), st.booleans()))
 def test_plain_numbers_and_booleans_read_as_written(tmp_path, value):
     assert read_file(yaml_file(tmp_path, yaml.safe_dump({"v": value})))["v"] == value
 
@@ -218,8 +252,9 @@ PATTERNS = sorted(schema_patterns(load_schema()))
 @given(data=st.data(), pattern=st.sampled_from(PATTERNS))
 def test_no_schema_pattern_accepts_a_trailing_newline(data, pattern):
     checker = type(_validator())({"type": "string", "pattern": pattern})
-    text = data.draw(st.from_regex(pattern, fullmatch=True).map(lambda s: s.rstrip("\n")).filter(
-        lambda s: re.fullmatch(pattern, s)))
+    text = data.draw(
+        st.from_regex(pattern, fullmatch=True).map(lambda s: s.rstrip("\n")).filter(lambda s: re.fullmatch(pattern, s))
+    )
     assert checker.is_valid(text)
     assert not checker.is_valid(text + "\n") and not checker.is_valid(text + "\r\n")
 
@@ -230,38 +265,55 @@ def test_every_schema_pattern_is_checked():
 
 # -- 5. checks across keys -----------------------------------------------------------------
 
+
 @PROFILE
 @given(load_s=st.integers(1, 100), extra=st.floats(0, 50), kind=st.sampled_from(["thermal", "cpu"]))
 def test_a_sample_interval_not_shorter_than_the_load_window_is_refused(load_s, extra, kind):
-    refused(lambda c: (c["timings"].update(load_s=load_s), c["monitor"]["intervals"].update({kind: load_s + extra}),
-                       c.setdefault("safety", {}).update(max_load_minutes=None)), f"'monitor.intervals.{kind}'")
+    refused(
+        lambda c: (
+            c["timings"].update(load_s=load_s),
+            c["monitor"]["intervals"].update({kind: load_s + extra}),
+            c.setdefault("safety", {}).update(max_load_minutes=None),
+        ),
+        f"'monitor.intervals.{kind}'",
+    )
 
 
 @PROFILE
 @given(abort=st.floats(10, 100), above=st.floats(0, 50))
 def test_a_cooldown_target_at_or_above_the_interlock_is_refused(abort, above):
-    refused(lambda c: (c.setdefault("safety", {}).update(abort_at_c=abort),
-                       c["timings"].update(cooldown_below_c=min(abort + above, 150))), "'timings.cooldown_below_c'")
+    refused(
+        lambda c: (
+            c.setdefault("safety", {}).update(abort_at_c=abort),
+            c["timings"].update(cooldown_below_c=min(abort + above, 150)),
+        ),
+        "'timings.cooldown_below_c'",
+    )
 
 
 @PROFILE
-@given(thresholds=st.lists(st.integers(-40, 150), min_size=2, max_size=8).filter(
-    lambda t: t != sorted(set(t))))
+@given(thresholds=st.lists(st.integers(-40, 150), min_size=2, max_size=8).filter(lambda t: t != sorted(set(t))))
 def test_thresholds_twice_or_unsorted_are_refused(thresholds):
     refused(lambda c: c["analysis"].update(thresholds_c=thresholds), "'analysis.thresholds_c.")
 
 
 @PROFILE
-@given(address=st.one_of(st.from_regex(r"[a-z][a-z0-9.-]{0,20}:[0-9]{1,5}", fullmatch=True),
-                         st.from_regex(r"\[[0-9a-f:]{2,12}\]:[0-9]{1,5}", fullmatch=True),
-                         st.from_regex(r"[0-9]{1,3}(\.[0-9]{1,3}){3}:[0-9]{1,5}", fullmatch=True)))
+@given(
+    address=st.one_of(
+        st.from_regex(r"[a-z][a-z0-9.-]{0,20}:[0-9]{1,5}", fullmatch=True),
+        st.from_regex(r"\[[0-9a-f:]{2,12}\]:[0-9]{1,5}", fullmatch=True),
+        st.from_regex(r"[0-9]{1,3}(\.[0-9]{1,3}){3}:[0-9]{1,5}", fullmatch=True),
+    )
+)
 def test_an_address_with_its_own_port_is_refused(address):
     refused(lambda c: head(c).update(transport="ssh", address=address), f"{'.'.join(HEAD)}.address'")
 
 
 @PROFILE
-@given(port=st.one_of(st.integers(65536, 10**6), st.just(0), st.integers(-70000, -1)),
-       where=st.sampled_from(["endpoint", "jump", "port"]))
+@given(
+    port=st.one_of(st.integers(65536, 10**6), st.just(0), st.integers(-70000, -1)),
+    where=st.sampled_from(["endpoint", "jump", "port"]),
+)
 def test_a_port_outside_1_to_65535_is_refused_anywhere(port, where):
     if where == "endpoint":
         refused(lambda c: c["clusters"]["sim"].update(endpoint=f"http://127.0.0.1:{port}"), "'clusters.sim.endpoint'")
@@ -279,15 +331,23 @@ def test_an_ipv6_address_without_port_is_accepted():
 
 # -- values that reach a shell, a command line or a path ------------------------------------
 
-ONE_LINE_KEYS = {"load.model": lambda c, v: c["load"].update(model=v),
-                 "analysis.timeline_zone": lambda c, v: c["analysis"].update(timeline_zone=v),
-                 **{f"{'.'.join(HEAD)}.{name}": (lambda name: lambda c, v: head(c).update({name: v}))(name)
-                    for name in ("python", "agent_python", "agent_dir", "key_file", "known_hosts")}}
+ONE_LINE_KEYS = {
+    "load.model": lambda c, v: c["load"].update(model=v),
+    "analysis.timeline_zone": lambda c, v: c["analysis"].update(timeline_zone=v),
+    **{
+        f"{'.'.join(HEAD)}.{name}": lambda c, v, name=name: head(c).update({name: v})
+        for name in ("python", "agent_python", "agent_dir", "key_file", "known_hosts")
+    },
+}
 
 
 @PROFILE
-@given(key=st.sampled_from(sorted(ONE_LINE_KEYS)), before=st.text("ab/-_", min_size=1, max_size=6),
-       cut=st.sampled_from(["\n", "\r", "\r\n"]), after=st.text("ab/-_", max_size=6))
+@given(
+    key=st.sampled_from(sorted(ONE_LINE_KEYS)),
+    before=st.text("ab/-_", min_size=1, max_size=6),
+    cut=st.sampled_from(["\n", "\r", "\r\n"]),
+    after=st.text("ab/-_", max_size=6),
+)
 def test_a_value_for_a_shell_or_a_path_is_one_line(key, before, cut, after):
     value = "/" + before + cut + after
     refused(lambda c: ONE_LINE_KEYS[key](c, value), f"'{key}'")
@@ -297,18 +357,38 @@ def test_a_value_for_a_shell_or_a_path_is_one_line(key, before, cut, after):
 @given(model=st.from_regex(r"-{1,2}[a-z][a-z0-9 =-]{0,12}", fullmatch=True))
 def test_a_model_that_looks_like_an_option_reaches_locust_as_the_model(model):
     from thermab.load.runner import LoadSpec
+
     args = LoadSpec(duration_s=5, model=model).locust_args()
     assert f"--model={model}" in args and model not in args
 
 
-LOAD_OPTIONS = ["--users", "--duration", "--max-tokens", "--prompt-tokens", "--probe-n", "--probe-tokens",
-                "--stall-gap-s", "--probe-at", "--stop-timeout", "--rep"]
-BOUNDED = ["--users", "--duration", "--max-tokens", "--prompt-tokens", "--probe-n", "--probe-tokens",
-           "--stall-gap-s", "--rep"]  # those that stand for a config key with a maximum
+LOAD_OPTIONS = [
+    "--users",
+    "--duration",
+    "--max-tokens",
+    "--prompt-tokens",
+    "--probe-n",
+    "--probe-tokens",
+    "--stall-gap-s",
+    "--probe-at",
+    "--stop-timeout",
+    "--rep",
+]
+BOUNDED = [
+    "--users",
+    "--duration",
+    "--max-tokens",
+    "--prompt-tokens",
+    "--probe-n",
+    "--probe-tokens",
+    "--stall-gap-s",
+    "--rep",
+]  # those that stand for a config key with a maximum
 
 
 def load_refuses(option, value, capsys):
     from thermab.load import runner
+
     with pytest.raises(SystemExit) as exited:
         runner.main(["http://127.0.0.1:1", "--out", "/dev/null/r.parquet", "--duration", "5", option, value])
     err = capsys.readouterr().err
@@ -316,9 +396,13 @@ def load_refuses(option, value, capsys):
 
 
 @PROFILE
-@given(option=st.sampled_from(LOAD_OPTIONS), value=st.one_of(
-    st.sampled_from(["nan", "inf", "-inf", "-1", "0x10", "1e400", "", "four", "1_0"]),
-    st.integers(-10**6, -1).map(str)))
+@given(
+    option=st.sampled_from(LOAD_OPTIONS),
+    value=st.one_of(
+        st.sampled_from(["nan", "inf", "-inf", "-1", "0x10", "1e400", "", "four", "1_0"]),
+        st.integers(-(10**6), -1).map(str),
+    ),
+)
 def test_thermab_load_refuses_what_no_config_key_takes(option, value, capsys):
     """`thermab load`'s numbers are the config's (load.*, timings.load_s, analysis.stall_gap_s):
     NaN, inf, negatives and what is no number are argparse's one line, exit 2."""
@@ -338,6 +422,7 @@ def test_thermab_load_names_are_the_configs(option, value, capsys):
 
 # -- 6. unbounded or unserialisable values ---------------------------------------------------
 
+
 @PROFILE
 @given(value=st.one_of(st.dates(), st.datetimes(), st.binary(max_size=8)))
 def test_extra_body_holds_json_only(value):
@@ -349,9 +434,21 @@ def test_extra_body_is_bounded():
 
 
 @PROFILE
-@given(size=st.integers(0, 3 * 2**20), extra=st.dictionaries(st.text(max_size=8), st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8)),
-    max_size=4))
+@given(
+    size=st.integers(0, 3 * 2**20),
+    # a NUL in any string of a config is refused for its own reason (tested with the strings)
+    extra=st.dictionaries(
+        st.text(st.characters(exclude_characters="\x00"), max_size=8),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(),
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.text(st.characters(exclude_characters="\x00"), max_size=8),
+        ),
+        max_size=4,
+    ),
+)
 def test_extra_body_is_bounded_by_its_size_as_json_not_a_command_line(size, extra):
     """Any JSON object up to MAX_EXTRA_BODY is taken (it travels in a file: 200 kB, over the
     kernel's 128 KiB per argument, is fine); one byte more is one line naming the key."""
@@ -363,6 +460,11 @@ def test_extra_body_is_bounded_by_its_size_as_json_not_a_command_line(size, extr
         assert validate(config, ROOT)["load"]["extra_body"] == body
     else:
         refused(lambda c: c["load"].update(extra_body=body), "'load.extra_body'")
+
+
+def test_a_nul_in_any_string_is_one_line_naming_its_key():
+    assert "NUL" in refused(lambda c: c["load"].update(model="m\x00"), "'load.model'")
+    assert "NUL" in refused(lambda c: c["load"].update(extra_body={"top_k": "\x00"}), "'load.extra_body.top_k'")
 
 
 def test_a_large_file_is_written_through_stdin_not_the_command_line(tmp_path):
@@ -377,9 +479,11 @@ def test_a_large_file_is_written_through_stdin_not_the_command_line(tmp_path):
 atoms = st.sampled_from(["a", "\\w", "[0-9]", ".", "x?y", "\\s*"])
 catastrophic = st.one_of(
     st.tuples(atoms, st.sampled_from(["+", "*", "{2,}"]), st.sampled_from(["+", "*", "{1,50}"])).map(
-        lambda t: f"((?:{t[0]}){t[1]}){t[2]}!"),
+        lambda t: f"((?:{t[0]}){t[1]}){t[2]}!"
+    ),
     st.tuples(atoms).map(lambda t: f"((?:{t[0]})|(?:{t[0]}){{2}})+!"),
-    st.tuples(atoms, st.integers(2, 30)).map(lambda t: f"(.*{t[0]}){{{t[1]}}}!"))
+    st.tuples(atoms, st.integers(2, 30)).map(lambda t: f"(.*{t[0]}){{{t[1]}}}!"),
+)
 
 
 @PROFILE
@@ -396,7 +500,8 @@ def test_a_catastrophic_pattern_is_refused_at_config_time(pattern, key):
 # Patterns no static check refuses (repeats one after another, not one inside another: fine
 # on a title, polynomial on a long run of one character) meet text the user does not control.
 polynomial = st.tuples(st.sampled_from(["a", "\\w", "[a-z]", "."]), st.integers(3, 6)).map(
-    lambda t: "".join([f".*{t[0]}"] * t[1]) + "!")
+    lambda t: "".join([f".*{t[0]}"] * t[1]) + "!"
+)
 SLOW = settings(PROFILE, max_examples=3)
 
 
@@ -416,6 +521,7 @@ def test_an_anchor_that_backtracks_on_the_file_is_one_line_not_a_hang(pattern, i
             anchor_count("busy_loop_s: float = 1" + "a" * 20_000, anchor)
         except PatchError as error:
             caught.append(str(error))
+
     if in_thread:
         worker = threading.Thread(target=match)
         worker.start()
@@ -427,8 +533,7 @@ def test_an_anchor_that_backtracks_on_the_file_is_one_line_not_a_hang(pattern, i
 
 @SLOW
 @given(pattern=polynomial)
-def test_a_process_pattern_that_backtracks_on_a_command_line_skips_that_process_and_says_so(tmp_path_factory,
-                                                                                             pattern):
+def test_a_process_pattern_that_backtracks_on_a_command_line_skips_that_process_and_says_so(tmp_path_factory, pattern):
     """Another user's process with a command line of 100,000 a's: the agent reads its first
     64 KiB, gives up on the match after its bound, counts the vLLM process still, and writes
     a row without value whose reason names the pid."""
@@ -443,8 +548,10 @@ def test_a_process_pattern_that_backtracks_on_a_command_line_skips_that_process_
 
 
 @PROFILE
-@given(name=st.text(alphabet=st.characters(min_codepoint=0xA1, max_codepoint=0x2FFF), min_size=1, max_size=8),
-       hidden=st.sampled_from(["", "\u200b", "\u200d", "\ufeff"]))
+@given(
+    name=st.text(alphabet=st.characters(min_codepoint=0xA1, max_codepoint=0x2FFF), min_size=1, max_size=8),
+    hidden=st.sampled_from(["", "\u200b", "\u200d", "\ufeff"]),
+)
 def test_a_non_ascii_endpoint_host_is_refused(name, hidden):
     host = f"a{hidden}{name}.example"
     message = refused(lambda c: c["clusters"]["sim"].update(endpoint=f"http://{host}:8000"), "'clusters.sim.endpoint'")
@@ -454,19 +561,22 @@ def test_a_non_ascii_endpoint_host_is_refused(name, hidden):
 @PROFILE
 @given(password=st.text(alphabet="abcXYZ019!$%^&*()-_=+", min_size=3, max_size=20).map("pw-".__add__))
 def test_no_refusal_echoes_a_password_from_a_url(password):
-    message = refused(lambda c: c["clusters"]["sim"].update(endpoint=f"http://user:{password}@host:8000"),
-                      "'clusters.sim.endpoint'")
+    message = refused(
+        lambda c: c["clusters"]["sim"].update(endpoint=f"http://user:{password}@host:8000"), "'clusters.sim.endpoint'"
+    )
     assert password not in message
     assert password not in redact_url(f"ssh://user:{password}@host:22")
 
 
 # -- 9. SSH errors -----------------------------------------------------------------------------
 
+
 @pytest.fixture
 def not_ssh():
     """A TCP port that answers, as a web server would, and hangs up."""
     import socket
     import threading
+
     server = socket.create_server(("127.0.0.1", 0))
 
     def serve():
@@ -485,8 +595,10 @@ def not_ssh():
 
 def ssh_failure(**options) -> str:
     from thermab.hosts.ssh import SshTransport
-    transport = SshTransport("h", "127.0.0.1", connect_timeout=5, retries=1, **{
-        "own_known_hosts": "/nonexistent/known_hosts", **options})
+
+    transport = SshTransport(
+        "h", "127.0.0.1", connect_timeout=5, retries=1, **{"own_known_hosts": "/nonexistent/known_hosts", **options}
+    )
     with pytest.raises((TransportError, UserError)) as caught:
         transport.run("true")
     return str(caught.value)
@@ -508,10 +620,13 @@ def test_a_special_known_hosts_or_key_file_is_one_line(not_ssh, tmp_path, specia
 
 
 @PROFILE
-@given(password=st.text(alphabet="abcXYZ019!$%^&*()-_=+:", min_size=3, max_size=20).map("pw-".__add__),
-       port=st.sampled_from(["", ":22", ":99999", ":x"]))
+@given(
+    password=st.text(alphabet="abcXYZ019!$%^&*()-_=+:", min_size=3, max_size=20).map("pw-".__add__),
+    port=st.sampled_from(["", ":22", ":99999", ":x"]),
+)
 def test_discover_never_echoes_a_password_from_a_url(password, port):
     from thermab.experiment.discover import UsageError, parse_target
+
     with pytest.raises(UsageError) as caught:
         parse_target(f"head=ssh://ubuntu:{password}@gx10-a{port}")
     assert password not in str(caught.value)
@@ -521,5 +636,6 @@ def test_discover_never_echoes_a_password_from_a_url(password, port):
 @given(port=st.one_of(st.integers(65536, 10**9), st.just(0)).map(str))
 def test_discover_refuses_a_port_outside_1_to_65535(port):
     from thermab.experiment.discover import UsageError, parse_target
+
     with pytest.raises(UsageError):
         parse_target(f"head=ssh://ubuntu@gx10-a:{port}")

@@ -23,8 +23,9 @@ from thermab.config import UserError
 from thermab.jsonl import read_checked
 
 REPO = Path(__file__).resolve().parents[1]
-PROFILE = settings(max_examples=25, deadline=None,
-                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+PROFILE = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,7 @@ def one_line_naming(call, *named) -> str:
 
 
 # -- 3. run directories thermab did not write ---------------------------------------------
+
 
 def test_one_run_given_twice_is_pooled_once(run_dir, tmp_path):
     alias = tmp_path / "alias"
@@ -85,8 +87,10 @@ def test_telemetry_of_the_wrong_dtype_names_its_column(run_dir, tmp_path, breaka
 
 
 @PROFILE
-@given(drop=st.sets(st.sampled_from(model.REQUIRED_REQUEST_COLUMNS), min_size=1),
-       text=st.sampled_from(["t_start", "t_end", "completion_tokens", "t_first_token"]))
+@given(
+    drop=st.sets(st.sampled_from(model.REQUIRED_REQUEST_COLUMNS), min_size=1),
+    text=st.sampled_from(["t_start", "t_end", "completion_tokens", "t_first_token"]),
+)
 def test_requests_with_missing_or_text_columns_name_them(run_dir, tmp_path, drop, text):
     broken = copy_of(run_dir, tmp_path / "broken")
     path = broken / "tidy" / "requests.parquet"
@@ -109,8 +113,15 @@ def test_truncated_or_keyless_json_is_one_line(run_dir, tmp_path, cut, which):
         path.write_text(json.dumps(INGEST_JSON))
         assert model.load_run(broken).sources == INGEST_JSON["sources"]
     text = path.read_text()
-    for damaged in (text[:cut % max(len(text) - 1, 1)], "{}", "[]", '{"order": 1, "rep": "x"}',
-                    '{"sources": [1]}', '{"sources": {"head": {"thermal": {"TSOC": 3}}}}', '{"sources": {"h": 1}}'):
+    for damaged in (
+        text[: cut % max(len(text) - 1, 1)],
+        "{}",
+        "[]",
+        '{"order": 1, "rep": "x"}',
+        '{"sources": [1]}',
+        '{"sources": {"head": {"thermal": {"TSOC": 3}}}}',
+        '{"sources": {"h": 1}}',
+    ):
         path.write_text(damaged)
         try:
             model.load_run(broken)  # an empty run.json is an older plan, read with defaults
@@ -122,8 +133,11 @@ def test_truncated_or_keyless_json_is_one_line(run_dir, tmp_path, cut, which):
 @given(bad=st.sampled_from(["NaN", "Infinity", "-Infinity", '"12"', "true", "null", "1e400"]))
 def test_events_with_non_finite_or_non_number_times_are_dropped(tmp_path, bad):
     path = tmp_path / "events.jsonl"
-    path.write_text('{"t": 1.0, "event": "run_start"}\n' + f'{{"t": {bad}, "event": "load_start"}}\n'
-                    + '{"t": 2, "event": "run_end"}\n')
+    path.write_text(
+        '{"t": 1.0, "event": "run_start"}\n'
+        + f'{{"t": {bad}, "event": "load_start"}}\n'
+        + '{"t": 2, "event": "run_end"}\n'
+    )
     records, problems = read_checked(path, "t", ("event",))
     assert [r["event"] for r in records] == ["run_start", "run_end"] and problems["malformed_lines"] == 1
     assert all(math.isfinite(r["t"]) for r in records)
@@ -140,8 +154,17 @@ def specials(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device", "huge"])
-@pytest.mark.parametrize("name", ["events.jsonl", "run.json", "tidy/telemetry.parquet", "tidy/requests.parquet",
-                                  "validity.json", "tidy/ingest.json"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "events.jsonl",
+        "run.json",
+        "tidy/telemetry.parquet",
+        "tidy/requests.parquet",
+        "validity.json",
+        "tidy/ingest.json",
+    ],
+)
 def test_a_special_or_huge_file_in_a_run_directory_is_refused_at_once(run_dir, tmp_path, specials, kind, name):
     broken = copy_of(run_dir, tmp_path / "broken")
     path = sorted(broken.glob("phases/*/validity.json"))[0] if name == "validity.json" else broken / name
@@ -156,6 +179,7 @@ def test_a_special_or_huge_file_in_a_run_directory_is_refused_at_once(run_dir, t
 def test_names_that_read_as_mathtext_are_drawn_as_written(run_dir, tmp_path):
     """A timeline zone (or a host's zone) named like TeX: every figure is still drawn."""
     from thermab.analysis import plots
+
     copy = copy_of(run_dir, tmp_path / "copy")
     result = analyze.compute(copy, analysis={"timeline_zone": "$x^$ $\\frac$"})
     assert all(path.stat().st_size > 0 for path in plots.render_figures(result))
@@ -163,9 +187,16 @@ def test_names_that_read_as_mathtext_are_drawn_as_written(run_dir, tmp_path):
 
 # -- 8. import-chart input -------------------------------------------------------------------
 
+
 def thermab(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "thermab", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "workflow")})
+    return subprocess.run(
+        [sys.executable, "-m", "thermab", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO / "workflow")},
+    )
 
 
 def write_marks(path: Path, rows) -> Path:
@@ -178,9 +209,18 @@ GOOD_MARKS = [(1, "stock-load-start"), (40, "patched-load-start")]
 
 
 @PROFILE
-@given(name=st.one_of(st.text(alphabet=" \t\n\r\x00\x07\x1b\u200b", max_size=6).filter(
-    lambda n: not n.strip() or not n.isprintable()), st.none(), st.integers(), st.floats(), st.lists(st.text())),
-       t=st.one_of(st.floats(-1e6, 1e6), st.sampled_from([math.nan, math.inf, -math.inf, None, "5", True])))
+@given(
+    name=st.one_of(
+        st.text(alphabet=" \t\n\r\x00\x07\x1b\u200b", max_size=6).filter(
+            lambda n: not n.strip() or not n.isprintable()
+        ),
+        st.none(),
+        st.integers(),
+        st.floats(),
+        st.lists(st.text()),
+    ),
+    t=st.one_of(st.floats(-1e6, 1e6), st.sampled_from([math.nan, math.inf, -math.inf, None, "5", True])),
+)
 def test_a_mark_that_is_not_a_name_at_a_finite_time_is_one_line(name, t):
     valid_name = isinstance(name, str) and name.strip() and name.isprintable()
     valid_t = isinstance(t, float) and math.isfinite(t)
@@ -208,8 +248,17 @@ def test_a_header_with_no_rows_is_one_line(tmp_path):
     one_line_naming(lambda: chart_import.import_wide_csv(table, tmp_path / "out", header_only), header_only, "no rows")
 
 
-@pytest.mark.parametrize("flag, value", [("--load-minutes", "-5"), ("--load-minutes", "nan"), ("--load-minutes", "inf"),
-                                         ("--epoch-s", "-1"), ("--epoch-s", "inf"), ("--epoch-s", "nan")])
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--load-minutes", "-5"),
+        ("--load-minutes", "nan"),
+        ("--load-minutes", "inf"),
+        ("--epoch-s", "-1"),
+        ("--epoch-s", "inf"),
+        ("--epoch-s", "nan"),
+    ],
+)
 def test_negative_or_non_finite_numbers_are_one_line(tmp_path, flag, value):
     table = tmp_path / "wide.csv"
     TABLE.to_csv(table, index=False)
@@ -231,7 +280,9 @@ def test_a_special_chart_source_or_marks_file_is_refused(tmp_path, specials, kin
 
 
 def test_a_wide_csv_of_thousands_of_columns_is_read_whole(tmp_path):
-    zones = {f"Z{i}": np.full(30, 40.0 + i % 50) for i in range(2_000)}  # 10,000 measured: 25 s, 20 of them writing 10,000 row groups
+    zones = {
+        f"Z{i}": np.full(30, 40.0 + i % 50) for i in range(2_000)
+    }  # 10,000 measured: 25 s, 20 of them writing 10,000 row groups
     table = tmp_path / "wide.csv"
     pd.DataFrame({"t": np.arange(30.0), **zones}).to_csv(table, index=False)
     marks = write_marks(tmp_path / "marks.csv", [(1, "stock-load-start"), (10, "patched-load-start")])

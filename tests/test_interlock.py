@@ -13,9 +13,9 @@ import yaml
 
 from test_agent import make_gb10, wait_until
 from thermab.config import validate
+from thermab.experiment import events
 from thermab.experiment.cluster import ClusterRun
 from thermab.experiment.interlock import Interlock, MarkForwarder, telemetry_holes
-from thermab.experiment import events
 from thermab.telemetry import deploy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,15 +26,27 @@ def run(tmp_path):
     raw = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     raw["monitor"] = {"process_pattern": "no-such-process-xyz", "intervals": {"thermal": 0.2, "cpu": 0.2}}
     raw["safety"] = {"max_sensor_silence_s": 1, "max_load_minutes": 1}
-    raw["clusters"] = {"t": {"head": "head", "endpoint": "http://127.0.0.1:9", "end_state": "stopped", "hosts": {
-        "head": {"transport": "local", "simulated": "head", "root": "node"}}}}
+    raw["clusters"] = {
+        "t": {
+            "head": "head",
+            "endpoint": "http://127.0.0.1:9",
+            "end_state": "stopped",
+            "hosts": {"head": {"transport": "local", "simulated": "head", "root": "node"}},
+        }
+    }
     run = ClusterRun(validate(raw, tmp_path), "t", "A", tmp_path / "results/t/A", tmp_path)
     make_gb10(run.hosts[0].spec.root)
     (run.hosts[0].spec.root / "proc").mkdir()  # a simulated node's /proc view, here without processes
     run.run_dir.mkdir(parents=True)
-    (run.run_dir / "preflight.json").write_text(json.dumps({
-        "safety": {"abort_at_c": 95.0}, "clock_offset_s": {"head": 0.0},
-        "hosts": {"head": {"zones": [{"name": "TSOC", "trip_point_c": 104.8}]}}}))
+    (run.run_dir / "preflight.json").write_text(
+        json.dumps(
+            {
+                "safety": {"abort_at_c": 95.0},
+                "clock_offset_s": {"head": 0.0},
+                "hosts": {"head": {"zones": [{"name": "TSOC", "trip_point_c": 104.8}]}},
+            }
+        )
+    )
     deploy.start_agent(run.hosts[0], run.session, run.agent_settings(run.hosts[0]))
     yield run
     deploy.stop_agent(run.hosts[0], run.session)
@@ -77,9 +89,12 @@ def test_the_controller_keeps_the_load_cap(run):
 
 def test_a_window_without_samples_is_a_hole(run):
     start = time.time()
-    assert wait_until(lambda: deploy.count_readings(run.hosts[0], run.session, "cpu", start, time.time() + 1,
-                                                    "vllm_cpu_pct") >= 2)
+    assert wait_until(
+        lambda: deploy.count_readings(run.hosts[0], run.session, "cpu", start, time.time() + 1, "vllm_cpu_pct") >= 2
+    )
     assert telemetry_holes(run, {"start": start, "end": time.time()}) == []
     later = time.time() + 3600
     assert telemetry_holes(run, {"start": later, "end": later + 60}) == [
-        "host head has no cpu sample in the load window", "host head has no thermal sample in the load window"]
+        "host head has no cpu sample in the load window",
+        "host head has no thermal sample in the load window",
+    ]

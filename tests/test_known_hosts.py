@@ -41,13 +41,18 @@ def test_host_patterns_as_openssh_matches_them():
 
 def test_every_kind_of_line_is_read_or_passed_over():
     blob = base64.b64encode(b"\0\0\0\x0bssh-ed25519\0\0\0\x01x").decode()
-    text = (f"# comment\n\n{hashed('h')} ssh-ed25519 {blob}\n"
-            f"h sk-ssh-ed25519@openssh.com {blob} me@key\n@cert-authority *.lab ssh-ed25519 {blob}\n"
-            f"@revoked * ssh-ed25519 {blob}\n@unknown-marker h ssh-ed25519 {blob}\nh ssh-ed25519 not-base64!\n")
+    text = (
+        f"# comment\n\n{hashed('h')} ssh-ed25519 {blob}\n"
+        f"h sk-ssh-ed25519@openssh.com {blob} me@key\n@cert-authority *.lab ssh-ed25519 {blob}\n"
+        f"@revoked * ssh-ed25519 {blob}\n@unknown-marker h ssh-ed25519 {blob}\nh ssh-ed25519 not-base64!\n"
+    )
     entries = kh.parse(text, "f")
     assert [(e.where, e.marker, e.key_type) for e in entries] == [
-        ("f:3", None, "ssh-ed25519"), ("f:4", None, "sk-ssh-ed25519@openssh.com"),
-        ("f:5", kh.CA, "ssh-ed25519"), ("f:6", kh.REVOKED, "ssh-ed25519")]
+        ("f:3", None, "ssh-ed25519"),
+        ("f:4", None, "sk-ssh-ed25519@openssh.com"),
+        ("f:5", kh.CA, "ssh-ed25519"),
+        ("f:6", kh.REVOKED, "ssh-ed25519"),
+    ]
 
 
 @needs_keygen
@@ -74,11 +79,31 @@ def signed(tmp_path):
         pytest.skip("no ssh-keygen (openssh-client)")
     ca_type, ca_blob, ca_data = keygen(tmp_path, "ca")
     host_type, host_blob, _ = keygen(tmp_path, "host")
-    subprocess.run(["ssh-keygen", "-q", "-s", str(tmp_path / "ca"), "-I", "node1", "-h", "-n", "127.0.0.1",
-                    "-V", "-5m:+1h", str(tmp_path / "host.pub")], check=True)
+    subprocess.run(
+        [
+            "ssh-keygen",
+            "-q",
+            "-s",
+            str(tmp_path / "ca"),
+            "-I",
+            "node1",
+            "-h",
+            "-n",
+            "127.0.0.1",
+            "-V",
+            "-5m:+1h",
+            str(tmp_path / "host.pub"),
+        ],
+        check=True,
+    )
     cert_type, cert_data = (tmp_path / "host-cert.pub").read_text().split()[:2]
-    return {"ca": f"{ca_type} {ca_data}", "ca_blob": ca_blob, "host_blob": host_blob,
-            "cert_type": cert_type, "cert": base64.b64decode(cert_data)}
+    return {
+        "ca": f"{ca_type} {ca_data}",
+        "ca_blob": ca_blob,
+        "host_blob": host_blob,
+        "cert_type": cert_type,
+        "cert": base64.b64decode(cert_data),
+    }
 
 
 def known(text: str) -> kh.KnownHosts:
@@ -90,15 +115,18 @@ def known(text: str) -> kh.KnownHosts:
 def test_a_certificate_signed_by_a_trusted_authority_is_accepted(signed):
     cert = kh.parse_certificate(signed["cert"])
     assert cert.key_blob == signed["host_blob"] and cert.principals == ("127.0.0.1",) and cert.cert_type == 2
-    verdict = kh.verify(known(f"@cert-authority [127.0.0.1]:* {signed['ca']}\n"), "127.0.0.1", 2200,
-                        signed["cert_type"], signed["cert"])
+    verdict = kh.verify(
+        known(f"@cert-authority [127.0.0.1]:* {signed['ca']}\n"), "127.0.0.1", 2200, signed["cert_type"], signed["cert"]
+    )
     assert verdict.trusted and "node1" in verdict.how and "known_hosts:1" in verdict.how
 
 
 def test_a_certificate_is_not_enough_when_wrong_or_untrusted(signed):
     line = f"@cert-authority * {signed['ca']}\n"
-    for address, now, why in (("10.0.0.9", None, "do not include 10.0.0.9"),
-                              ("127.0.0.1", time.time() + 7200, "not now")):
+    for address, now, why in (
+        ("10.0.0.9", None, "do not include 10.0.0.9"),
+        ("127.0.0.1", time.time() + 7200, "not now"),
+    ):
         verdict = kh.verify(known(line), address, 22, signed["cert_type"], signed["cert"], now=now)
         assert not verdict.trusted and any(why in note for note in verdict.notes)
     verdict = kh.verify(known(""), "127.0.0.1", 22, signed["cert_type"], signed["cert"])
@@ -116,11 +144,17 @@ def test_an_authority_paramiko_cannot_check_is_skipped_saying_so(signed):
 def test_revoked_keys_and_authorities_are_refused(signed):
     host = base64.b64encode(signed["host_blob"]).decode()
     with pytest.raises(kh.HostKeyError, match="@revoked in known_hosts:2"):
-        kh.verify(known(f"* ssh-ed25519 {host}\n@revoked * ssh-ed25519 {host}\n"), "h", 22,
-                  "ssh-ed25519", signed["host_blob"])
+        kh.verify(
+            known(f"* ssh-ed25519 {host}\n@revoked * ssh-ed25519 {host}\n"), "h", 22, "ssh-ed25519", signed["host_blob"]
+        )
     with pytest.raises(kh.HostKeyError, match="@revoked"):
-        kh.verify(known(f"@cert-authority * {signed['ca']}\n@revoked * {signed['ca']}\n"), "127.0.0.1", 22,
-                  signed["cert_type"], signed["cert"])
+        kh.verify(
+            known(f"@cert-authority * {signed['ca']}\n@revoked * {signed['ca']}\n"),
+            "127.0.0.1",
+            22,
+            signed["cert_type"],
+            signed["cert"],
+        )
 
 
 def test_a_different_key_than_the_pinned_one_is_a_changed_host(signed):
@@ -128,8 +162,13 @@ def test_a_different_key_than_the_pinned_one_is_a_changed_host(signed):
     with pytest.raises(kh.HostKeyError, match="CHANGED.*known_hosts:1"):
         kh.verify(known(f"h ssh-ed25519 {other}\n"), "h", 22, "ssh-ed25519", signed["host_blob"])
     blob = base64.b64encode(signed["host_blob"]).decode()
-    assert kh.verify(known(f"h sk-ssh-ed25519@openssh.com {other}\nh ssh-ed25519 {blob}\n"), "h", 22,
-                     "ssh-ed25519", signed["host_blob"]).trusted
+    assert kh.verify(
+        known(f"h sk-ssh-ed25519@openssh.com {other}\nh ssh-ed25519 {blob}\n"),
+        "h",
+        22,
+        "ssh-ed25519",
+        signed["host_blob"],
+    ).trusted
 
 
 def test_append_adds_one_line_and_never_rewrites(tmp_path):

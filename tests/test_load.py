@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from openai_test_servers import MisbehavingServer
-from thermab.jsonl import JsonlTail
 from thermab.contracts import REQUEST_COLUMNS
+from thermab.jsonl import JsonlTail
 from thermab.load import prompts, runner, validity
 from thermab.load.stream import StreamFailure, StreamReader
 
@@ -33,8 +33,18 @@ def untimed(warnings):
 def run(server, tmp_path, **overrides):
     """A short load with small requests; returns (report, frame, progress lines)."""
     lines = []
-    options = dict(order="AB", rep=1, arm="A", users=3, duration_s=3, max_tokens=MAX_TOKENS,
-                   prompt_tokens=PROMPT_TOKENS, probe=False, stop_timeout_s=10, progress=lines.append)
+    options = dict(
+        order="AB",
+        rep=1,
+        arm="A",
+        users=3,
+        duration_s=3,
+        max_tokens=MAX_TOKENS,
+        prompt_tokens=PROMPT_TOKENS,
+        probe=False,
+        stop_timeout_s=10,
+        progress=lines.append,
+    )
     options.update(overrides)
     if "probe_at" in options:
         options["probe_at_s"] = options.pop("probe_at")
@@ -45,9 +55,18 @@ def run(server, tmp_path, **overrides):
 
 def test_normal_load_records_every_request_with_probe_and_unique_tags(tmp_path):
     with MisbehavingServer("normal", token_interval_s=0.01) as server:
-        report, frame, lines = run(server, tmp_path, users=4, duration_s=4, probe=True, probe_at=1,
-                                   probe_n=3, probe_tokens=10, progress_every_s=1,
-                                   status_hint=lambda: "head TSOC 80.0 C")
+        report, frame, lines = run(
+            server,
+            tmp_path,
+            users=4,
+            duration_s=4,
+            probe=True,
+            probe_at=1,
+            probe_n=3,
+            probe_tokens=10,
+            progress_every_s=1,
+            status_hint=lambda: "head TSOC 80.0 C",
+        )
         prompts_seen = list(server.prompts)
 
     assert "locust" not in sys.modules  # Locust ran in its own process
@@ -118,11 +137,14 @@ def test_packed_chunks_are_counted_from_usage(tmp_path):
     assert untimed(report["warnings"]) == []
 
 
-@pytest.mark.parametrize("behaviour, category", [
-    ("drop", "connection dropped mid-stream"),
-    ("truncated", "stream truncated"),
-    ("http_error", "HTTP 500"),
-])
+@pytest.mark.parametrize(
+    "behaviour, category",
+    [
+        ("drop", "connection dropped mid-stream"),
+        ("truncated", "stream truncated"),
+        ("http_error", "HTTP 500"),
+    ],
+)
 def test_broken_streams_are_failed_records_with_a_clear_error(tmp_path, behaviour, category):
     with MisbehavingServer(behaviour) as server:
         report, frame, lines = run(server, tmp_path, users=2)
@@ -177,8 +199,9 @@ def test_single_stream_mode(tmp_path):
         report, frame, _ = run(server, tmp_path, users=1, duration_s=2, probe=False)
     assert set(frame["kind"]) == {"load"} and set(frame["user"]) == {1}
     ordered = frame.sort_values("t_start")
-    assert (ordered["t_start"].iloc[1:].to_numpy() >= ordered["t_end"].iloc[:-1].to_numpy()).all(), \
+    assert (ordered["t_start"].iloc[1:].to_numpy() >= ordered["t_end"].iloc[:-1].to_numpy()).all(), (
         "one stream: a request starts only after the previous one ended"
+    )
     assert 0 < report["concurrency"]["inflight_mean"] <= 1.0
     assert untimed(report["warnings"]) == []
 
@@ -233,8 +256,12 @@ def sse(obj, end="\n"):
 
 
 def chunk(delta, **extra):
-    return {"id": "c1", "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}], **extra}
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}],
+        **extra,
+    }
 
 
 def test_stream_events_are_read_from_their_json():
@@ -242,25 +269,42 @@ def test_stream_events_are_read_from_their_json():
     # A reasoning model behind an OpenAI-style server: "usage": null in every chunk, CRLF line
     # ends, a keep-alive comment, and a chunk whose only "content" is its logprobs list.
     reasoning = [
-        (1.0, sse(chunk({"role": "assistant", "content": ""}, usage=None), "\r\n")), (1.0, "\r\n"),
+        (1.0, sse(chunk({"role": "assistant", "content": ""}, usage=None), "\r\n")),
+        (1.0, "\r\n"),
         (1.2, ": keep-alive\r\n"),
-        (1.5, sse(chunk({"reasoning_content": "think"}, usage=None), "\r\n")), (1.5, "\r\n"),
-        (1.6, sse(chunk({}, usage=None) | {"choices": [{"index": 0, "delta": {}, "finish_reason": None,
-                                                         "logprobs": {"content": [{"token": "x"}]}}]}, "\r\n")),
+        (1.5, sse(chunk({"reasoning_content": "think"}, usage=None), "\r\n")),
+        (1.5, "\r\n"),
+        (
+            1.6,
+            sse(
+                chunk({}, usage=None)
+                | {
+                    "choices": [
+                        {"index": 0, "delta": {}, "finish_reason": None, "logprobs": {"content": [{"token": "x"}]}}
+                    ]
+                },
+                "\r\n",
+            ),
+        ),
         (2.7, sse(chunk({"content": "Hi"}, usage=None), "\r\n")),
         (2.8, sse(chunk({}, usage=None) | {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})),
         (2.8, sse({"id": "c1", "choices": [], "usage": usage})),
         (2.8, "data: [DONE]\n"),
     ]
-    no_usage = [(1.0, sse(chunk({"role": "assistant"}))), (1.1, sse(chunk({"content": "a"}))),
-                (1.3, sse(chunk({"content": "b"}))), (1.3, "data: [DONE]\n")]
+    no_usage = [
+        (1.0, sse(chunk({"role": "assistant"}))),
+        (1.1, sse(chunk({"content": "a"}))),
+        (1.3, sse(chunk({"content": "b"}))),
+        (1.3, "data: [DONE]\n"),
+    ]
     error = [(1.0, sse(chunk({"content": "a"}))), (1.1, sse({"error": {"message": "overloaded"}}))]
     bad_json = [(1.0, sse(chunk({"content": "a"}))), (1.1, 'data: {"choices": [\n')]
     not_an_object = [(1.0, "data: [1, 2]\n")]
     truncated = [(1.0, sse(chunk({"content": "a"}))), (1.1, sse(chunk({"content": "b"})))]
 
     full, counted, failed, malformed, listed, cut = read_streams(
-        reasoning, no_usage, error, bad_json, not_an_object, truncated)
+        reasoning, no_usage, error, bad_json, not_an_object, truncated
+    )
 
     assert full["ok"] and full["error"] == "" and full["usage_source"] == "usage"
     assert full["t_first_token"] == 1.5  # the reasoning text, not the role chunk
@@ -300,21 +344,52 @@ def test_inflight_is_time_weighted_over_the_window():
 def records(n_load=4, probe_arrivals=30, inflight_end=10.0, completion=20, cached=0):
     """A hand-made phase: ``n_load`` users each with one request over [0, inflight_end) and a
     30-token probe decoding in 1 s, its tokens in ``probe_arrivals`` arrivals."""
-    load = [{"kind": "load", "user": u, "tag": f"u{u}", "t_start": 0.0, "t_first_token": 0.5,
-             "t_end": inflight_end, "prompt_tokens": 200, "completion_tokens": completion,
-             "cached_tokens": cached, "ok": True, "error": "", "max_gap_s": 0.1, "stall_gaps": 0,
-             "usage_source": "usage", "token_arrivals": completion, "token_span_s": inflight_end - 0.6}
-            for u in range(1, n_load + 1)]
-    probe = {"kind": "probe", "user": 0, "tag": "p", "t_start": 2.0, "t_first_token": 2.5, "t_end": 3.5,
-             "prompt_tokens": 200, "completion_tokens": 30, "cached_tokens": 0, "ok": True, "error": "",
-             "max_gap_s": 0.1, "stall_gaps": 0, "usage_source": "usage", "token_arrivals": probe_arrivals,
-             "token_span_s": 0.95 if probe_arrivals >= 8 else 0.001}
+    load = [
+        {
+            "kind": "load",
+            "user": u,
+            "tag": f"u{u}",
+            "t_start": 0.0,
+            "t_first_token": 0.5,
+            "t_end": inflight_end,
+            "prompt_tokens": 200,
+            "completion_tokens": completion,
+            "cached_tokens": cached,
+            "ok": True,
+            "error": "",
+            "max_gap_s": 0.1,
+            "stall_gaps": 0,
+            "usage_source": "usage",
+            "token_arrivals": completion,
+            "token_span_s": inflight_end - 0.6,
+        }
+        for u in range(1, n_load + 1)
+    ]
+    probe = {
+        "kind": "probe",
+        "user": 0,
+        "tag": "p",
+        "t_start": 2.0,
+        "t_first_token": 2.5,
+        "t_end": 3.5,
+        "prompt_tokens": 200,
+        "completion_tokens": 30,
+        "cached_tokens": 0,
+        "ok": True,
+        "error": "",
+        "max_gap_s": 0.1,
+        "stall_gaps": 0,
+        "usage_source": "usage",
+        "token_arrivals": probe_arrivals,
+        "token_span_s": 0.95 if probe_arrivals >= 8 else 0.001,
+    }
     return validity.to_frame(load + [probe], order="AB", rep=1, arm="B")
 
 
 def report_of(frame, users=4):
-    report = validity.validity_report(frame, (0.0, 10.0), users=users, max_tokens=20, prompt_tokens=200,
-                                      probe_n=1, stall_gap_s=1.0)
+    report = validity.validity_report(
+        frame, (0.0, 10.0), users=users, max_tokens=20, prompt_tokens=200, probe_n=1, stall_gap_s=1.0
+    )
     return {"order": "AB", "rep": 1, "arm": "B", **report}
 
 
@@ -328,32 +403,56 @@ def test_shortfalls_name_each_way_the_load_fell_short():
     """users − 0.05 in flight is the least that counts as the configured closed loop."""
     assert validity.shortfalls(report_of(records(inflight_end=9.9))) == []  # 3.96 of 4
     report = report_of(records(inflight_end=9.8, completion=19, cached=64))
-    assert validity.shortfalls(report) == ["3.92 of 4 requests in flight",
-                                           "0.0% of ok load requests at max_tokens=20",
-                                           "4 load requests hit the prefix cache"]
+    assert validity.shortfalls(report) == [
+        "3.92 of 4 requests in flight",
+        "0.0% of ok load requests at max_tokens=20",
+        "4 load requests hit the prefix cache",
+    ]
     assert any(w.startswith("mean in-flight requests 3.92 for 4 users") for w in report["warnings"])
     assert validity.shortfalls({**report_of(records()), "aborted": "thermal interlock"}) == [
-        "load aborted: thermal interlock"]
+        "load aborted: thermal interlock"
+    ]
 
 
 def test_a_bursty_probe_has_no_decode_speed_and_says_how_its_tokens_came():
     report = report_of(records(probe_arrivals=2))
     assert report["probe"] == {"n": 1, "ok": 1, "measurable": 0, "token_arrivals": [2], "decode_tok_s_median": None}
-    assert report["warnings"] == ["probe decode speed not measurable: tokens arrived in 2 bursts "
-                                  "(it needs 8 arrivals spanning 80 % of the decode time)"]
+    assert report["warnings"] == [
+        "probe decode speed not measurable: tokens arrived in 2 bursts "
+        "(it needs 8 arrivals spanning 80 % of the decode time)"
+    ]
     assert "probe not measurable (2 bursts)" in validity.summary_line(report)
 
 
 def test_locust_command_bounds_the_run_and_passes_the_options():
-    spec = runner.LoadSpec(users=4, duration_s=1800, stop_timeout_s=120, max_tokens=400, prompt_tokens=1400,
-                           model=None, extra_body={"reasoning_effort": "low"}, probe=False, probe_at_s=None,
-                           probe_n=3, probe_tokens=256, stall_gap_s=1.0)
-    command = runner.locust_command("http://127.0.0.1:1", "r.jsonl", "e.jsonl", spec, "AB-rep1-A",
-                                    extra_body_file="x/extra_body.json")
+    spec = runner.LoadSpec(
+        users=4,
+        duration_s=1800,
+        stop_timeout_s=120,
+        max_tokens=400,
+        prompt_tokens=1400,
+        model=None,
+        extra_body={"reasoning_effort": "low"},
+        probe=False,
+        probe_at_s=None,
+        probe_n=3,
+        probe_tokens=256,
+        stall_gap_s=1.0,
+    )
+    command = runner.locust_command(
+        "http://127.0.0.1:1", "r.jsonl", "e.jsonl", spec, "AB-rep1-A", extra_body_file="x/extra_body.json"
+    )
     joined = " ".join(command)
     assert runner.LOCUSTFILE.is_file()
-    for part in ("--headless", "-u 4 -r 4", "--run-time 1800s", "--stop-timeout 120s", "--probe-n 0",
-                 "--extra-body-file x/extra_body.json", "--records-out r.jsonl"):
+    for part in (
+        "--headless",
+        "-u 4 -r 4",
+        "--run-time 1800s",
+        "--stop-timeout 120s",
+        "--probe-n 0",
+        "--extra-body-file x/extra_body.json",
+        "--records-out r.jsonl",
+    ):
         assert part in joined
     assert "reasoning_effort" not in joined  # the body travels in the file, never on the command line
     assert "--model" not in command and "--probe-at" not in command
@@ -377,5 +476,5 @@ def test_jsonl_tail_waits_for_the_newline(tmp_path):
     path.write_text('{"a": 1}\n{"a": ')
     assert tail.poll() == [{"a": 1}]
     with path.open("a") as handle:
-        handle.write('2}\n')
+        handle.write("2}\n")
     assert tail.poll() == [{"a": 1}, {"a": 2}]

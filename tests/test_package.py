@@ -24,8 +24,9 @@ def test_the_schema_defaults_follow_the_agent_registry():
     intervals = config.load_schema()["properties"]["monitor"]["properties"]["intervals"]["properties"]
     # the agent's sources, and the controller's scrape of /metrics (the schema its one owner)
     assert set(intervals) == {source.name for source in agent.SOURCES} | {"server"}
-    assert {source.name: intervals[source.name]["default"] for source in agent.SOURCES} == \
-        {source.name: source.default_interval_s for source in agent.SOURCES}
+    assert {source.name: intervals[source.name]["default"] for source in agent.SOURCES} == {
+        source.name: source.default_interval_s for source in agent.SOURCES
+    }
     assert set(ingest.KIND_OF_FILE) == {source.name for source in agent.SOURCES}
 
 
@@ -65,11 +66,21 @@ def installed(tmp_path_factory):
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
     build = where / "src"
-    shutil.copytree(REPO, build, ignore=shutil.ignore_patterns(".git", ".thermab", "results", ".snakemake",
-                                                               "__pycache__", "*.egg-info", "build"))
+    shutil.copytree(
+        REPO,
+        build,
+        ignore=shutil.ignore_patterns(
+            ".git", ".thermab", "results", ".snakemake", "__pycache__", "*.egg-info", "build"
+        ),
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-                             "--quiet", str(build)], capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--quiet", str(build)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, f"pip install . failed: {result.stderr[-2000:]}"
     shutil.rmtree(build)  # nothing may reach back into a source tree
     return python, env
@@ -77,14 +88,20 @@ def installed(tmp_path_factory):
 
 def run_installed(installed, *args, cwd):
     python, env = installed
-    return subprocess.run([str(python), "-m", "thermab", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+    return subprocess.run(
+        [str(python), "-m", "thermab", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
 
 
 def test_a_non_editable_install_runs_from_another_directory(installed, tmp_path):
     python, env = installed
-    where = subprocess.run([str(python), "-c", "import thermab; print(thermab.__file__)"], capture_output=True,
-                           text=True, cwd=tmp_path, env=env).stdout
+    where = subprocess.run(
+        [str(python), "-c", "import thermab; print(thermab.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    ).stdout
     assert "site-packages" in where and str(REPO) not in where
     (tmp_path / "my.yaml").write_text((REPO / "config" / "config.yaml").read_text())
     checked = run_installed(installed, "check-config", "my.yaml", cwd=tmp_path)
@@ -95,6 +112,12 @@ def test_a_non_editable_install_runs_from_another_directory(installed, tmp_path)
     assert analysed.returncode == 0, analysed.stderr
     assert (tmp_path / "study" / "tables" / "zones.csv").exists() and (tmp_path / "study" / "summary.md").exists()
     from thermab.load.runner import LOCUSTFILE
-    shipped = subprocess.run([str(python), "-c", "from thermab.load.runner import LOCUSTFILE; print(LOCUSTFILE)"],
-                             capture_output=True, text=True, cwd=tmp_path, env=env).stdout.strip()
+
+    shipped = subprocess.run(
+        [str(python), "-c", "from thermab.load.runner import LOCUSTFILE; print(LOCUSTFILE)"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    ).stdout.strip()
     assert "site-packages" in shipped and Path(shipped).read_bytes() == Path(str(LOCUSTFILE)).read_bytes()

@@ -3,15 +3,17 @@
 import pytest
 
 from thermab.config import HostSpec
+from thermab.experiment.patch import Patcher, PatchError, patch_problems, render, sha256
 from thermab.hosts.host import Host
-from thermab.experiment.patch import PatchError, Patcher, patch_problems, render, sha256
 
 SETTING = {
     "file": "/usr/lib/vllm/shm_broadcast.py",
     "anchor": r"busy_loop_s: float = [0-9.eE+-]+",
     "replacement": "busy_loop_s: float = {value}",
 }
-STOCK = "class SpinCondition:\n    def __init__(\n        self,\n        busy_loop_s: float = 1,\n    ):\n        pass\n"
+STOCK = (
+    "class SpinCondition:\n    def __init__(\n        self,\n        busy_loop_s: float = 1,\n    ):\n        pass\n"
+)
 
 
 @pytest.fixture
@@ -71,6 +73,7 @@ def test_vllm_placeholder_is_resolved_by_the_hosts_python(tmp_path, monkeypatch)
     (package / "distributed/shm_broadcast.py").write_text(STOCK)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
     import sys
+
     host = Host(HostSpec("box", "test", "local", {"python": sys.executable}))
     setting = dict(SETTING, file="{vllm}/distributed/shm_broadcast.py")
     patcher = Patcher(host, setting, tmp_path / "state")
@@ -88,16 +91,31 @@ def test_patch_problems_pass_the_study_file():
     assert patch_problems(STOCK, SETTING, ARMS) == []
 
 
-@pytest.mark.parametrize("text, setting, arms, fragment", [
-    (STOCK + STOCK, SETTING, ARMS, "matches 2 times"),
-    (STOCK.replace("= 1,", "= 'one',"), dict(SETTING, anchor="busy_loop_s: float = [^,]+"), ARMS, "is a string"),
-    (STOCK.replace("= 1,", "= ONE,"), dict(SETTING, anchor="busy_loop_s: float = [^,]+"), ARMS, "not a Python literal"),
-    (STOCK, dict(SETTING, anchor="busy_loop_s", replacement="busy_loop_s = {value}"), ARMS, "cannot be told"),
-    # the patched file would hold the anchor twice: it could not be found again to restore
-    (STOCK + "# busy_loop_s: float = 7\n", dict(SETTING, anchor=r"busy_loop_s: float = [0-9.]+(?=,)",
-                                                replacement="busy_loop_s: float = {value},# busy_loop_s: float = 7"),
-     ARMS, "would match the anchor 2 times"),
-])
+@pytest.mark.parametrize(
+    "text, setting, arms, fragment",
+    [
+        (STOCK + STOCK, SETTING, ARMS, "matches 2 times"),
+        (STOCK.replace("= 1,", "= 'one',"), dict(SETTING, anchor="busy_loop_s: float = [^,]+"), ARMS, "is a string"),
+        (
+            STOCK.replace("= 1,", "= ONE,"),
+            dict(SETTING, anchor="busy_loop_s: float = [^,]+"),
+            ARMS,
+            "not a Python literal",
+        ),
+        (STOCK, dict(SETTING, anchor="busy_loop_s", replacement="busy_loop_s = {value}"), ARMS, "cannot be told"),
+        # the patched file would hold the anchor twice: it could not be found again to restore
+        (
+            STOCK + "# busy_loop_s: float = 7\n",
+            dict(
+                SETTING,
+                anchor=r"busy_loop_s: float = [0-9.]+(?=,)",
+                replacement="busy_loop_s: float = {value},# busy_loop_s: float = 7",
+            ),
+            ARMS,
+            "would match the anchor 2 times",
+        ),
+    ],
+)
 def test_patch_problems_name_what_would_go_wrong(text, setting, arms, fragment):
     assert any(fragment in problem for problem in patch_problems(text, setting, arms))
 

@@ -15,8 +15,9 @@ PACKAGE = REPO / "workflow" / "thermab"
 
 def room_order() -> dict[str, int]:
     """Each room's rank, lowest 0, from the 'Room order' line of docs/design.md."""
-    line = next(line for line in (REPO / "docs" / "design.md").read_text().splitlines()
-                if line.startswith("Room order"))
+    line = next(
+        line for line in (REPO / "docs" / "design.md").read_text().splitlines() if line.startswith("Room order")
+    )
     ranks = {}
     for rank, step in enumerate(line.split(":", 1)[1].split("<")):
         for name in re.findall(r"`([^`]+)`", step):
@@ -40,7 +41,9 @@ def imports_of(path: Path, root: Path = PACKAGE) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             found.add(base)
             found |= {f"{base}.{alias.name}" for alias in node.names}
     return {name for name in found if name == "thermab" or name.startswith("thermab.")}
@@ -75,29 +78,40 @@ def test_no_import_cycles():
 
 def test_no_room_imports_a_higher_one():
     ranks = room_order()
-    upward = [(source, target) for source, target in package_graph().edges
-              if room_of(target) in ranks and ranks[room_of(source)] < ranks[room_of(target)]]
+    upward = [
+        (source, target)
+        for source, target in package_graph().edges
+        if room_of(target) in ranks and ranks[room_of(source)] < ranks[room_of(target)]
+    ]
     assert not upward, f"imports that run upward in the room order: {upward}"
 
 
 def test_the_agent_is_one_stdlib_file():
     tree = ast.parse((PACKAGE / "telemetry" / "agent.py").read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module}
+    imported = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
+    imported |= {
+        node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    }
     assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
 
 
 def test_the_checker_sees_late_and_relative_imports(tmp_path):
     """The checks above can fail: a late import and a relative one are both edges."""
     root = tmp_path / "thermab"
-    for name, text in {"__init__.py": "", "hosts/__init__.py": "", "analysis/__init__.py": "",
-                       "hosts/ssh.py": "def f():\n    from thermab.analysis import summary\n",
-                       "analysis/summary.py": "from ..hosts import ssh\n"}.items():
+    for name, text in {
+        "__init__.py": "",
+        "hosts/__init__.py": "",
+        "analysis/__init__.py": "",
+        "hosts/ssh.py": "def f():\n    from thermab.analysis import summary\n",
+        "analysis/summary.py": "from ..hosts import ssh\n",
+    }.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
     graph = package_graph(root)
-    assert {("thermab.hosts.ssh", "thermab.analysis.summary"),
-            ("thermab.analysis.summary", "thermab.hosts.ssh")} <= set(graph.edges)
+    assert {
+        ("thermab.hosts.ssh", "thermab.analysis.summary"),
+        ("thermab.analysis.summary", "thermab.hosts.ssh"),
+    } <= set(graph.edges)
     assert list(nx.simple_cycles(graph))

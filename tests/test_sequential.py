@@ -44,8 +44,12 @@ MAX_REPEATS = 8
 PERIOD = 0.5  # the drift per position in the order, in sd (the study's throughput had −0.7 sd)
 # d of the default study's open and nearly open questions (tables/questions.csv of its run
 # with until=decided, 8 repeats): distance from the decisive bound / residual sd of a phase
-STUDY_EFFECTS = {"cluster energy per token lower": 0.79, "output throughput non-inferior": 0.94,
-                 "probe decode speed non-inferior": 1.9, "10 % at 5 % CV (the issue's)": 2.0}
+STUDY_EFFECTS = {
+    "cluster energy per token lower": 0.79,
+    "output throughput non-inferior": 0.94,
+    "probe decode speed non-inferior": 1.9,
+    "10 % at 5 % CV (the issue's)": 2.0,
+}
 FIXED = "fixed 16 phases"
 
 
@@ -66,7 +70,7 @@ def least_squares(y: np.ndarray, is_b: np.ndarray, position: np.ndarray):
     beta = y @ (inverse @ x.T).T
     residual = y - beta @ x.T
     df = len(is_b) - x.shape[1]
-    se = np.sqrt((residual ** 2).sum(axis=1) / df * inverse[1, 1])
+    se = np.sqrt((residual**2).sum(axis=1) / df * inverse[1, 1])
     return beta[:, 1], se, df
 
 
@@ -76,8 +80,11 @@ def simulate(seed: int, d: float, method: str, n: int, information: str = sequen
     is_b, position = design(MAX_REPEATS)
     rng = np.random.default_rng(seed)
     y = rng.normal(size=(n, len(is_b))) - d * is_b + PERIOD * position
-    levels = ({MAX_REPEATS: questions.ALPHA} if method == FIXED
-              else sequential.look_alphas("AB", MAX_REPEATS, method=method, information=information))
+    levels = (
+        {MAX_REPEATS: questions.ALPHA}
+        if method == FIXED
+        else sequential.look_alphas("AB", MAX_REPEATS, method=method, information=information)
+    )
     verdicts = np.full(n, questions.UNDECIDED, dtype=object)
     phases = np.full(n, 2 * MAX_REPEATS)
     open_ = np.ones(n, bool)
@@ -86,7 +93,10 @@ def simulate(seed: int, d: float, method: str, n: int, information: str = sequen
         if alpha > 0:
             estimate, se, df = least_squares(y[open_, :seen], is_b[:seen], position[:seen])
             half = questions.interval(0.0, 1.0, df, alpha)[1]  # the look's t quantile, as the analysis takes it
-            found = [questions.verdict("lower", -1, 0.0, e - half * s, e + half * s) for e, s in zip(estimate, se)]
+            found = [
+                questions.verdict("lower", -1, 0.0, e - half * s, e + half * s)
+                for e, s in zip(estimate, se, strict=False)
+            ]
             verdicts[open_] = found
         now = open_ & (verdicts != questions.UNDECIDED)
         phases[now] = seen
@@ -99,9 +109,16 @@ def simulate(seed: int, d: float, method: str, n: int, information: str = sequen
 def test_the_simulations_estimate_is_the_analysis_estimate():
     is_b, position = design(4)
     values = np.random.default_rng(0).normal(size=len(is_b)) - 2.0 * is_b + PERIOD * position
-    frame = pd.DataFrame({"order": [sequential.order_of_repeat("AB", rep) for rep in range(1, 5) for _ in "AB"],
-                          "rep": [rep for rep in range(1, 5) for _ in "AB"],
-                          "arm": ["B" if b else "A" for b in is_b], "metric": "m", "unit": "u", "value": values})
+    frame = pd.DataFrame(
+        {
+            "order": [sequential.order_of_repeat("AB", rep) for rep in range(1, 5) for _ in "AB"],
+            "rep": [rep for rep in range(1, 5) for _ in "AB"],
+            "arm": ["B" if b else "A" for b in is_b],
+            "metric": "m",
+            "unit": "u",
+            "value": values,
+        }
+    )
     effect = stats.arm_effects(frame, "A")[("m", "B")]
     estimate, se, df = least_squares(values[None, :], is_b, position)
     assert (estimate[0], se[0], df) == pytest.approx((effect["diff"], effect["se"], effect["df"]))
@@ -119,7 +136,8 @@ def test_the_boundaries_are_lan_demets_spending():
     for method in (sequential.OBRIEN_FLEMING, sequential.POCOCK):
         bounds = sequential.boundaries(fractions, 0.05, method)
         assert 1 - multivariate_normal.cdf(bounds, cov=corr, abseps=1e-6, releps=1e-6) == pytest.approx(
-            0.05, abs=1e-4), method
+            0.05, abs=1e-4
+        ), method
     pocock = sequential.boundaries(fractions, 0.05, sequential.POCOCK)
     assert pocock == sorted(pocock, reverse=True) and pocock[0] - pocock[-1] < 0.1  # Pocock-type: nearly flat
     assert sequential.spent(1.0) == pytest.approx(questions.ALPHA) and sequential.spent(0.0) == 0.0
@@ -152,8 +170,13 @@ def test_no_true_difference_gives_a_wrong_yes_at_the_nominal_level():
     α, unlike Bonferroni).  Also printed: the same boundary on the repeats scale of
     information (the textbook's for a known variance), which lets a little more through."""
     n = 50_000
-    designs = {"rule": (sequential.METHOD, "df"), "O'Brien–Fleming on repeats": (sequential.METHOD, "repeats"),
-               "Pocock": (sequential.POCOCK, "df"), "Bonferroni": (sequential.BONFERRONI, "df"), FIXED: (FIXED, "df")}
+    designs = {
+        "rule": (sequential.METHOD, "df"),
+        "O'Brien–Fleming on repeats": (sequential.METHOD, "repeats"),
+        "Pocock": (sequential.POCOCK, "df"),
+        "Bonferroni": (sequential.BONFERRONI, "df"),
+        FIXED: (FIXED, "df"),
+    }
     rates = {}
     for name, (method, information) in designs.items():
         verdicts, _ = simulate(24, 0.0, method, n, information)
@@ -161,9 +184,11 @@ def test_no_true_difference_gives_a_wrong_yes_at_the_nominal_level():
         rates[name] = (wrong / n, *proportion_confint(wrong, n, alpha=0.05, method="wilson"))
     table = "; ".join(f"{m}: {r:.4f} (Wilson 95 % {lo:.4f}–{hi:.4f})" for m, (r, lo, hi) in rates.items())
     looks = ", ".join(str(r) for r, a in sequential.look_alphas("AB", MAX_REPEATS).items() if a > 0)
-    print(f"test: one-sided t of 'lower' on the OLS arm + position estimate, looks at {looks} repeats; "
-          f"level: alpha = {questions.ALPHA} over all looks; n = {n} null experiments each; "
-          f"wrong yes (95 % Wilson binomial interval): {table}")
+    print(
+        f"test: one-sided t of 'lower' on the OLS arm + position estimate, looks at {looks} repeats; "
+        f"level: alpha = {questions.ALPHA} over all looks; n = {n} null experiments each; "
+        f"wrong yes (95 % Wilson binomial interval): {table}"
+    )
     rate, low, high = rates["rule"]
     assert low <= questions.ALPHA, table
     assert high >= 0.045, f"the rule does not spend its α: {table}"
@@ -181,26 +206,42 @@ def test_power_and_phases_at_the_studys_effects():
     for seed, (name, d) in enumerate(STUDY_EFFECTS.items()):
         for method in (*sequential.METHODS, FIXED):
             verdicts, phases = simulate(100 + seed, d, method, n)
-            rows.append({"effect": name, "d": d, "method": method, "power": float((verdicts == questions.YES).mean()),
-                         "median_phases": float(np.median(phases)), "mean_phases": float(phases.mean())})
+            rows.append(
+                {
+                    "effect": name,
+                    "d": d,
+                    "method": method,
+                    "power": float((verdicts == questions.YES).mean()),
+                    "median_phases": float(np.median(phases)),
+                    "mean_phases": float(phases.mean()),
+                }
+            )
     table = pd.DataFrame(rows)
     print(table.to_string(index=False))
     power = table.pivot(index="effect", columns="method", values="power")
     assert (power[sequential.METHOD] > power[sequential.BONFERRONI]).all(), table.to_string()
     issue = table[(table["d"] == 2.0) & (table["method"] == sequential.METHOD)].iloc[0]
-    per_arm = TTestIndPower().solve_power(effect_size=2.0, alpha=0.05, power=min(issue["power"], 0.99),
-                                          alternative="larger")
+    per_arm = TTestIndPower().solve_power(
+        effect_size=2.0, alpha=0.05, power=min(issue["power"], 0.99), alternative="larger"
+    )
     fixed_phases = 2 * math.ceil(per_arm)
     assert issue["median_phases"] < fixed_phases, (
         f"d = 2: power {issue['power']:.3f}, median {issue['median_phases']:.0f} phases; a fixed design of that "
-        f"power needs {fixed_phases}")
+        f"power needs {fixed_phases}"
+    )
 
 
 def test_crossover_phases_alternate_and_chain():
     from thermab.experiment import plan
 
-    assert [p.id for p in plan.phases("AB", 3, crossover=True)] == ["rep1-A", "rep1-B", "rep2-B", "rep2-A",
-                                                                    "rep3-A", "rep3-B"]
+    assert [p.id for p in plan.phases("AB", 3, crossover=True)] == [
+        "rep1-A",
+        "rep1-B",
+        "rep2-B",
+        "rep2-A",
+        "rep3-A",
+        "rep3-B",
+    ]
     assert [p.id for p in plan.phases("AB", 2)] == ["rep1-A", "rep1-B", "rep2-A", "rep2-B"]
     assert plan.previous("AB", 2, "B", crossover=True) == "rep1-B"
     assert plan.previous("AB", 2, "A", crossover=True) == "rep2-B"
@@ -215,7 +256,8 @@ def test_an_interrupted_sequential_run_resumes_at_its_look(tmp_path):
     def answered(phases_per_arm, *verdicts):
         (tmp_path / "tables").mkdir(exist_ok=True)
         pd.DataFrame({"phases_per_arm": phases_per_arm, "verdict": list(verdicts)}).to_csv(
-            tmp_path / "tables" / "questions.csv", index=False)
+            tmp_path / "tables" / "questions.csv", index=False
+        )
 
     assert sequential.resume_repeats(tmp_path, "AB", 8) == 2
     done("rep1-A", "rep1-B", "rep2-B")

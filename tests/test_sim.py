@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from scipy.stats import binomtest
 
 from thermab.sim import cpu, node, shm, thermal, tokens, vllm, zones
-from thermab.telemetry.agent import CpuFrequency, ProcessCpu, ThermalZones
 from thermab.sim.shm import ShmQueue
+from thermab.telemetry.agent import CpuFrequency, ProcessCpu, ThermalZones
 
 ANCHOR = "        busy_loop_s: float = 1,\n"
 STUDY_SED = (r"busy_loop_s: float = [0-9.]*", "busy_loop_s: float = 0.002")
@@ -54,6 +54,7 @@ def stop_process(process):
 
 
 # ---- the node tree -----------------------------------------------------------------
+
 
 def test_node_tree_has_the_paths_of_a_real_node(tmp_path):
     node.create_node(tmp_path, "head")
@@ -107,6 +108,7 @@ def test_process_pattern_matches_only_its_own_node(tmp_path):
 
 
 # ---- the shared-memory queue -------------------------------------------------------
+
 
 def echo(inbox, outbox):
     while (message := inbox.get()) is not None:
@@ -199,7 +201,6 @@ def test_a_lost_wakeup_stalls_only_a_reader_that_stopped_spinning(monkeypatch):
     assert second_message_after(0.002, False, monkeypatch) < 0.5 * shm.RECHECK_S
 
 
-
 def stalls_in_pairs(busy_loop_s, pairs, monkeypatch):
     """The engine's protocol on a queue with the lost wake-up: a parked reader, then
     ``execute`` and ``sample`` a rebuild time apart (seeded draws).  The share of pairs whose
@@ -236,7 +237,7 @@ def test_stalls_appear_below_a_spin_threshold_and_grow_as_the_spin_shortens(monk
     gap = vllm.SAMPLER_REBUILD_S
     threshold = gap[1] - shm.WAKE_LATENCY_S  # 5 ms: a spin this long outlasts every rebuild
     curve = [shm.stall_probability(spin, gap) for spin in (0, 0.0005, 0.001, 0.002, 0.003, 0.004, 0.0049)]
-    assert all(a > b > 0 for a, b in zip(curve, curve[1:]))
+    assert all(a > b > 0 for a, b in zip(curve, curve[1:], strict=False))
     assert curve[3] == pytest.approx(0.1, abs=0.02)  # the study's 2 ms: about one batch change in ten
     assert vllm.batch_change_stall_probability(0.002) == curve[3]
     assert [shm.stall_probability(spin, gap) for spin in (threshold, 0.01, 0.1, 1.0)] == [0, 0, 0, 0]
@@ -253,6 +254,7 @@ def test_stalls_appear_below_a_spin_threshold_and_grow_as_the_spin_shortens(monk
 
 
 # ---- the node's CPU accounts and /proc view ---------------------------------------
+
 
 def account_for(root, seconds):
     """A node process: one thread spinning, one busy 60 % of the time, for ``seconds``."""
@@ -280,8 +282,11 @@ def test_accounts_are_read_by_the_agent_as_a_real_proc(tmp_path):
         stop_process(child)
     assert rows["vllm_cpu_pct"] == pytest.approx(160, abs=20)  # a core spinning, a thread at 60 %
     assert rows["vllm_processes"] == 1
-    threads = {sensor.split()[1]: (value, int(sensor.split()[3][3:])) for sensor, value in rows.items()
-               if sensor.startswith("thread ")}
+    threads = {
+        sensor.split()[1]: (value, int(sensor.split()[3][3:]))
+        for sensor, value in rows.items()
+        if sensor.startswith("thread ")
+    }
     assert threads["EngineCore"][0] == pytest.approx(100, abs=12)
     assert threads["cuda-sync"][0] == pytest.approx(60, abs=12)
     performance = node.load_settings(tmp_path)["performance_policies"]
@@ -306,6 +311,7 @@ def test_prune_removes_the_view_of_a_process_that_is_gone(tmp_path):
 
 
 # ---- tokens and the prefix cache ---------------------------------------------------
+
 
 def test_the_server_counts_with_the_tokenizer_the_tiny_model_is_built_from():
     sys.path.insert(0, str(Path(__file__).parent / "vllm_cpu"))
@@ -340,9 +346,14 @@ def test_completion_length_is_deterministic_and_bounded():
 
 # ---- the server --------------------------------------------------------------------
 
+
 def start(*args):
-    subprocess.run([sys.executable, "-m", "thermab.sim.vllm", "serve", *map(str, args), "--detach"],
-                   check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        [sys.executable, "-m", "thermab.sim.vllm", "serve", *map(str, args), "--detach"],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
 
 
 def wait_healthy(port, timeout=20.0):
@@ -366,8 +377,20 @@ def cluster(tmp_path):
     head_port, worker_port = free_port(), free_port()
     try:
         start("--node", worker, "--port", worker_port, "--model", "sim", "--role", "worker")
-        start("--node", head, "--port", head_port, "--model", "sim", "--role", "head",
-              "--peer-port", worker_port, "--step-ms", 5)
+        start(
+            "--node",
+            head,
+            "--port",
+            head_port,
+            "--model",
+            "sim",
+            "--role",
+            "head",
+            "--peer-port",
+            worker_port,
+            "--step-ms",
+            5,
+        )
         yield {"head": head, "worker": worker, "port": head_port}
     finally:
         for root in (head, worker):
@@ -375,9 +398,11 @@ def cluster(tmp_path):
 
 
 def post(port, body, path="/v1/chat/completions"):
-    request = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path),
-                                     data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        "http://127.0.0.1:%d%s" % (port, path),
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     return urllib.request.urlopen(request, timeout=30)
 
 
@@ -388,23 +413,33 @@ def test_server_streams_exactly_max_tokens_with_usage_then_stops(cluster):
         assert [m["id"] for m in json.load(response)["data"]] == ["sim"]
 
     messages = [{"role": "user", "content": "[unique-tag] Explain spin-waiting. " * 20}]
-    body = {"model": "sim", "messages": messages, "max_tokens": 12, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}, "reasoning_effort": "low"}
+    body = {
+        "model": "sim",
+        "messages": messages,
+        "max_tokens": 12,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "reasoning_effort": "low",
+    }
     with post(port, body) as response:
-        events = [line[6:].strip() for line in response.read().decode().splitlines()
-                  if line.startswith("data: ")]
+        events = [line[6:].strip() for line in response.read().decode().splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(event) for event in events[:-1]]
     content = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
     # a step yields one token or more (speculative decoding): chunks carry one or more
     assert 1 < len(content) <= 12
     assert "".join(c["choices"][0]["delta"]["content"] for c in content) == "".join(
-        tokens.token_text(i) for i in range(12))
+        tokens.token_text(i) for i in range(12)
+    )
     assert content[-1]["choices"][0]["finish_reason"] == "length"
     prompt_tokens = len(tokens.encode(tokens.render_chat(messages)))
-    assert chunks[-1]["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 12,
-                                   "total_tokens": prompt_tokens + 12,
-                                   "prompt_tokens_details": {"cached_tokens": 0}}
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 12,
+        "total_tokens": prompt_tokens + 12,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
     with post(port, dict(body, stream=False, max_tokens=3)) as response:
         answer = json.load(response)
@@ -432,8 +467,13 @@ def burn(until):
 
 def stream_until(port, until):
     while time.monotonic() < until:
-        body = {"model": "sim", "messages": [{"role": "user", "content": "[%f] go" % time.time()}],
-                "max_tokens": 200, "ignore_eos": True, "stream": True}
+        body = {
+            "model": "sim",
+            "messages": [{"role": "user", "content": "[%f] go" % time.time()}],
+            "max_tokens": 200,
+            "ignore_eos": True,
+            "stream": True,
+        }
         with post(port, body) as response:
             response.read()
 
@@ -450,14 +490,17 @@ def test_each_node_reads_its_own_gb10_cpu_whatever_else_runs_here(cluster):
     try:
         for user in users:
             user.start()
-        readers = {role: ProcessCpu(node.process_pattern(cluster[role]), proc_root=str(node.proc_dir(cluster[role])))
-                   for role in ("head", "worker")}
+        readers = {
+            role: ProcessCpu(node.process_pattern(cluster[role]), proc_root=str(node.proc_dir(cluster[role])))
+            for role in ("head", "worker")
+        }
         time.sleep(2)
         for reader in readers.values():
             reader.sample()
         time.sleep(2)
-        cores = {role: dict((s, v) for s, v, _ in reader.sample())["vllm_cpu_pct"] / 100
-                 for role, reader in readers.items()}
+        cores = {
+            role: dict((s, v) for s, v, _ in reader.sample())["vllm_cpu_pct"] / 100 for role, reader in readers.items()
+        }
     finally:
         burner.join(10)
         stop_process(burner)
@@ -479,6 +522,7 @@ def test_server_rejects_a_request_it_cannot_serve(cluster):
 
 
 # ---- the thermal model -------------------------------------------------------------
+
 
 def settle(zone_params, load):
     states = zones.initial_states(zone_params, {})
@@ -509,8 +553,7 @@ def test_zones_settle_at_their_gains_and_ts1p_reads_a_spinning_core_on_its_clust
     assert shown["TSOC"] == max(on_1.values())
     written = ThermalZones(sys_root=str(tmp_path))
     written.discover()
-    assert dict((name, value) for name, value, _ in written.sample())["TSOC"] == pytest.approx(
-        shown["TSOC"], abs=0.051)
+    assert dict((name, value) for name, value, _ in written.sample())["TSOC"] == pytest.approx(shown["TSOC"], abs=0.051)
 
 
 def test_zones_rise_and_cool_with_the_time_compression():
@@ -532,8 +575,14 @@ def test_node_load_caps_a_thread_at_one_core_and_carries_the_rest():
     load = thermal.NodeLoad(cores=20)
 
     def tick(engine_pct, engine_core, waiter_pct):
-        return load([("vllm_cpu_pct", engine_pct + waiter_pct, ""), ("thread EngineCore 7 cpu%d" % engine_core,
-                     engine_pct, ""), ("thread cuda-sync 71 cpu5", waiter_pct, "")], 1.0)
+        return load(
+            [
+                ("vllm_cpu_pct", engine_pct + waiter_pct, ""),
+                ("thread EngineCore 7 cpu%d" % engine_core, engine_pct, ""),
+                ("thread cuda-sync 71 cpu5", waiter_pct, ""),
+            ],
+            1.0,
+        )
 
     assert tick(100.0, 15, 60.0).held_on == (0.0, 0.0)  # busy since this tick only
     assert tick(100.0, 15, 60.0).held_on == (0.0, 1.0)  # the engine thread holds a core on cluster 1
@@ -587,8 +636,14 @@ def test_completions_metrics_version_and_keep_alive_after_a_404(cluster):
     with urllib.request.urlopen("http://127.0.0.1:%d/version" % port, timeout=5) as response:
         assert json.load(response)["version"].startswith("0.")
     prompt = "[tag-c] The river and the field"
-    body = {"model": "sim", "prompt": prompt, "max_tokens": 9, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "sim",
+        "prompt": prompt,
+        "max_tokens": 9,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with post(port, body, "/v1/completions") as response:
         events = [line[6:] for line in response.read().decode().splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -659,6 +714,7 @@ def test_metrics_count_the_requests_the_engine_is_running(cluster):
 
 # ---- the wake-up's cost across load (issue 29) ------------------------------------
 
+
 def spin_node(root, busy_loop_s, lost_wakeup=False):
     """A head node whose shm_broadcast.py carries ``busy_loop_s``, as a patch leaves it."""
     node.create_node(root, "head", lost_wakeup=lost_wakeup)
@@ -669,8 +725,13 @@ def spin_node(root, busy_loop_s, lost_wakeup=False):
 
 def stream_chunks(port, tag, max_tokens, ready):
     """One streamed completion: [(time of the chunk, tokens in it)]."""
-    body = {"model": "sim", "prompt": "[%s] the field" % tag, "max_tokens": max_tokens, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "model": "sim",
+        "prompt": "[%s] the field" % tag,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
     ready.wait(30)
     chunks = []
     with post(port, body, "/v1/completions") as response:
@@ -706,8 +767,11 @@ def decode_speeds(tmp_path, busy_loop_s, users, max_tokens=300):
     finally:
         node.stop(root, "vllm")
     assert all(sum(n for _, n in chunks) == max_tokens for chunks in results)
-    per_stream = [statistics.mean(n for _, n in chunks[1:])
-                  / statistics.median(b - a for (a, _), (b, _) in zip(chunks, chunks[1:])) for chunks in results]
+    per_stream = [
+        statistics.mean(n for _, n in chunks[1:])
+        / statistics.median(b - a for (a, _), (b, _) in zip(chunks, chunks[1:], strict=False))
+        for chunks in results
+    ]
     return statistics.mean(per_stream), sum(per_stream)
 
 
@@ -742,6 +806,7 @@ def test_the_gpu_schedule_goes_on_through_a_host_lag_and_starts_again_after_an_i
 def test_the_nth_request_of_a_length_gets_the_same_drafts_in_every_seeded_run():
     """Common random numbers: two seeded engines give the n-th request of a length the same
     draws whatever came between (here a probe of another length); unseeded engines do not."""
+
     def draws(seed, lengths):
         engine = vllm.Engine(None, None, None, 0.04, None, seed=seed)
         return [[vllm.accepted_tokens(engine.request_draws(length)) for _ in range(20)] for length in lengths]

@@ -33,20 +33,32 @@ THRESHOLD_SHARE = {85.0: 0.10, 90.0: 0.15, 92.0: 0.25}
 
 
 def snakemake(workdir: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(workdir), "--cores", "1", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--cores",
+        "1",
+        *args,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     (workdir / "snakemake.log").write_text(result.stdout + result.stderr)
     return result
 
 
 def test_shipped_calibration_is_the_fit_of_the_published_data():
-    result = subprocess.run([sys.executable, "-m", "thermab.sim.fit", "--check"], capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "thermab.sim.fit", "--check"], capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 # ---- the default config ------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
@@ -54,8 +66,9 @@ def default_run(tmp_path_factory):
     result = snakemake(workdir, "all")
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = workdir / "results/sim/AB"
-    tables = {name: pd.read_csv(run_dir / "tables" / f"{name}.csv")
-              for name in ("zones", "cpu", "performance", "thresholds")}
+    tables = {
+        name: pd.read_csv(run_dir / "tables" / f"{name}.csv") for name in ("zones", "cpu", "performance", "thresholds")
+    }
     return {**tables, "run_dir": run_dir}
 
 
@@ -97,7 +110,8 @@ def test_default_run_patched_head_uses_about_half_the_cpu_at_the_same_throughput
 def test_default_run_stock_heats_fast_and_patched_never_holds_85(default_run):
     thresholds = default_run["thresholds"]
     tsoc = thresholds[(thresholds["host"] == "head") & (thresholds["sensor"] == "TSOC")].set_index(
-        ["arm", "threshold_c"])
+        ["arm", "threshold_c"]
+    )
     window = default_run["performance"].set_index("arm")["window_s"]
     for threshold, share in THRESHOLD_SHARE.items():
         reached = tsoc.loc[("A", threshold), "reached_s"]

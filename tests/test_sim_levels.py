@@ -45,8 +45,20 @@ def levels_run(tmp_path_factory):
     example["load"].update(max_tokens=120, prompt_tokens=600, probe_n=2, probe_tokens=64)
     config = workdir / "levels.yaml"
     config.write_text(yaml.safe_dump(example))
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(workdir), "--configfile", str(config), "--cores", "1", "results/sim-levels/AB/summary.md"]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(config),
+        "--cores",
+        "1",
+        "results/sim-levels/AB/summary.md",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=1200)
     (workdir / "snakemake.log").write_text(result.stdout + result.stderr)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -98,8 +110,10 @@ def test_single_stream_cost_at_one_user_and_none_at_four(levels_run):
     performance = pd.read_csv(levels_run / "tables/performance.csv")
     four = performance[performance["users"] == 4].set_index("arm")["output_tok_s"]
     ms = {users: times.mul(1000).round(2).to_dict() for users, times in step.items()}
-    measured = (f"step times {ms[1]} ms at 1 user, {ms[4]} ms at 4; decode medians at 1 user "
-                f"{decode.round(1).to_dict()} tok/s, output at 4 {four.round(1).to_dict()} tok/s")
+    measured = (
+        f"step times {ms[1]} ms at 1 user, {ms[4]} ms at 4; decode medians at 1 user "
+        f"{decode.round(1).to_dict()} tok/s, output at 4 {four.round(1).to_dict()} tok/s"
+    )
     cost = (step[1]["A"] / step[1]["B"] - 1) * 100
     assert -6 <= cost <= -2, f"at 1 user patched decode {cost:+.1f} % of stock ({measured})"
     gap = (step[4]["A"] / step[4]["B"] - 1) * 100

@@ -26,8 +26,10 @@ PROFILE = REPO / "config/profiles/slurm"
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    pytest.importorskip("snakemake_executor_plugin_slurm",
-                        reason="no SLURM executor plugin: pip install -e '.[slurm]' to run the SLURM tier")
+    pytest.importorskip(
+        "snakemake_executor_plugin_slurm",
+        reason="no SLURM executor plugin: pip install -e '.[slurm]' to run the SLURM tier",
+    )
     cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
     yield cluster
     cluster.stop()
@@ -79,16 +81,19 @@ def test_no_telemetry_hole_through_slurm(fleet_runs):
     local, batch = fleet_runs
     for cluster in ("sim-a", "sim-b"):
         rows = completeness_notes(batch / f"results/{cluster}/AB/summary.md")
-        assert {(row[0], row[1]) for row in rows} >= {(host, source) for host in ("head", "worker")
-                                                       for source in AGENT_CADENCE}
+        assert {(row[0], row[1]) for row in rows} >= {
+            (host, source) for host in ("head", "worker") for source in AGENT_CADENCE
+        }
         holes = [row for row in rows if row[1] in AGENT_CADENCE and (row[-1] or row[4] in ("", "0"))]
         assert holes == [], f"{cluster}: {holes}"
         local_rows = completeness_notes(local / f"results/{cluster}/AB/summary.md")
-        assert {(row[0], row[1]): bool(row[-1]) for row in rows} == {(row[0], row[1]): bool(row[-1])
-                                                                     for row in local_rows}
+        assert {(row[0], row[1]): bool(row[-1]) for row in rows} == {
+            (row[0], row[1]): bool(row[-1]) for row in local_rows
+        }
         events = [json.loads(line) for line in (batch / f"results/{cluster}/AB/events.jsonl").read_text().splitlines()]
-        assert not [e for e in events if e["event"] == "note" and "agent_restarted" in e.get("detail", {})], \
+        assert not [e for e in events if e["event"] == "note" and "agent_restarted" in e.get("detail", {})], (
             "each host's agent ran the whole run, never restarted"
+        )
         assert [e["event"] for e in events].count("run_start") == 1
 
 
@@ -100,10 +105,32 @@ def test_scancel_during_a_load_restores_every_host(slurm, tmp_path):
     workdir.mkdir()
     overrides = tmp_path / "ports.yaml"  # the e2e config on ports of its own
     overrides.write_text(Path(CONFIGS[1]).read_text().replace("184", "192"))
-    command = " ".join([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-                        str(workdir), "--configfile", CONFIGS[0], str(overrides), "--profile", str(PROFILE), "all"])
-    submitted = slurm.run("sbatch", "--parsable", "--job-name=thermab-controller", "--cpus-per-task=1",
-                          f"--chdir={workdir}", f"--output={workdir / 'controller.log'}", f"--wrap={command}")
+    command = " ".join(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--configfile",
+            CONFIGS[0],
+            str(overrides),
+            "--profile",
+            str(PROFILE),
+            "all",
+        ]
+    )
+    submitted = slurm.run(
+        "sbatch",
+        "--parsable",
+        "--job-name=thermab-controller",
+        "--cpus-per-task=1",
+        f"--chdir={workdir}",
+        f"--output={workdir / 'controller.log'}",
+        f"--wrap={command}",
+    )
     job = submitted.stdout.strip().split(";")[0]
     run_dir = workdir / "results/sim/AB"
     events_path = run_dir / "events.jsonl"
@@ -128,10 +155,12 @@ def test_scancel_during_a_load_restores_every_host(slurm, tmp_path):
         assert hashlib.sha256(current).hexdigest() == preflight["hosts"][host]["sha256"], host
     events = [json.loads(line) for line in events_path.read_text().splitlines()]
     names = [e["event"] for e in events]
-    after = names[names.index("load_start"):]
+    after = names[names.index("load_start") :]
     assert "abort" in after and "load_end" not in after, names
-    assert sorted(e["host"] for e in events[names.index("abort"):] if e["event"] == "restored") \
-        == ["head", "worker"], "the interrupted run's own events say each host was restored"
+    assert sorted(e["host"] for e in events[names.index("abort") :] if e["event"] == "restored") == [
+        "head",
+        "worker",
+    ], "the interrupted run's own events say each host was restored"
     abort = events[names.index("abort")]
     assert "SIGTERM" in abort["detail"]["reason"], "the job put the hosts back itself, within the grace"
     assert not (run_dir / "phases/rep1-A/phase.json").exists()

@@ -14,23 +14,24 @@ import paramiko
 import pytest
 import yaml
 
-from thermab.config import HostSpec, validate
-from thermab.experiment import preflight
-from thermab.experiment.cluster import ClusterRun
-from thermab.hosts import clock
-from thermab.hosts.host import Host
-from thermab.experiment.patch import Patcher
-from thermab.hosts.ssh import RefusedError, SshTransport
-from thermab.hosts.transport import CommandError
 from processes import processes_in
 from sshd import free_port, start_sshd
 from test_known_hosts import hashed
+from thermab.config import HostSpec, validate
+from thermab.experiment import preflight
+from thermab.experiment.cluster import ClusterRun
+from thermab.experiment.patch import Patcher
+from thermab.hosts import clock
+from thermab.hosts.host import Host
+from thermab.hosts.ssh import RefusedError, SshTransport
+from thermab.hosts.transport import CommandError
 
 REPO = Path(__file__).resolve().parents[1]
 OTHER_KEY = "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
 # a security-key entry (paramiko has no such type): type, 32-byte key, application
-SK_KEY = base64.b64encode(b"".join(len(part).to_bytes(4, "big") + part for part in
-                                   (b"sk-ssh-ed25519@openssh.com", bytes(range(32)), b"ssh:"))).decode()
+SK_KEY = base64.b64encode(
+    b"".join(len(part).to_bytes(4, "big") + part for part in (b"sk-ssh-ed25519@openssh.com", bytes(range(32)), b"ssh:"))
+).decode()
 LOOPBACK_OFFSET_S = 0.020
 
 
@@ -45,11 +46,14 @@ def sshd(tmp_path_factory):
 def users_known_hosts(*pinned) -> bytes:
     """A known_hosts as users keep one: comments, hashed names, markers, a key type
     paramiko lacks; with the given sshds pinned under hashed names."""
-    lines = ["# kept by hand; ssh-keyscan output appended below", "",
-             f"{hashed('gitlab.example.com')} ssh-ed25519 {OTHER_KEY}",
-             f"bastion.example.com,10.1.2.3 sk-ssh-ed25519@openssh.com {SK_KEY} yubikey",
-             f"@cert-authority *.lab.example.com ssh-ed25519 {OTHER_KEY}",
-             f"@revoked * ssh-ed25519 {OTHER_KEY}"]
+    lines = [
+        "# kept by hand; ssh-keyscan output appended below",
+        "",
+        f"{hashed('gitlab.example.com')} ssh-ed25519 {OTHER_KEY}",
+        f"bastion.example.com,10.1.2.3 sk-ssh-ed25519@openssh.com {SK_KEY} yubikey",
+        f"@cert-authority *.lab.example.com ssh-ed25519 {OTHER_KEY}",
+        f"@revoked * ssh-ed25519 {OTHER_KEY}",
+    ]
     for server in pinned:
         key_type, data = server.host_key_pub.read_text().split()[:2]
         lines.append(f"{hashed(f'[127.0.0.1]:{server.port}')} {key_type} {data}")
@@ -57,8 +61,14 @@ def users_known_hosts(*pinned) -> bytes:
 
 
 def transport(sshd, **overrides):
-    options = dict(port=sshd.port, user=getpass.getuser(), key_file=str(sshd.client_key),
-                   known_hosts=str(sshd.known_hosts), connect_timeout=5, retries=1)
+    options = dict(
+        port=sshd.port,
+        user=getpass.getuser(),
+        key_file=str(sshd.client_key),
+        known_hosts=str(sshd.known_hosts),
+        connect_timeout=5,
+        retries=1,
+    )
     options.update(overrides)
     return SshTransport("node1", "127.0.0.1", **options)
 
@@ -88,8 +98,9 @@ def test_unknown_host_key_is_refused(sshd, tmp_path):
 
 def test_changed_host_key_is_refused_even_with_accept_new(sshd, tmp_path):
     other = tmp_path / "known_hosts"
-    other.write_text(f"[127.0.0.1]:{sshd.port} ssh-ed25519 "
-                     "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n")
+    other.write_text(
+        f"[127.0.0.1]:{sshd.port} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
+    )
     with pytest.raises(RefusedError, match="CHANGED"):
         transport(sshd, known_hosts=str(other), host_key_policy="accept-new").run("true")
 
@@ -117,7 +128,11 @@ def test_patcher_over_ssh_with_a_hostile_path(sshd, tmp_path):
     target.write_text("x = 1\n        busy_loop_s: float = 1,\n")
     spec = HostSpec("node1", "c", "ssh", {"address": "127.0.0.1"})
     host = Host(spec, transport(sshd))
-    setting = {"file": str(target), "anchor": r"busy_loop_s: float = [0-9.]+", "replacement": "busy_loop_s: float = {value}"}
+    setting = {
+        "file": str(target),
+        "anchor": r"busy_loop_s: float = [0-9.]+",
+        "replacement": "busy_loop_s: float = {value}",
+    }
     patcher = Patcher(host, setting, tmp_path / "state")
     patcher.apply("0.002")
     assert "busy_loop_s: float = 0.002," in target.read_text()
@@ -138,8 +153,9 @@ def test_cut_connection_reconnects_and_the_detached_agent_keeps_logging(sshd, tm
     spec = HostSpec("node1", "c", "ssh", {"address": "127.0.0.1", "agent_dir": str(tmp_path / "agent")})
     said = []
     host = Host(spec, transport(sshd, progress=said.append))
-    pid = deploy.start_agent(host, "c-AB", {"process_pattern": "no-such-xyz",
-                                            "intervals": {"system": 0.2, "cpu": 0.2, "thermal": 0.2}})
+    pid = deploy.start_agent(
+        host, "c-AB", {"process_pattern": "no-such-xyz", "intervals": {"system": 0.2, "cpu": 0.2, "thermal": 0.2}}
+    )
     try:
         time.sleep(1.0)
         connection_before = host.transport._client
@@ -156,7 +172,7 @@ def test_cut_connection_reconnects_and_the_detached_agent_keeps_logging(sshd, tm
         deploy.stop_agent(host, "c-AB")
     with open(tmp_path / "agent/c-AB/system.csv") as handle:
         times = [float(row["t"]) for row in csv.DictReader(handle) if row["sensor"] == "loadavg_1m"]
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert len(times) >= 8 and max(gaps) < 1.0, "no samples lost across the cut"
 
 
@@ -174,8 +190,9 @@ def test_the_users_known_hosts_is_only_ever_read_or_appended(sshd, tmp_path, mon
     unpinned = users_known_hosts()
     users.write_bytes(unpinned)
     said = []
-    ssh = transport(sshd, known_hosts=None, own_known_hosts=tmp_path / "own", host_key_policy="accept-new",
-                    progress=said.append)
+    ssh = transport(
+        sshd, known_hosts=None, own_known_hosts=tmp_path / "own", host_key_policy="accept-new", progress=said.append
+    )
     ssh.run("true")
     ssh.close()
     key_type, data = sshd.host_key_pub.read_text().split()[:2]
@@ -187,8 +204,9 @@ def test_the_users_known_hosts_is_only_ever_read_or_appended(sshd, tmp_path, mon
 
     named = tmp_path / "named_known_hosts"
     named.write_bytes(unpinned)
-    transport(sshd, known_hosts=str(named), own_known_hosts=tmp_path / "other",
-              host_key_policy="accept-new").run("true")
+    transport(sshd, known_hosts=str(named), own_known_hosts=tmp_path / "other", host_key_policy="accept-new").run(
+        "true"
+    )
     assert named.read_bytes() == unpinned + line.encode(), "a file the config names: appended to, nothing else"
 
 
@@ -243,10 +261,12 @@ def test_through_a_jump_host(sshd, tmp_path):
         assert isinstance(ssh.client().get_transport().sock, paramiko.Channel), "carried by the jump host"
         assert abs(clock.measure(ssh).offset_s) <= LOOPBACK_OFFSET_S
         ssh.close()
-        closed = transport(target, port=free_port(), known_hosts=str(known),
-                           jump=f"127.0.0.1:{sshd.port}")
-        with pytest.raises(Exception, match=r"node1: jump host 127.0.0.1:\d+ cannot reach 127.0.0.1:\d+: "
-                                            "Connect failed$"):
+        closed = transport(target, port=free_port(), known_hosts=str(known), jump=f"127.0.0.1:{sshd.port}")
+        with pytest.raises(
+            Exception,
+            match=r"node1: jump host 127.0.0.1:\d+ cannot reach 127.0.0.1:\d+: "
+            "Connect failed$",
+        ):
             closed.run("true")
     finally:
         target.stop()
@@ -268,8 +288,9 @@ def test_a_preflight_over_ssh_leaves_known_hosts_as_it_was_and_records_offsets(s
     known = tmp_path / "known_hosts"
     known.write_bytes(users_known_hosts(sshd))
     before = known.read_bytes()
-    config = validate(simulated_over_ssh(tmp_path, {"port": sshd.port, "key_file": str(sshd.client_key),
-                                                    "known_hosts": str(known)}))
+    config = validate(
+        simulated_over_ssh(tmp_path, {"port": sshd.port, "key_file": str(sshd.client_key), "known_hosts": str(known)})
+    )
     run_dir = tmp_path / "results/sim/AB"
     run = ClusterRun(config, "sim", "AB", run_dir, tmp_path, progress=lambda _m: None)
     report = preflight.preflight(run, run_dir / "preflight.json", run_dir / "run.json")
@@ -287,8 +308,20 @@ def test_a_preflight_over_ssh_to_a_closed_port_fails_fast_and_cleanly(tmp_path):
     closed = free_port()
     override = tmp_path / "override.yaml"
     override.write_text(yaml.safe_dump(simulated_over_ssh(tmp_path, {"port": closed}), sort_keys=False))
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(tmp_path), "--configfile", str(override), "--cores", "1", "results/sim/AB/preflight.json"]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "--configfile",
+        str(override),
+        "--cores",
+        "1",
+        "results/sim/AB/preflight.json",
+    ]
     started = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     took = time.monotonic() - started
@@ -296,13 +329,14 @@ def test_a_preflight_over_ssh_to_a_closed_port_fails_fast_and_cleanly(tmp_path):
     (tmp_path / "snakemake.log").write_text(output)
     assert result.returncode != 0 and took < 20, f"failed after {took:.1f} s"
     assert "Traceback" not in output
-    message = output[output.index("preflight failed"):]
+    message = output[output.index("preflight failed") :]
     for host in ("worker", "head"):
         assert f"host {host}: cannot reach 127.0.0.1:{closed}: connection refused" in message
     assert output.count("preflight failed") == 1, "said once"
     retries = [line for line in output.splitlines() if "retrying in" in line]
-    assert retries and all(line.count("[sim/AB] ") == 1 for line in retries), \
+    assert retries and all(line.count("[sim/AB] ") == 1 for line in retries), (
         "retries are shown as the run's progress, a line each though hosts connect side by side"
+    )
     assert "zones of worker, head could not be read" in output
     run_dir = tmp_path / "results/sim/AB"
     failed = json.loads((run_dir / "logs/preflight-failed.json").read_text())
@@ -319,8 +353,11 @@ def test_a_host_without_the_agents_python_is_named_with_the_setting_to_change(tm
         del host["address"]
     run_dir = tmp_path / "results/sim/AB"
     run = ClusterRun(validate(raw), "sim", "AB", run_dir, tmp_path, progress=lambda _m: None)
-    with pytest.raises(preflight.PreflightError, match=r"host worker: the agent's Python \(no-such-python\) "
-                                                       r"does not run: .*set agent_python"):
+    with pytest.raises(
+        preflight.PreflightError,
+        match=r"host worker: the agent's Python \(no-such-python\) "
+        r"does not run: .*set agent_python",
+    ):
         preflight.preflight(run, run_dir / "preflight.json", run_dir / "run.json")
     failed = json.loads((run_dir / "logs/preflight-failed.json").read_text())
     assert failed["hosts"]["head"]["sha256"], "the other checks still ran"

@@ -6,14 +6,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from thermab.analysis import stats
-from thermab.analysis import summary
+from thermab.analysis import stats, summary
 
 ARMS = {"A": {"label": "stock", "value": "1"}, "B": {"label": "patched", "value": "0.002"}}
 
 
-def phases(means: dict, sd: float, reps: int, seed: int, orders=("AB",), period_effect=0.0,
-           metric="head TSOC mean", unit="°C") -> pd.DataFrame:
+def phases(
+    means: dict, sd: float, reps: int, seed: int, orders=("AB",), period_effect=0.0, metric="head TSOC mean", unit="°C"
+) -> pd.DataFrame:
     """Per-phase values: arm mean + period_effect × position in the order + N(0, sd)."""
     rng = np.random.default_rng(seed)
     rows = []
@@ -30,8 +30,9 @@ def difference_row(long, arms=ARMS) -> pd.Series:
     return variance[variance["arm"] == "B"].iloc[0]
 
 
-@pytest.mark.parametrize("df, expected", [(1, 12.7062), (2, 4.3027), (5, 2.5706), (10, 2.2281),
-                                          (30, 2.0423), (2.5, 3.5747)])
+@pytest.mark.parametrize(
+    "df, expected", [(1, 12.7062), (2, 4.3027), (5, 2.5706), (10, 2.2281), (30, 2.0423), (2.5, 3.5747)]
+)
 def test_t_quantile_matches_tables(df, expected):
     assert stats.t_quantile(0.975, df) == pytest.approx(expected, abs=1e-4)
     assert stats.t_quantile(0.025, df) == pytest.approx(-expected, abs=1e-4)
@@ -47,20 +48,25 @@ def test_real_effect_is_found():
 
 def test_real_effect_has_power_and_null_effect_is_rarely_claimed():
     # 3 sd effect with 4 repeats per arm: power ≈ 0.9; null: α = 0.05 at most
-    found = sum(difference_row(phases({"A": 100, "B": 97}, 1.0, 4, seed))["finding"] == stats.REAL
-                for seed in range(40))
-    claimed = sum(difference_row(phases({"A": 100, "B": 100}, 1.0, 4, seed))["finding"] == stats.REAL
-                  for seed in range(100, 160))
+    found = sum(
+        difference_row(phases({"A": 100, "B": 97}, 1.0, 4, seed))["finding"] == stats.REAL for seed in range(40)
+    )
+    claimed = sum(
+        difference_row(phases({"A": 100, "B": 100}, 1.0, 4, seed))["finding"] == stats.REAL for seed in range(100, 160)
+    )
     assert found >= 32
     assert claimed <= 5
 
 
 def test_null_effect_seeded_is_not_claimed():
-    row = difference_row(phases({"A": 85.8, "B": 85.8}, sd=11.0, reps=3, seed=7, metric="output throughput",
-                                unit="tok/s"))
+    row = difference_row(
+        phases({"A": 85.8, "B": 85.8}, sd=11.0, reps=3, seed=7, metric="output throughput", unit="tok/s")
+    )
     assert row["finding"] != stats.REAL
-    assert "no difference shown" in summary.verdicts(stats.compare(
-        phases({"A": 85.8, "B": 85.8}, 11.0, 3, 7), ARMS, "A")).iloc[-1]
+    assert (
+        "no difference shown"
+        in summary.verdicts(stats.compare(phases({"A": 85.8, "B": 85.8}, 11.0, 3, 7), ARMS, "A")).iloc[-1]
+    )
 
 
 def test_one_phase_per_arm_never_claims():
@@ -75,9 +81,21 @@ def test_one_phase_per_arm_never_claims():
 
 def test_difference_inside_restart_variance_is_not_claimed():
     pattern = np.tile([-5.0, 5.0], 25)  # sd ≈ 5 (CV ≈ 5 %), n = 50: a 3 % difference is significant
-    long = pd.concat([pd.DataFrame({"order": "AB", "rep": range(50), "arm": arm, "metric": "output throughput",
-                                    "unit": "tok/s", "value": mean + pattern})
-                      for arm, mean in (("A", 100.0), ("B", 103.0))])
+    long = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "order": "AB",
+                    "rep": range(50),
+                    "arm": arm,
+                    "metric": "output throughput",
+                    "unit": "tok/s",
+                    "value": mean + pattern,
+                }
+            )
+            for arm, mean in (("A", 100.0), ("B", 103.0))
+        ]
+    )
     row = difference_row(long)
     assert row["ci_low"] > 0
     assert row["finding"] == stats.INSIDE_VARIANCE
@@ -109,11 +127,16 @@ def test_repeats_needed_normal_approximation():
 
 
 def test_sweep_compares_every_arm_and_names_the_best_setting():
-    arms = {"A": {"label": "1 s", "value": "1"}, "B": {"label": "0.1 s", "value": "0.1"},
-            "C": {"label": "0.01 s", "value": "0.01"}, "D": {"label": "0.002 s", "value": "0.002"}}
+    arms = {
+        "A": {"label": "1 s", "value": "1"},
+        "B": {"label": "0.1 s", "value": "0.1"},
+        "C": {"label": "0.01 s", "value": "0.01"},
+        "D": {"label": "0.002 s", "value": "0.002"},
+    }
     temperature = phases({"A": 90, "B": 86, "C": 82, "D": 80}, 0.3, 3, 5, orders=("ABCD",))
-    throughput = phases({"A": 86, "B": 86, "C": 86, "D": 86}, 1.0, 3, 6, orders=("ABCD",),
-                        metric="output throughput", unit="tok/s")
+    throughput = phases(
+        {"A": 86, "B": 86, "C": 86, "D": 86}, 1.0, 3, 6, orders=("ABCD",), metric="output throughput", unit="tok/s"
+    )
     stalls = phases({"A": 0, "B": 0, "C": 0, "D": 6}, 0.0, 3, 7, orders=("ABCD",), metric="stall gaps", unit="gaps")
     variance = stats.compare(pd.concat([temperature, throughput, stalls]), arms, "A")
     assert set(variance.loc[variance["reference"] == "A", "arm"]) == {"B", "C", "D"}
@@ -128,7 +151,7 @@ def test_welch_interval_agrees_with_the_textbook_formula(seed):
     reference = pd.Series(rng.normal(100, rng.uniform(0.5, 3), rng.integers(2, 9)))
     arm = pd.Series(rng.normal(97, rng.uniform(0.5, 3), rng.integers(2, 9)))
     v1, v2 = reference.var() / len(reference), arm.var() / len(arm)
-    df = (v1 + v2) ** 2 / (v1 ** 2 / (len(reference) - 1) + v2 ** 2 / (len(arm) - 1))
+    df = (v1 + v2) ** 2 / (v1**2 / (len(reference) - 1) + v2**2 / (len(arm) - 1))
     half = stats.t_quantile(0.975, df) * math.sqrt(v1 + v2)
     diff = arm.mean() - reference.mean()
     welch = stats.welch_interval(reference, arm)
@@ -140,9 +163,10 @@ def test_welch_interval_agrees_with_the_textbook_formula(seed):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_arm_period_fit_agrees_with_least_squares(seed):
-    long = phases({"A": 90.0, "B": 84.0, "C": 80.0}, sd=1.0, reps=2, seed=seed, orders=("ABC", "CBA"),
-                  period_effect=1.5)
-    position = np.array([order.index(arm) for order, arm in zip(long["order"], long["arm"])], float)
+    long = phases(
+        {"A": 90.0, "B": 84.0, "C": 80.0}, sd=1.0, reps=2, seed=seed, orders=("ABC", "CBA"), period_effect=1.5
+    )
+    position = np.array([order.index(arm) for order, arm in zip(long["order"], long["arm"], strict=False)], float)
     design = np.column_stack([np.ones(len(long)), long["arm"] == "B", long["arm"] == "C", position]).astype(float)
     coef, *_ = np.linalg.lstsq(design, long["value"].to_numpy(), rcond=None)
     residual = long["value"].to_numpy() - design @ coef
@@ -157,6 +181,7 @@ def test_arm_period_fit_agrees_with_least_squares(seed):
 
 def test_repeats_needed_is_the_closed_form_normal_approximation():
     from statistics import NormalDist
+
     z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)
     for sd in (0.3, 1.0, 2.7, 10.0):
         for difference in (-4.0, 0.25, 1.0, 3.3, 12.0):
@@ -166,9 +191,14 @@ def test_repeats_needed_is_the_closed_form_normal_approximation():
 
 
 def long_values(values: dict, metric="stall gaps", unit="gaps") -> pd.DataFrame:
-    return pd.DataFrame([("AB", rep, arm, metric, unit, value) for arm, series in values.items()
-                         for rep, value in enumerate(series, 1)],
-                        columns=["order", "rep", "arm", "metric", "unit", "value"])
+    return pd.DataFrame(
+        [
+            ("AB", rep, arm, metric, unit, value)
+            for arm, series in values.items()
+            for rep, value in enumerate(series, 1)
+        ],
+        columns=["order", "rep", "arm", "metric", "unit", "value"],
+    )
 
 
 def test_no_share_of_a_reference_that_cannot_be_told_from_zero():
@@ -181,7 +211,9 @@ def test_no_share_of_a_reference_that_cannot_be_told_from_zero():
     assert row["finding"] == stats.REAL
     verdict = summary.verdicts(stats.compare(long_values({"A": [0, 1, 0], "B": [10, 9, 11]}), ARMS, "A")).iloc[-1]
     assert "+10 gaps (no % of stock: its mean cannot be told from zero)" in verdict
-    assert verdict.endswith("beyond restart variance (the larger sd between repeats of an arm): patched is higher than stock.")
+    assert verdict.endswith(
+        "beyond restart variance (the larger sd between repeats of an arm): patched is higher than stock."
+    )
 
 
 @pytest.mark.parametrize("reference", [[4, 5, 6], [-5, -5.1, -4.9], [0.01, 0.0101, 0.0099]])

@@ -24,15 +24,18 @@ def awkward_telemetry(run_dir) -> pd.DataFrame:
     telemetry = pd.read_parquet(run_dir / "tidy" / "telemetry.parquet")
     windows = metrics.load_windows(model.read_events(run_dir / "events.jsonl"))
     first, second = windows.iloc[0], windows.iloc[1]
-    extra = pd.DataFrame([
-        (first.load_start, "head", "thermal", "TSOC", 91.0),  # on the opening bound: inside
-        (first.load_end, "head", "thermal", "TSOC", 99.0),  # on the closing bound: outside
-        (first.load_start + 30, "head", "thermal", "TSOC", 88.0),  # equal times, one series
-        (first.load_start + 30, "head", "thermal", "TSOC", 87.0),
-        (second.load_start + 45, "head", "thermal", "TS0P", np.nan),  # a missing value
-        (second.load_start + 60, "worker", "thermal", "TGPU", 70.5),  # on one host only
-        (second.load_start + 15, "worker", "thermal", "TGPU", 92.5),
-    ], columns=ingest.TELEMETRY_COLUMNS)
+    extra = pd.DataFrame(
+        [
+            (first.load_start, "head", "thermal", "TSOC", 91.0),  # on the opening bound: inside
+            (first.load_end, "head", "thermal", "TSOC", 99.0),  # on the closing bound: outside
+            (first.load_start + 30, "head", "thermal", "TSOC", 88.0),  # equal times, one series
+            (first.load_start + 30, "head", "thermal", "TSOC", 87.0),
+            (second.load_start + 45, "head", "thermal", "TS0P", np.nan),  # a missing value
+            (second.load_start + 60, "worker", "thermal", "TGPU", 70.5),  # on one host only
+            (second.load_start + 15, "worker", "thermal", "TGPU", 92.5),
+        ],
+        columns=ingest.TELEMETRY_COLUMNS,
+    )
     rows = pd.concat([telemetry, extra], ignore_index=True).sort_values("t", kind="stable", ignore_index=True)
     return rows.astype({key: "string" for key in ingest.SERIES_KEYS})
 
@@ -42,8 +45,11 @@ def reference_samples(telemetry: pd.DataFrame, windows: pd.DataFrame) -> pd.Data
     parts = []
     for phase, window in enumerate(windows.itertuples(index=False)):
         inside = telemetry[(telemetry["t"] >= window.load_start) & (telemetry["t"] < window.load_end)]
-        parts.append(inside.assign(phase=phase, order=window.order, rep=window.rep, arm=window.arm,
-                                   t_rel=inside["t"] - window.load_start))
+        parts.append(
+            inside.assign(
+                phase=phase, order=window.order, rep=window.rep, arm=window.arm, t_rel=inside["t"] - window.load_start
+            )
+        )
     return pd.concat(parts, ignore_index=True)
 
 
@@ -59,15 +65,19 @@ def reference_tables(telemetry: pd.DataFrame, windows: pd.DataFrame, thresholds)
     for (_, order, rep, arm, host, sensor), zone in thermal.groupby(keys + ["host", "sensor"]):
         for threshold in thresholds:
             above = zone["t_rel"][zone["value"] >= threshold]
-            rows.append((order, rep, arm, host, sensor, float(threshold), above.min() if len(above) else np.nan,
-                         len(above)))
-    cpu = reference_samples(telemetry[(telemetry["kind"] == "cpu") & (telemetry["sensor"] == metrics.CPU_SENSOR)],
-                            windows).groupby(keys + ["host"])["value"]
+            rows.append(
+                (order, rep, arm, host, sensor, float(threshold), above.min() if len(above) else np.nan, len(above))
+            )
+    cpu = reference_samples(
+        telemetry[(telemetry["kind"] == "cpu") & (telemetry["sensor"] == metrics.CPU_SENSOR)], windows
+    ).groupby(keys + ["host"])["value"]
     cpu_table = cpu.agg(median_pct="median", n="count")
     cpu_table["p5_pct"], cpu_table["p95_pct"] = cpu.quantile(0.05), cpu.quantile(0.95)
-    return {"zones": zone_table.reset_index().reindex(columns=metrics.ZONE_COLUMNS),
-            "thresholds": pd.DataFrame(rows, columns=metrics.THRESHOLD_COLUMNS),
-            "cpu": cpu_table.reset_index().reindex(columns=metrics.CPU_COLUMNS)}
+    return {
+        "zones": zone_table.reset_index().reindex(columns=metrics.ZONE_COLUMNS),
+        "thresholds": pd.DataFrame(rows, columns=metrics.THRESHOLD_COLUMNS),
+        "cpu": cpu_table.reset_index().reindex(columns=metrics.CPU_COLUMNS),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -105,24 +115,33 @@ def test_window_tables_agree_with_the_straightforward_computation(runs, layout):
     windows = metrics.load_windows(model.read_events(by_time / "events.jsonl"))
     thresholds = [85, 90, 92, 95]
     shuffled = telemetry.sample(frac=1, random_state=1)  # rows in no order: read whole and sorted
-    source = {"frame": shuffled, "by_time": model.Telemetry.open(by_time / "tidy" / "telemetry.parquet"),
-              "by_series": model.Telemetry.open(by_series / "tidy" / "telemetry.parquet")}[layout]
+    source = {
+        "frame": shuffled,
+        "by_time": model.Telemetry.open(by_time / "tidy" / "telemetry.parquet"),
+        "by_series": model.Telemetry.open(by_series / "tidy" / "telemetry.parquet"),
+    }[layout]
     expected = reference_tables(telemetry, windows, thresholds)
-    got = {"zones": metrics.zone_stats(source, windows),
-           "thresholds": metrics.time_to_threshold(source, windows, thresholds),
-           "cpu": metrics.cpu_stats(source, windows)}
+    got = {
+        "zones": metrics.zone_stats(source, windows),
+        "thresholds": metrics.time_to_threshold(source, windows, thresholds),
+        "cpu": metrics.cpu_stats(source, windows),
+    }
     for name, table in expected.items():
         assert got[name].to_csv(index=False) == table.to_csv(index=False), name
 
 
 def test_sample_interval_is_the_median_step_of_each_kind(runs):
     telemetry, _, by_series = runs
-    own = telemetry[(telemetry["host"] == "head") & ((telemetry["kind"] != "cpu")
-                                                      | (telemetry["sensor"] == metrics.CPU_SENSOR))].sort_values("t")
+    own = telemetry[
+        (telemetry["host"] == "head") & ((telemetry["kind"] != "cpu") | (telemetry["sensor"] == metrics.CPU_SENSOR))
+    ].sort_values("t")
     steps = own.groupby(["kind", "sensor"])["t"].diff()
     expected = steps.groupby(own["kind"]).median().dropna().to_dict()
-    assert measured_intervals(model.Telemetry.open(by_series / "tidy" / "telemetry.parquet"), "head") \
-        == expected == {"cpu": 6.0, "thermal": 15.0}
+    assert (
+        measured_intervals(model.Telemetry.open(by_series / "tidy" / "telemetry.parquet"), "head")
+        == expected
+        == {"cpu": 6.0, "thermal": 15.0}
+    )
 
 
 def test_both_layouts_give_the_same_files(runs):
@@ -131,17 +150,20 @@ def test_both_layouts_give_the_same_files(runs):
     analyze.analyze(by_series)
     for name in TABLES:
         for suffix in ("csv", "md"):
-            assert (by_time / "tables" / f"{name}.{suffix}").read_bytes() \
-                == (by_series / "tables" / f"{name}.{suffix}").read_bytes(), f"{name}.{suffix}"
-    assert (by_time / "summary.md").read_text().replace(str(by_time), "RUN") \
-        == (by_series / "summary.md").read_text().replace(str(by_series), "RUN")
+            assert (by_time / "tables" / f"{name}.{suffix}").read_bytes() == (
+                by_series / "tables" / f"{name}.{suffix}"
+            ).read_bytes(), f"{name}.{suffix}"
+    assert (by_time / "summary.md").read_text().replace(str(by_time), "RUN") == (
+        by_series / "summary.md"
+    ).read_text().replace(str(by_series), "RUN")
 
 
 def window_samples(telemetry, windows: pd.DataFrame, **selection) -> pd.DataFrame:
-    """(What metrics.series_in_windows yields, gathered.) The samples inside each load window as one long frame: the telemetry columns, tagged
-    with the phase keys, the window's position (``phase``) and ``t_rel`` = t − load_start; in
-    window order, then series (host, kind, sensor), then time.  For tables of few rows: the
-    phase tables aggregate per series instead (``per_window``)."""
+    """(What metrics.series_in_windows yields, gathered.) The samples inside each load window as
+    one long frame: the telemetry columns, tagged
+        with the phase keys, the window's position (``phase``) and ``t_rel`` = t − load_start; in
+        window order, then series (host, kind, sensor), then time.  For tables of few rows: the
+        phase tables aggregate per series instead (``per_window``)."""
     parts = [samples.assign(**key) for key, samples in metrics.series_in_windows(telemetry, windows, **selection)]
     columns = ["t", "host", "kind", "sensor", "value", "phase", "order", "rep", "arm", "t_rel"]
     if not parts:
@@ -155,10 +177,10 @@ def window_samples(telemetry, windows: pd.DataFrame, **selection) -> pd.DataFram
 def test_window_samples_are_the_rows_inside_each_window(runs):
     telemetry, by_time, by_series = runs
     windows = metrics.load_windows(model.read_events(by_time / "events.jsonl"))
-    got = window_samples(model.Telemetry.open(by_series / "tidy" / "telemetry.parquet"), windows,
-                                 kind="thermal")
+    got = window_samples(model.Telemetry.open(by_series / "tidy" / "telemetry.parquet"), windows, kind="thermal")
     expected = reference_samples(telemetry[telemetry["kind"] == "thermal"], windows).sort_values(
-        ["phase", "host", "kind", "sensor", "t"], kind="stable", ignore_index=True)
+        ["phase", "host", "kind", "sensor", "t"], kind="stable", ignore_index=True
+    )
     pd.testing.assert_frame_equal(got, expected[got.columns], check_dtype=False)
 
 

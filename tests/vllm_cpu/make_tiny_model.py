@@ -96,7 +96,9 @@ def corpus(n_lines: int = 4000) -> list[str]:
         if rng.random() < 0.3:
             words.insert(rng.randrange(len(words)), str(rng.randint(0, 99999)))
         if rng.random() < 0.2:
-            words.insert(0, f"AB-rep{rng.randint(1, 9)}-{rng.choice('AB')}-{rng.randint(0, 235959):06d}-u{rng.randint(0, 9)}")
+            words.insert(
+                0, f"AB-rep{rng.randint(1, 9)}-{rng.choice('AB')}-{rng.randint(0, 235959):06d}-u{rng.randint(0, 9)}"
+            )
         lines.append(" ".join(words).capitalize() + rng.choice([".", ",", "?", "!", ":", ";"]))
     return lines
 
@@ -108,8 +110,12 @@ def train_tokenizer():
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIAL, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=SPECIAL,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(corpus(), trainer=trainer)
     return tokenizer
 
@@ -124,8 +130,13 @@ def save_tokenizer(out: Path) -> None:
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(SIM_TOKENIZER)), bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", model_max_length=MODEL["max_position_embeddings"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_file(str(SIM_TOKENIZER)),
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        model_max_length=MODEL["max_position_embeddings"],
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
 
@@ -148,10 +159,18 @@ def build(out: Path) -> dict:
     model.save_pretrained(tmp, safe_serialization=True)
 
     files = {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-    stamp = {"format": FORMAT, "seed": SEED, "model": MODEL, "parameters": sum(p.numel() for p in model.parameters()),
-             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                          "tokenizers": tokenizers.__version__},
-             "files": files}
+    stamp = {
+        "format": FORMAT,
+        "seed": SEED,
+        "model": MODEL,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+        },
+        "files": files,
+    }
     (tmp / "thermab-tiny.json").write_text(json.dumps(stamp, indent=1) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
@@ -177,8 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", nargs="?", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
     parser.add_argument("--force", action="store_true", help="rebuild even if the directory is current")
     parser.add_argument("--write-sim-tokenizer", action="store_true", help=f"train the tokenizer into {SIM_TOKENIZER}")
-    parser.add_argument("--tokenizer-only", action="store_true",
-                        help="write only the tokenizer's files (needs transformers, not torch)")
+    parser.add_argument(
+        "--tokenizer-only", action="store_true", help="write only the tokenizer's files (needs transformers, not torch)"
+    )
     args = parser.parse_args(argv)
     if args.write_sim_tokenizer:
         train_tokenizer().save(str(SIM_TOKENIZER))
@@ -196,8 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         stamp = build(out)
         what = "wrote"
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
-    print(f"make_tiny_model: {what} {out}: {stamp['parameters']:,} parameters, "
-          f"{len(stamp['files']) + 1} files, {size / 1e6:.2f} MB ({time.monotonic() - started:.1f} s)")
+    print(
+        f"make_tiny_model: {what} {out}: {stamp['parameters']:,} parameters, "
+        f"{len(stamp['files']) + 1} files, {size / 1e6:.2f} MB ({time.monotonic() - started:.1f} s)"
+    )
     return 0
 
 

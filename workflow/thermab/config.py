@@ -73,9 +73,15 @@ def _raise(problems: list[str]) -> None:
 
 # -- reading a file ----------------------------------------------------------------------
 
+
 def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -149,8 +155,10 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool 
         key = loader.construct_object(key_node, deep=True)
         try:
             if key in seen:
-                raise ConfigError(f"{_line(loader, key_node)}: key {_short(repr(key))} given twice in one "
-                                  f"mapping (first on line {seen[key]})")
+                raise ConfigError(
+                    f"{_line(loader, key_node)}: key {_short(repr(key))} given twice in one "
+                    f"mapping (first on line {seen[key]})"
+                )
             seen[key] = key_node.start_mark.line + 1
         except TypeError:
             continue  # an unhashable key: the constructor below reports it
@@ -170,20 +178,26 @@ def _as_written(kind: str, pattern: re.Pattern | None, construct):
         written = text in BOOLEANS if pattern is None else pattern.fullmatch(text)
         if not written:
             value = construct(loader, node)
-            raise ConfigError(f"{_line(loader, node)}: {_short(text)!r} would be read by YAML 1.1 as the {kind} "
-                              f"{_short(repr(value))}; write a plain decimal number, true or false, or quote it "
-                              "to keep it text")
+            raise ConfigError(
+                f"{_line(loader, node)}: {_short(text)!r} would be read by YAML 1.1 as the {kind} "
+                f"{_short(repr(value))}; write a plain decimal number, true or false, or quote it "
+                "to keep it text"
+            )
         return construct(loader, node)
+
     return constructor
 
 
 StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-StrictLoader.add_constructor("tag:yaml.org,2002:int", _as_written("integer", DECIMAL_INT,
-                                                                   yaml.SafeLoader.construct_yaml_int))
-StrictLoader.add_constructor("tag:yaml.org,2002:float", _as_written("number", DECIMAL_FLOAT,
-                                                                     yaml.SafeLoader.construct_yaml_float))
-StrictLoader.add_constructor("tag:yaml.org,2002:bool", _as_written("boolean", None,
-                                                                    yaml.SafeLoader.construct_yaml_bool))
+StrictLoader.add_constructor(
+    "tag:yaml.org,2002:int", _as_written("integer", DECIMAL_INT, yaml.SafeLoader.construct_yaml_int)
+)
+StrictLoader.add_constructor(
+    "tag:yaml.org,2002:float", _as_written("number", DECIMAL_FLOAT, yaml.SafeLoader.construct_yaml_float)
+)
+StrictLoader.add_constructor(
+    "tag:yaml.org,2002:bool", _as_written("boolean", None, yaml.SafeLoader.construct_yaml_bool)
+)
 
 
 def read_file(path: str | Path) -> dict:
@@ -220,6 +234,7 @@ def read_file(path: str | Path) -> dict:
 
 # -- the schema ----------------------------------------------------------------------------
 
+
 def _is_integer(_checker, instance) -> bool:
     # JSON Schema calls 2.0 an integer; here an integer key takes a whole number written
     # without a decimal point (`range(1, 2.0 + 1)` is a crash, `1e30` a hang)
@@ -246,8 +261,11 @@ def _validator() -> jsonschema.protocols.Validator:
         if validator.is_type(instance, "string") and re.fullmatch(pattern, instance) is None:
             yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
 
-    validator = jsonschema.validators.extend(base, {"properties": set_defaults, "pattern": full_pattern},
-                                             type_checker=base.TYPE_CHECKER.redefine("integer", _is_integer))
+    validator = jsonschema.validators.extend(
+        base,
+        {"properties": set_defaults, "pattern": full_pattern},
+        type_checker=base.TYPE_CHECKER.redefine("integer", _is_integer),
+    )
     return validator(load_schema())
 
 
@@ -307,21 +325,27 @@ def _value_problems(value, path: list, problems: list[str], budget: list[int]) -
     budget[0] -= 1
     if budget[0] < 0:
         if budget[0] == -1:
-            problems.append(f"config key '{_key(path)}': the config has more than {MAX_VALUES} values "
-                            "once YAML aliases are expanded")
+            problems.append(
+                f"config key '{_key(path)}': the config has more than {MAX_VALUES} values "
+                "once YAML aliases are expanded"
+            )
         return
     if isinstance(value, float) and not math.isfinite(value):
         problems.append(f"config key '{_key(path)}': {value} is not a finite number")
     elif isinstance(value, (datetime.date, bytes)):  # YAML's dates and !!binary: run.json is JSON
-        problems.append(f"config key '{_key(path)}': YAML reads this as a {type(value).__name__}, which JSON "
-                        "cannot hold (quote it to keep it text)")
+        problems.append(
+            f"config key '{_key(path)}': YAML reads this as a {type(value).__name__}, which JSON "
+            "cannot hold (quote it to keep it text)"
+        )
     elif isinstance(value, str) and "\0" in value:
         problems.append(f"config key '{_key(path)}': contains a NUL character")
     elif isinstance(value, dict):
         for name, item in value.items():
             if not isinstance(name, str):
-                problems.append(f"config key '{_key(path + [name])}': the key {name!r} is of type "
-                                f"{type(name).__name__}, not a string (quote it)")
+                problems.append(
+                    f"config key '{_key(path + [name])}': the key {name!r} is of type "
+                    f"{type(name).__name__}, not a string (quote it)"
+                )
                 continue
             _value_problems(item, path + [name], problems, budget)
     elif isinstance(value, list):
@@ -411,8 +435,7 @@ def template_fields(key: str, text: str, allowed: tuple[str, ...], problems: lis
         if name not in allowed or spec or conversion:
             shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
             known = ", ".join("{" + a + "}" for a in allowed)
-            problems.append(f"config key '{key}': placeholder {_short(shown)} is not one of {known} "
-                            f"({literal_braces})")
+            problems.append(f"config key '{key}': placeholder {_short(shown)} is not one of {known} ({literal_braces})")
             return None
         names.append(name)
     return names
@@ -440,7 +463,7 @@ def _first_chars(items) -> set:
             return {ANY_CHAR}
         if None not in first:
             return first
-        return (first - {None}) | _first_chars(items[at + 1:])
+        return (first - {None}) | _first_chars(items[at + 1 :])
     return {None}
 
 
@@ -483,9 +506,11 @@ def _regex(key: str, pattern: str, problems: list[str]) -> re.Pattern | None:
         problems.append(f"config key '{key}': not a regular expression: {error}")
         return None
     if ambiguous:
-        problems.append(f"config key '{key}': a repeat inside a repeat, or a repeated alternation whose branches "
-                        "can match alike: matching it can take exponential time (catastrophic backtracking); "
-                        "rewrite it with one repeat, e.g. [0-9.]+ for ([0-9]+\\.?)+")
+        problems.append(
+            f"config key '{key}': a repeat inside a repeat, or a repeated alternation whose branches "
+            "can match alike: matching it can take exponential time (catastrophic backtracking); "
+            "rewrite it with one repeat, e.g. [0-9.]+ for ([0-9]+\\.?)+"
+        )
         return None
     if compiled.search("") is not None:
         problems.append(f"config key '{key}': matches the empty string, so it matches everywhere")
@@ -526,8 +551,10 @@ def _host_name_problem(name: str) -> str | None:
         return None
     hidden = [c for c in name if not c.isprintable() or unicodedata.category(c) in ("Cf", "Zs", "Mn")]
     if hidden:
-        return (f"host has an invisible character ({', '.join(f'U+{ord(c):04X}' for c in hidden[:3])}); "
-                "write the host in ASCII")
+        return (
+            f"host has an invisible character ({', '.join(f'U+{ord(c):04X}' for c in hidden[:3])}); "
+            "write the host in ASCII"
+        )
     try:
         ascii_name = name.encode("idna").decode("ascii")
     except UnicodeError:
@@ -563,8 +590,7 @@ def literal_kind(text: str) -> str | None:
     carries a comment (pasted into a line, a comment would swallow the rest of it)."""
     try:
         value = ast.literal_eval(text.strip())
-        if any(token.type == tokenize.COMMENT
-               for token in tokenize.generate_tokens(io.StringIO(text).readline)):
+        if any(token.type == tokenize.COMMENT for token in tokenize.generate_tokens(io.StringIO(text).readline)):
             return None
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, tokenize.TokenError):
         return None
@@ -583,16 +609,21 @@ def _setting_problems(config: dict, problems: list[str]) -> None:
         if "env_var" not in setting:
             problems.append("config key 'setting.env_var': required when method is env")
         for name, cluster in config["clusters"].items():
-            starts = {h: host["server"]["start"] for h, host in cluster["hosts"].items()
-                      if "start" in host.get("server", {})}
+            starts = {
+                h: host["server"]["start"] for h, host in cluster["hosts"].items() if "start" in host.get("server", {})
+            }
             if not starts:
-                problems.append(f"config key 'clusters.{name}.hosts': with setting.method env a server.start "
-                                "command with {env} must pass the value on; no host has one")
+                problems.append(
+                    f"config key 'clusters.{name}.hosts': with setting.method env a server.start "
+                    "command with {env} must pass the value on; no host has one"
+                )
             for host_name, start in starts.items():
                 if "{env}" not in start:
-                    problems.append(f"config key 'clusters.{name}.hosts.{host_name}.server.start': must contain "
-                                    "{env} (setting.method env passes the arm's value through it; without it "
-                                    "every arm runs the same server)")
+                    problems.append(
+                        f"config key 'clusters.{name}.hosts.{host_name}.server.start': must contain "
+                        "{env} (setting.method env passes the arm's value through it; without it "
+                        "every arm runs the same server)"
+                    )
         return
     missing = [name for name in ("file", "anchor", "replacement") if name not in setting]
     for name in missing:
@@ -604,8 +635,9 @@ def _setting_problems(config: dict, problems: list[str]) -> None:
     anchor = _regex("setting.anchor", setting["anchor"], problems)
     fields = template_fields("setting.replacement", setting["replacement"], (VALUE_PLACEHOLDER,), problems)
     if fields is not None and fields != [VALUE_PLACEHOLDER]:
-        problems.append("config key 'setting.replacement': must contain {value} exactly once "
-                        f"(it has it {len(fields)} times)")
+        problems.append(
+            f"config key 'setting.replacement': must contain {{value}} exactly once (it has it {len(fields)} times)"
+        )
         fields = None
     if anchor is None or fields is None:
         return
@@ -614,18 +646,25 @@ def _setting_problems(config: dict, problems: list[str]) -> None:
         rendered = setting["replacement"].format(value=arm["value"])
         count = len(anchor.findall(rendered))
         if count != 1:
-            problems.append(f"config key 'arms.{letter}.value': setting.replacement with this value "
-                            f"({_short(rendered)!r}) matches setting.anchor {count} times: it must match once, "
-                            "so that a patched file can be found, patched again and restored")
+            problems.append(
+                f"config key 'arms.{letter}.value': setting.replacement with this value "
+                f"({_short(rendered)!r}) matches setting.anchor {count} times: it must match once, "
+                "so that a patched file can be found, patched again and restored"
+            )
         if setting["value_type"] == "literal":
             kinds[letter] = literal_kind(arm["value"])
             if kinds[letter] is None:
-                problems.append(f"config key 'arms.{letter}.value': {_short(arm['value'])!r} is not a Python "
-                                "literal (a number, a quoted string, True, …); if the file takes code, set "
-                                "setting.value_type: expression")
+                problems.append(
+                    f"config key 'arms.{letter}.value': {_short(arm['value'])!r} is not a Python "
+                    "literal (a number, a quoted string, True, …); if the file takes code, set "
+                    "setting.value_type: expression"
+                )
     if len(set(k for k in kinds.values() if k)) > 1:
-        problems.append("config key 'arms': the values are literals of different kinds ("
-                        + ", ".join(f"{letter} {kind}" for letter, kind in kinds.items() if kind) + ")")
+        problems.append(
+            "config key 'arms': the values are literals of different kinds ("
+            + ", ".join(f"{letter} {kind}" for letter, kind in kinds.items() if kind)
+            + ")"
+        )
 
 
 def host_root(workdir: Path, root: str) -> Path:
@@ -639,8 +678,10 @@ def _normalised(key: str, path: str, problems: list[str]) -> None:
     """A path that reaches a host is written normalised: a '..' would climb out of the
     simulated root (or the vllm package) the path is meant to stay in."""
     if any(part in ("", ".", "..") for part in path.split("/")[1:]) or path.startswith(("./", "../")):
-        problems.append(f"config key '{key}': {_short(path)!r} is not a normalised path (no '.', '..' "
-                        "or empty component, no trailing /): it must stay where it is written")
+        problems.append(
+            f"config key '{key}': {_short(path)!r} is not a normalised path (no '.', '..' "
+            "or empty component, no trailing /): it must stay where it is written"
+        )
 
 
 def _address_problem(address: str) -> str | None:
@@ -667,7 +708,9 @@ def _host_problems(where: str, host: dict, workdir: Path, problems: list[str]) -
     if host["transport"] == "ssh" and "address" not in host:
         problems.append(f"config key '{where}.address': required for transport ssh")
     if "address" in host and _address_problem(host["address"]):
-        problems.append(f"config key '{where}.address': {_short(host['address'])!r} {_address_problem(host['address'])}")
+        problems.append(
+            f"config key '{where}.address': {_short(host['address'])!r} {_address_problem(host['address'])}"
+        )
     if "jump" in host:
         jump_port = host["jump"].rpartition("@")[2].partition(":")[2]
         if jump_port and port_problem(jump_port):
@@ -675,8 +718,7 @@ def _host_problems(where: str, host: dict, workdir: Path, problems: list[str]) -
     if "agent_dir" in host:
         _normalised(f"{where}.agent_dir", host["agent_dir"], problems)
     if host.get("container_engine", "none") != "none" and "container" not in host:
-        problems.append(f"config key '{where}.container': required with container_engine "
-                        f"{host['container_engine']}")
+        problems.append(f"config key '{where}.container': required with container_engine {host['container_engine']}")
     for name in ("root", "python", "agent_python", "agent_dir", "key_file", "known_hosts"):
         _one_line(f"{where}.{name}", host.get(name), problems)
     if host.get("agent_dir", "").rstrip("/") == "":
@@ -689,8 +731,10 @@ def _host_problems(where: str, host: dict, workdir: Path, problems: list[str]) -
         else:
             root = host_root(workdir, host["root"])
             if root == workdir or not root.is_relative_to(workdir):
-                problems.append(f"config key '{where}.root': a simulated node's directory must lie inside "
-                                f"the working directory ({workdir}), not at {_short(str(root))}")
+                problems.append(
+                    f"config key '{where}.root': a simulated node's directory must lie inside "
+                    f"the working directory ({workdir}), not at {_short(str(root))}"
+                )
     for which in ("stop", "start"):
         template = host.get("server", {}).get(which)
         if template is None:
@@ -705,8 +749,9 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
     arms = config["arms"]
     unknown = sorted(set(config["order"]) - set(arms))
     if unknown:
-        problems.append(f"config key 'order': arm(s) {', '.join(unknown)} not defined under 'arms' "
-                        f"(defined: {', '.join(arms)})")
+        problems.append(
+            f"config key 'order': arm(s) {', '.join(unknown)} not defined under 'arms' (defined: {', '.join(arms)})"
+        )
     if len(set(config["order"])) != len(config["order"]):
         problems.append(f"config key 'order': '{config['order']}' names an arm twice")
     _setting_problems(config, problems)
@@ -716,13 +761,16 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
     safety, timings = config["safety"], config["timings"]
     cap = safety["max_load_minutes"]
     if cap is not None and timings["load_s"] > cap * 60:
-        problems.append(f"config key 'timings.load_s': {timings['load_s']} s is longer than "
-                        f"'safety.max_load_minutes' ({cap} min)")
+        problems.append(
+            f"config key 'timings.load_s': {timings['load_s']} s is longer than 'safety.max_load_minutes' ({cap} min)"
+        )
     thermal_interval = config["monitor"]["intervals"]["thermal"]
     silence = safety["max_sensor_silence_s"]
     if silence is not None and silence < 2 * thermal_interval:
-        problems.append(f"config key 'safety.max_sensor_silence_s': {silence} s is shorter than two thermal "
-                        f"sample intervals ('monitor.intervals.thermal' = {thermal_interval} s)")
+        problems.append(
+            f"config key 'safety.max_sensor_silence_s': {silence} s is shorter than two thermal "
+            f"sample intervals ('monitor.intervals.thermal' = {thermal_interval} s)"
+        )
     _question_problems(config, problems)
     _tune_problems(config, problems)
     _across_keys(config, problems)
@@ -736,17 +784,22 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
             for host_name, host in hosts.items():
                 first = reached.setdefault(_reaches(host, workdir), host_name)
                 if first != host_name:
-                    problems.append(f"config key 'clusters.{name}.hosts.{host_name}': reaches the same files as "
-                                    f"host {first} (same address, container and root): the setting's file "
-                                    "would be patched twice, and the second copy of its original would be "
-                                    "the patched one")
+                    problems.append(
+                        f"config key 'clusters.{name}.hosts.{host_name}': reaches the same files as "
+                        f"host {first} (same address, container and root): the setting's file "
+                        "would be patched twice, and the second copy of its original would be "
+                        "the patched one"
+                    )
         if cluster["head"] not in hosts:
-            problems.append(f"config key 'clusters.{name}.head': '{_short(cluster['head'])}' is not one of its "
-                            f"hosts ({', '.join(hosts)})")
+            problems.append(
+                f"config key 'clusters.{name}.head': '{_short(cluster['head'])}' is not one of its "
+                f"hosts ({', '.join(hosts)})"
+            )
         problem = endpoint_problem(cluster["endpoint"])
         if problem:
-            problems.append(f"config key 'clusters.{name}.endpoint': {_short(redact_url(cluster['endpoint']))!r} "
-                            f"{problem}")
+            problems.append(
+                f"config key 'clusters.{name}.endpoint': {_short(redact_url(cluster['endpoint']))!r} {problem}"
+            )
         for host_name, host in hosts.items():
             _host_problems(f"clusters.{name}.hosts.{host_name}", host, workdir, problems)
     return problems
@@ -754,14 +807,17 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
 
 # -- declared questions (issue 24; analysis/questions.py answers them) ---------------------
 
+
 def default_questions(zone: str = "TSOC") -> list[dict]:
     """The spin-wait study's questions: cooler and less CPU, no real loss of speed or energy."""
-    return [{"metric": names.zone_mean("head", zone), "kind": "lower"},
-            {"metric": names.cpu_median("head"), "kind": "lower"},
-            {"metric": names.OUTPUT_THROUGHPUT, "kind": "non_inferior", "better": "higher", "margin_pct": 5},
-            {"metric": names.PROBE_DECODE_SPEED, "kind": "non_inferior", "better": "higher", "margin_pct": 6},
-            {"metric": names.CLUSTER_ENERGY_PER_TOKEN, "kind": "lower"},
-            {"metric": names.STALL_GAPS, "kind": "non_inferior", "better": "lower", "margin": 0.5}]
+    return [
+        {"metric": names.zone_mean("head", zone), "kind": "lower"},
+        {"metric": names.cpu_median("head"), "kind": "lower"},
+        {"metric": names.OUTPUT_THROUGHPUT, "kind": "non_inferior", "better": "higher", "margin_pct": 5},
+        {"metric": names.PROBE_DECODE_SPEED, "kind": "non_inferior", "better": "higher", "margin_pct": 6},
+        {"metric": names.CLUSTER_ENERGY_PER_TOKEN, "kind": "lower"},
+        {"metric": names.STALL_GAPS, "kind": "non_inferior", "better": "lower", "margin": 0.5},
+    ]
 
 
 def question_kinds() -> tuple[str, ...]:
@@ -781,13 +837,20 @@ def known_metric(config: dict, metric: str) -> bool:
 
 def question_words(question: dict) -> str:
     """A question in words, for its errors and its row of questions.csv."""
-    margin = (f"{question['margin_pct']:g} %" if "margin_pct" in question
-              else f"{question['margin']:g}" if "margin" in question else "?")
+    margin = (
+        f"{question['margin_pct']:g} %"
+        if "margin_pct" in question
+        else f"{question['margin']:g}"
+        if "margin" in question
+        else "?"
+    )
     if question["kind"] == "non_inferior":
         return f"{question['metric']} no worse than {margin} ({question.get('better', '?')} is better)"
     if question["kind"] == "equivalent":
         return f"{question['metric']} equivalent within ± {margin}"
-    return f"{question['metric']} {question['kind']}" + (f" by at least {question['by']:g}" if question.get("by") else "")
+    return f"{question['metric']} {question['kind']}" + (
+        f" by at least {question['by']:g}" if question.get("by") else ""
+    )
 
 
 def _question_problems(config: dict, problems: list[str]) -> None:
@@ -798,8 +861,10 @@ def _question_problems(config: dict, problems: list[str]) -> None:
         if not config["questions"]:
             problems.append("config key 'until': 'decided' needs at least one question under 'questions'")
         if config["max_repeats"] < max(2, config["repeats"]):
-            problems.append(f"config key 'max_repeats': {config['max_repeats']} is below 'repeats' "
-                            f"({config['repeats']}) or one crossover pair (2)")
+            problems.append(
+                f"config key 'max_repeats': {config['max_repeats']} is below 'repeats' "
+                f"({config['repeats']}) or one crossover pair (2)"
+            )
 
 
 def extra_body_problem(extra_body) -> str | None:
@@ -816,13 +881,16 @@ def extra_body_problem(extra_body) -> str | None:
 
 def _one_question_problems(config: dict, where: str, question: dict, problems: list[str]) -> None:
     """A question's own checks (``where``: its key, questions.N or tune.constraints.N)."""
+
     def key(field=None):
-        return (f"config key '{where}{'.' + field if field else ''}' "
-                f"({_short(question['metric'])} {question['kind']})")
+        return f"config key '{where}{'.' + field if field else ''}' ({_short(question['metric'])} {question['kind']})"
+
     margins = [name for name in ("margin", "margin_pct") if name in question]
     if not known_metric(config, question["metric"]):
-        problems.append(f"{key('metric')}: unknown metric (one of: {', '.join(names.RUN_METRICS)}, 'HOST ZONE mean', "
-                        f"'HOST vLLM CPU median'; HOST one of {', '.join(map(_short, question_hosts(config)))})")
+        problems.append(
+            f"{key('metric')}: unknown metric (one of: {', '.join(names.RUN_METRICS)}, 'HOST ZONE mean', "
+            f"'HOST vLLM CPU median'; HOST one of {', '.join(map(_short, question_hosts(config)))})"
+        )
     if len(margins) > 1:
         problems.append(f"{key('margin_pct')}: give margin or margin_pct, not both")
     for name in margins + ["by"] * ("by" in question):
@@ -840,11 +908,15 @@ def _one_question_problems(config: dict, where: str, question: dict, problems: l
             problems.append(f"{key(name)}: a margin belongs to non_inferior/equivalent; lower/higher take 'by'")
     outside = [level for level in question.get("users", []) if level not in user_levels(config["load"]["users"])]
     if outside:
-        problems.append(f"{key('users')}: {', '.join(map(str, outside))} not among the levels of 'load.users' "
-                        f"({', '.join(map(str, user_levels(config['load']['users'])))})")
+        problems.append(
+            f"{key('users')}: {', '.join(map(str, outside))} not among the levels of 'load.users' "
+            f"({', '.join(map(str, user_levels(config['load']['users'])))})"
+        )
     if (question["kind"] == "non_inferior") != ("better" in question):
-        problems.append(f"{key('better')}: (lower or higher) is " +
-                        ("required" if question["kind"] == "non_inferior" else "for non_inferior only"))
+        problems.append(
+            f"{key('better')}: (lower or higher) is "
+            + ("required" if question["kind"] == "non_inferior" else "for non_inferior only")
+        )
 
 
 def _tune_problems(config: dict, problems: list[str]) -> None:
@@ -856,23 +928,31 @@ def _tune_problems(config: dict, problems: list[str]) -> None:
         return
     low, high = tune["min"], tune["max"]
     if high <= low:
-        problems.append(f"config key 'tune.max': {high:g} is not above 'tune.min' ({low:g}): "
-                        "the range holds no value to try")
+        problems.append(
+            f"config key 'tune.max': {high:g} is not above 'tune.min' ({low:g}): the range holds no value to try"
+        )
     if tune["scale"] == "log" and low <= 0:
-        problems.append(f"config key 'tune.min': {low:g} with scale log: a log scale needs a range above zero "
-                        "(min > 0), or scale linear")
+        problems.append(
+            f"config key 'tune.min': {low:g} with scale log: a log scale needs a range above zero "
+            "(min > 0), or scale linear"
+        )
     if not known_metric(config, tune["objective"]):
-        problems.append(f"config key 'tune.objective': {_short(tune['objective'])!r} is no metric of "
-                        f"tables/variance.csv (one of: {', '.join(names.RUN_METRICS)}, 'HOST ZONE mean', "
-                        f"'HOST vLLM CPU median')")
+        problems.append(
+            f"config key 'tune.objective': {_short(tune['objective'])!r} is no metric of "
+            f"tables/variance.csv (one of: {', '.join(names.RUN_METRICS)}, 'HOST ZONE mean', "
+            f"'HOST vLLM CPU median')"
+        )
     for index, question in enumerate(tune["constraints"]):
         _one_question_problems(config, f"tune.constraints.{index}", question, problems)
     if len(config["clusters"]) != 1:
-        problems.append(f"config key 'tune': a tune searches one cluster, and the config has "
-                        f"{len(config['clusters'])} ({', '.join(map(_short, config['clusters']))})")
+        problems.append(
+            f"config key 'tune': a tune searches one cluster, and the config has "
+            f"{len(config['clusters'])} ({', '.join(map(_short, config['clusters']))})"
+        )
     if literal_kind(next(iter(config["arms"].values()))["value"]) != "number":
-        problems.append("config key 'tune': the reference arm's value is not a number, so no number can be "
-                        "tried against it")
+        problems.append(
+            "config key 'tune': the reference arm's value is not a number, so no number can be tried against it"
+        )
 
 
 def _across_keys(config: dict, problems: list[str]) -> None:
@@ -880,21 +960,27 @@ def _across_keys(config: dict, problems: list[str]) -> None:
     timings, intervals = config["timings"], config["monitor"]["intervals"]
     for kind in ("thermal", "cpu"):  # the phase tables' samples: none would fall inside a load window
         if intervals[kind] >= timings["load_s"]:
-            problems.append(f"config key 'monitor.intervals.{kind}': {intervals[kind]} s is not shorter than the "
-                            f"load window ('timings.load_s' = {timings['load_s']} s)")
+            problems.append(
+                f"config key 'monitor.intervals.{kind}': {intervals[kind]} s is not shorter than the "
+                f"load window ('timings.load_s' = {timings['load_s']} s)"
+            )
     abort = config["safety"]["abort_at_c"]
     if abort is not None and timings["cooldown_below_c"] >= abort:
-        problems.append(f"config key 'timings.cooldown_below_c': {timings['cooldown_below_c']} °C is not below "
-                        f"the interlock ('safety.abort_at_c' = {abort} °C): a cooldown would wait for a "
-                        "temperature that stops the run")
+        problems.append(
+            f"config key 'timings.cooldown_below_c': {timings['cooldown_below_c']} °C is not below "
+            f"the interlock ('safety.abort_at_c' = {abort} °C): a cooldown would wait for a "
+            "temperature that stops the run"
+        )
     thresholds = config["analysis"]["thresholds_c"]
     for index in range(1, len(thresholds)):
         if thresholds[index] <= thresholds[index - 1]:
             before = thresholds.index(thresholds[index]) if thresholds[index] in thresholds[:index] else index - 1
-            problems.append(f"config key 'analysis.thresholds_c.{index}': {thresholds[index]} "
-                            + ("is given twice" if thresholds[before] == thresholds[index] else "is not above")
-                            + f" ('analysis.thresholds_c.{before}' = {thresholds[before]}); thresholds are listed "
-                            "once each, ascending")
+            problems.append(
+                f"config key 'analysis.thresholds_c.{index}': {thresholds[index]} "
+                + ("is given twice" if thresholds[before] == thresholds[index] else "is not above")
+                + f" ('analysis.thresholds_c.{before}' = {thresholds[before]}); thresholds are listed "
+                "once each, ascending"
+            )
             break
 
 
@@ -935,8 +1021,12 @@ class HostSpec:
             return None
         pairs = " ".join(f"{name}={shlex.quote(value)}" for name, value in (env or {}).items())
         controller_python = shlex.quote(sys.executable)
-        return template.format(root=shlex.quote(str(self.root)) if self.root else "",
-                               controller_python=controller_python, python=controller_python, env=pairs)
+        return template.format(
+            root=shlex.quote(str(self.root)) if self.root else "",
+            controller_python=controller_python,
+            python=controller_python,
+            env=pairs,
+        )
 
     def process_pattern(self, default: str) -> str:
         if "process_pattern" in self.settings:
@@ -973,8 +1063,10 @@ def abort_threshold(config: dict, trip_points_c: list[float]) -> float | None:
     if configured is None:
         return lowest - TRIP_MARGIN_C
     if configured > lowest - TRIP_MARGIN_MIN_C:
-        raise ConfigError(f"config key 'safety.abort_at_c': {configured} °C is above the lowest trip point "
-                          f"({lowest} °C) minus {TRIP_MARGIN_MIN_C} °C")
+        raise ConfigError(
+            f"config key 'safety.abort_at_c': {configured} °C is above the lowest trip point "
+            f"({lowest} °C) minus {TRIP_MARGIN_MIN_C} °C"
+        )
     return configured
 
 
@@ -1004,6 +1096,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("config", help="a YAML config file")
     args = parser.parse_args(argv)
     config = load(args.config)
-    print(f"{args.config}: valid ({', '.join(config['clusters'])}; order {config['order']}, "
-          f"{config['repeats']} repeat(s))")
+    print(
+        f"{args.config}: valid ({', '.join(config['clusters'])}; order {config['order']}, "
+        f"{config['repeats']} repeat(s))"
+    )
     return 0

@@ -48,6 +48,7 @@ REQUIRED_REQUEST_COLUMNS = ("order", "rep", "arm", "kind", "t_start", "t_end", "
 
 # --- validity.json ---------------------------------------------------------------------
 
+
 class Window(TypedDict):
     start: float | None
     end: float | None
@@ -173,6 +174,7 @@ def _whole(value) -> bool:
 
 # --- preflight.json --------------------------------------------------------------------
 
+
 class ZoneFacts(TypedDict):
     name: str
     trip_point_c: float | None
@@ -223,12 +225,18 @@ class Preflight:
         raw = json.loads(Path(path).read_text())
         known = {f.name for f in dataclasses.fields(cls)}
         values = {key: value for key, value in raw.items() if key in known}
-        values["safety"] = Safety(**{key: value for key, value in raw.get("safety", {}).items()
-                                     if key in {f.name for f in dataclasses.fields(Safety)}})
+        values["safety"] = Safety(
+            **{
+                key: value
+                for key, value in raw.get("safety", {}).items()
+                if key in {f.name for f in dataclasses.fields(Safety)}
+            }
+        )
         return cls(**values)
 
 
 # --- phase.json ------------------------------------------------------------------------
+
 
 @dataclass
 class BaselineRecord:
@@ -239,8 +247,7 @@ class BaselineRecord:
     phase: str = "baseline"
 
     def write(self, path: Path) -> None:
-        Path(path).write_text(json.dumps({"phase": self.phase, "t_start": self.t_start, "t_end": self.t_end},
-                                         indent=1))
+        Path(path).write_text(json.dumps({"phase": self.phase, "t_start": self.t_start, "t_end": self.t_end}, indent=1))
 
 
 @dataclass

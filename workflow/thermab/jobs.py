@@ -12,8 +12,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import TextIO
 
 import thermab
 from thermab import layout
@@ -89,8 +90,10 @@ def check_checkout() -> None:
     expected = os.environ.get(CHECKOUT_ENV)
     imported = Path(thermab.__file__).resolve().parent
     if expected and Path(expected).resolve() != imported:
-        raise SystemExit(f"this job imports thermab from {imported}, not from the checkout "
-                         f"({expected}): run `pip install -e .` in the checkout, or use its environment")
+        raise SystemExit(
+            f"this job imports thermab from {imported}, not from the checkout "
+            f"({expected}): run `pip install -e .` in the checkout, or use its environment"
+        )
 
 
 def run_for(snakemake) -> ClusterRun:
@@ -99,8 +102,14 @@ def run_for(snakemake) -> ClusterRun:
     wildcards = snakemake.wildcards
     run_dir = layout.run_dir(wildcards.cluster, wildcards.order).path
     where = f"[{wildcards.cluster}/{wildcards.order}] "
-    return ClusterRun(snakemake.config, wildcards.cluster, wildcards.order, run_dir, Path.cwd(),
-                      lambda message: progress(message, where))
+    return ClusterRun(
+        snakemake.config,
+        wildcards.cluster,
+        wildcards.order,
+        run_dir,
+        Path.cwd(),
+        lambda message: progress(message, where),
+    )
 
 
 @contextlib.contextmanager
@@ -117,8 +126,9 @@ def put_back_if_terminated(run: ClusterRun) -> Iterator[ClusterRun]:
             raise
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the shutdown short
         run.progress("terminated (SIGTERM): restoring and stopping every host now")
-        problems = run.shutdown("job terminated (SIGTERM: its controller stopping, or a scheduler cancelling "
-                                "or timing out its batch job)")
+        problems = run.shutdown(
+            "job terminated (SIGTERM: its controller stopping, or a scheduler cancelling or timing out its batch job)"
+        )
         if not run.still_patched():
             guardian.release(run.run_dir)  # everything is put back; else the guardian tries again
         for problem in problems:

@@ -22,13 +22,23 @@ LEVEL_SUFFIX = "-u{users}"
 def phase_id(rep, arm, users=None) -> str:
     """A phase's id: ``rep{rep}-{arm}``, and ``-u{users}`` after it in a run of levels."""
     return PHASE_PATTERN.format(rep=rep, arm=arm) + ("" if users is None else LEVEL_SUFFIX.format(users=users))
+
+
 BASELINE = "baseline"  # the idle phase's directory under phases/
 SESSION_FILE = "session.json"  # restore finds the runs to put back by it
 
 # The figures of a run (analysis/plots.py draws them): always these, and for a sweep of
 # more than two arms also SWEEP_FIGURES.
-FIGURES = ("timeline.png", "timeline.svg", "timeline.html", "cpu.png", "throughput.png",
-           "time_to_threshold.png", "questions.png", "tradeoff.png")
+FIGURES = (
+    "timeline.png",
+    "timeline.svg",
+    "timeline.html",
+    "cpu.png",
+    "throughput.png",
+    "time_to_threshold.png",
+    "questions.png",
+    "tradeoff.png",
+)
 SWEEP_FIGURES = ("dose_response.png",)
 
 

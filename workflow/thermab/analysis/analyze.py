@@ -19,8 +19,19 @@ from pathlib import Path
 import pandas as pd
 
 from thermab import metric_names
-from thermab.analysis import (TABLES, energy, levels, levels_summary, load_validity, metrics, questions,
-                              sequential, stats, summary, washout)
+from thermab.analysis import (
+    TABLES,
+    energy,
+    levels,
+    levels_summary,
+    load_validity,
+    metrics,
+    questions,
+    sequential,
+    stats,
+    summary,
+    washout,
+)
 from thermab.analysis.completeness import completeness, measured_intervals
 from thermab.analysis.model import Analysis, RunData, distinct_runs, load_run, ordered_hosts, sibling_runs
 from thermab.config import UserError
@@ -30,16 +41,22 @@ from thermab.layout import RunDir
 log = logging.getLogger(__name__)
 
 
-
 def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
     """The load windows and the per-phase tables of one run, every row marked with whether
     its phase's load was the configured one (``load_valid``)."""
     windows = metrics.load_windows(run.events)
-    reports = {**load_validity.derived_reports(run.requests, windows, run.events, run.plan, run.validity),
-               **run.validity}
+    reports = {
+        **load_validity.derived_reports(run.requests, windows, run.events, run.plan, run.validity),
+        **run.validity,
+    }
     validity = washout.with_starts(
         load_validity.server_view(load_validity.validity_table(reports, windows), run.telemetry, windows),
-        windows, run.telemetry, run.events, run.plan["head"], run.plan["timeline_zone"])
+        windows,
+        run.telemetry,
+        run.events,
+        run.plan["head"],
+        run.plan["timeline_zone"],
+    )
     performance = metrics.performance(run.requests, windows)
     tables = {
         "windows": windows,
@@ -51,8 +68,10 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
     }
     # energy.csv keeps docs/design.md's columns exactly; a short phase's energy rows are
     # marked in the summary (its arm's †) and in the verdicts built on them
-    return {**{name: frame if name == "energy" else load_validity.mark(frame, validity)
-               for name, frame in tables.items()}, "validity": validity}
+    return {
+        **{name: frame if name == "energy" else load_validity.mark(frame, validity) for name, frame in tables.items()},
+        "validity": validity,
+    }
 
 
 def run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -67,10 +86,22 @@ def run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 def _run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     config = run.plan
-    return load_validity.mark(pd.concat([metrics.phase_metrics(tables["zones"], tables["cpu"], tables["performance"],
-                                                               ordered_hosts(config), config["timeline_zone"]),
-                                         energy.phase_metrics(tables["energy"])], ignore_index=True),
-                              tables["validity"])
+    return load_validity.mark(
+        pd.concat(
+            [
+                metrics.phase_metrics(
+                    tables["zones"],
+                    tables["cpu"],
+                    tables["performance"],
+                    ordered_hosts(config),
+                    config["timeline_zone"],
+                ),
+                energy.phase_metrics(tables["energy"]),
+            ],
+            ignore_index=True,
+        ),
+        tables["validity"],
+    )
 
 
 def _check_poolable(runs: list[RunData]) -> None:
@@ -94,8 +125,10 @@ def compute(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = N
     every = levels.of_run(runs[0].plan)
     parts = [compute_level([levels.at_level(r, users) for r in runs], detect_pct) for users in every]
     tables = levels.combine([tables for tables, _pooled, _best in parts], every)
-    pooled = pd.concat([levels.with_users(pooled, users) for (_t, pooled, _b), users in zip(parts, every)],
-                       ignore_index=True)
+    pooled = pd.concat(
+        [levels.with_users(pooled, users) for (_t, pooled, _b), users in zip(parts, every, strict=False)],
+        ignore_index=True,
+    )
     best = parts[0][2] if len(parts) == 1 else None  # a sweep's best setting: of a run of one level
     return Analysis(runs[0], [str(r.path) for r in runs], tables, pooled, best)
 
@@ -106,7 +139,7 @@ def compute_level(runs: list[RunData], detect_pct: float = 5.0) -> tuple[dict, p
     config = run.plan
     every = [phase_tables(r) for r in runs]
     tables = every[0]
-    pooled = pd.concat([run_metrics(r, t) for r, t in zip(runs, every)], ignore_index=True)
+    pooled = pd.concat([run_metrics(r, t) for r, t in zip(runs, every, strict=False)], ignore_index=True)
     variance = stats.compare(pooled, config["arms"], config["reference_arm"], detect_pct=detect_pct)
     variance["verdict"] = summary.verdicts(variance)
     tables["variance"] = variance = load_validity.note_verdicts(variance, pooled)
@@ -118,8 +151,12 @@ def compute_level(runs: list[RunData], detect_pct: float = 5.0) -> tuple[dict, p
     tables["questions"] = answer_questions(asked, pooled, pd.concat([t["validity"] for t in every]), alpha)
     best = None
     if variance["arm"].nunique() > 2:
-        best = stats.best_setting(variance, config["arms"], config["reference_arm"],
-                                  metric_names.zone_mean(config["head"], config["timeline_zone"]))
+        best = stats.best_setting(
+            variance,
+            config["arms"],
+            config["reference_arm"],
+            metric_names.zone_mean(config["head"], config["timeline_zone"]),
+        )
     if best is not None:  # the choice weighs every arm's phases
         best["load_short"] = load_validity.short_phases(pooled)
     return tables, pooled, best
@@ -129,8 +166,13 @@ def answer_questions(config: dict, pooled: pd.DataFrame, validity: pd.DataFrame,
     """questions.csv from the pooled per-phase metrics: a yes is withheld where a load fell
     short or, for a temperature, where the arms' starts were not balanced."""
     unbalanced = washout.unbalanced(validity, config["reference_arm"], config["start_balance_c"])
-    return questions.answer(config["questions"], stats.arm_effects(pooled, config["reference_arm"]), config,
-                            alpha=alpha, withheld=questions.withheld_yes(pooled, unbalanced))
+    return questions.answer(
+        config["questions"],
+        stats.arm_effects(pooled, config["reference_arm"]),
+        config,
+        alpha=alpha,
+        withheld=questions.withheld_yes(pooled, unbalanced),
+    )
 
 
 def analyze(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = None) -> dict[str, pd.DataFrame]:
@@ -147,8 +189,10 @@ def write_outputs(result: Analysis) -> dict[str, pd.DataFrame]:
     if len(every) == 1:
         text = _summary(result, result.tables, run.plan)
     else:  # each level's summary under the questions across levels
-        texts = {users: _summary(result, levels.tables_at(result.tables, users), {**run.plan, "users": users})
-                 for users in every}
+        texts = {
+            users: _summary(result, levels.tables_at(result.tables, users), {**run.plan, "users": users})
+            for users in every
+        }
         text = levels_summary.markdown(run.plan, result.tables["questions"], texts)
     files.summary.write_text(text, encoding="utf-8")
     return result.tables
@@ -157,12 +201,21 @@ def write_outputs(result: Analysis) -> dict[str, pd.DataFrame]:
 def _summary(result: Analysis, tables: dict[str, pd.DataFrame], config: dict) -> str:
     telemetry = result.run.telemetry
     return summary.summary_markdown(
-        config, tables, tables["variance"],
+        config,
+        tables,
+        tables["variance"],
         sample_interval_s=measured_intervals(telemetry, config["head"], result.run.sources),
-        sources=result.sources, best=result.best,
-        completeness=completeness(telemetry, tables["windows"], ordered_hosts(config),
-                                  config.get("sample_intervals_s"), config.get("hosts_without_zones", []),
-                                  result.run.sources))
+        sources=result.sources,
+        best=result.best,
+        completeness=completeness(
+            telemetry,
+            tables["windows"],
+            ordered_hosts(config),
+            config.get("sample_intervals_s"),
+            config.get("hosts_without_zones", []),
+            result.run.sources,
+        ),
+    )
 
 
 def compare_runs(run_dirs: list[Path], out_dir: Path, analysis: dict | None = None) -> pd.DataFrame:
@@ -174,9 +227,14 @@ def compare_runs(run_dirs: list[Path], out_dir: Path, analysis: dict | None = No
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_tables(out_dir, {"variance": variance})
     orders = sorted(pd.unique(result.pooled["order"]))
-    lines = [f"# {result.run.plan['cluster']}: every run pooled", "",
-             f"Runs: {', '.join(str(p) for p in run_dirs)} (orders {', '.join(orders)}); "
-             f"n = phases per arm across them.", "", "## Verdicts", ""]
+    lines = [
+        f"# {result.run.plan['cluster']}: every run pooled",
+        "",
+        f"Runs: {', '.join(str(p) for p in run_dirs)} (orders {', '.join(orders)}); n = phases per arm across them.",
+        "",
+        "## Verdicts",
+        "",
+    ]
     lines += [f"- {v}" for v in variance["verdict"].dropna() if not v.startswith("reference")]
     lines += ["", "## Variance per arm", "", summary.markdown_table(variance), ""]
     (out_dir / "summary.md").write_text("\n".join(lines), encoding="utf-8")
@@ -192,24 +250,39 @@ def _write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> None:
         if name == "performance" and frame["requests_completed"].isna().all():
             text += "\nNo request data in this run (imported runs have none): performance is not measured.\n"
         if name in ("zones", "thresholds") and frame.empty:
-            text += ("\nNo thermal zone was sampled on any host in the load windows: there are no temperatures"
-                     " in this run (empty, not zero).\n")
+            text += (
+                "\nNo thermal zone was sampled on any host in the load windows: there are no temperatures"
+                " in this run (empty, not zero).\n"
+            )
         if name == "energy" and frame.empty:
-            text += ("\nNo power domain was sampled on any host in the load windows: there is no energy"
-                     " in this run (empty, not zero).\n")
+            text += (
+                "\nNo power domain was sampled on any host in the load windows: there is no energy"
+                " in this run (empty, not zero).\n"
+            )
         (out / f"{name}.md").write_text(text, encoding="utf-8")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="thermab analyze", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="thermab analyze", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run_dir", help="results/{cluster}/{order} or an imported run directory")
-    parser.add_argument("--also", nargs="*", default=[], metavar="RUN_DIR",
-                        help="further run directories of the same cluster to pool for variance.csv")
-    parser.add_argument("--siblings", action="store_true",
-                        help="pool every other run directory next to RUN_DIR with the same cluster")
-    parser.add_argument("--detect-pct", type=float, default=5.0,
-                        help="difference in %% of the reference for the repeats-needed estimate")
+    parser.add_argument(
+        "--also",
+        nargs="*",
+        default=[],
+        metavar="RUN_DIR",
+        help="further run directories of the same cluster to pool for variance.csv",
+    )
+    parser.add_argument(
+        "--siblings", action="store_true", help="pool every other run directory next to RUN_DIR with the same cluster"
+    )
+    parser.add_argument(
+        "--detect-pct",
+        type=float,
+        default=5.0,
+        help="difference in %% of the reference for the repeats-needed estimate",
+    )
     parser.add_argument("--figures", action="store_true", help="also render RUN_DIR/figures/")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -219,6 +292,7 @@ def main(argv=None) -> int:
     log.info("wrote %s and %s", RunDir(args.run_dir).tables, RunDir(args.run_dir).summary)
     if args.figures:
         from thermab.analysis import plots  # matplotlib and plotly only when figures are asked for
+
         for path in plots.render_figures(result):
             log.info("wrote %s", path)
     return 0

@@ -39,8 +39,7 @@ from thermab.layout import RunDir
 from thermab.telemetry import ingest
 
 STUDY_LABELS = {"ustock": "stock", "upatched": "patched"}
-NAMED_MARKS = {"baseline-start": "baseline_start", "baseline-end": "baseline_end",
-               "cooldown-end": "cooldown_end"}
+NAMED_MARKS = {"baseline-start": "baseline_start", "baseline-end": "baseline_end", "cooldown-end": "cooldown_end"}
 # run.json default: the study's GB10 nodes
 DEFAULTS = {"trip_point_c": 104.8}
 MAX_SOURCE_BYTES = 2**30  # a chart source or marks file
@@ -61,18 +60,28 @@ def csv_frames(table: pd.DataFrame, time_col: str = "t", head: str = "head") -> 
     for column in table.columns.drop(time_col):
         host, _, _zone = str(column).rpartition(":")
         columns.setdefault(host or head, []).append(column)
-    return {host: table[[time_col, *names]].set_axis(["t", *(str(n).rpartition(":")[2] for n in names)], axis=1)
-            for host, names in columns.items()}
+    return {
+        host: table[[time_col, *names]].set_axis(["t", *(str(n).rpartition(":")[2] for n in names)], axis=1)
+        for host, names in columns.items()
+    }
 
 
 def telemetry_from_frames(frames: dict, epoch_s: float, minutes: bool = True) -> pd.DataFrame:
     """Long tidy telemetry (t, host, kind=thermal, sensor, value) from wide frames."""
     scale = 60.0 if minutes else 1.0
     # long by reshaping the value matrix at once (melt goes column by column: minutes for 10,000 zones)
-    parts = [pd.DataFrame({"t": np.repeat(frame["t"].to_numpy(), frame.shape[1] - 1),
-                           "sensor": np.tile(np.asarray(frame.columns.drop("t"), dtype=object), len(frame)),
-                           "value": frame.drop(columns="t").to_numpy().ravel(), "host": host})
-             for host, frame in frames.items() if frame.shape[1] > 1]
+    parts = [
+        pd.DataFrame(
+            {
+                "t": np.repeat(frame["t"].to_numpy(), frame.shape[1] - 1),
+                "sensor": np.tile(np.asarray(frame.columns.drop("t"), dtype=object), len(frame)),
+                "value": frame.drop(columns="t").to_numpy().ravel(),
+                "host": host,
+            }
+        )
+        for host, frame in frames.items()
+        if frame.shape[1] > 1
+    ]
     if not parts:
         raise UserError("no zone columns beside the time")
     long = pd.concat(parts, ignore_index=True).dropna(subset=["value"])
@@ -91,8 +100,9 @@ def telemetry_from_frames(frames: dict, epoch_s: float, minutes: bool = True) ->
     return long[["t", "host", "kind", "sensor", "value"]].sort_values(["t", "host", "sensor"], ignore_index=True)
 
 
-def events_from_marks(marks: list, load_s: float, start_s: float, end_s: float,
-                      epoch_s: float, minutes: bool = True) -> tuple[list[dict], dict, str]:
+def events_from_marks(
+    marks: list, load_s: float, start_s: float, end_s: float, epoch_s: float, minutes: bool = True
+) -> tuple[list[dict], dict, str]:
     """(events, {letter: label}, order) from chart marks; see the module docstring for the rules."""
     scale = 60.0 if minutes else 1.0
     check_marks(marks)
@@ -113,12 +123,26 @@ def events_from_marks(marks: list, load_s: float, start_s: float, end_s: float,
             reps[label] = reps.get(label, 0) + 1
             current = {"order": order, "rep": reps[label], "arm": letters[label]}
             events.append({"t": t, "event": "load_start", **current, **detail})
-            events.append({"t": t + load_s, "event": "load_end", **current,
-                           "detail": f"load_start + {load_s / 60:g} min (no end mark)"})
+            events.append(
+                {
+                    "t": t + load_s,
+                    "event": "load_end",
+                    **current,
+                    "detail": f"load_start + {load_s / 60:g} min (no end mark)",
+                }
+            )
         elif name.endswith("-boot-start") and _label(name.removesuffix("-boot-start")) in letters:
             label = _label(name.removesuffix("-boot-start"))
-            events.append({"t": t, "event": "restart_start", "order": order,
-                           "rep": reps.get(label, 0) + 1, "arm": letters[label], **detail})
+            events.append(
+                {
+                    "t": t,
+                    "event": "restart_start",
+                    "order": order,
+                    "rep": reps.get(label, 0) + 1,
+                    "arm": letters[label],
+                    **detail,
+                }
+            )
         elif name in NAMED_MARKS:
             phase = current if NAMED_MARKS[name] == "cooldown_end" and current else {}
             events.append({"t": t, "event": NAMED_MARKS[name], **phase, **detail})
@@ -147,9 +171,20 @@ def _label(mark_prefix: str) -> str:
     return STUDY_LABELS.get(mark_prefix, mark_prefix)
 
 
-def write_run(out_dir, frames: dict, marks: list, load_minutes: float = 30.0, arms: dict | None = None,
-              *, minutes: bool = True, cluster: str = "imported", setting: str = "setting",
-              epoch_s: float = 0.0, source: str = "", **run_options) -> Path:
+def write_run(
+    out_dir,
+    frames: dict,
+    marks: list,
+    load_minutes: float = 30.0,
+    arms: dict | None = None,
+    *,
+    minutes: bool = True,
+    cluster: str = "imported",
+    setting: str = "setting",
+    epoch_s: float = 0.0,
+    source: str = "",
+    **run_options,
+) -> Path:
     """Write the run directory from wide frames and marks.  ``arms`` maps a label to its
     setting value (e.g. {"stock": "1", "patched": "0.002"}); ``run_options`` override the
     run.json DEFAULTS.  Returns the run directory."""
@@ -157,19 +192,33 @@ def write_run(out_dir, frames: dict, marks: list, load_minutes: float = 30.0, ar
     files = RunDir(out)
     files.tidy_telemetry.parent.mkdir(parents=True, exist_ok=True)
     telemetry = telemetry_from_frames(frames, epoch_s, minutes)
-    events, letters, order = events_from_marks(marks, load_minutes * 60, telemetry["t"].min(),
-                                               telemetry["t"].max(), epoch_s, minutes)
+    events, letters, order = events_from_marks(
+        marks, load_minutes * 60, telemetry["t"].min(), telemetry["t"].max(), epoch_s, minutes
+    )
     if not letters:
         raise UserError("no '<label>-load-start' mark: nothing to analyse")
     hosts = list(frames)
     options = {**DEFAULTS, **run_options}
     analysis = {key: options.pop(key) for key in plan.DEFAULT_ANALYSIS if key in options}
-    plan.write_run_json(out, plan.run_plan(
-        cluster=cluster, order=order, repeats=max(e.get("rep", 1) for e in events),
-        arms={letter: {"label": label, "value": str((arms or {}).get(label, ""))}
-              for letter, label in sorted(letters.items())},
-        setting=setting, head=hosts[0], hosts=hosts, analysis=analysis, **options,
-        imported_from=source, epoch_s=epoch_s))
+    plan.write_run_json(
+        out,
+        plan.run_plan(
+            cluster=cluster,
+            order=order,
+            repeats=max(e.get("rep", 1) for e in events),
+            arms={
+                letter: {"label": label, "value": str((arms or {}).get(label, ""))}
+                for letter, label in sorted(letters.items())
+            },
+            setting=setting,
+            head=hosts[0],
+            hosts=hosts,
+            analysis=analysis,
+            **options,
+            imported_from=source,
+            epoch_s=epoch_s,
+        ),
+    )
     with open(files.events, "w", encoding="utf-8") as handle:
         handle.writelines(json.dumps(event) + "\n" for event in events)
     ingest.write_frame(telemetry, files.tidy_telemetry)  # the layout ingest writes
@@ -196,13 +245,15 @@ def _read_csv(path) -> pd.DataFrame:
     except pd.errors.EmptyDataError:
         raise UserError("empty: no header and no rows") from None
     if table.empty:
-        raise UserError(f"a header ({', '.join(map(str, table.columns[:5]))}{', …' if len(table.columns) > 5 else ''}) "
-                        "and no rows")
+        raise UserError(
+            f"a header ({', '.join(map(str, table.columns[:5]))}{', …' if len(table.columns) > 5 else ''}) and no rows"
+        )
     return table
 
 
 def finite_number(minimum: float):
     """An argparse type: a finite number at least ``minimum`` (a negative load or epoch is a mistake)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -211,6 +262,7 @@ def finite_number(minimum: float):
         if not math.isfinite(value) or value < minimum:
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of at least {minimum:g}")
         return value
+
     return parse
 
 
@@ -224,8 +276,17 @@ def import_chart(json_path, out_dir, load_minutes: float = 30.0, arms: dict | No
         return write_run(out_dir, frames, marks, load_minutes, arms, source=str(json_path), **options)
 
 
-def import_wide_csv(csv_path, out_dir, marks, load_minutes: float = 30.0, arms: dict | None = None,
-                    *, time_col: str = "t", time_unit: str = "min", **options) -> Path:
+def import_wide_csv(
+    csv_path,
+    out_dir,
+    marks,
+    load_minutes: float = 30.0,
+    arms: dict | None = None,
+    *,
+    time_col: str = "t",
+    time_unit: str = "min",
+    **options,
+) -> Path:
     """A wide CSV → run directory.  ``marks``: [(t, name)] or the path of a CSV with columns
     t, m, in the same time unit as the table (``min`` or ``s``)."""
     if isinstance(marks, (str, Path)):
@@ -239,18 +300,34 @@ def import_wide_csv(csv_path, out_dir, marks, load_minutes: float = 30.0, arms: 
         table = _read_csv(csv_path)
         if time_col not in table.columns:
             raise UserError(f"no time column '{time_col}' (columns: {', '.join(map(str, table.columns))[:200]})")
-        return write_run(out_dir, csv_frames(table, time_col), marks, load_minutes, arms,
-                         minutes=time_unit == "min", source=str(csv_path), **options)
+        return write_run(
+            out_dir,
+            csv_frames(table, time_col),
+            marks,
+            load_minutes,
+            arms,
+            minutes=time_unit == "min",
+            source=str(csv_path),
+            **options,
+        )
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="thermab import-chart",
-                                     description="Import chart data (JSON) or a wide CSV as a run directory.")
+    parser = argparse.ArgumentParser(
+        prog="thermab import-chart", description="Import chart data (JSON) or a wide CSV as a run directory."
+    )
     parser.add_argument("source", help="chart JSON or wide CSV")
     parser.add_argument("out_dir", help="run directory to write")
-    parser.add_argument("--load-minutes", type=finite_number(1 / 60), default=30.0, help="load phase duration (default 30)")
-    parser.add_argument("--arm", action="append", default=[], metavar="LABEL=VALUE",
-                        help="setting value of an arm, e.g. --arm stock=1 --arm patched=0.002")
+    parser.add_argument(
+        "--load-minutes", type=finite_number(1 / 60), default=30.0, help="load phase duration (default 30)"
+    )
+    parser.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        metavar="LABEL=VALUE",
+        help="setting value of an arm, e.g. --arm stock=1 --arm patched=0.002",
+    )
     parser.add_argument("--setting", default="setting", help="name of the manipulated setting, e.g. busy_loop_s")
     parser.add_argument("--cluster", default="imported")
     parser.add_argument("--epoch-s", type=finite_number(0), default=0.0, help="epoch seconds of chart time 0")
@@ -267,7 +344,15 @@ def main(argv=None) -> int:
     else:
         if not args.marks:
             parser.error("a wide CSV needs --marks")
-        out = import_wide_csv(args.source, args.out_dir, args.marks, args.load_minutes, arms,
-                              time_col=args.time_col, time_unit=args.time_unit, **options)
+        out = import_wide_csv(
+            args.source,
+            args.out_dir,
+            args.marks,
+            args.load_minutes,
+            arms,
+            time_col=args.time_col,
+            time_unit=args.time_unit,
+            **options,
+        )
     print(out)
     return 0

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import math
 
-import pandas as pd
-
 import numpy as np
+import pandas as pd
 
 from thermab.analysis.metrics import CPU_SENSOR, window_rows
 from thermab.analysis.model import as_telemetry
@@ -64,9 +63,14 @@ def _largest_gap(t: np.ndarray, start: float, end: float) -> float:
     return float(np.diff(np.concatenate([[start], t, [end]])).max())
 
 
-def completeness(telemetry, windows: pd.DataFrame, hosts: list[str],
-                 intervals_s: dict[str, float] | None = None,
-                 hosts_without_zones: list[str] = (), sources: dict | None = None) -> pd.DataFrame:
+def completeness(
+    telemetry,
+    windows: pd.DataFrame,
+    hosts: list[str],
+    intervals_s: dict[str, float] | None = None,
+    hosts_without_zones: list[str] = (),
+    sources: dict | None = None,
+) -> pd.DataFrame:
     """One row per host and source: every source a host sent, plus thermal and cpu, which
     every host is expected to send (thermal not from ``hosts_without_zones``).
     ``telemetry``: a model.Telemetry or the tidy frame; ``intervals_s``: the configured
@@ -87,9 +91,19 @@ def completeness(telemetry, windows: pd.DataFrame, hosts: list[str],
                 # the median over sensors, so one silent zone shows in the gap, not the count
                 counts = [stops[i] - starts[i] for starts, stops in cuts]
                 got += float(np.median(counts)) if counts else 0.0
-                gaps = [_largest_gap(t[starts[i]:stops[i]], window.load_start, window.load_end)
-                        for t, (starts, stops) in zip(times, cuts)]
+                gaps = [
+                    _largest_gap(t[starts[i] : stops[i]], window.load_start, window.load_end)
+                    for t, (starts, stops) in zip(times, cuts, strict=False)
+                ]
                 largest = max([largest] + (gaps or [window.load_end - window.load_start]))
-            rows.append((host, kind, interval, expected if not math.isnan(interval) else math.nan, got,
-                         largest if len(windows) else math.nan))
+            rows.append(
+                (
+                    host,
+                    kind,
+                    interval,
+                    expected if not math.isnan(interval) else math.nan,
+                    got,
+                    largest if len(windows) else math.nan,
+                )
+            )
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -41,8 +41,16 @@ from thermab.analysis.model import as_telemetry
 from thermab.telemetry.power import host_total_domains, time_weighted_mean
 
 ENERGY_COLUMNS = PHASE_KEYS + [
-    "host", "domain", "window_s", "mean_w", "energy_j", "idle_w", "energy_above_idle_j",
-    "output_tokens", "j_per_token", "j_per_token_above_idle",
+    "host",
+    "domain",
+    "window_s",
+    "mean_w",
+    "energy_j",
+    "idle_w",
+    "energy_above_idle_j",
+    "output_tokens",
+    "j_per_token",
+    "j_per_token_above_idle",
 ]
 TOTAL_HOST, TOTAL_DOMAIN = "all", "total"
 METRIC = names.CLUSTER_ENERGY_PER_TOKEN
@@ -99,8 +107,13 @@ def tokens_in_window(requests: pd.DataFrame | None, window) -> float:
     return float(np.sum(tokens * share))
 
 
-def energy_table(telemetry, windows: pd.DataFrame, events: pd.DataFrame,
-                 requests: pd.DataFrame | None, hosts: list[str] | None = None) -> pd.DataFrame:
+def energy_table(
+    telemetry,
+    windows: pd.DataFrame,
+    events: pd.DataFrame,
+    requests: pd.DataFrame | None,
+    hosts: list[str] | None = None,
+) -> pd.DataFrame:
     """energy.csv: one row per phase, host and power domain seen in the run, then the
     ``all``/``total`` row of the phase; phases in time order, hosts in the order of ``hosts``
     (others after them, sorted).  ``telemetry``: a model.Telemetry or the tidy frame;
@@ -135,10 +148,19 @@ def energy_table(telemetry, windows: pd.DataFrame, events: pd.DataFrame,
 def _row(keys, host, domain, window_s, mean_w, idle_w, output_tokens) -> dict:
     energy_j = mean_w * window_s
     above_j = energy_j - idle_w * window_s
-    return dict(zip(PHASE_KEYS, keys), host=host, domain=domain, window_s=window_s, mean_w=mean_w,
-                energy_j=energy_j, idle_w=idle_w, energy_above_idle_j=above_j, output_tokens=output_tokens,
-                j_per_token=_per_token(energy_j, output_tokens),
-                j_per_token_above_idle=_per_token(above_j, output_tokens))
+    return dict(
+        zip(PHASE_KEYS, keys, strict=False),
+        host=host,
+        domain=domain,
+        window_s=window_s,
+        mean_w=mean_w,
+        energy_j=energy_j,
+        idle_w=idle_w,
+        energy_above_idle_j=above_j,
+        output_tokens=output_tokens,
+        j_per_token=_per_token(energy_j, output_tokens),
+        j_per_token_above_idle=_per_token(above_j, output_tokens),
+    )
 
 
 def _total(phase: list[dict], domains: dict[str, list[str]]) -> tuple[float, float] | None:
@@ -161,7 +183,9 @@ def host_totals(energy: pd.DataFrame) -> pd.DataFrame:
     """Per phase and host, the mean power of the host's total (phase keys, host, mean_w),
     empty where one of its domains is; hosts in the table's order."""
     covered = total_hosts(energy)
-    summed = energy[[domain in covered.get(host, ()) for host, domain in zip(energy["host"], energy["domain"])]]
+    summed = energy[
+        [domain in covered.get(host, ()) for host, domain in zip(energy["host"], energy["domain"], strict=False)]
+    ]
     grouped = summed.groupby(PHASE_KEYS + ["host"], sort=False)["mean_w"]
     return grouped.sum().where(grouped.count() == grouped.size()).reset_index()
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from thermab.analysis.headless import plt  # noqa: E402 (the Agg backend, literal text)
 import pandas as pd  # noqa: E402
 
-from thermab.analysis import energy  # noqa: E402
 from thermab import metric_names as names  # noqa: E402
+from thermab.analysis import energy  # noqa: E402
+from thermab.analysis.headless import plt  # noqa: E402 (the Agg backend, literal text)
 from thermab.analysis.summary import DIGITS, fmt, markdown_table  # noqa: E402
 from thermab.layout import RunDir  # noqa: E402
 
@@ -28,16 +28,17 @@ def metrics_of(run: dict) -> list[str]:
 
 def fleet_table(run_dirs: dict[str, Path], analysis: dict | None = None) -> pd.DataFrame:
     """One row per cluster, arm and headline metric (metric names lose the head's host
-    name, which differs between clusters).  ``analysis``: the settings the runs were analysed
-with, in place of run.json's (their metric names carry the timeline zone)."""
+        name, which differs between clusters).  ``analysis``: the settings the runs were analysed
+    with, in place of run.json's (their metric names carry the timeline zone)."""
     frames = []
     for cluster, run_dir in run_dirs.items():
         run = {**json.loads(RunDir(run_dir).run_json.read_text()), **(analysis or {})}
         variance = pd.read_csv(RunDir(run_dir).table("variance"))
         wanted = metrics_of(run)
         rows = variance[variance["metric"].isin(wanted)].copy()
-        rows["metric"] = rows["metric"].replace({wanted[0]: names.zone_mean("head", run["timeline_zone"]),
-                                                 wanted[1]: names.cpu_median("head")})
+        rows["metric"] = rows["metric"].replace(
+            {wanted[0]: names.zone_mean("head", run["timeline_zone"]), wanted[1]: names.cpu_median("head")}
+        )
         levels = "users" in rows and rows["users"].nunique() > 1  # a run of levels: a row per cluster and level
         rows.insert(0, "cluster", [f"{cluster} at {users} users" for users in rows["users"]] if levels else cluster)
         frames.append(rows.reindex(columns=COLUMNS))
@@ -50,10 +51,17 @@ def fleet_markdown(table: pd.DataFrame, order: str) -> str:
     if energy.METRIC in wide:  # J/token needs three decimals; the Markdown table prints two
         rounded[energy.METRIC] = wide[energy.METRIC].map(lambda v: fmt(v, "", DIGITS["J/token"]))
     wide = rounded.reset_index()
-    lines = [f"# thermab fleet report — order {order}, {table['cluster'].nunique()} clusters", "",
-             "Per-arm means over each cluster's phases (n = phases per arm; units: °C, % of one core, tok/s,"
-             " J/token; a cluster without power telemetry has no energy per token).",
-             "", markdown_table(wide), "", "## Verdicts per cluster", ""]
+    lines = [
+        f"# thermab fleet report — order {order}, {table['cluster'].nunique()} clusters",
+        "",
+        "Per-arm means over each cluster's phases (n = phases per arm; units: °C, % of one core, tok/s,"
+        " J/token; a cluster without power telemetry has no energy per token).",
+        "",
+        markdown_table(wide),
+        "",
+        "## Verdicts per cluster",
+        "",
+    ]
     for cluster, rows in table.groupby("cluster", sort=False):
         lines.append(f"### {cluster}")
         lines += [f"- {verdict}" for verdict in rows["verdict"].dropna() if not verdict.startswith("reference")]
@@ -67,7 +75,7 @@ def fleet_figure(table: pd.DataFrame, out_png: Path) -> None:
     clusters = list(dict.fromkeys(table["cluster"]))
     arms = list(dict.fromkeys(table["label"]))
     width = 0.8 / max(len(arms), 1)
-    for axis, metric in zip(axes[0], metrics):
+    for axis, metric in zip(axes[0], metrics, strict=False):
         rows = table[table["metric"] == metric]
         for index, label in enumerate(arms):
             values = [rows[(rows["cluster"] == c) & (rows["label"] == label)]["mean"].mean() for c in clusters]
@@ -81,8 +89,9 @@ def fleet_figure(table: pd.DataFrame, out_png: Path) -> None:
     plt.close(figure)
 
 
-def write_fleet(run_dirs: dict[str, Path], order: str, out_csv: Path, out_md: Path, out_png: Path,
-                analysis: dict | None = None) -> None:
+def write_fleet(
+    run_dirs: dict[str, Path], order: str, out_csv: Path, out_md: Path, out_png: Path, analysis: dict | None = None
+) -> None:
     table = fleet_table(run_dirs, analysis)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out_csv, index=False)

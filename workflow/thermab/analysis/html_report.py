@@ -37,11 +37,13 @@ def write_report(run_dir: Path, out_path: Path) -> None:
 <style>{STYLE}</style></head><body>
 {body}
 <h2>Figures</h2>
-<p>The interactive timeline (hover for every zone's value) is <a href="figures/timeline.html">figures/timeline.html</a>.</p>
+<p>The interactive timeline (hover for every zone's value) is <a
+href="figures/timeline.html">figures/timeline.html</a>.</p>
 {figures}
 <h2>Provenance</h2>
 <p>Config, versions, the Snakemake DAG (<a href="provenance/dag.svg">dag.svg</a>, dag.dot, dag.mmd) and a
-sha256 manifest of every file are in <code>provenance/</code>. Tables as CSV and Markdown are in <code>tables/</code>.</p>
+sha256 manifest of every file are in <code>provenance/</code>. Tables as CSV and Markdown are in
+<code>tables/</code>.</p>
 </body></html>
 """
     out_path.write_text(page)

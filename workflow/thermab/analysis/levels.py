@@ -46,8 +46,11 @@ def at_level(run: RunData, users: int | None) -> RunData:
         if requests is not None and USERS in requests:
             requests = requests[requests[USERS].fillna(users) == users].reset_index(drop=True)
             requests = None if requests.empty else requests
-    validity = {key[:3]: report for key, report in run.validity.items()
-                if users is None or (key[3] if key[3] is not None else default or users) == users}
+    validity = {
+        key[:3]: report
+        for key, report in run.validity.items()
+        if users is None or (key[3] if key[3] is not None else default or users) == users
+    }
     plan = {**run.plan, USERS: users} if users is not None else run.plan
     return dataclasses.replace(run, events=events, requests=requests, validity=validity, plan=plan)
 
@@ -69,8 +72,12 @@ def with_users(frame: pd.DataFrame, users: int | None) -> pd.DataFrame:
 def combine(parts: list[dict[str, pd.DataFrame]], levels: list[int | None]) -> dict[str, pd.DataFrame]:
     """The tables of every level as one, each row with its ``users``."""
     names = [name for name in parts[0] if all(name in part for part in parts)]
-    return {name: pd.concat([with_users(part[name], level) for part, level in zip(parts, levels)],
-                            ignore_index=True) for name in names}
+    return {
+        name: pd.concat(
+            [with_users(part[name], level) for part, level in zip(parts, levels, strict=False)], ignore_index=True
+        )
+        for name in names
+    }
 
 
 def tables_at(tables: dict[str, pd.DataFrame], users: int) -> dict[str, pd.DataFrame]:
@@ -97,9 +104,19 @@ def answer_changes(answers: pd.DataFrame, questions: list[dict]) -> pd.DataFrame
         words = question_words(question)
         mine = rows_of(answers, question)
         for arm, group in mine.groupby("arm", sort=False):
-            verdicts = list(zip(group[USERS].astype(int), group["verdict"]))
+            verdicts = list(zip(group[USERS].astype(int), group["verdict"], strict=False))
             verdicts.sort()
-            changes = [users for (users, verdict), (_, before) in zip(verdicts[1:], verdicts) if verdict != before]
-            rows.append({"question": words, "arm": arm, "changes_at": changes[0] if changes else pd.NA,
-                         "verdicts": ", ".join(f"{users}: {verdict}" for users, verdict in verdicts)})
+            changes = [
+                users
+                for (users, verdict), (_, before) in zip(verdicts[1:], verdicts, strict=False)
+                if verdict != before
+            ]
+            rows.append(
+                {
+                    "question": words,
+                    "arm": arm,
+                    "changes_at": changes[0] if changes else pd.NA,
+                    "verdicts": ", ".join(f"{users}: {verdict}" for users, verdict in verdicts),
+                }
+            )
     return pd.DataFrame(rows, columns=columns)

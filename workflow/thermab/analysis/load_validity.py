@@ -5,7 +5,8 @@
 (``load.validity.shortfalls``) has ``load_valid`` False, a phase without load records
 (imported runs) NA.  A phase with request rows in ``tidy/requests.parquet`` but no
 ``validity.json`` (a run written by another tool) is judged from those rows by the same
-rule (``derived_reports``), so a loop that was not closed never passes unnoticed. ``mark`` carries ``load_valid`` into every per-phase table and the
+rule (``derived_reports``), so a loop that was not closed never passes unnoticed. ``mark`` carries
+``load_valid`` into every per-phase table and the
 pooled metrics, ``note_verdicts`` makes each verdict built on such a phase say so.
 Pure functions over frames; ``model.read_validity`` reads the files.
 """
@@ -19,20 +20,46 @@ from thermab.contracts import REQUEST_COLUMNS
 from thermab.load.validity import shortfalls, validity_report
 
 VALIDITY_COLUMNS = PHASE_KEYS + [
-    "users", "inflight_mean", "server_running_mean", "server_waiting_mean", "server_held_max",
-    "share_at_users", "ok_load", "full_length_share", "reporting_cached",
-    "cached_share", "requests", "failed", "usage_source", "load_valid", "shortfalls", "warnings",
+    "users",
+    "inflight_mean",
+    "server_running_mean",
+    "server_waiting_mean",
+    "server_held_max",
+    "share_at_users",
+    "ok_load",
+    "full_length_share",
+    "reporting_cached",
+    "cached_share",
+    "requests",
+    "failed",
+    "usage_source",
+    "load_valid",
+    "shortfalls",
+    "warnings",
 ]
-DTYPES = {**dict.fromkeys(["users", "ok_load", "reporting_cached", "requests", "failed"], "Int64"),
-          **dict.fromkeys(["inflight_mean", "share_at_users", "full_length_share", "cached_share",
-                           "server_running_mean", "server_waiting_mean", "server_held_max"], "float64"),
-          "load_valid": "boolean"}
+DTYPES = {
+    **dict.fromkeys(["users", "ok_load", "reporting_cached", "requests", "failed"], "Int64"),
+    **dict.fromkeys(
+        [
+            "inflight_mean",
+            "share_at_users",
+            "full_length_share",
+            "cached_share",
+            "server_running_mean",
+            "server_waiting_mean",
+            "server_held_max",
+        ],
+        "float64",
+    ),
+    "load_valid": "boolean",
+}
 NO_RECORDS = "no load records"
 DERIVED = "no validity.json: judged from tidy/requests.parquet"
 
 
-def derived_reports(requests: pd.DataFrame | None, windows: pd.DataFrame, events: pd.DataFrame,
-                    plan: dict, written: dict) -> dict:
+def derived_reports(
+    requests: pd.DataFrame | None, windows: pd.DataFrame, events: pd.DataFrame, plan: dict, written: dict
+) -> dict:
     """The validity report of each window that has request rows but no report ``written``
     (validity.json), from those rows: the
     configured users, max_tokens, prompt size and probes where the plan (run.json) has them,
@@ -42,8 +69,9 @@ def derived_reports(requests: pd.DataFrame | None, windows: pd.DataFrame, events
     if requests is None or requests.empty or windows.empty:
         return {}
     # diagnostics another writer may not have are unknown (NA), not zero: counts become nullable
-    dtypes = {column: "Int64" if dtype == "int64" and column != "rep" else dtype
-              for column, dtype in REQUEST_COLUMNS.items()}
+    dtypes = {
+        column: "Int64" if dtype == "int64" and column != "rep" else dtype for column, dtype in REQUEST_COLUMNS.items()
+    }
     frame = requests.copy()
     for column, dtype in dtypes.items():
         if column not in frame:
@@ -51,8 +79,10 @@ def derived_reports(requests: pd.DataFrame | None, windows: pd.DataFrame, events
     try:
         frame = frame.astype({column: dtype for column, dtype in dtypes.items() if str(frame[column].dtype) != dtype})
     except (ValueError, TypeError) as error:
-        raise UserError(f"tidy/requests.parquet: a column is not of the type docs/design.md gives it: "
-                        f"{' '.join(str(error).split())[:160]}") from None
+        raise UserError(
+            f"tidy/requests.parquet: a column is not of the type docs/design.md gives it: "
+            f"{' '.join(str(error).split())[:160]}"
+        ) from None
     phases = dict(tuple(frame.groupby(PHASE_KEYS, sort=False)))  # a week holds hundreds of phases
     reports = {}
     for window in windows.itertuples(index=False):
@@ -63,12 +93,22 @@ def derived_reports(requests: pd.DataFrame | None, windows: pd.DataFrame, events
         ok_tokens = load.loc[load["ok"], "completion_tokens"].dropna()
         users = plan.get("users") or int(load["user"].nunique())
         max_tokens = plan.get("max_tokens") or (int(ok_tokens.max()) if len(ok_tokens) else None)
-        report = validity_report(rows.reset_index(drop=True), (window.load_start, window.load_end), users=users,
-                                 max_tokens=max_tokens, prompt_tokens=plan.get("prompt_tokens"),
-                                 probe_n=plan.get("probe_n", len(probes)), stall_gap_s=plan["stall_gap_s"])
-        aborts = events[(events["event"] == "abort") & (events["order"] == window.order)
-                        & (events["rep"] == window.rep) & (events["arm"] == window.arm)
-                        & events["t"].between(window.load_start, window.load_end)]
+        report = validity_report(
+            rows.reset_index(drop=True),
+            (window.load_start, window.load_end),
+            users=users,
+            max_tokens=max_tokens,
+            prompt_tokens=plan.get("prompt_tokens"),
+            probe_n=plan.get("probe_n", len(probes)),
+            stall_gap_s=plan["stall_gap_s"],
+        )
+        aborts = events[
+            (events["event"] == "abort")
+            & (events["order"] == window.order)
+            & (events["rep"] == window.rep)
+            & (events["arm"] == window.arm)
+            & events["t"].between(window.load_start, window.load_end)
+        ]
         if len(aborts):
             detail = aborts["detail"].iloc[0] if "detail" in aborts else None
             report["aborted"] = (detail.get("reason") if isinstance(detail, dict) else None) or "abort event"
@@ -80,8 +120,10 @@ def derived_reports(requests: pd.DataFrame | None, windows: pd.DataFrame, events
 def validity_table(reports: dict, windows: pd.DataFrame) -> pd.DataFrame:
     """One row per load window from the phase's validity report (``model.read_validity``);
     ``cached_share`` is the share of the load requests reporting cached tokens that had any."""
-    rows = [_row(window, reports.get((window.order, int(window.rep), window.arm)))
-            for window in windows.itertuples(index=False)]
+    rows = [
+        _row(window, reports.get((window.order, int(window.rep), window.arm)))
+        for window in windows.itertuples(index=False)
+    ]
     table = pd.DataFrame(rows, columns=VALIDITY_COLUMNS)
     return table.astype(DTYPES)
 
@@ -132,27 +174,34 @@ def server_view(validity: pd.DataFrame, telemetry, windows: pd.DataFrame) -> pd.
     server = telemetry.frame(kind="server")
     server = server[server["sensor"].isin(["running", "waiting"])]
     rows = []
-    for window, row in zip(windows.itertuples(index=False), validity.itertuples(index=False)):
+    for window, row in zip(windows.itertuples(index=False), validity.itertuples(index=False), strict=False):
         inside = server[(server["t"] >= window.load_start) & (server["t"] < window.load_end)]
         running = inside.loc[inside["sensor"] == "running", "value"]
         waiting = inside.loc[inside["sensor"] == "waiting", "value"]
         held = inside.groupby("t")["value"].sum()
-        view = {"server_running_mean": running.mean() if len(running) else np.nan,
-                "server_waiting_mean": waiting.mean() if len(waiting) else np.nan,
-                "server_held_max": held.max() if len(held) else np.nan}
+        view = {
+            "server_running_mean": running.mean() if len(running) else np.nan,
+            "server_waiting_mean": waiting.mean() if len(waiting) else np.nan,
+            "server_held_max": held.max() if len(held) else np.nan,
+        }
         warnings = [w for w in [row.warnings] if isinstance(w, str) and w]
         if len(held) and pd.notna(row.inflight_mean):
             server_mean = view["server_running_mean"] + np.nan_to_num(view["server_waiting_mean"])
             if server_mean > row.inflight_mean + SERVER_SLACK:
-                warnings.append(f"the server held {server_mean:.2f} requests on average, more than the load's "
-                                f"{row.inflight_mean:.2f} in flight: another client shares it")
+                warnings.append(
+                    f"the server held {server_mean:.2f} requests on average, more than the load's "
+                    f"{row.inflight_mean:.2f} in flight: another client shares it"
+                )
             if pd.notna(row.users) and view["server_held_max"] < row.users - SERVER_SLACK:
-                warnings.append(f"the server never held more than {view['server_held_max']:.0f} of the "
-                                f"{row.users} users' requests at once: something in front of it holds them back")
+                warnings.append(
+                    f"the server never held more than {view['server_held_max']:.0f} of the "
+                    f"{row.users} users' requests at once: something in front of it holds them back"
+                )
         rows.append({**view, "warnings": "; ".join(warnings)})
     view = pd.DataFrame(rows, columns=SERVER_COLUMNS + ["warnings"], index=validity.index)
-    return validity.assign(**{column: view[column].astype("float64") for column in SERVER_COLUMNS},
-                           warnings=view["warnings"])
+    return validity.assign(
+        **{column: view[column].astype("float64") for column in SERVER_COLUMNS}, warnings=view["warnings"]
+    )
 
 
 def mark(frame: pd.DataFrame, validity: pd.DataFrame) -> pd.DataFrame:
@@ -178,6 +227,7 @@ def note_verdicts(variance: pd.DataFrame, pooled: pd.DataFrame) -> pd.DataFrame:
     """``variance`` with ``load_short``, the phases behind each row (its arm's and, for a
     difference, the reference's) whose load fell short, and every verdict of a difference
     built on one saying so."""
+
     def phases(row) -> str:
         arms = [row["arm"]] + ([row["reference"]] if pd.notna(row["reference"]) else [])
         return ", ".join(short_phases(pooled[(pooled["metric"] == row["metric"]) & pooled["arm"].isin(arms)]))
@@ -185,6 +235,10 @@ def note_verdicts(variance: pd.DataFrame, pooled: pd.DataFrame) -> pd.DataFrame:
     load_short = (variance.apply(phases, axis=1) if len(variance) else pd.Series(dtype="string")).astype("string")
     noted = variance["reference"].notna() & (load_short != "")
     verdict = variance["verdict"].where(
-        ~noted, variance["verdict"] + " Built on phases whose load fell short of the configuration: "
-        + load_short + " (see Load validity).")
+        ~noted,
+        variance["verdict"]
+        + " Built on phases whose load fell short of the configuration: "
+        + load_short
+        + " (see Load validity).",
+    )
     return variance.assign(verdict=verdict, load_short=load_short)

@@ -26,13 +26,33 @@ ZONE_COLUMNS = PHASE_KEYS + ["host", "sensor", "mean_c", "max_c", "n"]
 CPU_COLUMNS = PHASE_KEYS + ["host", "median_pct", "p5_pct", "p95_pct", "n"]
 # docs/design.md's columns first; the rest are additions (see performance()).
 PERFORMANCE_COLUMNS = PHASE_KEYS + [
-    "requests_completed", "output_tokens", "window_s", "output_tok_s", "probe_tok_s_median",
-    "probe_n", "stall_gaps", "max_gap_s", "errors", "probe_ok", "probe_arrivals_min", "probe_arrivals_max",
+    "requests_completed",
+    "output_tokens",
+    "window_s",
+    "output_tok_s",
+    "probe_tok_s_median",
+    "probe_n",
+    "stall_gaps",
+    "max_gap_s",
+    "errors",
+    "probe_ok",
+    "probe_arrivals_min",
+    "probe_arrivals_max",
 ]
 PHASE_METRIC_COLUMNS = PHASE_KEYS + ["metric", "unit", "value"]
 # what performance() reads of tidy/requests.parquet (stall_gaps and max_gap_s where recorded)
-REQUEST_COLUMNS = ["t_start", "t_first_token", "t_end", "kind", "ok", "completion_tokens", "stall_gaps", "max_gap_s",
-                   "token_arrivals", "token_span_s"]
+REQUEST_COLUMNS = [
+    "t_start",
+    "t_first_token",
+    "t_end",
+    "kind",
+    "ok",
+    "completion_tokens",
+    "stall_gaps",
+    "max_gap_s",
+    "token_arrivals",
+    "token_span_s",
+]
 CPU_SENSOR = "vllm_cpu_pct"
 
 
@@ -50,11 +70,11 @@ def load_windows(events: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (order, rep, arm), phase in starts.groupby(PHASE_KEYS, sort=False):
         start = phase["t"].max()
-        after = ends[(ends["order"] == order) & (ends["rep"] == rep) & (ends["arm"] == arm)
-                     & (ends["t"] > start)]
+        after = ends[(ends["order"] == order) & (ends["rep"] == rep) & (ends["arm"] == arm) & (ends["t"] > start)]
         if after.empty:
-            log.warning("phase %s rep%d-%s: load_start at t=%.1f has no load_end after it; skipped",
-                        order, rep, arm, start)
+            log.warning(
+                "phase %s rep%d-%s: load_start at t=%.1f has no load_end after it; skipped", order, rep, arm, start
+            )
             continue
         end = after["t"].min()
         rows.append((order, int(rep), arm, start, end, end - start))
@@ -83,13 +103,21 @@ def series_in_windows(telemetry, windows: pd.DataFrame, **selection) -> Iterator
     for key, arrays in telemetry.series(**selection):
         starts, stops = window_rows(arrays["t"], windows)
         phase = np.repeat(np.arange(len(windows)), stops - starts)
-        rows = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops)]) if len(windows) else np.array([], int)
+        rows = (
+            np.concatenate([np.arange(a, b) for a, b in zip(starts, stops, strict=False)])
+            if len(windows)
+            else np.array([], int)
+        )
         t = arrays["t"][rows]
-        yield key, pd.DataFrame({"phase": phase, "t": t, "t_rel": t - load_start[phase], "value": arrays["value"][rows]})
+        yield (
+            key,
+            pd.DataFrame({"phase": phase, "t": t, "t_rel": t - load_start[phase], "value": arrays["value"][rows]}),
+        )
 
 
-def per_window(telemetry, windows: pd.DataFrame, by: list[str], aggregate, columns: list[str],
-               **selection) -> pd.DataFrame:
+def per_window(
+    telemetry, windows: pd.DataFrame, by: list[str], aggregate, columns: list[str], **selection
+) -> pd.DataFrame:
     """``aggregate(samples)`` of each selected series inside the windows (samples as of
     ``series_in_windows``; it returns rows with a ``phase`` column), tagged with the phase
     keys and the series keys ``by``, in the order of a groupby over (phase, *by): windows in
@@ -109,6 +137,7 @@ def per_window(telemetry, windows: pd.DataFrame, by: list[str], aggregate, colum
 
 def zone_stats(telemetry, windows: pd.DataFrame) -> pd.DataFrame:
     """Mean, max and sample count of every thermal zone of every host per load window."""
+
     def aggregate(samples):
         stats = samples.groupby("phase")["value"].agg(max_c="max", n="count")
         stats.insert(0, "mean_c", exact_means(samples))
@@ -145,17 +174,21 @@ def time_to_threshold(telemetry, windows: pd.DataFrame, thresholds_c) -> pd.Data
             reached.append(first.reindex(phases).to_numpy("float64"))
             count.append(np.bincount(phase[above], minlength=phases.max() + 1)[phases])
         shape = (len(phases), 0)  # no thresholds asked: no rows
-        return pd.DataFrame({"phase": np.repeat(phases, len(thresholds)),
-                             "threshold_c": np.tile(thresholds, len(phases)),
-                             "reached_s": (np.column_stack(reached) if reached else np.zeros(shape)).ravel(),
-                             "samples_at_or_above": (np.column_stack(count) if count else
-                                                     np.zeros(shape, int)).ravel()})
+        return pd.DataFrame(
+            {
+                "phase": np.repeat(phases, len(thresholds)),
+                "threshold_c": np.tile(thresholds, len(phases)),
+                "reached_s": (np.column_stack(reached) if reached else np.zeros(shape)).ravel(),
+                "samples_at_or_above": (np.column_stack(count) if count else np.zeros(shape, int)).ravel(),
+            }
+        )
 
     return per_window(telemetry, windows, ["host", "sensor"], aggregate, THRESHOLD_COLUMNS, kind="thermal")
 
 
 def cpu_stats(telemetry, windows: pd.DataFrame, sensor: str = CPU_SENSOR) -> pd.DataFrame:
     """Median and 5th/95th percentiles of the vLLM CPU sum (% of one core) per host and window."""
+
     def aggregate(samples):
         values = samples.groupby("phase")["value"]
         stats = values.agg(median_pct="median", n="count")
@@ -210,8 +243,9 @@ def _window_requests(phase: pd.DataFrame, window) -> dict:
     load = ok[ok["kind"] == "load"]
     ok_probes = ok[ok["kind"] == "probe"]
     probes = probe_decode_speed(ok_probes).dropna()
-    arrivals = (ok_probes["token_arrivals"].astype("float64") if "token_arrivals" in ok_probes
-                else pd.Series(dtype="float64"))  # runs recorded before the column existed
+    arrivals = (
+        ok_probes["token_arrivals"].astype("float64") if "token_arrivals" in ok_probes else pd.Series(dtype="float64")
+    )  # runs recorded before the column existed
     output_tokens = int(load["completion_tokens"].sum())
     return {
         "requests_completed": len(load),
@@ -228,8 +262,9 @@ def _window_requests(phase: pd.DataFrame, window) -> dict:
     }
 
 
-def phase_metrics(zones: pd.DataFrame, cpu: pd.DataFrame, perf: pd.DataFrame,
-                  hosts: list[str], zone: str) -> pd.DataFrame:
+def phase_metrics(
+    zones: pd.DataFrame, cpu: pd.DataFrame, perf: pd.DataFrame, hosts: list[str], zone: str
+) -> pd.DataFrame:
     """The per-phase values the arm comparison works on, long format
     (order, rep, arm, metric, unit, value): the timeline zone's mean and the vLLM CPU median
     of every host (in the order of ``hosts``), throughput, probe speed and stall gaps."""

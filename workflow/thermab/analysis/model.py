@@ -20,8 +20,7 @@ import pyarrow.parquet as pq
 
 from thermab.config import UserError, check_file, question_kinds, read_bounded
 from thermab.contracts import REQUEST_COLUMNS, REQUIRED_REQUEST_COLUMNS, PhaseValidity, validity_key
-from thermab.experiment import events as events_file
-from thermab.experiment import plan
+from thermab.experiment import events as events_file, plan
 from thermab.jsonl import MAX_JSONL_BYTES
 from thermab.layout import RunDir
 from thermab.telemetry.ingest import SERIES_KEYS, TELEMETRY_COLUMNS
@@ -55,8 +54,9 @@ def check_columns(path, frame: pd.DataFrame, dtypes: dict[str, str], required) -
         wanted = "bool" if dtype == "bool" else "number" if dtype[0] in "fiI" else "string"
         kind = _dtype_kind(frame[column].dtype)
         if kind != wanted and not (wanted == "string" and kind == "object"):
-            shown = {"number": "numbers (seconds since the epoch for times)", "string": "text",
-                     "bool": "true/false"}[wanted]
+            shown = {"number": "numbers (seconds since the epoch for times)", "string": "text", "bool": "true/false"}[
+                wanted
+            ]
             raise UserError(f"{path}: column '{column}' holds {kind}, not {shown}")
 
 
@@ -80,19 +80,21 @@ class Telemetry:
         self._read = read
 
     @classmethod
-    def open(cls, path) -> "Telemetry":
+    def open(cls, path) -> Telemetry:
         check_file(path, MAX_PARQUET_BYTES)
-        check_columns(path, pq.ParquetFile(path).schema_arrow.empty_table().to_pandas(), TELEMETRY_DTYPES,
-                      TELEMETRY_COLUMNS)
+        check_columns(
+            path, pq.ParquetFile(path).schema_arrow.empty_table().to_pandas(), TELEMETRY_DTYPES, TELEMETRY_COLUMNS
+        )
         metadata = pq.ParquetFile(path).metadata
         index = _row_group_index(metadata)
         if index is None:
-            return cls.from_frame(pq.read_table(path, columns=TELEMETRY_COLUMNS,
-                                                read_dictionary=SERIES_KEYS).to_pandas())
+            return cls.from_frame(
+                pq.read_table(path, columns=TELEMETRY_COLUMNS, read_dictionary=SERIES_KEYS).to_pandas()
+            )
         return cls(index, partial(_read_row_groups, path, metadata))  # its footer parsed once, not per series
 
     @classmethod
-    def from_frame(cls, frame: pd.DataFrame) -> "Telemetry":
+    def from_frame(cls, frame: pd.DataFrame) -> Telemetry:
         """Any long frame (t, host, kind, sensor, value), sorted stably by series and t; rows
         without host, kind or sensor are left out, as a groupby over those keys leaves them."""
         codes = [_sorted_categories(frame[key]) for key in SERIES_KEYS]
@@ -104,10 +106,18 @@ class Telemetry:
         t, value, keys = t[order], value[order], [k[order] for k in keys]
         boundaries = np.flatnonzero(np.logical_or.reduce([np.diff(k) != 0 for k in keys])) + 1
         starts, stops = (np.r_[0, boundaries], np.r_[boundaries, len(t)]) if len(t) else (np.zeros(0, int),) * 2
-        index = pd.DataFrame({key: np.asarray(c.categories, dtype=object)[k[starts]]
-                              for key, c, k in zip(SERIES_KEYS, codes, keys)})
-        index = index.assign(rows=stops - starts, t_min=t[starts], t_max=t[stops - 1],
-                             where=[slice(a, b) for a, b in zip(starts, stops)])
+        index = pd.DataFrame(
+            {
+                key: np.asarray(c.categories, dtype=object)[k[starts]]
+                for key, c, k in zip(SERIES_KEYS, codes, keys, strict=False)
+            }
+        )
+        index = index.assign(
+            rows=stops - starts,
+            t_min=t[starts],
+            t_max=t[stops - 1],
+            where=[slice(a, b) for a, b in zip(starts, stops, strict=False)],
+        )
         columns = {"t": t, "value": value}
         return cls(index, lambda where, names: {name: columns[name][where] for name in names})
 
@@ -119,8 +129,9 @@ class Telemetry:
                 index = index[index[key] == wanted]
         return index
 
-    def series(self, kind: str | None = None, sensor: str | None = None, host: str | None = None,
-               columns=("t", "value")) -> Iterator[tuple[dict, dict[str, np.ndarray]]]:
+    def series(
+        self, kind: str | None = None, sensor: str | None = None, host: str | None = None, columns=("t", "value")
+    ) -> Iterator[tuple[dict, dict[str, np.ndarray]]]:
         """Each matching series as ({host, kind, sensor}, {column: array}), in (host, kind,
         sensor) order, its samples in time order (stably: equal times keep the file's order).
         A sample whose time or value is not a finite number (NaN, ±inf in a file ingest did not
@@ -138,11 +149,14 @@ class Telemetry:
     def frame(self, kind: str | None = None, sensor: str | None = None, host: str | None = None) -> pd.DataFrame:
         """The matching series as one long frame (t, host, kind, sensor, value), sorted by
         series and t.  For small selections (figures): it holds every row asked for."""
-        parts = [pd.DataFrame({"t": arrays["t"], **key, "value": arrays["value"]})
-                 for key, arrays in self.series(kind, sensor, host)]
+        parts = [
+            pd.DataFrame({"t": arrays["t"], **key, "value": arrays["value"]})
+            for key, arrays in self.series(kind, sensor, host)
+        ]
         if not parts:
-            return pd.DataFrame({c: pd.Series(dtype="float64" if c in ("t", "value") else "string")
-                                 for c in TELEMETRY_COLUMNS})
+            return pd.DataFrame(
+                {c: pd.Series(dtype="float64" if c in ("t", "value") else "string") for c in TELEMETRY_COLUMNS}
+            )
         return pd.concat(parts, ignore_index=True)[TELEMETRY_COLUMNS]
 
     @property
@@ -171,8 +185,10 @@ def _row_group_index(metadata) -> pd.DataFrame | None:
         if row_group.num_rows == 0:
             continue
         stats = {name: row_group.column(names.index(name)).statistics for name in SERIES_KEYS + ["t"]}
-        if any(s is None or not s.has_min_max or s.null_count or s.min != s.max
-               for s in (stats[key] for key in SERIES_KEYS)):
+        if any(
+            s is None or not s.has_min_max or s.null_count or s.min != s.max
+            for s in (stats[key] for key in SERIES_KEYS)
+        ):
             return None
         key = tuple(stats[k].min for k in SERIES_KEYS)
         t = stats["t"]
@@ -181,8 +197,9 @@ def _row_group_index(metadata) -> pd.DataFrame | None:
         entry[0] += row_group.num_rows
         entry[1], entry[2] = np.fmin(entry[1], t_min), np.fmax(entry[2], t_max)
         entry[3].append(group)
-    index = pd.DataFrame([(*key, n, low, high, tuple(groups)) for key, (n, low, high, groups) in rows.items()],
-                         columns=INDEX_COLUMNS)
+    index = pd.DataFrame(
+        [(*key, n, low, high, tuple(groups)) for key, (n, low, high, groups) in rows.items()], columns=INDEX_COLUMNS
+    )
     return index.sort_values(SERIES_KEYS, ignore_index=True)
 
 
@@ -193,8 +210,7 @@ def _sorted_categories(values: pd.Series) -> pd.Categorical:
     return categorical.reorder_categories(categorical.categories.sort_values())
 
 
-def _read_row_groups(path, metadata, row_groups: tuple[int, ...],
-                     columns: list[str]) -> dict[str, np.ndarray]:
+def _read_row_groups(path, metadata, row_groups: tuple[int, ...], columns: list[str]) -> dict[str, np.ndarray]:
     table = pq.ParquetFile(path, metadata=metadata).read_row_groups(list(row_groups), columns=columns)
     return {name: table.column(name).to_numpy() for name in columns}
 
@@ -259,10 +275,16 @@ def inferred_plan(path: Path, events: pd.DataFrame, telemetry: Telemetry) -> dic
         raise UserError(f"{path}: no run.json, and events.jsonl names no phase: nothing to analyse")
     hosts = sorted(str(host) for host in telemetry.index["host"].unique())
     orders = [str(order) for order in phases["order"].dropna().unique()]
-    return plan.run_plan(cluster=path.resolve().parent.name, order=orders[0] if orders else "".join(letters),
-                         repeats=int(phases["rep"].max()) if phases["rep"].notna().any() else 1,
-                         arms={letter: {"label": letter, "value": ""} for letter in letters},
-                         setting="setting", head=hosts[0] if hosts else "", hosts=hosts, inferred=True)
+    return plan.run_plan(
+        cluster=path.resolve().parent.name,
+        order=orders[0] if orders else "".join(letters),
+        repeats=int(phases["rep"].max()) if phases["rep"].notna().any() else 1,
+        arms={letter: {"label": letter, "value": ""} for letter in letters},
+        setting="setting",
+        head=hosts[0] if hosts else "",
+        hosts=hosts,
+        inferred=True,
+    )
 
 
 def _finite(value) -> bool:
@@ -276,8 +298,16 @@ PLAN_NUMBER_KINDS = {
     "positive": ("a finite number above 0", lambda v: _finite(v) and v > 0),
     "number or null": ("a finite number or null", lambda v: v is None or _finite(v)),
 }
-PLAN_NUMBERS = {"users": "count", "max_tokens": "count", "prompt_tokens": "count", "repeats": "count",
-                "probe_n": "whole", "stall_gap_s": "positive", "load_s": "positive", "trip_point_c": "number or null"}
+PLAN_NUMBERS = {
+    "users": "count",
+    "max_tokens": "count",
+    "prompt_tokens": "count",
+    "repeats": "count",
+    "probe_n": "whole",
+    "stall_gap_s": "positive",
+    "load_s": "positive",
+    "trip_point_c": "number or null",
+}
 
 
 def _check_plan(path: Path, config: dict) -> dict:
@@ -298,21 +328,40 @@ def _check_plan(path: Path, config: dict) -> dict:
                 continue
         if key in config and not test(config[key]):
             shown = repr(config[key])
-            raise UserError(f"{path}: key '{key}' must be {what}, not {shown if len(shown) <= 40 else shown[:39] + '…'}")
+            raise UserError(
+                f"{path}: key '{key}' must be {what}, not {shown if len(shown) <= 40 else shown[:39] + '…'}"
+            )
     for key in ("thresholds_c", "reference_lines_c"):
         values = config.get(key, [])
         if not (isinstance(values, list) and all(_finite(value) for value in values)):
             raise UserError(f"{path}: key '{key}' must be a list of finite numbers")
     questions = config.get("questions", [])
-    if not (isinstance(questions, list) and all(
-            isinstance(q, dict) and isinstance(q.get("metric"), str) and q.get("kind") in question_kinds()
-            and all(_finite(q[k]) for k in ("by", "margin", "margin_pct") if k in q) for q in questions)):
-        raise UserError(f"{path}: key 'questions' must be a list of questions, each a metric, a kind "
-                        f"({', '.join(question_kinds())}) and finite margins")
-    return plan.run_plan(**{"cluster": "", "order": "".join(arms), "repeats": 1, "setting": "setting", "head": "",
-                            "hosts": [], **{key: value for key, value in config.items()
-                                            if key not in plan.DEFAULT_ANALYSIS}},
-                         analysis={key: config[key] for key in plan.DEFAULT_ANALYSIS if key in config})
+    if not (
+        isinstance(questions, list)
+        and all(
+            isinstance(q, dict)
+            and isinstance(q.get("metric"), str)
+            and q.get("kind") in question_kinds()
+            and all(_finite(q[k]) for k in ("by", "margin", "margin_pct") if k in q)
+            for q in questions
+        )
+    ):
+        raise UserError(
+            f"{path}: key 'questions' must be a list of questions, each a metric, a kind "
+            f"({', '.join(question_kinds())}) and finite margins"
+        )
+    return plan.run_plan(
+        **{
+            "cluster": "",
+            "order": "".join(arms),
+            "repeats": 1,
+            "setting": "setting",
+            "head": "",
+            "hosts": [],
+            **{key: value for key, value in config.items() if key not in plan.DEFAULT_ANALYSIS},
+        },
+        analysis={key: config[key] for key in plan.DEFAULT_ANALYSIS if key in config},
+    )
 
 
 def load_run(run_dir, analysis: dict | None = None) -> RunData:
@@ -339,8 +388,9 @@ def load_run(run_dir, analysis: dict | None = None) -> RunData:
         requests = None
     events = read_events(files.events)
     run_json = files.run_json
-    config = (_check_plan(run_json, _read_json(run_json)) if run_json.exists()
-              else inferred_plan(path, events, telemetry))
+    config = (
+        _check_plan(run_json, _read_json(run_json)) if run_json.exists() else inferred_plan(path, events, telemetry)
+    )
     config.update(plan.reanalysis(analysis or {}))
     return RunData(path, config, events, telemetry, requests, read_validity(path), read_sources(files.ingest_report))
 
@@ -352,10 +402,18 @@ def read_sources(path: Path) -> dict:
     if not path.exists():
         return {}
     sources = _read_json(path).get("sources", {})
-    if not (isinstance(sources, dict) and all(
-            isinstance(kinds, dict) and all(isinstance(series, dict) and all(
-                isinstance(sensor, str) and isinstance(source, str) for sensor, source in series.items())
-                for series in kinds.values()) for kinds in sources.values())):
+    if not (
+        isinstance(sources, dict)
+        and all(
+            isinstance(kinds, dict)
+            and all(
+                isinstance(series, dict)
+                and all(isinstance(sensor, str) and isinstance(source, str) for sensor, source in series.items())
+                for series in kinds.values()
+            )
+            for kinds in sources.values()
+        )
+    ):
         raise UserError(f"{path}: 'sources' must map host → kind → sensor → the name of a source")
     return sources
 
@@ -394,9 +452,13 @@ def sibling_runs(run_dir) -> list[Path]:
     path = Path(run_dir).resolve()
     run_json = RunDir(path).run_json
     cluster = _read_json(run_json).get("cluster") if run_json.exists() else path.parent.name
-    return [other for other in sorted(path.parent.iterdir())
-            if other != path and RunDir(other).run_json.exists()
-            and _read_json(RunDir(other).run_json).get("cluster") == cluster]
+    return [
+        other
+        for other in sorted(path.parent.iterdir())
+        if other != path
+        and RunDir(other).run_json.exists()
+        and _read_json(RunDir(other).run_json).get("cluster") == cluster
+    ]
 
 
 def ordered_hosts(config: dict) -> list[str]:

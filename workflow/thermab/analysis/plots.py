@@ -9,7 +9,8 @@ scraped (vLLM's running and waiting requests, beside the configured users).  A f
 the run lacks (imported chart data has no CPU and no requests) is still written and says so,
 so that a workflow can declare every file as an output.  dose_response.png only for sweeps
 (more than two arms).  questions.png: the forest plot of the declared questions (per level in a
-run of levels).  tradeoff.png: each arm's metrics against users (analysis/tradeoff.py).  A phase whose load fell short of the configuration (``load_valid``
+run of levels).  tradeoff.png: each arm's metrics against users (analysis/tradeoff.py).  A phase
+whose load fell short of the configuration (``load_valid``
 False) is drawn hollow and labelled "load short"; its load window on the timeline is hatched.
 """
 
@@ -17,17 +18,19 @@ import math
 import textwrap
 from pathlib import Path
 
-from thermab.analysis.headless import plt  # noqa: E402 (the Agg backend, literal text)
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from plotly.subplots import make_subplots  # noqa: E402
 
-from thermab.analysis.load_validity import is_short  # noqa: E402
+from thermab import (
+    layout,  # noqa: E402
+    metric_names as names,  # noqa: E402
+)
 from thermab.analysis import energy, levels, tradeoff  # noqa: E402
-from thermab import metric_names as names  # noqa: E402
-from thermab.analysis.questions import decisive_bounds  # noqa: E402
+from thermab.analysis.headless import plt  # noqa: E402 (the Agg backend, literal text)
+from thermab.analysis.load_validity import is_short  # noqa: E402
 from thermab.analysis.model import Analysis, RunData, ordered_hosts  # noqa: E402
-from thermab import layout  # noqa: E402
+from thermab.analysis.questions import decisive_bounds  # noqa: E402
 from thermab.layout import RunDir  # noqa: E402
 from thermab.load.validity import bursts  # noqa: E402
 
@@ -109,10 +112,17 @@ def _server_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, 
     """The server's own running and waiting requests (its /metrics), load windows shaded."""
     for sensor, samples in lines:
         color, dash = SERVER_SENSORS[sensor]
-        ax.step(samples["minutes"], samples["value"], where="post", color=color, ls=dash, lw=1.2,
-                label=f"server {sensor} requests")
+        ax.step(
+            samples["minutes"],
+            samples["value"],
+            where="post",
+            color=color,
+            ls=dash,
+            lw=1.2,
+            label=f"server {sensor} requests",
+        )
     users = run.plan.get("users")
-    for level in ([users] if isinstance(users, int) else users or []):  # each level of a run of levels
+    for level in [users] if isinstance(users, int) else users or []:  # each level of a run of levels
         ax.axhline(level, ls=":", lw=1, color="#555555", label=f"{level} users")
     _finish_panel(ax, windows, colors, t0, "requests (server)")
 
@@ -120,8 +130,13 @@ def _server_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, 
 def _finish_panel(ax, windows: pd.DataFrame, colors: dict, t0: float, ylabel: str) -> None:
     """A panel under the temperatures: load windows shaded in their arm's colour, from zero."""
     for window in windows.itertuples(index=False):
-        ax.axvspan((window.load_start - t0) / 60, (window.load_end - t0) / 60,
-                   color=colors.get(window.arm, "#999999"), alpha=0.13, lw=0)
+        ax.axvspan(
+            (window.load_start - t0) / 60,
+            (window.load_end - t0) / 60,
+            color=colors.get(window.arm, "#999999"),
+            alpha=0.13,
+            lw=0,
+        )
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.25)
@@ -143,8 +158,14 @@ def _power_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, t
     styles = {}
     for host, domain, samples in lines:
         styles[host] = styles.get(host, -1) + 1
-        ax.plot(samples["minutes"], samples["value"], color=_host_color(run, host), lw=1.2,
-                ls=POWER_DASHES[styles[host] % len(POWER_DASHES)], label=f"{host} {domain} power")
+        ax.plot(
+            samples["minutes"],
+            samples["value"],
+            color=_host_color(run, host),
+            lw=1.2,
+            ls=POWER_DASHES[styles[host] % len(POWER_DASHES)],
+            label=f"{host} {domain} power",
+        )
     _finish_panel(ax, windows, colors, t0, "power (W)")
 
 
@@ -160,8 +181,11 @@ def _window_label(window, config) -> str:
 
 
 def _reference_lines(config) -> list[tuple[float, str, str]]:
-    lines = [(config["trip_point_c"], f"trip point {config['trip_point_c']:g} °C", "#67001f")] \
-        if config.get("trip_point_c") else []
+    lines = (
+        [(config["trip_point_c"], f"trip point {config['trip_point_c']:g} °C", "#67001f")]
+        if config.get("trip_point_c")
+        else []
+    )
     return lines + [(c, f"{c:g} °C", "#555555") for c in config.get("reference_lines_c", [])]
 
 
@@ -191,60 +215,109 @@ def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -
     power_lines = _power_lines(run, t0)
     server_lines = _server_lines(run, t0)
     below = [(draw, lines) for draw, lines in ((_power_panel, power_lines), (_server_panel, server_lines)) if lines]
-    fig, axes = plt.subplots(1 + len(below), 1, figsize=(14, 6.5 + 2.5 * len(below)), sharex=True,
-                             height_ratios=[3] + [1.3] * len(below), layout="constrained", squeeze=False)
+    fig, axes = plt.subplots(
+        1 + len(below),
+        1,
+        figsize=(14, 6.5 + 2.5 * len(below)),
+        sharex=True,
+        height_ratios=[3] + [1.3] * len(below),
+        layout="constrained",
+        squeeze=False,
+    )
     ax = axes[0, 0]
     others = sorted(set(head["sensor"]) - {config["timeline_zone"]})
     for i, sensor in enumerate(others):
         samples = head[head["sensor"] == sensor]
-        ax.plot(samples["minutes"], samples["value"], color="#9a9a9a", lw=0.7, alpha=0.8,
-                label=f"{config['head']} other zones ({', '.join(others)})" if i == 0 else None)
+        ax.plot(
+            samples["minutes"],
+            samples["value"],
+            color="#9a9a9a",
+            lw=0.7,
+            alpha=0.8,
+            label=f"{config['head']} other zones ({', '.join(others)})" if i == 0 else None,
+        )
     # a host without the zone gets no line, and no legend entry for a line that is not there
     hosts = [h for h in dict.fromkeys([config["head"], *zone["host"].unique()]) if (zone["host"] == h).any()]
     for i, host in enumerate(hosts):
         samples = zone[zone["host"] == host]
         is_head = host == config["head"]
-        ax.plot(samples["minutes"], samples["value"], lw=2.4 if is_head else 1.5,
-                color=HEAD_ZONE_COLOR if is_head else OTHER_HOST_COLORS[(i - 1) % len(OTHER_HOST_COLORS)],
-                label=f"{host} {config['timeline_zone']}", zorder=3)
+        ax.plot(
+            samples["minutes"],
+            samples["value"],
+            lw=2.4 if is_head else 1.5,
+            color=HEAD_ZONE_COLOR if is_head else OTHER_HOST_COLORS[(i - 1) % len(OTHER_HOST_COLORS)],
+            label=f"{host} {config['timeline_zone']}",
+            zorder=3,
+        )
     temperatures = pd.concat([head["value"], zone["value"]])
     lines = _reference_lines(config)
     if temperatures.empty:  # no thermal zone on any host: say so on an empty scale
         lines, low, high = [], 0.0, 100.0
-        ax.text(0.5, 0.5, "no thermal zones on any host: no temperatures in this run", transform=ax.transAxes,
-                ha="center", va="center", fontsize=13, color="#555555")
+        ax.text(
+            0.5,
+            0.5,
+            "no thermal zones on any host: no temperatures in this run",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=13,
+            color="#555555",
+        )
     else:
         low = temperatures.min() - 3
         high = max([temperatures.max()] + [c for c, _, _ in lines]) + 4
     ax.set_ylim(low, high)
     for window in windows.assign(short=is_short(windows)).itertuples(index=False):
         start, end = (window.load_start - t0) / 60, (window.load_end - t0) / 60
-        ax.axvspan(start, end, color=colors.get(window.arm, "#999999"), alpha=0.13, lw=0,
-                   hatch="//" if window.short else None)
-        ax.text((start + end) / 2, high - 0.6, "load: " + _window_label(window, config), ha="center",
-                va="top", fontsize=10, fontweight="bold", color=colors.get(window.arm, "#333333"))
+        ax.axvspan(
+            start, end, color=colors.get(window.arm, "#999999"), alpha=0.13, lw=0, hatch="//" if window.short else None
+        )
+        ax.text(
+            (start + end) / 2,
+            high - 0.6,
+            "load: " + _window_label(window, config),
+            ha="center",
+            va="top",
+            fontsize=10,
+            fontweight="bold",
+            color=colors.get(window.arm, "#333333"),
+        )
     for value, text, color in lines:
         ax.axhline(value, ls=":", lw=1.2, color=color)
         # below the line: the load-window labels sit at the top edge
-        ax.annotate(text, (1, value), xycoords=("axes fraction", "data"), xytext=(-4, -2),
-                    textcoords="offset points", ha="right", va="top", fontsize=8, color=color)
+        ax.annotate(
+            text,
+            (1, value),
+            xycoords=("axes fraction", "data"),
+            xytext=(-4, -2),
+            textcoords="offset points",
+            ha="right",
+            va="top",
+            fontsize=8,
+            color=color,
+        )
     span_min = (_last_t(run) - t0) / 60
     for times, text in _labelled_events(run, t0, span_min):
         for minutes in times:
             ax.axvline(minutes, color="#333333", lw=0.6, alpha=0.5, ls="--")
-        ax.text(times[-1], low + 0.5, " " + text, rotation=90, va="bottom", ha="left", fontsize=7.5,
-                color="#333333")
+        ax.text(times[-1], low + 0.5, " " + text, rotation=90, va="bottom", ha="left", fontsize=7.5, color="#333333")
     ax.set_xlim(0, span_min)
     ax.set_ylabel("temperature (°C)")
     ax.set_title(_title(config, "thermal zones" + (" and power" if power_lines else "")))
     ax.grid(alpha=0.25)
-    for (draw, lines), panel in zip(below, axes[1:, 0]):
+    for (draw, lines), panel in zip(below, axes[1:, 0], strict=False):
         draw(panel, run, lines, windows, colors, t0)
     bottom = axes[-1, 0]
     bottom.set_xlabel("minutes from run_start")
     handles = [h for axis in axes[:, 0] for h in axis.get_legend_handles_labels()[0]]
-    bottom.legend(handles=handles, loc="upper left", bbox_to_anchor=(0, -0.1 if bottom is ax else -0.25), ncol=4,
-                  fontsize=8.5, frameon=False)
+    bottom.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(0, -0.1 if bottom is ax else -0.25),
+        ncol=4,
+        fontsize=8.5,
+        frameon=False,
+    )
     paths = [out / "timeline.png", out / "timeline.svg"]
     for path in paths:
         fig.savefig(path, dpi=130)
@@ -253,8 +326,10 @@ def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -
 
 
 def _title(config: dict, what: str) -> str:
-    arms = ", ".join(f"{spec['label']} ({config.get('setting', 'setting')} {spec.get('value', '')})"
-                     for spec in config["arms"].values())
+    arms = ", ".join(
+        f"{spec['label']} ({config.get('setting', 'setting')} {spec.get('value', '')})"
+        for spec in config["arms"].values()
+    )
     return f"{config.get('cluster', '')}: {what} — {arms}"
 
 
@@ -268,48 +343,102 @@ def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict, path: Path)
     power_row = 2 if power_lines else None
     server_row = (3 if power_lines else 2) if server_lines else None
     rows = 1 + bool(power_lines) + bool(server_lines)
-    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        row_heights=[0.72] + [0.28] * (rows - 1) if rows > 1 else None)
+    fig = make_subplots(
+        rows=rows,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.06,
+        row_heights=[0.72] + [0.28] * (rows - 1) if rows > 1 else None,
+    )
     temps = {"row": 1, "col": 1}  # temperatures, their reference lines and the event marks
     for sensor, samples in head.groupby("sensor"):
         is_zone = sensor == config["timeline_zone"]
-        fig.add_scatter(x=samples["minutes"], y=samples["value"], name=f"{config['head']} {sensor}",
-                        line={"width": 3 if is_zone else 1, "color": HEAD_ZONE_COLOR if is_zone else "#a0a0a0"},
-                        hovertemplate="%{y:.1f} °C", **temps)
+        fig.add_scatter(
+            x=samples["minutes"],
+            y=samples["value"],
+            name=f"{config['head']} {sensor}",
+            line={"width": 3 if is_zone else 1, "color": HEAD_ZONE_COLOR if is_zone else "#a0a0a0"},
+            hovertemplate="%{y:.1f} °C",
+            **temps,
+        )
     for i, (host, samples) in enumerate(zone[zone["host"] != config["head"]].groupby("host")):
-        fig.add_scatter(x=samples["minutes"], y=samples["value"], name=f"{host} {config['timeline_zone']}",
-                        line={"width": 2, "color": OTHER_HOST_COLORS[i % len(OTHER_HOST_COLORS)]},
-                        hovertemplate="%{y:.1f} °C", **temps)
+        fig.add_scatter(
+            x=samples["minutes"],
+            y=samples["value"],
+            name=f"{host} {config['timeline_zone']}",
+            line={"width": 2, "color": OTHER_HOST_COLORS[i % len(OTHER_HOST_COLORS)]},
+            hovertemplate="%{y:.1f} °C",
+            **temps,
+        )
     styles = {}
     for host, domain, samples in power_lines:
         styles[host] = styles.get(host, -1) + 1
-        fig.add_scatter(x=samples["minutes"], y=samples["value"], name=f"{host} {domain} power",
-                        line={"width": 1.5, "color": _host_color(run, host),
-                              "dash": ["solid", "dash", "dot", "dashdot"][styles[host] % 4]},
-                        hovertemplate="%{y:.1f} W", row=power_row, col=1)
+        fig.add_scatter(
+            x=samples["minutes"],
+            y=samples["value"],
+            name=f"{host} {domain} power",
+            line={
+                "width": 1.5,
+                "color": _host_color(run, host),
+                "dash": ["solid", "dash", "dot", "dashdot"][styles[host] % 4],
+            },
+            hovertemplate="%{y:.1f} W",
+            row=power_row,
+            col=1,
+        )
     for sensor, samples in server_lines:
         color, dash = SERVER_SENSORS[sensor]
-        fig.add_scatter(x=samples["minutes"], y=samples["value"], name=f"server {sensor} requests",
-                        line={"width": 1.5, "color": color, "shape": "hv", "dash": "solid" if dash == "-" else "dash"},
-                        hovertemplate="%{y:.0f}", row=server_row, col=1)
+        fig.add_scatter(
+            x=samples["minutes"],
+            y=samples["value"],
+            name=f"server {sensor} requests",
+            line={"width": 1.5, "color": color, "shape": "hv", "dash": "solid" if dash == "-" else "dash"},
+            hovertemplate="%{y:.0f}",
+            row=server_row,
+            col=1,
+        )
     for window in windows.assign(short=is_short(windows)).itertuples(index=False):
-        shading = {"x0": (window.load_start - t0) / 60, "x1": (window.load_end - t0) / 60,
-                   "fillcolor": colors.get(window.arm, "#999999"), "opacity": 0.13, "line_width": 0}
-        fig.add_vrect(**shading, annotation_text="load: " + _window_label(window, config),
-                      annotation_position="top", **temps)
+        shading = {
+            "x0": (window.load_start - t0) / 60,
+            "x1": (window.load_end - t0) / 60,
+            "fillcolor": colors.get(window.arm, "#999999"),
+            "opacity": 0.13,
+            "line_width": 0,
+        }
+        fig.add_vrect(
+            **shading, annotation_text="load: " + _window_label(window, config), annotation_position="top", **temps
+        )
         for row in filter(None, (power_row, server_row)):
             fig.add_vrect(**shading, row=row, col=1)
     for value, text, color in _reference_lines(config):
-        fig.add_hline(y=value, line_dash="dot", line_color=color, annotation_text=text,
-                      annotation_position="bottom right", **temps)
+        fig.add_hline(
+            y=value,
+            line_dash="dot",
+            line_color=color,
+            annotation_text=text,
+            annotation_position="bottom right",
+            **temps,
+        )
     for times, text in _labelled_events(run, t0, (_last_t(run) - t0) / 60):
         for minutes in times[:-1]:
             fig.add_vline(x=minutes, line_dash="dash", line_width=1, line_color="#777777", **temps)
-        fig.add_vline(x=times[-1], line_dash="dash", line_width=1, line_color="#777777",
-                      annotation_text=text, annotation_textangle=-90, annotation_position="bottom right",
-                      annotation_font_size=10, **temps)
-    fig.update_layout(title=_title(config, "thermal zones" + (" and power" if power_lines else "")),
-                      hovermode="x unified", template="plotly_white", height=650 + 200 * (rows - 1))
+        fig.add_vline(
+            x=times[-1],
+            line_dash="dash",
+            line_width=1,
+            line_color="#777777",
+            annotation_text=text,
+            annotation_textangle=-90,
+            annotation_position="bottom right",
+            annotation_font_size=10,
+            **temps,
+        )
+    fig.update_layout(
+        title=_title(config, "thermal zones" + (" and power" if power_lines else "")),
+        hovermode="x unified",
+        template="plotly_white",
+        height=650 + 200 * (rows - 1),
+    )
     fig.update_xaxes(title_text="minutes from run_start", row=rows, col=1)
     fig.update_yaxes(title_text="temperature (°C)", **temps)
     if power_lines:
@@ -337,8 +466,9 @@ def _arm_axis(ax, config: dict, arms: list[str]) -> None:
     ax.grid(axis="y", alpha=0.3)
 
 
-def _per_phase_points(ax, frame: pd.DataFrame, column: str, config: dict, colors: dict,
-                      low: str | None = None, high: str | None = None) -> None:
+def _per_phase_points(
+    ax, frame: pd.DataFrame, column: str, config: dict, colors: dict, low: str | None = None, high: str | None = None
+) -> None:
     """One point per phase at its arm, spread by repeat, with an optional low–high bar and
     the arm mean as a line, so that restart variance is visible next to the arm difference.
     A phase whose load fell short is a hollow point labelled so."""
@@ -347,16 +477,29 @@ def _per_phase_points(ax, frame: pd.DataFrame, column: str, config: dict, colors
     for x, arm in enumerate(arms):
         rows = frame[frame["arm"] == arm].dropna(subset=[column])
         offsets = np.linspace(-0.15, 0.15, len(rows)) if len(rows) > 1 else [0.0]
-        for offset, row in zip(offsets, rows.itertuples(index=False)):
+        for offset, row in zip(offsets, rows.itertuples(index=False), strict=False):
             value = getattr(row, column)
             errors = None
             if low is not None:
                 errors = [[value - getattr(row, low)], [getattr(row, high) - value]]
-            ax.errorbar(x + offset, value, yerr=errors, fmt="o", color=colors[arm], capsize=3, ms=6,
-                        mfc="white" if row.short else colors[arm])
-            ax.annotate(f"{row.order} rep{row.rep}{_level(frame, row)}" + (f", {SHORT_LABEL}" if row.short else ""),
-                        (x + offset, value),
-                        xytext=(6, 0), textcoords="offset points", fontsize=7, va="center")
+            ax.errorbar(
+                x + offset,
+                value,
+                yerr=errors,
+                fmt="o",
+                color=colors[arm],
+                capsize=3,
+                ms=6,
+                mfc="white" if row.short else colors[arm],
+            )
+            ax.annotate(
+                f"{row.order} rep{row.rep}{_level(frame, row)}" + (f", {SHORT_LABEL}" if row.short else ""),
+                (x + offset, value),
+                xytext=(6, 0),
+                textcoords="offset points",
+                fontsize=7,
+                va="center",
+            )
         if len(rows):
             ax.hlines(rows[column].mean(), x - 0.3, x + 0.3, color=colors[arm], lw=1.5, alpha=0.7)
     _arm_axis(ax, config, arms)
@@ -373,7 +516,7 @@ def cpu_png(cpu: pd.DataFrame, config: dict, colors: dict, path: Path) -> Path:
         return _placeholder(path, "vLLM CPU", "no CPU data in this run")
     hosts = [h for h in ordered_hosts(config) if h in set(cpu["host"])]
     fig, axes = plt.subplots(1, len(hosts), figsize=(5 * len(hosts), 4.5), squeeze=False, layout="constrained")
-    for ax, host in zip(axes[0], hosts):
+    for ax, host in zip(axes[0], hosts, strict=False):
         _per_phase_points(ax, cpu[cpu["host"] == host], "median_pct", config, colors, "p5_pct", "p95_pct")
         ax.set_title(f"{host}: vLLM CPU sum, median (p5–p95)")
         ax.set_ylabel("% of one core")
@@ -397,8 +540,15 @@ def throughput_png(perf: pd.DataFrame, config: dict, colors: dict, path: Path) -
         rows = perf[perf["arm"] == arm]
         if rows["probe_tok_s_median"].isna().all():
             arrived = bursts(pd.concat([rows["probe_arrivals_min"], rows["probe_arrivals_max"]]))
-            axes[1].text(x, 0.5, f"not measurable:\ntokens arrived\nin {arrived}" if arrived else "not measured",
-                         transform=axes[1].get_xaxis_transform(), ha="center", va="center", color="#555555")
+            axes[1].text(
+                x,
+                0.5,
+                f"not measurable:\ntokens arrived\nin {arrived}" if arrived else "not measured",
+                transform=axes[1].get_xaxis_transform(),
+                ha="center",
+                va="center",
+                color="#555555",
+            )
     axes[1].set_title("single-stream probe decode speed (median)\nonly where measurable", fontsize=10)
     axes[1].set_ylabel("tok/s")
     fig.suptitle(_title(config, "speed under load"), fontsize=10)
@@ -422,17 +572,22 @@ def time_to_threshold_png(tables: dict, config: dict, colors: dict, path: Path) 
     phases = list(th.groupby(keys, sort=False, dropna=False))
     spread = np.linspace(-0.2, 0.2, len(phases)) if len(phases) > 1 else [0.0]
     peaks = tables["zones"].set_index(keys + ["host", "sensor"])["max_c"]
-    for offset, (key, rows) in zip(spread, phases):
+    for offset, (key, rows) in zip(spread, phases, strict=False):
         phase = rows.iloc[0]
         x = rows["threshold_c"].map(thresholds.index) + offset
         color = colors.get(phase.arm, "#333333")
         peak = peaks.get((*key, head, zone), math.nan)
         reached = rows["reached_s"].notna()
         short = is_short(rows).any()
-        ax.plot(x[reached], rows["reached_s"][reached] / 60, "o--" if short else "o-", color=color,
-                mfc="white" if short else color,
-                label=f"{config['arms'][phase.arm]['label']} ({phase.order} rep{phase.rep}{_level(th, phase)}"
-                      f"{', ' + SHORT_LABEL if short else ''}), peak {peak:.1f} °C")
+        ax.plot(
+            x[reached],
+            rows["reached_s"][reached] / 60,
+            "o--" if short else "o-",
+            color=color,
+            mfc="white" if short else color,
+            label=f"{config['arms'][phase.arm]['label']} ({phase.order} rep{phase.rep}{_level(th, phase)}"
+            f"{', ' + SHORT_LABEL if short else ''}), peak {peak:.1f} °C",
+        )
         ax.plot(x[~reached], [window_min] * int((~reached).sum()), "v", mfc="none", color=color, ms=10)
     ax.plot([], [], "v", mfc="none", color="#333333", ms=10, label="not reached within the load window")
     ax.set_xticks(range(len(thresholds)), [f"{c:g} °C" for c in thresholds])
@@ -456,10 +611,14 @@ def dose_response_png(pooled: pd.DataFrame, config: dict, best: dict | None, pat
     numeric = pd.to_numeric(pd.Series(values), errors="coerce")
     # a sweep over a numeric setting is read on its own scale; anything else in arm order
     positions = numeric if numeric.notna().all() else pd.Series(range(len(values)), index=list(values), dtype=float)
-    panels = [(names.zone_mean(head, zone), "°C"), (names.cpu_median(head), "% of one core"),
-              (names.OUTPUT_THROUGHPUT, "tok/s"), (names.STALL_GAPS, "gaps")]
+    panels = [
+        (names.zone_mean(head, zone), "°C"),
+        (names.cpu_median(head), "% of one core"),
+        (names.OUTPUT_THROUGHPUT, "tok/s"),
+        (names.STALL_GAPS, "gaps"),
+    ]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), layout="constrained")
-    for ax, (metric, unit) in zip(axes.flat, panels):
+    for ax, (metric, unit) in zip(axes.flat, panels, strict=False):
         data = pooled[pooled["metric"] == metric].assign(x=lambda f: f["arm"].map(positions))
         ax.set_title(metric, fontsize=10)
         ax.set_ylabel(unit)
@@ -468,8 +627,14 @@ def dose_response_png(pooled: pd.DataFrame, config: dict, best: dict | None, pat
             continue
         short = is_short(data)
         ax.plot(data["x"][~short], data["value"][~short], "o", color="#777777", alpha=0.6)
-        ax.plot(data["x"][short], data["value"][short], "o", color="#777777", mfc="white",
-                label=SHORT_LABEL if short.any() else None)
+        ax.plot(
+            data["x"][short],
+            data["value"][short],
+            "o",
+            color="#777777",
+            mfc="white",
+            label=SHORT_LABEL if short.any() else None,
+        )
         means = data.groupby("x")["value"].mean()
         ax.plot(means.index, means.values, "-", color=HEAD_ZONE_COLOR, lw=1.5)
         if best is not None:
@@ -482,9 +647,12 @@ def dose_response_png(pooled: pd.DataFrame, config: dict, best: dict | None, pat
         if not numeric.notna().all():
             ax.set_xticks(positions.values, [config["arms"][a]["label"] for a in positions.index])
         ax.set_xlabel(config.get("setting", "setting"))
-    named = ("no temperature data" if best is None else
-             f"lowest {head} {zone} without extra stalls or throughput loss beyond variance: "
-             f"{config.get('setting', 'setting')} = {best['value']} ({best['label']})")
+    named = (
+        "no temperature data"
+        if best is None
+        else f"lowest {head} {zone} without extra stalls or throughput loss beyond variance: "
+        f"{config.get('setting', 'setting')} = {best['value']} ({best['label']})"
+    )
     fig.suptitle(f"{_title(config, 'dose response')}\n{named}", fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -504,7 +672,7 @@ def questions_png(answers: pd.DataFrame, config: dict, colors: dict, path: Path)
     # a question's rows: one per arm, and per level in a run of levels
     every_level = "users" in answers and answers["users"].nunique() > 1
     fig, axes = plt.subplots(len(asked), 1, figsize=(8, 0.9 + 0.75 * len(answers)), squeeze=False)
-    for (ax,), question in zip(axes, asked):
+    for (ax,), question in zip(axes, asked, strict=False):
         rows = levels.rows_of(answers, question)
         if rows.empty:
             ax.axis("off")
@@ -515,24 +683,36 @@ def questions_png(answers: pd.DataFrame, config: dict, colors: dict, path: Path)
                 ax.hlines(y, row.ci_low, row.ci_high, color=color, lw=2.5)
             if pd.notna(row.estimate):
                 ax.plot(row.estimate, y, VERDICT_MARKERS.get(row.verdict, "s"), color=color, ms=8)
-            ax.annotate(f"{row.verdict.upper()} ({row.phases_per_arm} phases per arm)", (1.01, y),
-                        xycoords=("axes fraction", "data"), fontsize=8, va="center")
+            ax.annotate(
+                f"{row.verdict.upper()} ({row.phases_per_arm} phases per arm)",
+                (1.01, y),
+                xycoords=("axes fraction", "data"),
+                fontsize=8,
+                va="center",
+            )
         ax.axvline(0, color="grey", ls=":", lw=1)
         margin = rows["margin"].dropna()
         for bound in decisive_bounds(question, float(margin.iloc[0]) if len(margin) else 0.0):
             if bound:
                 ax.axvline(bound, color="black", ls="--", lw=1)
-        ax.set_yticks(range(len(rows)), [f"{config['arms'].get(a, {}).get('label', a)} vs "
-                                         f"{config['arms'].get(r, {}).get('label', r)}"
-                                         + (f" at {u} users" if every_level else "")
-                                         for a, r, u in zip(rows["arm"], rows["reference"],
-                                                            rows.get("users", rows["arm"]))])
+        ax.set_yticks(
+            range(len(rows)),
+            [
+                f"{config['arms'].get(a, {}).get('label', a)} vs "
+                f"{config['arms'].get(r, {}).get('label', r)}" + (f" at {u} users" if every_level else "")
+                for a, r, u in zip(rows["arm"], rows["reference"], rows.get("users", rows["arm"]), strict=False)
+            ],
+        )
         ax.set_ylim(-0.7, len(rows) - 0.3)
         ax.set_title(rows["question"].iloc[0], fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
     level = answers["level"].dropna()
-    fig.suptitle(f"Declared questions: arm − reference with its {level.iloc[0] * 100:.0f} % interval"
-                 if len(level) else "Declared questions", fontsize=10)
+    fig.suptitle(
+        f"Declared questions: arm − reference with its {level.iloc[0] * 100:.0f} % interval"
+        if len(level)
+        else "Declared questions",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

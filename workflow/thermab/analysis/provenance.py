@@ -16,12 +16,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-from thermab.analysis.headless import plt  # noqa: E402 (the Agg backend, literal text)
 import networkx as nx  # noqa: E402
 import yaml  # noqa: E402
 
-PACKAGES = ("thermab", "snakemake", "locust", "geventhttpclient", "orjson", "paramiko", "pandas", "pyarrow",
-            "scipy", "statsmodels", "matplotlib", "plotly")
+from thermab.analysis.headless import plt  # noqa: E402 (the Agg backend, literal text)
+
+PACKAGES = (
+    "thermab",
+    "snakemake",
+    "locust",
+    "geventhttpclient",
+    "orjson",
+    "paramiko",
+    "pandas",
+    "pyarrow",
+    "scipy",
+    "statsmodels",
+    "matplotlib",
+    "plotly",
+)
 
 
 def versions(workdir: Path) -> dict[str, str]:
@@ -40,10 +53,30 @@ def snakemake_dags(snakefile: Path, workdir: Path, config_file: Path, target: st
     """The DAG of every job the target needs, finished or not (``--forceall``), in each
     format. One Snakemake per format, started together: each is a whole Snakemake start
     (seconds of one core), so they run side by side rather than one after the other."""
-    processes = [subprocess.Popen([sys.executable, "-m", "snakemake", target, "--snakefile", str(snakefile),
-                                   "--directory", str(workdir), "--configfile", str(config_file), "--nolock",
-                                   "--forceall", "--dag", fmt],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for fmt in formats]
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "snakemake",
+                target,
+                "--snakefile",
+                str(snakefile),
+                "--directory",
+                str(workdir),
+                "--configfile",
+                str(config_file),
+                "--nolock",
+                "--forceall",
+                "--dag",
+                fmt,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for fmt in formats
+    ]
     try:
         outputs = [process.communicate(timeout=300) for process in processes]
     finally:
@@ -75,8 +108,14 @@ def draw_dag(graph: nx.DiGraph, out_svg: Path) -> None:
     height = 1.2 * (max((d["layer"] for _, d in graph.nodes(data=True)), default=0) + 1)
     figure, axes = plt.subplots(figsize=(9, max(4.0, height)))
     nx.draw_networkx_edges(graph, positions, ax=axes, arrows=True, edge_color="#888888")
-    nx.draw_networkx_labels(graph, positions, labels=nx.get_node_attributes(graph, "label"), font_size=6,
-                            ax=axes, bbox={"boxstyle": "round", "fc": "#eef3fb", "ec": "#4a6fa5"})
+    nx.draw_networkx_labels(
+        graph,
+        positions,
+        labels=nx.get_node_attributes(graph, "label"),
+        font_size=6,
+        ax=axes,
+        bbox={"boxstyle": "round", "fc": "#eef3fb", "ec": "#4a6fa5"},
+    )
     axes.set_axis_off()
     figure.tight_layout()
     figure.savefig(out_svg)

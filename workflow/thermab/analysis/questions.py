@@ -32,8 +32,22 @@ import pandas as pd
 from thermab.analysis import stats
 from thermab.config import question_words
 
-QUESTION_COLUMNS = ["question", "metric", "arm", "reference", "kind", "margin", "estimate", "ci_low", "ci_high",
-                    "level", "method", "phases_per_arm", "verdict", "phases_needed"]
+QUESTION_COLUMNS = [
+    "question",
+    "metric",
+    "arm",
+    "reference",
+    "kind",
+    "margin",
+    "estimate",
+    "ci_low",
+    "ci_high",
+    "level",
+    "method",
+    "phases_per_arm",
+    "verdict",
+    "phases_needed",
+]
 YES, NO, UNDECIDED = "yes", "no", "undecided"
 ALPHA = 0.05
 POWER = 0.8
@@ -128,8 +142,9 @@ def phases_needed(distance: float, sd: float, alpha: float = ALPHA, power: float
     return float(max(2, math.ceil(n))) if math.isfinite(n) else math.nan
 
 
-def answer(questions: list[dict], effects: dict, plan: dict, *, alpha: float = ALPHA,
-           withheld: dict | None = None) -> pd.DataFrame:
+def answer(
+    questions: list[dict], effects: dict, plan: dict, *, alpha: float = ALPHA, withheld: dict | None = None
+) -> pd.DataFrame:
     """questions.csv: one row per question and non-reference arm.  ``effects`` is
     ``stats.arm_effects``; ``withheld`` maps (metric, arm) to why a ``yes`` may not be
     given (a short load, unbalanced starts)."""
@@ -140,12 +155,25 @@ def answer(questions: list[dict], effects: dict, plan: dict, *, alpha: float = A
     for question in questions:
         metric = resolve_metric(question["metric"], plan)
         for arm in arms:
-            row = {"question": question_words(question), "metric": metric, "arm": arm, "reference": reference,
-                   "kind": question["kind"], "level": 1 - 2 * alpha}
+            row = {
+                "question": question_words(question),
+                "metric": metric,
+                "arm": arm,
+                "reference": reference,
+                "kind": question["kind"],
+                "level": 1 - 2 * alpha,
+            }
             effect = effects.get((metric, arm))
             if effect is None:
-                rows.append({**row, "method": "no data", "phases_per_arm": 0, "verdict": UNDECIDED,
-                             "question": f"{row['question']}: no data for {metric} in this run"})
+                rows.append(
+                    {
+                        **row,
+                        "method": "no data",
+                        "phases_per_arm": 0,
+                        "verdict": UNDECIDED,
+                        "question": f"{row['question']}: no data for {metric} in this run",
+                    }
+                )
                 continue
             rows.append({**row, **_tested(question, effect, alpha, withheld.get((metric, arm)))})
     return pd.DataFrame(rows).reindex(columns=QUESTION_COLUMNS)
@@ -169,10 +197,17 @@ def _tested(question: dict, effect: dict, alpha: float, withheld: str | None) ->
         spread = effect["se"] / math.sqrt(1 / effect["n"] + 1 / effect["ref_n"])
         # a fixed design's answer at the usual α (a look of until: decided may spend less)
         needed = phases_needed(decisive_distance(kind, sign, margin, effect["diff"]), spread)
-    return {"question": question_words(question) + "".join(f" ({note})" for note in notes),
-            "margin": margin if kind in ("non_inferior", "equivalent") or question.get("by") else math.nan,
-            "estimate": effect["diff"], "ci_low": low, "ci_high": high, "method": effect["method"],
-            "phases_per_arm": min(effect["n"], effect["ref_n"]), "verdict": decided, "phases_needed": needed}
+    return {
+        "question": question_words(question) + "".join(f" ({note})" for note in notes),
+        "margin": margin if kind in ("non_inferior", "equivalent") or question.get("by") else math.nan,
+        "estimate": effect["diff"],
+        "ci_low": low,
+        "ci_high": high,
+        "method": effect["method"],
+        "phases_per_arm": min(effect["n"], effect["ref_n"]),
+        "verdict": decided,
+        "phases_needed": needed,
+    }
 
 
 def withheld_yes(pooled: pd.DataFrame, start_balance: dict | None = None) -> dict:

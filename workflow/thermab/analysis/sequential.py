@@ -101,7 +101,7 @@ def boundaries(fractions, alpha: float = ALPHA, method: str = METHOD) -> list[fl
         else:
             sd = math.sqrt(step)
 
-            def crossing(z, grid=grid, density=density, sd=sd, t=t):
+            def crossing(z, grid=grid, density=density, sd=sd, t=t, target=target):
                 return integrate.trapezoid(density * norm.sf((z * math.sqrt(t) - grid) / sd), grid) - target
 
             z = float(optimize.brentq(crossing, -10.0, 40.0, xtol=1e-10))
@@ -130,8 +130,9 @@ def information_fractions(order: str, max_repeats: int, repeats, information: st
     return [residual_df(len(order), r) / last for r in repeats]
 
 
-def look_alphas(order: str, max_repeats: int, alpha: float = ALPHA, method: str = METHOD,
-                information: str = INFORMATION) -> dict[int, float]:
+def look_alphas(
+    order: str, max_repeats: int, alpha: float = ALPHA, method: str = METHOD, information: str = INFORMATION
+) -> dict[int, float]:
     """repeat → the nominal one-sided α its look tests at (zero below MIN_DF residual df).
     Spending methods: 1 − Φ(zₖ) of the Lan–DeMets boundary over the looks that test, at
     their ``information_fractions``; ``bonferroni``: equal shares summing to α."""
@@ -142,7 +143,7 @@ def look_alphas(order: str, max_repeats: int, alpha: float = ALPHA, method: str 
     else:
         z = boundaries(information_fractions(order, max_repeats, testing, information), alpha, method)
         nominal = [float(scipy_stats.norm.sf(bound)) for bound in z]
-    levels = dict(zip(testing, nominal))
+    levels = dict(zip(testing, nominal, strict=False))
     return {r: levels.get(r, 0.0) for r in points}
 
 
@@ -167,8 +168,11 @@ def completed_repeats(run_dir: Path, order: str, users: list[int] | None = None)
     """Repeats whose every phase (every level's, ``users`` the levels or None) has its
     phase.json, counted from the first."""
     run, rep = RunDir(run_dir), 0
-    while rep < 100 and all(run.phase(phase.id).phase_json.exists()
-                            for phase in phases(order, rep + 1, crossover=True, users=users) if phase.rep == rep + 1):
+    while rep < 100 and all(
+        run.phase(phase.id).phase_json.exists()
+        for phase in phases(order, rep + 1, crossover=True, users=users)
+        if phase.rep == rep + 1
+    ):
         rep += 1
     return rep
 

@@ -32,10 +32,31 @@ from thermab import metric_names as names
 # to import, which every importer of the finding names (summary, the report) would pay
 
 VARIANCE_COLUMNS = [
-    "metric", "unit", "arm", "label", "n", "mean", "sd", "cv_pct",
-    "reference", "ref_n", "diff", "diff_pct", "ci_low", "ci_high", "ci_low_pct", "ci_high_pct", "method",
-    "period_effect", "period_ci_low", "period_ci_high",
-    "restart_cv_pct", "finding", "repeats_needed_observed", "detect_pct", "repeats_needed",
+    "metric",
+    "unit",
+    "arm",
+    "label",
+    "n",
+    "mean",
+    "sd",
+    "cv_pct",
+    "reference",
+    "ref_n",
+    "diff",
+    "diff_pct",
+    "ci_low",
+    "ci_high",
+    "ci_low_pct",
+    "ci_high_pct",
+    "method",
+    "period_effect",
+    "period_ci_low",
+    "period_ci_high",
+    "restart_cv_pct",
+    "finding",
+    "repeats_needed_observed",
+    "detect_pct",
+    "repeats_needed",
 ]
 # finding values, from least to most conclusive
 UNDEFINED = "undefined"  # one phase in an arm: no variance, no interval
@@ -97,7 +118,7 @@ def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> d
         return None
     from statsmodels.formula.api import ols  # slower still: only where orders are pooled
 
-    position = [order.index(arm) for order, arm in zip(data["order"], data["arm"])]
+    position = [order.index(arm) for order, arm in zip(data["order"], data["arm"], strict=False)]
     arm_term = f"C(arm, Treatment(reference={reference!r}))"
     model = ols(f"value ~ {arm_term} + position", data.assign(position=position))
     if model.df_resid < 1 or model.rank < model.exog.shape[1]:
@@ -109,8 +130,11 @@ def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> d
         return (fit.params[name], *interval.loc[name])
 
     others = [a for a in pd.unique(data["arm"]) if a != reference]
-    return {"arms": {a: estimate(f"{arm_term}[T.{a}]") for a in others}, "period": estimate("position"),
-            "se": {a: (float(fit.bse[f"{arm_term}[T.{a}]"]), float(fit.df_resid)) for a in others}}
+    return {
+        "arms": {a: estimate(f"{arm_term}[T.{a}]") for a in others},
+        "period": estimate("position"),
+        "se": {a: (float(fit.bse[f"{arm_term}[T.{a}]"]), float(fit.df_resid)) for a in others},
+    }
 
 
 def arm_effects(long: pd.DataFrame, reference: str) -> dict:
@@ -142,9 +166,16 @@ def arm_effects(long: pd.DataFrame, reference: str) -> dict:
                 else:
                     means = CompareMeans(DescrStatsW(values.to_numpy(float)), DescrStatsW(ref_values.to_numpy(float)))
                     se, df = float(means.std_meandiff_separatevar), float(means.ttest_ind(usevar="unequal")[2])
-            effects[(metric, arm)] = {"diff": float(diff), "se": se, "df": df, "method": method,
-                                      "n": len(values), "ref_n": ref["n"], "ref": ref,
-                                      "unit": data["unit"].iloc[0]}
+            effects[(metric, arm)] = {
+                "diff": float(diff),
+                "se": se,
+                "df": df,
+                "method": method,
+                "n": len(values),
+                "ref_n": ref["n"],
+                "ref": ref,
+                "unit": data["unit"].iloc[0],
+            }
     return effects
 
 
@@ -167,8 +198,9 @@ def repeats_needed(sd: float, difference: float, alpha: float = 0.05, power: flo
     return float(max(2, math.ceil(n)))
 
 
-def compare(long: pd.DataFrame, arms: dict, reference: str, detect_pct: float = 5.0,
-            alpha: float = 0.05, power: float = 0.8) -> pd.DataFrame:
+def compare(
+    long: pd.DataFrame, arms: dict, reference: str, detect_pct: float = 5.0, alpha: float = 0.05, power: float = 0.8
+) -> pd.DataFrame:
     """variance.csv without the verdict: one row per metric and arm (in the order of ``arms``,
     a mapping letter → {"label", "value"}); non-reference rows carry the difference to
     ``reference``, its interval, the finding and the repeats per arm needed to detect the
@@ -182,8 +214,13 @@ def compare(long: pd.DataFrame, arms: dict, reference: str, detect_pct: float = 
             values = data.loc[data["arm"] == arm, "value"]
             if values.empty:
                 continue
-            row = {"metric": metric, "unit": data["unit"].iloc[0], "arm": arm,
-                   "label": spec.get("label", arm), **describe(values)}
+            row = {
+                "metric": metric,
+                "unit": data["unit"].iloc[0],
+                "arm": arm,
+                "label": spec.get("label", arm),
+                **describe(values),
+            }
             if arm != reference and ref["n"]:
                 row.update(_difference(ref, ref_values, row, values, fit, arm, alpha, power, detect_pct))
                 row.update(reference=reference, ref_n=ref["n"])
@@ -205,9 +242,16 @@ def _difference(ref: dict, ref_values, arm_stats: dict, values, fit, arm, alpha,
     pooled_sd = _pooled_sd(ref, arm_stats)
     restart_cv = _restart_cv(ref, arm_stats)
     return {
-        "diff": diff, "diff_pct": diff * scale, "ci_low": low, "ci_high": high,
-        "ci_low_pct": low * scale, "ci_high_pct": high * scale, "method": method,
-        "period_effect": period[0], "period_ci_low": period[1], "period_ci_high": period[2],
+        "diff": diff,
+        "diff_pct": diff * scale,
+        "ci_low": low,
+        "ci_high": high,
+        "ci_low_pct": low * scale,
+        "ci_high_pct": high * scale,
+        "method": method,
+        "period_effect": period[0],
+        "period_ci_low": period[1],
+        "period_ci_high": period[2],
         "restart_cv_pct": restart_cv,
         "finding": _finding(diff, low, high, ref, arm_stats, restart_cv, scale),
         "repeats_needed_observed": repeats_needed(pooled_sd, diff, alpha, power),
@@ -256,15 +300,22 @@ def _finding(diff: float, low: float, high: float, ref: dict, arm: dict, restart
     return INSIDE_VARIANCE if inside else REAL
 
 
-def best_setting(variance: pd.DataFrame, arms: dict, reference: str, temperature_metric: str,
-                 throughput_metric: str = names.OUTPUT_THROUGHPUT, stall_metric: str = names.STALL_GAPS,
-                 tolerance_pct: float = 5.0) -> dict | None:
+def best_setting(
+    variance: pd.DataFrame,
+    arms: dict,
+    reference: str,
+    temperature_metric: str,
+    throughput_metric: str = names.OUTPUT_THROUGHPUT,
+    stall_metric: str = names.STALL_GAPS,
+    tolerance_pct: float = 5.0,
+) -> dict | None:
     """The arm with the lowest mean of ``temperature_metric`` among those that neither stall
     more than the reference (mean stall-gap count above the reference's: every stall is
     visible to a user) nor lose throughput beyond variance (a "real" loss, or where the
     variance is unknown a loss larger than ``tolerance_pct`` %).  Returns
     {"arm", "label", "value", "mean", "excluded": {arm: reason}, "checked": [criteria]} or None
     without temperature data."""
+
     def rows_of(metric):
         return variance[variance["metric"] == metric].set_index("arm")
 
@@ -273,20 +324,27 @@ def best_setting(variance: pd.DataFrame, arms: dict, reference: str, temperature
         return None
     excluded = {}
     for arm in temperature.index.drop(reference, errors="ignore"):
-        if arm in stalls.index and reference in stalls.index and \
-                stalls.at[arm, "mean"] > stalls.at[reference, "mean"]:
-            excluded[arm] = (f"more stall gaps than {reference} "
-                             f"({stalls.at[arm, 'mean']:.1f} vs {stalls.at[reference, 'mean']:.1f})")
+        if arm in stalls.index and reference in stalls.index and stalls.at[arm, "mean"] > stalls.at[reference, "mean"]:
+            excluded[arm] = (
+                f"more stall gaps than {reference} ({stalls.at[arm, 'mean']:.1f} vs {stalls.at[reference, 'mean']:.1f})"
+            )
         elif arm in throughput.index and _throughput_loss(throughput.loc[arm], tolerance_pct):
             loss = throughput.loc[arm]
-            excluded[arm] = ("throughput loss " + (f"{loss['diff_pct']:+.1f} %" if not math.isnan(loss["diff_pct"])
-                                                   else f"{loss['diff']:+.1f} {loss['unit']}"))
+            excluded[arm] = "throughput loss " + (
+                f"{loss['diff_pct']:+.1f} %"
+                if not math.isnan(loss["diff_pct"])
+                else f"{loss['diff']:+.1f} {loss['unit']}"
+            )
     candidates = temperature.drop(index=list(excluded))
     best = candidates["mean"].idxmin()
-    return {"arm": best, "label": arms[best].get("label", best), "value": arms[best].get("value"),
-            "mean": float(candidates.at[best, "mean"]), "excluded": excluded,
-            "checked": [name for name, table in (("stalls", stalls), ("throughput", throughput))
-                        if not table.empty]}
+    return {
+        "arm": best,
+        "label": arms[best].get("label", best),
+        "value": arms[best].get("value"),
+        "mean": float(candidates.at[best, "mean"]),
+        "excluded": excluded,
+        "checked": [name for name, table in (("stalls", stalls), ("throughput", throughput)) if not table.empty],
+    }
 
 
 def _throughput_loss(row: pd.Series, tolerance_pct: float) -> bool:

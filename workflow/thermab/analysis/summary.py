@@ -8,16 +8,36 @@ import math
 
 import pandas as pd
 
+from thermab import metric_names as names
 from thermab.load.validity import FULL_LENGTH_MIN, INFLIGHT_SLACK, MIN_ARRIVAL_SPAN_SHARE, MIN_TOKEN_ARRIVALS, bursts
 
 from . import energy, load_validity, stats, washout
-from thermab import metric_names as names
 
 # decimals per unit, chosen so that no printed digit is finer than the measurement
-DIGITS = {"°C": 1, "% of one core": 0, "tok/s": 1, "gaps": 0, "s": 1, "min": 1, "W": 1, "J": 0,
-          "J/token": 3, "tok/J": 2}
+DIGITS = {
+    "°C": 1,
+    "% of one core": 0,
+    "tok/s": 1,
+    "gaps": 0,
+    "s": 1,
+    "min": 1,
+    "W": 1,
+    "J": 0,
+    "J/token": 3,
+    "tok/J": 2,
+}
 SHORT_UNIT = {"% of one core": "% CPU"}
-VALIDITY_COLUMNS = ["phase", "in flight", "server running / waiting", "full length", "cached tokens", "failed", "usage source", "load", "warnings"]
+VALIDITY_COLUMNS = [
+    "phase",
+    "in flight",
+    "server running / waiting",
+    "full length",
+    "cached tokens",
+    "failed",
+    "usage source",
+    "load",
+    "warnings",
+]
 SHORT_MARK = " †"  # after an arm's name in a table: the load of one of its phases fell short
 
 
@@ -45,6 +65,7 @@ def fmt_duration(seconds: float) -> str:
 
 def markdown_table(frame: pd.DataFrame) -> str:
     """A GitHub Markdown table; floats rounded to 2 decimals, NaN empty."""
+
     def cell(value):
         if value is pd.NA:
             return ""
@@ -52,8 +73,7 @@ def markdown_table(frame: pd.DataFrame) -> str:
             return "" if math.isnan(value) else f"{value:.2f}".rstrip("0").rstrip(".")
         return str(value).replace("|", "\\|")
 
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |",
-             "|" + "---|" * len(frame.columns)]
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
     return "\n".join(lines) + "\n"
 
@@ -63,7 +83,7 @@ def verdicts(variance: pd.DataFrame) -> pd.Series:
     difference, its interval and the finding (see ``stats`` for the rules)."""
     if variance.empty:
         return pd.Series(dtype="string", name="verdict")
-    labels = dict(zip(variance["arm"], variance["label"]))
+    labels = dict(zip(variance["arm"], variance["label"], strict=False))
     return variance.apply(lambda row: _verdict(row, labels), axis=1).rename("verdict")
 
 
@@ -77,31 +97,43 @@ def _verdict(row: pd.Series, labels: dict) -> str:
         pct = "" if pd.isna(row["diff"]) else f" (no % of {ref_label}: its mean cannot be told from zero)"
     ref_n = f"n = {row['ref_n']:.0f} ({ref_label}) / {row['n']} ({row['label']}) phases"
     text = f"{row['metric']}: {row['label']} vs {ref_label} {fmt(row['diff'], unit, sign=True)}{pct}, {ref_n}"
-    interval = (f"95 % CI {fmt(row['ci_low'], unit, sign=True)} to {fmt(row['ci_high'], unit, sign=True)}"
-                f" ({row['method']})")
+    interval = (
+        f"95 % CI {fmt(row['ci_low'], unit, sign=True)} to {fmt(row['ci_high'], unit, sign=True)} ({row['method']})"
+    )
     finding = row["finding"]
     if finding == stats.UNDEFINED:
-        text += ("; with one phase in an arm the interval is undefined and restart variance is"
-                 " unknown, so no claim is made: repeat each arm at least twice")
+        text += (
+            "; with one phase in an arm the interval is undefined and restart variance is"
+            " unknown, so no claim is made: repeat each arm at least twice"
+        )
     elif finding == stats.CONTAINS_ZERO:
         text += f"; {interval} contains zero: no difference shown"
     elif finding == stats.VARIANCE_UNKNOWN:
-        text += (f"; {interval} excludes zero, but one arm has a single phase, so restart variance is"
-                 " unknown: not claimed")
+        text += (
+            f"; {interval} excludes zero, but one arm has a single phase, so restart variance is unknown: not claimed"
+        )
     elif finding == stats.INSIDE_VARIANCE:
-        text += (f"; {interval} excludes zero, but the difference is inside restart variance"
-                 f" ({_restart_variance(row)}): not claimed")
+        text += (
+            f"; {interval} excludes zero, but the difference is inside restart variance"
+            f" ({_restart_variance(row)}): not claimed"
+        )
     else:
         direction = "higher" if row["diff"] > 0 else "lower"
-        text += (f"; {interval}, beyond restart variance ({_restart_variance(row)}):"
-                 f" {row['label']} is {direction} than {ref_label}")
+        text += (
+            f"; {interval}, beyond restart variance ({_restart_variance(row)}):"
+            f" {row['label']} is {direction} than {ref_label}"
+        )
     if not pd.isna(row["period_effect"]):
         low, high = (fmt(row[c], unit, sign=True) for c in ("period_ci_low", "period_ci_high"))
-        text += (f". Order (period) effect, per position in the order: {fmt(row['period_effect'], unit, sign=True)}"
-                 f" (95 % CI {low} to {high})")
+        text += (
+            f". Order (period) effect, per position in the order: {fmt(row['period_effect'], unit, sign=True)}"
+            f" (95 % CI {low} to {high})"
+        )
     if not pd.isna(row["repeats_needed"]):
-        text += (f". At this variance, detecting a {fmt(row['detect_pct'], '%', 0)} difference needs"
-                 f" {row['repeats_needed']:.0f} phases per arm")
+        text += (
+            f". At this variance, detecting a {fmt(row['detect_pct'], '%', 0)} difference needs"
+            f" {row['repeats_needed']:.0f} phases per arm"
+        )
         if not pd.isna(row["repeats_needed_observed"]):
             text += f", the observed one {row['repeats_needed_observed']:.0f}"
     return text + "."
@@ -125,21 +157,41 @@ def completeness_section(frame: pd.DataFrame) -> str:
             note = "no samples"
         elif interval > 0 and row.largest_gap_s > 3 * interval:  # False for NaN too
             note = f"gap of {row.largest_gap_s / interval:.0f} intervals"
-        rows.append({"host": row.host, "source": row.source, "interval": fmt(interval, "s"),
-                     "expected": fmt(row.expected, "", 0), "got": fmt(row.got, "", 0),
-                     "largest gap": fmt(row.largest_gap_s, "s"), "note": note})
-    return "\n".join([
-        "## Telemetry completeness", "",
-        markdown_table(pd.DataFrame(rows, columns=["host", "source", "interval", "expected", "got", "largest gap",
-                                                   "note"])),
-        "Samples inside the load windows: expected = window ÷ sample interval, summed over the"
-        " windows; got = samples of the source (median over its sensors); largest gap = the longest"
-        " stretch of a window without a sample of some sensor, window edges included.",
-    ])
+        rows.append(
+            {
+                "host": row.host,
+                "source": row.source,
+                "interval": fmt(interval, "s"),
+                "expected": fmt(row.expected, "", 0),
+                "got": fmt(row.got, "", 0),
+                "largest gap": fmt(row.largest_gap_s, "s"),
+                "note": note,
+            }
+        )
+    return "\n".join(
+        [
+            "## Telemetry completeness",
+            "",
+            markdown_table(
+                pd.DataFrame(rows, columns=["host", "source", "interval", "expected", "got", "largest gap", "note"])
+            ),
+            "Samples inside the load windows: expected = window ÷ sample interval, summed over the"
+            " windows; got = samples of the source (median over its sensors); largest gap = the longest"
+            " stretch of a window without a sample of some sensor, window edges included.",
+        ]
+    )
 
 
-def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_interval_s: dict,
-                     sources: list[str], best: dict | None, completeness: pd.DataFrame | None = None) -> str:
+def summary_markdown(
+    run: dict,
+    tables: dict,
+    variance: pd.DataFrame,
+    *,
+    sample_interval_s: dict,
+    sources: list[str],
+    best: dict | None,
+    completeness: pd.DataFrame | None = None,
+) -> str:
     """summary.md: the study's three tables with arm labels as columns, the verdicts, and what
     was measured how.  ``tables`` holds the frames of analyze (windows, thresholds, zones, cpu,
     performance), ``sample_interval_s`` the median sampling interval per telemetry kind,
@@ -148,9 +200,11 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
     head, zone = run["head"], run["timeline_zone"]
     windows = tables["windows"]
     if windows.empty:
-        return (f"# thermab: {run.get('cluster', '')}\n\nNo complete load phase in this run: a phase is"
-                " measured from its last load_start to the first load_end after it, and no phase has a"
-                " load_end later than its load_start. Nothing to compare.\n")
+        return (
+            f"# thermab: {run.get('cluster', '')}\n\nNo complete load phase in this run: a phase is"
+            " measured from its last load_start to the first load_end after it, and no phase has a"
+            " load_end later than its load_start. Nothing to compare.\n"
+        )
     phases = windows.groupby("arm").size()
     present = [a for a in arms if a in phases.index]
     labels = {a: arms[a]["label"] for a in present}
@@ -159,9 +213,12 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
         f"# thermab: {run.get('cluster', '')} — {setting}, "
         + " vs ".join(f"{labels[a]} ({arms[a].get('value', '')})" for a in present),
         "",
-        "Arms: " + "; ".join(
+        "Arms: "
+        + "; ".join(
             f"{a} = {labels[a]} ({setting} = {arms[a].get('value', '')}"
-            f"{', reference' if a == reference else ''}), {phases[a]} phase(s)" for a in present)
+            f"{', reference' if a == reference else ''}), {phases[a]} phase(s)"
+            for a in present
+        )
         + f". Orders in this run: {', '.join(pd.unique(windows['order']))}.",
         "",
     ]
@@ -194,9 +251,11 @@ def summary_markdown(run: dict, tables: dict, variance: pd.DataFrame, *, sample_
                 f" {_sampling(sample_interval_s, 'thermal')}, so times are that coarse.",
             ]
         else:
-            parts.append(f"The head ({head}) has no zone {zone} (`analysis.timeline_zone`), so there are no times"
-                         f" to threshold: its zones are {', '.join(head_zones) or 'none'}; set"
-                         " `analysis.timeline_zone` to one of them and run the analysis again.")
+            parts.append(
+                f"The head ({head}) has no zone {zone} (`analysis.timeline_zone`), so there are no times"
+                f" to threshold: its zones are {', '.join(head_zones) or 'none'}; set"
+                " `analysis.timeline_zone` to one of them and run the analysis again."
+            )
         parts += [
             "",
             "## Zones during load",
@@ -235,40 +294,65 @@ def questions_section(answers: pd.DataFrame, run: dict) -> list[str]:
     if answers.empty:
         return ["## Questions", "", "No question was declared (`questions` is empty).", ""]
     labels = {a: spec["label"] for a, spec in run["arms"].items()}
-    rows = pd.DataFrame({
-        "question": answers["question"],
-        "arm vs reference": [f"{labels.get(a, a)} vs {labels.get(r, r)}" for a, r in zip(answers["arm"], answers["reference"])],
-        "estimate": [fmt(v, sign=True) for v in answers["estimate"]],
-        "interval": [f"[{fmt(lo, sign=True)}, {fmt(hi, sign=True)}]" if pd.notna(lo) else "—"
-                     for lo, hi in zip(answers["ci_low"], answers["ci_high"])],
-        "margin": [fmt(v) if pd.notna(v) else "" for v in answers["margin"]],
-        "phases per arm": answers["phases_per_arm"],
-        "verdict": answers["verdict"].str.upper(),
-        "phases needed": [f"{v:.0f}" if pd.notna(v) else "" for v in answers["phases_needed"]],
-    })
+    rows = pd.DataFrame(
+        {
+            "question": answers["question"],
+            "arm vs reference": [
+                f"{labels.get(a, a)} vs {labels.get(r, r)}"
+                for a, r in zip(answers["arm"], answers["reference"], strict=False)
+            ],
+            "estimate": [fmt(v, sign=True) for v in answers["estimate"]],
+            "interval": [
+                f"[{fmt(lo, sign=True)}, {fmt(hi, sign=True)}]" if pd.notna(lo) else "—"
+                for lo, hi in zip(answers["ci_low"], answers["ci_high"], strict=False)
+            ],
+            "margin": [fmt(v) if pd.notna(v) else "" for v in answers["margin"]],
+            "phases per arm": answers["phases_per_arm"],
+            "verdict": answers["verdict"].str.upper(),
+            "phases needed": [f"{v:.0f}" if pd.notna(v) else "" for v in answers["phases_needed"]],
+        }
+    )
     level = answers["level"].dropna()
     lines = []
     if run.get("until") == "decided":
         open_ = answers.loc[answers["verdict"] == "undecided", "question"]
         reached = int(answers["phases_per_arm"].max())
-        lines = [f"Repeats until decided: {reached} of at most {run.get('max_repeats')} repeats, each look at its"
-                 " level of O'Brien–Fleming-type alpha spending (README, \"Repeats until decided\"); "
-                 + (f"still open: {'; '.join(dict.fromkeys(open_))}." if len(open_) else "every question is decided."), ""]
-    return ["## Questions", "", *lines, markdown_table(rows),
-            (f"Each question is tested on the arm effect of the verdicts below (arm − reference, in the metric's"
+        lines = [
+            f"Repeats until decided: {reached} of at most {run.get('max_repeats')} repeats, each look at its"
+            ' level of O\'Brien–Fleming-type alpha spending (README, "Repeats until decided"); '
+            + (f"still open: {'; '.join(dict.fromkeys(open_))}." if len(open_) else "every question is decided."),
+            "",
+        ]
+    return [
+        "## Questions",
+        "",
+        *lines,
+        markdown_table(rows),
+        (
+            f"Each question is tested on the arm effect of the verdicts below (arm − reference, in the metric's"
             f" unit), with its {level.iloc[0] * 100:.1f} % interval (each bound a one-sided test at"
-            f" {(1 - level.iloc[0]) / 2 * 100:.2g} %" if len(level) else "Each question is tested (")
-            + "; equivalence: both, TOST). YES: the interval clears the margin the"
-            " claimed way; NO: it rules the claim out; UNDECIDED: neither, and \"phases needed\" is how many phases"
-            " per arm would decide it at the observed spread.", ""]
+            f" {(1 - level.iloc[0]) / 2 * 100:.2g} %"
+            if len(level)
+            else "Each question is tested ("
+        )
+        + "; equivalence: both, TOST). YES: the interval clears the margin the"
+        ' claimed way; NO: it rules the claim out; UNDECIDED: neither, and "phases needed" is how many phases'
+        " per arm would decide it at the observed spread.",
+        "",
+    ]
 
 
 def load_validity_section(validity: pd.DataFrame, run: dict) -> list[str]:
     """The "Load validity" section: one row per phase from its validity.json (the table
     ``tables/validity.csv``), whether its load was the configured one, and its warnings."""
     if validity["load_valid"].isna().all():
-        return ["## Load validity", "", "No load records in this run (imported runs have none): whether the load"
-                " of a phase was the configured one is unknown.", ""]
+        return [
+            "## Load validity",
+            "",
+            "No load records in this run (imported runs have none): whether the load"
+            " of a phase was the configured one is unknown.",
+            "",
+        ]
     labels = {a: spec["label"] for a, spec in run["arms"].items()}
     rows = []
     for phase in validity.itertuples(index=False):
@@ -276,21 +360,32 @@ def load_validity_section(validity: pd.DataFrame, run: dict) -> list[str]:
         if pd.isna(phase.load_valid):
             rows.append({**row, "load": load_validity.NO_RECORDS})
             continue
-        cached = ("not reported by the server" if pd.isna(phase.cached_share)
-                  else f"{fmt(phase.cached_share * 100, '%', 0)} of {phase.reporting_cached}")
-        rows.append({**row,
-                     "in flight": (f"{fmt(phase.inflight_mean, '', 2)} of {phase.users}"
-                                   f" ({fmt(phase.share_at_users * 100, '%', 0)} of the window at {phase.users})"),
-                     "server running / waiting": (
-                         "not scraped" if pd.isna(phase.server_running_mean) else
-                         f"{fmt(phase.server_running_mean, '', 2)} / {fmt(phase.server_waiting_mean, '', 2)}"
-                         f" (at most {fmt(phase.server_held_max, '', 0)} held)"),
-                     "full length": f"{fmt(phase.full_length_share * 100, '%', 1)} of {phase.ok_load} ok",
-                     "cached tokens": cached,
-                     "failed": f"{phase.failed} of {phase.requests}",
-                     "usage source": phase.usage_source,
-                     "load": "as configured" if phase.load_valid else f"**short**: {phase.shortfalls}",
-                     "warnings": phase.warnings or "none"})
+        cached = (
+            "not reported by the server"
+            if pd.isna(phase.cached_share)
+            else f"{fmt(phase.cached_share * 100, '%', 0)} of {phase.reporting_cached}"
+        )
+        rows.append(
+            {
+                **row,
+                "in flight": (
+                    f"{fmt(phase.inflight_mean, '', 2)} of {phase.users}"
+                    f" ({fmt(phase.share_at_users * 100, '%', 0)} of the window at {phase.users})"
+                ),
+                "server running / waiting": (
+                    "not scraped"
+                    if pd.isna(phase.server_running_mean)
+                    else f"{fmt(phase.server_running_mean, '', 2)} / {fmt(phase.server_waiting_mean, '', 2)}"
+                    f" (at most {fmt(phase.server_held_max, '', 0)} held)"
+                ),
+                "full length": f"{fmt(phase.full_length_share * 100, '%', 1)} of {phase.ok_load} ok",
+                "cached tokens": cached,
+                "failed": f"{phase.failed} of {phase.requests}",
+                "usage source": phase.usage_source,
+                "load": "as configured" if phase.load_valid else f"**short**: {phase.shortfalls}",
+                "warnings": phase.warnings or "none",
+            }
+        )
     return [
         "## Load validity",
         "",
@@ -320,22 +415,33 @@ def start_balance_section(validity: pd.DataFrame, run: dict) -> list[str]:
     if starts.empty:
         return []
     labels = {a: spec["label"] for a, spec in run["arms"].items()}
-    rows = pd.DataFrame({
-        "arm": [f"{a} ({labels.get(a, a)})" for a in starts["arm"]],
-        "phases": starts["phases"],
-        "start °C, mean (range)": [f"{fmt(m, '', 1)} ({fmt(lo, '', 1)}–{fmt(hi, '', 1)})"
-                                   for m, lo, hi in zip(starts["start_c"], starts["start_min_c"], starts["start_max_c"])],
-        "vs reference": ["reference" if a == run["reference_arm"] else fmt(d, "°C", sign=True)
-                         for a, d in zip(starts["arm"], starts["diff_c"])],
-        "head idle W before": [fmt(w, "", 1) for w in starts["idle_w_before"]],
-        "cooldowns at their cap": starts["cooldown_capped"],
-        "starts": ["balanced" if b else "**unbalanced**" for b in starts["balanced"]],
-    })
-    return ["## Balanced starts", "", markdown_table(rows),
-            f"Start: the head's timeline zone at its last sample before load_start; head idle W: its total power"
-            f" over the 10 s before the phase's restart (the end of the cooldown before it, or of the baseline)."
-            f" Arms whose mean starts lie more than {tolerance:g} °C from the reference's (analysis.start_balance_c)"
-            " are unbalanced: no question in °C built on them is yes. Per phase in tables/validity.csv.", ""]
+    rows = pd.DataFrame(
+        {
+            "arm": [f"{a} ({labels.get(a, a)})" for a in starts["arm"]],
+            "phases": starts["phases"],
+            "start °C, mean (range)": [
+                f"{fmt(m, '', 1)} ({fmt(lo, '', 1)}–{fmt(hi, '', 1)})"
+                for m, lo, hi in zip(starts["start_c"], starts["start_min_c"], starts["start_max_c"], strict=False)
+            ],
+            "vs reference": [
+                "reference" if a == run["reference_arm"] else fmt(d, "°C", sign=True)
+                for a, d in zip(starts["arm"], starts["diff_c"], strict=False)
+            ],
+            "head idle W before": [fmt(w, "", 1) for w in starts["idle_w_before"]],
+            "cooldowns at their cap": starts["cooldown_capped"],
+            "starts": ["balanced" if b else "**unbalanced**" for b in starts["balanced"]],
+        }
+    )
+    return [
+        "## Balanced starts",
+        "",
+        markdown_table(rows),
+        f"Start: the head's timeline zone at its last sample before load_start; head idle W: its total power"
+        f" over the 10 s before the phase's restart (the end of the cooldown before it, or of the baseline)."
+        f" Arms whose mean starts lie more than {tolerance:g} °C from the reference's (analysis.start_balance_c)"
+        " are unbalanced: no question in °C built on them is yes. Per phase in tables/validity.csv.",
+        "",
+    ]
 
 
 def _by_arm(frame: pd.DataFrame, present: list[str]):
@@ -355,12 +461,16 @@ def _threshold_table(tables: dict, run: dict, present: list[str], labels: dict) 
             cells = []
             for phase in phase_rows.itertuples(index=False):
                 if pd.isna(phase.reached_s):
-                    peak = peaks[(peaks["order"] == phase.order) & (peaks["rep"] == phase.rep)
-                                 & (peaks["arm"] == arm)]["max_c"]
+                    peak = peaks[(peaks["order"] == phase.order) & (peaks["rep"] == phase.rep) & (peaks["arm"] == arm)][
+                        "max_c"
+                    ]
                     cells.append(f"not reached (peak {fmt(peak.max(), '°C')})")
                 else:
-                    grazing = " (one grazing sample)" if phase.samples_at_or_above == 1 else (
-                        f" ({phase.samples_at_or_above} samples at or above)")
+                    grazing = (
+                        " (one grazing sample)"
+                        if phase.samples_at_or_above == 1
+                        else (f" ({phase.samples_at_or_above} samples at or above)")
+                    )
                     cells.append(fmt_duration(phase.reached_s) + grazing)
             row[labels[arm]] = "; ".join(cells) or "–"
         rows.append(row)
@@ -376,11 +486,15 @@ def _mean_cell(values: pd.Series, unit: str) -> str:
 def _zone_table(zones: pd.DataFrame, run: dict, present: list[str], labels: dict) -> pd.DataFrame:
     head, zone, reference = run["head"], run["timeline_zone"], run["reference_arm"]
     reference_means = zones[zones["arm"] == reference].groupby(["host", "sensor"])["mean_c"].mean()
-    head_zones = (reference_means.loc[head].sort_values(ascending=False).index.tolist()
-                  if head in reference_means else [])
+    head_zones = (
+        reference_means.loc[head].sort_values(ascending=False).index.tolist() if head in reference_means else []
+    )
     # the study's table: every head zone, timeline zone first, then the timeline zone of the other hosts
-    order = [(head, zone)] + [(head, z) for z in head_zones if z != zone] + [
-        (host, zone) for host in run.get("hosts", []) if host != head]
+    order = (
+        [(head, zone)]
+        + [(head, z) for z in head_zones if z != zone]
+        + [(host, zone) for host in run.get("hosts", []) if host != head]
+    )
     rows = []
     for host, sensor in order:
         selected = zones[(zones["host"] == host) & (zones["sensor"] == sensor)]
@@ -410,21 +524,29 @@ def _cpu_performance_table(tables: dict, run: dict, present: list[str], labels: 
             if arm_rows.empty:
                 row[labels[arm]] = "no CPU data"
                 continue
-            row[labels[arm]] = (f"{_mean_cell(arm_rows['median_pct'], '% of one core')}"
-                                f" ({fmt(arm_rows['p5_pct'].min(), '', 0)}–"
-                                f"{fmt(arm_rows['p95_pct'].max(), '% of one core')}),"
-                                f" n = {int(arm_rows['n'].sum())} samples")
+            row[labels[arm]] = (
+                f"{_mean_cell(arm_rows['median_pct'], '% of one core')}"
+                f" ({fmt(arm_rows['p5_pct'].min(), '', 0)}–"
+                f"{fmt(arm_rows['p95_pct'].max(), '% of one core')}),"
+                f" n = {int(arm_rows['n'].sum())} samples"
+            )
         rows.append(row)
     if perf["requests_completed"].isna().all():
         rows.append({"measure": "requests", **{labels[a]: "no request data in this run" for a in present}})
         return pd.DataFrame(rows)
     measures = [
-        ("requests completed in the window", lambda r: " + ".join(
-            f"{v:.0f} in {fmt(w / 60, 'min')}" for v, w in zip(r["requests_completed"], r["window_s"]))),
+        (
+            "requests completed in the window",
+            lambda r: " + ".join(
+                f"{v:.0f} in {fmt(w / 60, 'min')}" for v, w in zip(r["requests_completed"], r["window_s"], strict=False)
+            ),
+        ),
         ("output throughput", lambda r: _mean_cell(r["output_tok_s"], "tok/s")),
         ("single-stream probe decode speed (median)", _probe_cell),
-        (f"stall gaps ≥ {fmt(run.get('stall_gap_s', math.nan), 's')} (largest gap)", lambda r: (
-            f"{fmt(r['stall_gaps'].sum(), 'gaps')} ({fmt(r['max_gap_s'].max(), 's', 2)})")),
+        (
+            f"stall gaps ≥ {fmt(run.get('stall_gap_s', math.nan), 's')} (largest gap)",
+            lambda r: f"{fmt(r['stall_gaps'].sum(), 'gaps')} ({fmt(r['max_gap_s'].max(), 's', 2)})",
+        ),
         ("failed requests", lambda r: f"{r['errors'].sum():.0f}"),
     ]
     for name, cell in measures:
@@ -447,17 +569,23 @@ def _probe_cell(rows: pd.DataFrame) -> str:
 
 
 def _energy_section(tables: dict, run: dict, present: list[str], labels: dict) -> list[str]:
-    """"Energy under load": the cluster total's power, J/token, tokens/J and above-idle figures
+    """ "Energy under load": the cluster total's power, J/token, tokens/J and above-idle figures
     per arm, then each host's total; lines of summary.md."""
     table = tables.get("energy", pd.DataFrame(columns=energy.ENERGY_COLUMNS))
     head = ["## Energy under load", ""]
     if table.empty:
-        return head + ["No power domain was sampled on any host (RAPL, hwmon power, nvidia-smi, IPMI): there are"
-                       " no energy figures in this run (empty, not zero).", ""]
+        return head + [
+            "No power domain was sampled on any host (RAPL, hwmon power, nvidia-smi, IPMI): there are"
+            " no energy figures in this run (empty, not zero).",
+            "",
+        ]
     covered = energy.total_hosts(table)
     if not covered:
-        return head + ["No host has a power domain that makes up its total (node, package-N, dram-N, gpuN):"
-                       " the domains it has are in tables/energy.csv, with no cluster total.", ""]
+        return head + [
+            "No host has a power domain that makes up its total (node, package-N, dram-N, gpuN):"
+            " the domains it has are in tables/energy.csv, with no cluster total.",
+            "",
+        ]
     total = table[(table["host"] == energy.TOTAL_HOST) & (table["domain"] == energy.TOTAL_DOMAIN)]
     total = total.assign(tok_per_j=total["output_tokens"] / total["energy_j"])
     measures = [
@@ -468,13 +596,22 @@ def _energy_section(tables: dict, run: dict, present: list[str], labels: dict) -
         ("cluster energy per output token above idle", "j_per_token_above_idle", "J/token"),
         ("cluster energy above idle per phase", "energy_above_idle_j", "J"),
     ]
-    rows = [_energy_row(name, total, column, unit, present, labels, run["reference_arm"])
-            for name, column, unit in measures]
+    rows = [
+        _energy_row(name, total, column, unit, present, labels, run["reference_arm"]) for name, column, unit in measures
+    ]
     per_host = energy.host_totals(table)
     for host, summed in covered.items():
-        rows.append(_energy_row(f"{host} power under load ({' + '.join(summed)})",
-                                per_host[per_host["host"] == host], "mean_w", "W", present, labels,
-                                run["reference_arm"]))
+        rows.append(
+            _energy_row(
+                f"{host} power under load ({' + '.join(summed)})",
+                per_host[per_host["host"] == host],
+                "mean_w",
+                "W",
+                present,
+                labels,
+                run["reference_arm"],
+            )
+        )
     rows.append({"measure": "n (phases)", **{labels[a]: str(int((total["arm"] == a).sum())) for a in present}})
     covers = "; ".join(f"{host}: {' + '.join(summed)}" for host, summed in covered.items())
     return head + [
@@ -489,8 +626,9 @@ def _energy_section(tables: dict, run: dict, present: list[str], labels: dict) -
     ]
 
 
-def _energy_row(name: str, frame: pd.DataFrame, column: str, unit: str, present: list[str], labels: dict,
-                reference: str) -> dict:
+def _energy_row(
+    name: str, frame: pd.DataFrame, column: str, unit: str, present: list[str], labels: dict, reference: str
+) -> dict:
     row, means = {"measure": name}, {}
     for arm, arm_rows in _by_arm(frame, present):
         means[arm] = arm_rows[column].mean()
@@ -506,11 +644,15 @@ def _best_sentence(best: dict, run: dict) -> str:
     unchecked = {"stalls", "throughput"} - set(best["checked"])
     caveat = f" Not checked for lack of request data: {', '.join(sorted(unchecked))}." if unchecked else ""
     if best["load_short"]:
-        caveat += (" Built on phases whose load fell short of the configuration: "
-                   f"{', '.join(best['load_short'])} (see Load validity).")
-    return (f"Lowest {run['head']} {run['timeline_zone']} mean among the settings without extra stalls or"
-            f" throughput loss beyond variance: {run.get('setting', 'setting')} = {best['value']}"
-            f" ({best['label']}, arm {best['arm']}, {fmt(best['mean'], '°C')}). Excluded: {excluded}.{caveat}")
+        caveat += (
+            " Built on phases whose load fell short of the configuration: "
+            f"{', '.join(best['load_short'])} (see Load validity)."
+        )
+    return (
+        f"Lowest {run['head']} {run['timeline_zone']} mean among the settings without extra stalls or"
+        f" throughput loss beyond variance: {run.get('setting', 'setting')} = {best['value']}"
+        f" ({best['label']}, arm {best['arm']}, {fmt(best['mean'], '°C')}). Excluded: {excluded}.{caveat}"
+    )
 
 
 def _cpu_sentence(saver: dict, run: dict, variance: pd.DataFrame) -> str:
@@ -518,11 +660,13 @@ def _cpu_sentence(saver: dict, run: dict, variance: pd.DataFrame) -> str:
     reference = run["reference_arm"]
     cpu = variance[variance["metric"] == names.cpu_median(run["head"])].set_index("arm")
     excluded = "; ".join(f"{arm}: {why}" for arm, why in saver["excluded"].items()) or "none"
-    return (f"Most CPU saved without extra stalls or throughput loss beyond variance:"
-            f" {run.get('setting', 'setting')} = {saver['value']} ({saver['label']}, arm {saver['arm']}),"
-            f" {run['head']} vLLM CPU median {fmt(saver['mean'], '% of one core')} against"
-            f" {fmt(cpu.at[reference, 'mean'], '% of one core')} for {run['arms'][reference]['label']}."
-            f" Excluded: {excluded}.")
+    return (
+        f"Most CPU saved without extra stalls or throughput loss beyond variance:"
+        f" {run.get('setting', 'setting')} = {saver['value']} ({saver['label']}, arm {saver['arm']}),"
+        f" {run['head']} vLLM CPU median {fmt(saver['mean'], '% of one core')} against"
+        f" {fmt(cpu.at[reference, 'mean'], '% of one core')} for {run['arms'][reference]['label']}."
+        f" Excluded: {excluded}."
+    )
 
 
 def _sampling(sample_interval_s: dict, kind: str) -> str:
@@ -533,37 +677,41 @@ def _sampling(sample_interval_s: dict, kind: str) -> str:
 def _definitions(run: dict, tables: dict, sample_interval_s: dict) -> str:
     windows = tables["windows"]
     labels = {a: spec["label"] for a, spec in run["arms"].items()}
-    phase_list = ", ".join(f"{o} rep{r}-{a} ({labels.get(a, a)}) {fmt(w / 60, 'min')}"
-                           for o, r, a, w in windows[["order", "rep", "arm", "window_s"]].itertuples(index=False))
-    return "\n".join([
-        f"- Phases (n = {len(windows)}): {phase_list}. Load window of a phase: [load_start, load_end);"
-        " after an aborted attempt the last load_start of the phase and the first load_end after it.",
-        f"- Temperatures: every thermal zone of every host in °C, {_sampling(sample_interval_s, 'thermal')};"
-        " zone mean and max over the samples inside the window (n = samples).",
-        "- Time to threshold: time of the first sample inside the window at or above the threshold,"
-        " minus load_start; a phase with a single such sample is marked as grazing.",
-        f"- vLLM CPU: per sample, Σ Δ(utime+stime) / CLK_TCK / Δt × 100 over every process matching the"
-        f" pattern, in % of one core (400 % = four cores busy), {_sampling(sample_interval_s, 'cpu')};"
-        " median and 5th/95th percentiles over the window.",
-        "- Output throughput: Σ completion_tokens (server usage) of the ok load requests ending inside"
-        " the window / window length, in tok/s. Probe decode speed: (completion_tokens − 1) /"
-        " (t_end − t_first_token) per probe, median over the probes of the window where it was"
-        f" measurable: at least {MIN_TOKEN_ARRIVALS} separate arrivals of tokens, from first to last"
-        f" spanning at least {MIN_ARRIVAL_SPAN_SHARE * 100:.0f} % of t_end − t_first_token. Tokens that arrive in a"
-        " few bursts divide by almost nothing; such a probe has no value and no verdict compares it.",
-        f"- Stall gaps: inter-token gaps ≥ {fmt(run.get('stall_gap_s', math.nan), 's')} summed over the"
-        " ok requests of the window.",
-        "- Energy: per power domain, the time-weighted mean of its samples inside the window (trapezoid"
-        " over them / the span they cover) × the window length; idle: the same mean over the baseline"
-        " [baseline_start, baseline_end); above idle: energy − idle × window length; J/token: energy /"
-        " the window's output tokens. Energy counters (RAPL, hwmon, NVML) become power as Δenergy / Δt."
-        " A domain without samples in a window is empty, never zero.",
-        "- Statistics: per arm mean, sd and CV over phases; arm − reference by Welch t (one order) or"
-        " OLS value ~ arm + position (several orders, separating the period effect), 95 % intervals,"
-        " also in % of the reference mean where that mean can be told from zero (its own 95 % interval"
-        " excludes zero). A difference is called real only when its interval excludes zero and it"
-        " exceeds restart variance (the larger CV between repeats of an arm; the larger sd where there"
-        " is no %)."
-        " Phases per arm needed: 2 (z0.975 + z0.8)² sd² / Δ² (normal approximation, 80 % power,"
-        " α = 0.05, pooled sd).",
-    ])
+    phase_list = ", ".join(
+        f"{o} rep{r}-{a} ({labels.get(a, a)}) {fmt(w / 60, 'min')}"
+        for o, r, a, w in windows[["order", "rep", "arm", "window_s"]].itertuples(index=False)
+    )
+    return "\n".join(
+        [
+            f"- Phases (n = {len(windows)}): {phase_list}. Load window of a phase: [load_start, load_end);"
+            " after an aborted attempt the last load_start of the phase and the first load_end after it.",
+            f"- Temperatures: every thermal zone of every host in °C, {_sampling(sample_interval_s, 'thermal')};"
+            " zone mean and max over the samples inside the window (n = samples).",
+            "- Time to threshold: time of the first sample inside the window at or above the threshold,"
+            " minus load_start; a phase with a single such sample is marked as grazing.",
+            f"- vLLM CPU: per sample, Σ Δ(utime+stime) / CLK_TCK / Δt × 100 over every process matching the"
+            f" pattern, in % of one core (400 % = four cores busy), {_sampling(sample_interval_s, 'cpu')};"
+            " median and 5th/95th percentiles over the window.",
+            "- Output throughput: Σ completion_tokens (server usage) of the ok load requests ending inside"
+            " the window / window length, in tok/s. Probe decode speed: (completion_tokens − 1) /"
+            " (t_end − t_first_token) per probe, median over the probes of the window where it was"
+            f" measurable: at least {MIN_TOKEN_ARRIVALS} separate arrivals of tokens, from first to last"
+            f" spanning at least {MIN_ARRIVAL_SPAN_SHARE * 100:.0f} % of t_end − t_first_token. Tokens that arrive in a"
+            " few bursts divide by almost nothing; such a probe has no value and no verdict compares it.",
+            f"- Stall gaps: inter-token gaps ≥ {fmt(run.get('stall_gap_s', math.nan), 's')} summed over the"
+            " ok requests of the window.",
+            "- Energy: per power domain, the time-weighted mean of its samples inside the window (trapezoid"
+            " over them / the span they cover) × the window length; idle: the same mean over the baseline"
+            " [baseline_start, baseline_end); above idle: energy − idle × window length; J/token: energy /"
+            " the window's output tokens. Energy counters (RAPL, hwmon, NVML) become power as Δenergy / Δt."
+            " A domain without samples in a window is empty, never zero.",
+            "- Statistics: per arm mean, sd and CV over phases; arm − reference by Welch t (one order) or"
+            " OLS value ~ arm + position (several orders, separating the period effect), 95 % intervals,"
+            " also in % of the reference mean where that mean can be told from zero (its own 95 % interval"
+            " excludes zero). A difference is called real only when its interval excludes zero and it"
+            " exceeds restart variance (the larger CV between repeats of an arm; the larger sd where there"
+            " is no %)."
+            " Phases per arm needed: 2 (z0.975 + z0.8)² sd² / Δ² (normal approximation, 80 % power,"
+            " α = 0.05, pooled sd).",
+        ]
+    )

@@ -1,5 +1,6 @@
 """Did the arms start alike?  Each phase's start temperature (the head's timeline zone at
-``load_start``), the cooldown before it, the head's idle power before its restart, and the arms whose mean start temperatures differ
+``load_start``), the cooldown before it, the head's idle power before its restart, and the arms
+whose mean start temperatures differ
 from the reference's by more than ``analysis.start_balance_c``.
 
 A later phase that starts warmer measures warmer whatever its setting: a community re-run of
@@ -10,7 +11,6 @@ so an imported run is judged the same way.  Pure functions over frames.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 
@@ -20,8 +20,17 @@ from thermab.telemetry.power import IDLE_BEFORE_S, total_watts
 START_COLUMNS = ["start_c", "cooldown_before", "idle_w_before"]
 DEFAULT_BALANCE_C = 2.0
 TARGET, CAP, FIRST = "reached target", "hit its cap", "after the baseline"
-ARM_START_COLUMNS = ["arm", "phases", "start_c", "start_min_c", "start_max_c", "idle_w_before", "cooldown_capped",
-                     "diff_c", "balanced"]
+ARM_START_COLUMNS = [
+    "arm",
+    "phases",
+    "start_c",
+    "start_min_c",
+    "start_max_c",
+    "idle_w_before",
+    "cooldown_capped",
+    "diff_c",
+    "balanced",
+]
 
 
 def start_temperatures(telemetry, windows: pd.DataFrame, host: str, zone: str) -> pd.Series:
@@ -51,19 +60,26 @@ def cooldowns_before(events: pd.DataFrame, windows: pd.DataFrame) -> list[str]:
     return answers
 
 
-def idle_power_before(telemetry, windows: pd.DataFrame, events: pd.DataFrame, host: str,
-                      seconds: float = IDLE_BEFORE_S) -> list[float]:
+def idle_power_before(
+    telemetry, windows: pd.DataFrame, events: pd.DataFrame, host: str, seconds: float = IDLE_BEFORE_S
+) -> list[float]:
     """W: ``host``'s total power (power.total_watts) over ``seconds`` before each phase's last
     ``restart_start``: how idle the node was when the phase began, at the end of the cooldown
     before it or of the baseline for the first (phase.json's ``idle_w_before`` is the same
     figure as the phase read it from the agent); NaN where a domain has no sample there or
     the phase has no restart mark."""
-    series = {key["sensor"]: (arrays["t"], arrays["value"]) for key, arrays in telemetry.series(kind="power", host=host)}
+    series = {
+        key["sensor"]: (arrays["t"], arrays["value"]) for key, arrays in telemetry.series(kind="power", host=host)
+    }
     restarts = events[events["event"] == "restart_start"] if "event" in events else events.iloc[:0]
     values = []
     for window in windows.itertuples(index=False):
-        mine = restarts[(restarts["order"] == window.order) & (restarts["rep"] == window.rep)
-                        & (restarts["arm"] == window.arm) & (restarts["t"] < window.load_start)]
+        mine = restarts[
+            (restarts["order"] == window.order)
+            & (restarts["rep"] == window.rep)
+            & (restarts["arm"] == window.arm)
+            & (restarts["t"] < window.load_start)
+        ]
         if mine.empty:
             values.append(np.nan)
             continue
@@ -72,18 +88,23 @@ def idle_power_before(telemetry, windows: pd.DataFrame, events: pd.DataFrame, ho
     return values
 
 
-def with_starts(validity: pd.DataFrame, windows: pd.DataFrame, telemetry, events: pd.DataFrame,
-                host: str, zone: str) -> pd.DataFrame:
+def with_starts(
+    validity: pd.DataFrame, windows: pd.DataFrame, telemetry, events: pd.DataFrame, host: str, zone: str
+) -> pd.DataFrame:
     """validity.csv with ``start_c``, ``cooldown_before`` and ``idle_w_before`` appended, per phase."""
-    keyed = windows.assign(start_c=start_temperatures(telemetry, windows, host, zone),
-                           cooldown_before=cooldowns_before(events, windows),
-                           idle_w_before=idle_power_before(telemetry, windows, events, host))
+    keyed = windows.assign(
+        start_c=start_temperatures(telemetry, windows, host, zone),
+        cooldown_before=cooldowns_before(events, windows),
+        idle_w_before=idle_power_before(telemetry, windows, events, host),
+    )
     keyed = keyed.astype({"rep": "int64"}).set_index(PHASE_KEYS)[START_COLUMNS]
     keys = pd.MultiIndex.from_frame(validity[PHASE_KEYS].astype({"rep": "int64"}))
     found = keyed.reindex(keys)
-    return validity.assign(start_c=found["start_c"].to_numpy(float),
-                           cooldown_before=found["cooldown_before"].fillna("").to_numpy(object),
-                           idle_w_before=found["idle_w_before"].to_numpy(float))
+    return validity.assign(
+        start_c=found["start_c"].to_numpy(float),
+        cooldown_before=found["cooldown_before"].fillna("").to_numpy(object),
+        idle_w_before=found["idle_w_before"].to_numpy(float),
+    )
 
 
 def arm_starts(validity: pd.DataFrame, reference: str, tolerance_c: float = DEFAULT_BALANCE_C) -> pd.DataFrame:
@@ -95,10 +116,18 @@ def arm_starts(validity: pd.DataFrame, reference: str, tolerance_c: float = DEFA
         return pd.DataFrame(columns=ARM_START_COLUMNS)
     known = validity.reindex(columns=["arm", *START_COLUMNS])
     known = known[known["start_c"].notna()]
-    rows = [{"arm": arm, "phases": len(part), "start_c": part["start_c"].mean(), "start_min_c": part["start_c"].min(),
-             "start_max_c": part["start_c"].max(), "idle_w_before": part["idle_w_before"].mean(),
-             "cooldown_capped": int((part["cooldown_before"] == CAP).sum())}
-            for arm, part in known.groupby("arm", sort=False)]
+    rows = [
+        {
+            "arm": arm,
+            "phases": len(part),
+            "start_c": part["start_c"].mean(),
+            "start_min_c": part["start_c"].min(),
+            "start_max_c": part["start_c"].max(),
+            "idle_w_before": part["idle_w_before"].mean(),
+            "cooldown_capped": int((part["cooldown_before"] == CAP).sum()),
+        }
+        for arm, part in known.groupby("arm", sort=False)
+    ]
     starts = pd.DataFrame(rows, columns=ARM_START_COLUMNS[:-2])
     reference_c = starts.loc[starts["arm"] == reference, "start_c"]
     diff = starts["start_c"] - (reference_c.iloc[0] if len(reference_c) else np.nan)
@@ -112,6 +141,11 @@ def unbalanced(validity: pd.DataFrame, reference: str, tolerance_c: float = DEFA
     if reference not in starts.index:
         return {}
     reference_c = starts.loc[reference, "start_c"]
-    return {arm: (f"unbalanced starts: {arm} started at {row.start_c:.1f} °C on average, {reference} at "
-                  f"{reference_c:.1f} °C (more than {tolerance_c:g} °C apart)")
-            for arm, row in starts.iterrows() if not row.balanced}
+    return {
+        arm: (
+            f"unbalanced starts: {arm} started at {row.start_c:.1f} °C on average, {reference} at "
+            f"{reference_c:.1f} °C (more than {tolerance_c:g} °C apart)"
+        )
+        for arm, row in starts.iterrows()
+        if not row.balanced
+    }

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
-from typing import Callable
 
 from thermab.config import ClusterSpec, cluster_spec
 from thermab.experiment import events, server
@@ -25,9 +25,17 @@ from thermab.hosts.transport import TransportError
 from thermab.layout import RunDir
 from thermab.telemetry import deploy
 
+
 class ClusterRun:
-    def __init__(self, config: dict, cluster: str, order: str, run_dir: Path,
-                 workdir: Path | None = None, progress: Callable[[str], None] = print):
+    def __init__(
+        self,
+        config: dict,
+        cluster: str,
+        order: str,
+        run_dir: Path,
+        workdir: Path | None = None,
+        progress: Callable[[str], None] = print,
+    ):
         self.config = config
         self.cluster: ClusterSpec = cluster_spec(config, cluster, workdir)
         self.order = order
@@ -37,11 +45,12 @@ class ClusterRun:
         self.progress = progress
 
     @classmethod
-    def from_session(cls, run_dir: Path, progress: Callable[[str], None] = print) -> "ClusterRun":
+    def from_session(cls, run_dir: Path, progress: Callable[[str], None] = print) -> ClusterRun:
         """Rebuild a run from the session file its jobs write (used by the guardian)."""
         session = json.loads(RunDir(run_dir).session.read_text())
-        return cls(session["config"], session["cluster"], session["order"], Path(run_dir),
-                   Path(session["workdir"]), progress)
+        return cls(
+            session["config"], session["cluster"], session["order"], Path(run_dir), Path(session["workdir"]), progress
+        )
 
     @property
     def session(self) -> str:
@@ -65,34 +74,47 @@ class ClusterRun:
 
     def write_session(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        session = {"config": self.config, "cluster": self.cluster.name, "order": self.order,
-                   "workdir": str(self.workdir)}
+        session = {
+            "config": self.config,
+            "cluster": self.cluster.name,
+            "order": self.order,
+            "workdir": str(self.workdir),
+        }
         self.files.session.write_text(json.dumps(session, indent=1))
 
     def build_simulated(self, host: Host) -> None:
         """A simulated node's tree, if missing: files only, no process started."""
         lost_wakeup = " --lost-wakeup" if host.spec.settings.get("lost_wakeup") else ""
-        host.run(f"{shlex.quote(sys.executable)} -m thermab.sim.node create "
-                 f"{shlex.quote(str(host.spec.root))} --role {host.spec.simulated}{lost_wakeup}")
+        host.run(
+            f"{shlex.quote(sys.executable)} -m thermab.sim.node create "
+            f"{shlex.quote(str(host.spec.root))} --role {host.spec.simulated}{lost_wakeup}"
+        )
 
     def power_on_simulated(self) -> None:
         """Simulated nodes: build the tree if missing and start the thermal model."""
         for host in self.hosts:
             if host.spec.simulated:
                 self.build_simulated(host)
-                host.run(f"{shlex.quote(sys.executable)} -m thermab.sim.thermal "
-                         f"--node {shlex.quote(str(host.spec.root))} --detach")
+                host.run(
+                    f"{shlex.quote(sys.executable)} -m thermab.sim.thermal "
+                    f"--node {shlex.quote(str(host.spec.root))} --detach"
+                )
 
     def power_off_simulated(self) -> None:
         for host in self.hosts:
             if host.spec.simulated:
-                host.run(f"{shlex.quote(sys.executable)} -m thermab.sim.thermal stop "
-                         f"--node {shlex.quote(str(host.spec.root))}", check=False)
+                host.run(
+                    f"{shlex.quote(sys.executable)} -m thermab.sim.thermal stop "
+                    f"--node {shlex.quote(str(host.spec.root))}",
+                    check=False,
+                )
 
     def agent_settings(self, host: Host) -> dict:
         monitor_config = self.config["monitor"]
-        return {"process_pattern": host.spec.process_pattern(monitor_config["process_pattern"]),
-                "intervals": monitor_config["intervals"]}
+        return {
+            "process_pattern": host.spec.process_pattern(monitor_config["process_pattern"]),
+            "intervals": monitor_config["intervals"],
+        }
 
     def ensure_up(self) -> None:
         """Simulated hardware on, agents running (the caller has made sure a guardian
@@ -125,16 +147,19 @@ class ClusterRun:
         for host in self.hosts:
             done = attempt(f"restore {host.name}", lambda h=host: self.patcher(h).restore())
             if done:
-                attempt(f"record {host.name} restored", lambda h=host, d=done: self.event("restored", host=h.name,
-                                                                                          detail=d))
+                attempt(
+                    f"record {host.name} restored", lambda h=host, d=done: self.event("restored", host=h.name, detail=d)
+                )
         for host in reversed(self.hosts):  # head first, as a phase stops them
             attempt(f"stop the server on {host.name}", lambda h=host: server.stop_servers([h]))
         if self.cluster.end_state == "restarted":
             attempt("restart servers", lambda: server.start_servers(self.hosts))
         for host in self.hosts:
             attempt(f"stop agent on {host.name}", lambda h=host: deploy.stop_agent(h, self.session))
-            attempt(f"pull logs of {host.name}",
-                    lambda h=host: deploy.pull(h, self.session, self.files.host_monitor(h.name)))
+            attempt(
+                f"pull logs of {host.name}",
+                lambda h=host: deploy.pull(h, self.session, self.files.host_monitor(h.name)),
+            )
         attempt("power off simulated nodes", self.power_off_simulated)
         return problems
 
@@ -170,5 +195,7 @@ def clock_offsets(hosts: list[Host]) -> tuple[dict[str, clock.Offset], dict[str,
 def offsets_record(offsets: dict[str, clock.Offset], prefix: str) -> dict:
     """Offsets as preflight.json and stopped.json keep them: ``{prefix}_s`` (the form
     ingest reads) and ``{prefix}_uncertainty_s`` (± half the best round trip)."""
-    return {f"{prefix}_s": {name: o.offset_s for name, o in offsets.items()},
-            f"{prefix}_uncertainty_s": {name: o.uncertainty_s for name, o in offsets.items()}}
+    return {
+        f"{prefix}_s": {name: o.offset_s for name, o in offsets.items()},
+        f"{prefix}_uncertainty_s": {name: o.uncertainty_s for name, o in offsets.items()},
+    }

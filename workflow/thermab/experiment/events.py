@@ -10,9 +10,21 @@ from thermab import jsonl
 from thermab.layout import RunDir
 
 EVENTS = (
-    "run_start", "baseline_start", "baseline_end", "patch_applied", "restart_start",
-    "server_ready", "load_start", "probe_start", "probe_end", "load_end", "cooldown_end",
-    "abort", "run_end", "restored", "note",
+    "run_start",
+    "baseline_start",
+    "baseline_end",
+    "patch_applied",
+    "restart_start",
+    "server_ready",
+    "load_start",
+    "probe_start",
+    "probe_end",
+    "load_end",
+    "cooldown_end",
+    "abort",
+    "run_end",
+    "restored",
+    "note",
 )
 
 

@@ -40,7 +40,7 @@ def _parent(pid: int) -> int:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return 0
-    return int(stat[stat.rindex(")") + 2:].split()[1])
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
 
 
 def controller_pid() -> int:
@@ -75,8 +75,12 @@ def ensure(run_dir: Path, watch: int | None = None) -> int:
     run_dir = Path(run_dir).resolve()
     watch = watch or controller_pid()
     current = _read(run_dir)
-    if current and current["watch"] == watch and alive(current["pid"]) \
-            and "thermab.experiment.guardian" in _cmdline(current["pid"]):
+    if (
+        current
+        and current["watch"] == watch
+        and alive(current["pid"])
+        and "thermab.experiment.guardian" in _cmdline(current["pid"])
+    ):
         return current["pid"]
     if current and alive(current["pid"]) and "thermab.experiment.guardian" in _cmdline(current["pid"]):
         os.kill(current["pid"], RELEASE)  # it watches another controller: this one takes over
@@ -89,7 +93,11 @@ def ensure(run_dir: Path, watch: int | None = None) -> int:
         with open(guardian_log, "a") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "thermab.experiment.guardian", "--run-dir", str(run_dir), "--watch", str(watch)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     (run_dir / PID_FILE).write_text(json.dumps({"pid": process.pid, "watch": watch}))
@@ -134,20 +142,30 @@ def main(argv=None) -> int:
         time.sleep(0.1)
     if released:
         return 0
+
     def progress(message: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} guardian: {message}", flush=True)
 
-    reason = (f"SIGTERM to the guardian of controller {args.watch} (a scheduler cancelling or timing out "
-              "its job, or a system shutdown)" if terminated else f"controller {args.watch} exited")
+    reason = (
+        f"SIGTERM to the guardian of controller {args.watch} (a scheduler cancelling or timing out "
+        "its job, or a system shutdown)"
+        if terminated
+        else f"controller {args.watch} exited"
+    )
     progress(f"{reason} before the run shut down: restoring and stopping")
     run = ClusterRun.from_session(args.run_dir, progress)
     problems = run.shutdown(reason)
     patched = run.still_patched()
-    progress("shutdown complete" if not problems else f"shutdown finished with {len(problems)} problem(s): "
-             + "; ".join(problems))
+    progress(
+        "shutdown complete"
+        if not problems
+        else f"shutdown finished with {len(problems)} problem(s): " + "; ".join(problems)
+    )
     if patched:
-        progress(f"STILL PATCHED: {', '.join(patched)} (originals kept under patch-state/; "
-                 "`python -m thermab restore` tries again)")
+        progress(
+            f"STILL PATCHED: {', '.join(patched)} (originals kept under patch-state/; "
+            "`python -m thermab restore` tries again)"
+        )
     if not problems and not patched:
         # kept while a step failed, so `restore` knows this run is not yet put back and tries again
         (args.run_dir / PID_FILE).unlink(missing_ok=True)

@@ -82,8 +82,7 @@ class Interlock:
         elapsed = time.time() - self.marks.seen.get("load_start", self.started)
         if elapsed <= self.cap_s + CAP_SLACK_S:
             return None
-        return (f"safety.max_load_minutes: the load has run {elapsed:.0f} s without ending, past "
-                f"{self.cap_s / 60:g} min")
+        return f"safety.max_load_minutes: the load has run {elapsed:.0f} s without ending, past {self.cap_s / 60:g} min"
 
     def _blind(self, host, readings: dict) -> str | None:
         """Whether a watched host has gone without a fresh reading too long: its silence
@@ -97,18 +96,23 @@ class Interlock:
         reason = self._restart_dead_agents()
         if reason or self.restarted.get(host.name, 0.0) > since:
             return reason
-        silent = "no thermal reading at all" if newest is None else (
-            f"no thermal reading for {time.time() - newest:.0f} s")
-        return (f"blind: host {host.name} has given {silent} (safety.max_sensor_silence_s "
-                f"{self.silence_s:g} s): its zones cannot be watched")
+        silent = (
+            "no thermal reading at all" if newest is None else (f"no thermal reading for {time.time() - newest:.0f} s")
+        )
+        return (
+            f"blind: host {host.name} has given {silent} (safety.max_sensor_silence_s "
+            f"{self.silence_s:g} s): its zones cannot be watched"
+        )
 
     def _thermal(self) -> str | None:
         for host in self.run.hosts:
             readings = deploy.latest_readings(host, self.run.session, "thermal")
             for zone, (_t, value) in readings.items():
                 if value >= self.abort_at:
-                    return (f"thermal interlock: host {host.name} zone {zone} at {value:.1f} °C "
-                            f">= safety.abort_at_c {self.abort_at:.1f} °C")
+                    return (
+                        f"thermal interlock: host {host.name} zone {zone} at {value:.1f} °C "
+                        f">= safety.abort_at_c {self.abort_at:.1f} °C"
+                    )
             if host.name in self.watched:
                 reason = self._blind(host, readings)
                 if reason:
@@ -140,7 +144,8 @@ def telemetry_holes(run: ClusterRun, window: dict) -> list[str]:
         if host.name in watched:
             expected.append((ThermalZones.name, None))
         for source, sensor in expected:
-            if not deploy.count_readings(host, run.session, source, window["start"] + offset,
-                                         window["end"] + offset, sensor):
+            if not deploy.count_readings(
+                host, run.session, source, window["start"] + offset, window["end"] + offset, sensor
+            ):
                 holes.append(f"host {host.name} has no {source} sample in the load window")
     return holes

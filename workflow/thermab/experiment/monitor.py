@@ -27,9 +27,16 @@ def bring_up(run: ClusterRun) -> None:
 def monitor_start(run: ClusterRun, out_path: Path) -> None:
     run.event("run_start", detail={"cluster": run.cluster.name})
     bring_up(run)
-    out_path.write_text(json.dumps({"session": run.session, "t": time.time(),
-                                    "agents": {h.name: deploy.agent_pid(h, run.session) for h in run.hosts}},
-                                   indent=1))
+    out_path.write_text(
+        json.dumps(
+            {
+                "session": run.session,
+                "t": time.time(),
+                "agents": {h.name: deploy.agent_pid(h, run.session) for h in run.hosts},
+            },
+            indent=1,
+        )
+    )
 
 
 def clock_drift(run: ClusterRun, offsets_end: dict[str, clock.Offset]) -> dict[str, float]:
@@ -43,9 +50,11 @@ def clock_drift(run: ClusterRun, offsets_end: dict[str, clock.Offset]) -> dict[s
             moved = clock.drift(clock.Offset(start.clock_offset_s[name], uncertainty[name], 0), end)
             if moved is not None:
                 drifts[name] = moved
-                run.progress(f"WARNING clock of {name} moved {moved * 1000:+.1f} ms against the controller "
-                             f"during the run (more than the ± {(uncertainty[name] + end.uncertainty_s) * 1000:.1f} ms "
-                             "the two measurements allow); its samples are placed with the mean offset")
+                run.progress(
+                    f"WARNING clock of {name} moved {moved * 1000:+.1f} ms against the controller "
+                    f"during the run (more than the ± {(uncertainty[name] + end.uncertainty_s) * 1000:.1f} ms "
+                    "the two measurements allow); its samples are placed with the mean offset"
+                )
     return drifts
 
 
@@ -57,8 +66,16 @@ def monitor_stop(run: ClusterRun, out_path: Path) -> None:
     guardian.release(run.run_dir)
     for problem in clock_problems.values():
         run.progress(f"WARNING clock offset at the end not measured: {problem}")
-    out_path.write_text(json.dumps({"t": time.time(), **offsets_record(offsets_end, "clock_offset_end"),
-                                    "clock_drift_s": clock_drift(run, offsets_end),
-                                    "problems": problems}, indent=1))
+    out_path.write_text(
+        json.dumps(
+            {
+                "t": time.time(),
+                **offsets_record(offsets_end, "clock_offset_end"),
+                "clock_drift_s": clock_drift(run, offsets_end),
+                "problems": problems,
+            },
+            indent=1,
+        )
+    )
     if problems:
         raise StageFailed("the run ended with problems (see above); logs pulled where possible")

@@ -40,8 +40,10 @@ def anchor_spans(text: str, anchor: str) -> list[tuple[int, int]]:
     try:
         return match_spans(anchor, text)
     except MatchTimeout as error:
-        raise PatchError(f"config key 'setting.anchor' ({anchor!r}): {error} on the setting's file; "
-                         "write it without repeats that can match the same text") from None
+        raise PatchError(
+            f"config key 'setting.anchor' ({anchor!r}): {error} on the setting's file; "
+            "write it without repeats that can match the same text"
+        ) from None
 
 
 def anchor_matches(text: str, anchor: str) -> list[str]:
@@ -60,7 +62,7 @@ def render(original: str, anchor: str, replacement: str, value: str, spans=None)
     spans = anchor_spans(original, anchor) if spans is None else spans
     if len(spans) != 1:
         raise PatchError(f"anchor {anchor!r} matches {len(spans)} times (must be exactly 1): nothing written")
-    (start, end), = spans
+    ((start, end),) = spans
     return original[:start] + replacement.format(value=value) + original[end:]
 
 
@@ -69,11 +71,11 @@ def original_value(match: str, replacement: str) -> str | None:
     ``{value}`` (``busy_loop_s: float = 1`` → ``1``), or None when the match has another shape."""
     parts = list(string.Formatter().parse(replacement))
     at = next(i for i, (_text, name, _spec, _conversion) in enumerate(parts) if name == "value")
-    prefix = "".join(text for text, *_ in parts[:at + 1])
-    suffix = "".join(text for text, *_ in parts[at + 1:])
+    prefix = "".join(text for text, *_ in parts[: at + 1])
+    suffix = "".join(text for text, *_ in parts[at + 1 :])
     if len(match) < len(prefix) + len(suffix) or not (match.startswith(prefix) and match.endswith(suffix)):
         return None
-    return match[len(prefix):len(match) - len(suffix)]
+    return match[len(prefix) : len(match) - len(suffix)]
 
 
 def patch_problems(original: str, setting: dict, values: dict[str, str]) -> list[str]:
@@ -89,22 +91,29 @@ def patch_problems(original: str, setting: dict, values: dict[str, str]) -> list
     for letter, value in values.items():
         after = anchor_count(render(original, anchor, replacement, value, spans), anchor)
         if after != 1:
-            problems.append(f"patched to arm {letter} ({value!r}), the file would match the anchor {after} times "
-                            "(must stay 1, to patch again and restore)")
+            problems.append(
+                f"patched to arm {letter} ({value!r}), the file would match the anchor {after} times "
+                "(must stay 1, to patch again and restore)"
+            )
     if setting.get("value_type", "literal") == "literal":
-        match = original[spans[0][0]:spans[0][1]]
+        match = original[spans[0][0] : spans[0][1]]
         old = original_value(match, replacement)
         kind = literal_kind(old) if old is not None else None
         arm_kinds = sorted({str(literal_kind(v)) for v in values.values()})
         if old is None:
-            problems.append(f"the anchor's match {match!r} does not have setting.replacement's text around "
-                            "{value}: the value it replaces cannot be told")
+            problems.append(
+                f"the anchor's match {match!r} does not have setting.replacement's text around "
+                "{value}: the value it replaces cannot be told"
+            )
         elif kind is None:
-            problems.append(f"the value the patch replaces, {old!r}, is not a Python literal (set "
-                            "setting.value_type: expression if the file takes code there)")
+            problems.append(
+                f"the value the patch replaces, {old!r}, is not a Python literal (set "
+                "setting.value_type: expression if the file takes code there)"
+            )
         elif arm_kinds != [kind]:
-            problems.append(f"the value the patch replaces, {old!r}, is a {kind}; the arms' values are "
-                            f"{', '.join(arm_kinds)}")
+            problems.append(
+                f"the value the patch replaces, {old!r}, is a {kind}; the arms' values are {', '.join(arm_kinds)}"
+            )
     return problems
 
 
@@ -121,7 +130,7 @@ def resolve_file(host: Host, template: str) -> str:
     found = host.exec(f"{python} -c {shlex.quote(FIND_VLLM)}").stdout.strip().splitlines()
     if not found:
         raise PatchError(f"host {host.name}: {python} could not locate the vllm package")
-    return found[-1] + template[len(VLLM_DIR):]
+    return found[-1] + template[len(VLLM_DIR) :]
 
 
 class Patcher:
@@ -172,8 +181,9 @@ class Patcher:
         self.host.write_file(self.file, data)
         reread = self.host.read_file(self.file)
         if sha256(reread) != sha256(data):
-            raise PatchError(f"{self.where()}: re-read sha256 {sha256(reread)[:12]} differs from the "
-                             f"written {sha256(data)[:12]}")
+            raise PatchError(
+                f"{self.where()}: re-read sha256 {sha256(reread)[:12]} differs from the written {sha256(data)[:12]}"
+            )
 
     def apply(self, value: str) -> dict:
         """Set the file to the arm's value; returns what was done, for events.jsonl."""
@@ -187,8 +197,13 @@ class Patcher:
             self._save_original(current)
         if current != wanted:
             self._write_verified(wanted)
-        return {"file": self.file, "value": value, "sha256": sha256(wanted),
-                "original_sha256": sha256(original), "changed": current != wanted}
+        return {
+            "file": self.file,
+            "value": value,
+            "sha256": sha256(wanted),
+            "original_sha256": sha256(original),
+            "changed": current != wanted,
+        }
 
     def restore(self) -> dict | None:
         """Put the original back (verified) and forget the state; None if not patched."""
@@ -204,4 +219,3 @@ class Patcher:
         for name in ("state.json", "original"):
             (self.state_dir / name).unlink()
         return {"file": self.file, "sha256": sha256(original)}
-

@@ -61,7 +61,7 @@ def _restart(run: ClusterRun, rep: int, arm: str) -> str:
         patchers = [run.patcher(host) for host in run.hosts]
         for patcher in patchers:  # every original before any write: hosts sharing one file keep its unpatched bytes
             patcher.keep_original()
-        for host, patcher in zip(run.hosts, patchers):
+        for host, patcher in zip(run.hosts, patchers, strict=False):
             run.event("patch_applied", rep=rep, arm=arm, host=host.name, detail=patcher.apply(value))
     else:
         env = {setting["env_var"]: value}
@@ -69,8 +69,7 @@ def _restart(run: ClusterRun, rep: int, arm: str) -> str:
     run.event("restart_start", rep=rep, arm=arm)
     server.stop_servers(run.hosts)
     server.start_servers(run.hosts, env)
-    return server.wait_ready(run.cluster.endpoint, run.config["timings"]["startup_timeout_s"],
-                                progress=run.progress)
+    return server.wait_ready(run.cluster.endpoint, run.config["timings"]["startup_timeout_s"], progress=run.progress)
 
 
 def _cooldown(run: ClusterRun, rep: int, arm: str, users: int | None) -> dict:
@@ -87,8 +86,9 @@ def _cooldown(run: ClusterRun, rep: int, arm: str, users: int | None) -> dict:
             reason = f"every head zone below {below} °C"
             break
         if waited >= cap:
-            reason = f"time cap {cap:.0f} s reached " + (f"(hottest {hottest:.1f} °C)" if zones else
-                                                         "(no thermal zone on the head to wait for)")
+            reason = f"time cap {cap:.0f} s reached " + (
+                f"(hottest {hottest:.1f} °C)" if zones else "(no thermal zone on the head to wait for)"
+            )
             break
         if int(waited) % 10 < interval:
             run.progress(f"cooldown: {waited:.0f}/{cap:.0f} s, head {_hottest(run)}")
@@ -102,14 +102,17 @@ def phase(run: ClusterRun, rep: int, arm: str) -> list[PhaseRecord]:
     ``rep{rep}-{arm}``.  Each window's files lie in its own phase directory (layout)."""
     bring_up(run)
     label = run.config["arms"][arm]["label"]
-    run.progress(f"phase rep{rep}-{arm} ({label}, {run.config['setting']['name']} = "
-            f"{run.config['arms'][arm]['value']})")
+    run.progress(
+        f"phase rep{rep}-{arm} ({label}, {run.config['setting']['name']} = {run.config['arms'][arm]['value']})"
+    )
     # how idle the head is before its restart: the end of the cooldown before, or of the baseline
     idle_w_before = head_power(run, power.IDLE_BEFORE_S)
     model = _restart(run, rep, arm)
     run.event("server_ready", rep=rep, arm=arm, detail={"model": model})
-    return [_window(run, window, model, idle_w_before) for window in
-            plan.job_phases(rep, arm, plan.levels(run.config["load"]["users"]))]
+    return [
+        _window(run, window, model, idle_w_before)
+        for window in plan.job_phases(rep, arm, plan.levels(run.config["load"]["users"]))
+    ]
 
 
 def _window(run: ClusterRun, window: plan.Phase, model: str, idle_w_before: float | None) -> PhaseRecord:
@@ -137,11 +140,15 @@ def _window(run: ClusterRun, window: plan.Phase, model: str, idle_w_before: floa
     marks.poll()
     failed = validity["requests"]["load"] - validity["requests"]["load_ok"]
     if failed > run.config["load"]["max_failed"] or not validity["requests"]["load_ok"]:
-        reason = (f"{failed} of {validity['requests']['load']} load requests failed (load.max_failed = "
-                  f"{run.config['load']['max_failed']}), first: {validity['errors']['first']}")
+        reason = (
+            f"{failed} of {validity['requests']['load']} load requests failed (load.max_failed = "
+            f"{run.config['load']['max_failed']}), first: {validity['errors']['first']}"
+        )
         run.event("abort", rep=rep, arm=arm, users=window.users, detail={"reason": reason})
-        raise StageFailed(f"phase {window.id} failed: {reason}; records kept in "
-                           f"{files.records}, Locust's log in {run.files.locust_log(window.id)}")
+        raise StageFailed(
+            f"phase {window.id} failed: {reason}; records kept in "
+            f"{files.records}, Locust's log in {run.files.locust_log(window.id)}"
+        )
     load_window = validity["window"]
     holes = telemetry_holes(run, load_window)
     if holes:
@@ -149,20 +156,41 @@ def _window(run: ClusterRun, window: plan.Phase, model: str, idle_w_before: floa
         run.event("abort", rep=rep, arm=arm, users=window.users, detail={"reason": reason})
         raise StageFailed(f"phase {window.id} failed: {reason} (see the agent's log on that host)")
     cooldown = _cooldown(run, rep, arm, window.users)
-    result = PhaseRecord(phase=window.id, order=run.order, rep=rep, arm=arm, users=spec.users,
-                         label=run.config["arms"][arm]["label"], value=run.config["arms"][arm]["value"],
-                         model=model, load_start=load_window["start"], load_end=load_window["end"],
-                         validity=validity, cooldown=cooldown, start_zones_c=start_zones,
-                         idle_w_before=idle_w_before)
+    result = PhaseRecord(
+        phase=window.id,
+        order=run.order,
+        rep=rep,
+        arm=arm,
+        users=spec.users,
+        label=run.config["arms"][arm]["label"],
+        value=run.config["arms"][arm]["value"],
+        model=model,
+        load_start=load_window["start"],
+        load_end=load_window["end"],
+        validity=validity,
+        cooldown=cooldown,
+        start_zones_c=start_zones,
+        idle_w_before=idle_w_before,
+    )
     result.write(files.phase_json)
     return result
 
 
 def _load(run: ClusterRun, window: plan.Phase, spec: LoadSpec, interlock: Interlock) -> PhaseValidity:
     files = run.files.phase(window.id)
-    scrape = server_metrics.Scraper(run.cluster.endpoint, files.server_metrics,
-                                    run.config["monitor"]["intervals"]["server"], progress=run.progress)
+    scrape = server_metrics.Scraper(
+        run.cluster.endpoint, files.server_metrics, run.config["monitor"]["intervals"]["server"], progress=run.progress
+    )
     with scrape:  # the server's own view of the load, beside the client's
-        return run_load(run.cluster.endpoint, files.requests, spec, order=run.order, rep=window.rep,
-                        arm=window.arm, log_path=run.files.locust_log(window.id), progress=run.progress,
-                        status_hint=lambda: f"head {_hottest(run)}", interlock=interlock)
+        return run_load(
+            run.cluster.endpoint,
+            files.requests,
+            spec,
+            order=run.order,
+            rep=window.rep,
+            arm=window.arm,
+            log_path=run.files.locust_log(window.id),
+            progress=run.progress,
+            status_hint=lambda: f"head {_hottest(run)}",
+            interlock=interlock,
+        )

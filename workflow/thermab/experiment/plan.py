@@ -9,8 +9,7 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
-from thermab.config import default_questions, user_levels
-from thermab.config import defaults as schema_defaults
+from thermab.config import default_questions, defaults as schema_defaults, user_levels
 from thermab.layout import BASELINE, RunDir, phase_id
 
 
@@ -69,8 +68,12 @@ def order_of_repeat(order: str, rep: int, crossover: bool = True) -> str:
 
 def phases(order: str, repeats: int, crossover: bool = False, users: list[int] | None = None) -> list[Phase]:
     """Every phase in the order it runs; ``users``: the levels (``levels``), or None."""
-    return [Phase(rep, arm, level) for rep in range(1, repeats + 1) for arm in order_of_repeat(order, rep, crossover)
-            for level in level_order(users, rep)]
+    return [
+        Phase(rep, arm, level)
+        for rep in range(1, repeats + 1)
+        for arm in order_of_repeat(order, rep, crossover)
+        for level in level_order(users, rep)
+    ]
 
 
 def job_phases(rep: int, arm: str, users: list[int] | None = None) -> list[Phase]:
@@ -102,9 +105,19 @@ def reanalysis(analysis: dict) -> dict:
     return {key: value for key, value in analysis.items() if key not in LOAD_TIME_ANALYSIS}
 
 
-def run_plan(*, cluster: str, order: str, repeats: int, arms: dict, setting: str, head: str,
-             hosts: list[str], analysis: dict | None = None, questions: list[dict] | None = None,
-             **facts) -> dict:
+def run_plan(
+    *,
+    cluster: str,
+    order: str,
+    repeats: int,
+    arms: dict,
+    setting: str,
+    head: str,
+    hosts: list[str],
+    analysis: dict | None = None,
+    questions: list[dict] | None = None,
+    **facts,
+) -> dict:
     """The experiment plan of a run directory (``run.json``): what the analysis needs to
     read the run without its config.  ``facts`` add what the writer knows (trip point,
     max_tokens, load_s, where an import came from).  Without ``questions``, the study's
@@ -112,9 +125,19 @@ def run_plan(*, cluster: str, order: str, repeats: int, arms: dict, setting: str
     analysis = {**DEFAULT_ANALYSIS, **(analysis or {})}
     if questions is None:
         questions = default_questions(analysis["timeline_zone"])
-    return {"cluster": cluster, "order": order, "repeats": repeats, "arms": arms,
-            "reference_arm": next(iter(arms)), "setting": setting, "head": head, "hosts": hosts,
-            **{key: analysis[key] for key in DEFAULT_ANALYSIS}, "questions": questions, **facts}
+    return {
+        "cluster": cluster,
+        "order": order,
+        "repeats": repeats,
+        "arms": arms,
+        "reference_arm": next(iter(arms)),
+        "setting": setting,
+        "head": head,
+        "hosts": hosts,
+        **{key: analysis[key] for key in DEFAULT_ANALYSIS},
+        "questions": questions,
+        **facts,
+    }
 
 
 def write_run_json(run_dir: Path, plan: dict) -> Path:

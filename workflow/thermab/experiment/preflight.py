@@ -67,9 +67,11 @@ def _check_reachable(run: ClusterRun, host, facts: dict) -> tuple[dict, list[str
     if agent_runs:
         facts["agent_python"] = f"{executable} {agent_version}"
     else:
-        problems.append(f"host {host.name}: the agent's Python ({host.agent_python}) "
-                        f"{'is older than 3.8' if found.ok else 'does not run: ' + found.stderr.strip()[-200:]}; "
-                        "set agent_python for this host")
+        problems.append(
+            f"host {host.name}: the agent's Python ({host.agent_python}) "
+            f"{'is older than 3.8' if found.ok else 'does not run: ' + found.stderr.strip()[-200:]}; "
+            "set agent_python for this host"
+        )
     setting = run.config["setting"]
     if setting["method"] == "file":
         try:
@@ -77,11 +79,13 @@ def _check_reachable(run: ClusterRun, host, facts: dict) -> tuple[dict, list[str
         except (TransportError, PatchError) as error:
             problems.append(f"host {host.name}: cannot read {setting['file']}: {error}")
         else:
-            facts.update(file=patcher.file, sha256=sha256(text.encode()),
-                         anchor_count=anchor_count(text, setting["anchor"]))
+            facts.update(
+                file=patcher.file, sha256=sha256(text.encode()), anchor_count=anchor_count(text, setting["anchor"])
+            )
             values = {letter: arm["value"] for letter, arm in run.config["arms"].items()}
-            problems += [f"host {host.name}: {patcher.file}: {problem}"
-                         for problem in patch_problems(text, setting, values)]
+            problems += [
+                f"host {host.name}: {patcher.file}: {problem}" for problem in patch_problems(text, setting, values)
+            ]
     if not host.spec.simulated:
         python = shlex.quote(host.spec.settings.get("python", "python3"))
         version = host.exec(f"{python} -c {shlex.quote(VLLM_VERSION)}", check=False)
@@ -92,8 +96,10 @@ def _check_reachable(run: ClusterRun, host, facts: dict) -> tuple[dict, list[str
         return facts, problems, advice
     facts.update(_discovered(run, host))
     if not facts["zones"]:
-        advice.append(f"host {host.name}: no thermal zones found: its temperatures will be missing "
-                      "(hwmon sensors are sampled where present)")
+        advice.append(
+            f"host {host.name}: no thermal zones found: its temperatures will be missing "
+            "(hwmon sensors are sampled where present)"
+        )
     return facts, problems, advice
 
 
@@ -108,8 +114,10 @@ def _interlock_line(abort_at: float | None, unread: list[str]) -> str:
     if abort_at is not None:
         return f"thermal interlock: load stops at {abort_at:.1f} °C on any zone of any host"
     if unread:
-        return (f"thermal interlock: off for now: the zones of {', '.join(unread)} could not be read "
-                "(see the problems below)")
+        return (
+            f"thermal interlock: off for now: the zones of {', '.join(unread)} could not be read "
+            "(see the problems below)"
+        )
     return "thermal interlock: off (no trip point found on any host and safety.abort_at_c not set)"
 
 
@@ -127,7 +135,7 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> Preflight:
     # hosts checked side by side, so unreachable ones wait out their timeouts together
     with ThreadPoolExecutor(len(run.hosts)) as pool:
         checks = list(pool.map(lambda host: _check_host(run, host), run.hosts))
-    for host, (facts, host_problems, advice) in zip(run.hosts, checks):
+    for host, (facts, host_problems, advice) in zip(run.hosts, checks, strict=False):
         report.hosts[host.name] = facts
         report.advice.extend(advice)
         problems += host_problems
@@ -135,9 +143,11 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> Preflight:
             run.progress(f"preflight {host.name}: UNREACHABLE")
         else:
             zones = ", ".join(z["name"] for z in facts.get("zones", []))
-            run.progress(f"preflight {host.name}: {'ok' if not host_problems else 'PROBLEM'}; file sha256 "
-                         f"{str(facts.get('sha256'))[:12]}, anchor x{facts.get('anchor_count')}, "
-                         f"zones: {zones or 'none'}, agent Python {facts.get('agent_python')}")
+            run.progress(
+                f"preflight {host.name}: {'ok' if not host_problems else 'PROBLEM'}; file sha256 "
+                f"{str(facts.get('sha256'))[:12]}, anchor x{facts.get('anchor_count')}, "
+                f"zones: {zones or 'none'}, agent Python {facts.get('agent_python')}"
+            )
             if "processes" in facts:
                 run.progress(f"  vLLM CPU of {host.name} sums: {deploy.describe_processes(facts['processes'])}")
         if "restored_leftover" in facts:
@@ -154,20 +164,21 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> Preflight:
         for key, values in offsets_record(offsets, "clock_offset").items():
             setattr(report, key, values)
         for name, offset in offsets.items():
-            run.progress(f"clock of {name}: {offset.offset_s * 1000:+.1f} ± {offset.uncertainty_s * 1000:.1f} ms "
-                         f"against the controller (best of {offset.samples} round trips)")
-    trips = [z["trip_point_c"] for z in report.zones(run.cluster.head)
-             if z["trip_point_c"]]
-    all_trips = [z["trip_point_c"] for name in report.hosts for z in report.zones(name)
-                 if z["trip_point_c"]]
+            run.progress(
+                f"clock of {name}: {offset.offset_s * 1000:+.1f} ± {offset.uncertainty_s * 1000:.1f} ms "
+                f"against the controller (best of {offset.samples} round trips)"
+            )
+    trips = [z["trip_point_c"] for z in report.zones(run.cluster.head) if z["trip_point_c"]]
+    all_trips = [z["trip_point_c"] for name in report.hosts for z in report.zones(name) if z["trip_point_c"]]
     lowest = deploy.lowest_trip_point(report.hosts)
     try:
         abort_at = abort_threshold(run.config, all_trips)
     except ConfigError as error:
         problems.append(str(error))
         abort_at = None
-    report.safety = Safety(abort_at_c=abort_at, lowest_trip_point_c=min(all_trips, default=None),
-                           lowest_trip_point=lowest)
+    report.safety = Safety(
+        abort_at_c=abort_at, lowest_trip_point_c=min(all_trips, default=None), lowest_trip_point=lowest
+    )
     run.progress(_interlock_line(abort_at, [name for name, f in report.hosts.items() if "zones" not in f]))
     if lowest:
         run.progress(f"  lowest trip point: {lowest}")
@@ -175,19 +186,34 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> Preflight:
         # Snakemake deletes a failed job's outputs: the diagnosis is kept beside its log
         failed_record.parent.mkdir(parents=True, exist_ok=True)
         report.write(failed_record, problems=problems)
-        raise PreflightError(f"preflight failed, nothing was changed ({failed_record} has the details):\n  "
-                             + "\n  ".join(problems))
+        raise PreflightError(
+            f"preflight failed, nothing was changed ({failed_record} has the details):\n  " + "\n  ".join(problems)
+        )
     failed_record.unlink(missing_ok=True)
     report.write(out_path)
     config = run.config
-    plan.write_run_json(run_json.parent, plan.run_plan(
-        cluster=run.cluster.name, order=run.order, repeats=config["repeats"], arms=config["arms"],
-        setting=config["setting"]["name"], head=run.cluster.head, hosts=[h.name for h in run.hosts],
-        analysis=config["analysis"], questions=config["questions"], until=config["until"],
-        max_repeats=config["max_repeats"], trip_point_c=min(trips, default=None),
-        max_tokens=config["load"]["max_tokens"], load_s=config["timings"]["load_s"],
-        users=config["load"]["users"], prompt_tokens=config["load"]["prompt_tokens"],
-        probe_n=config["load"]["probe_n"] if config["load"]["probe"] else 0,
-        sample_intervals_s=config["monitor"]["intervals"],
-        hosts_without_zones=[name for name in report.hosts if not report.zones(name)]))
+    plan.write_run_json(
+        run_json.parent,
+        plan.run_plan(
+            cluster=run.cluster.name,
+            order=run.order,
+            repeats=config["repeats"],
+            arms=config["arms"],
+            setting=config["setting"]["name"],
+            head=run.cluster.head,
+            hosts=[h.name for h in run.hosts],
+            analysis=config["analysis"],
+            questions=config["questions"],
+            until=config["until"],
+            max_repeats=config["max_repeats"],
+            trip_point_c=min(trips, default=None),
+            max_tokens=config["load"]["max_tokens"],
+            load_s=config["timings"]["load_s"],
+            users=config["load"]["users"],
+            prompt_tokens=config["load"]["prompt_tokens"],
+            probe_n=config["load"]["probe_n"] if config["load"]["probe"] else 0,
+            sample_intervals_s=config["monitor"]["intervals"],
+            hosts_without_zones=[name for name in report.hosts if not report.zones(name)],
+        ),
+    )
     return report

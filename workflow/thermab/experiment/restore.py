@@ -14,16 +14,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from thermab import layout
 from thermab.config import UserError
 from thermab.experiment import events, guardian
 from thermab.experiment.cluster import ClusterRun, exit_status
-from thermab import layout
 from thermab.layout import SESSION_FILE
 
 
 def patch_holder(run_dirs: list[Path]) -> Path | None:
     """Of one cluster's runs, the one whose newest ``patch_applied`` no ``restored`` followed
     (the newest such, if several): the run that left the cluster's files patched."""
+
     def unrestored(run_dir: Path) -> float | None:
         latest = None
         for event in events.read(run_dir):
@@ -65,10 +66,13 @@ def restore_all(results: Path, progress=print) -> tuple[list[str], list[str]]:
                 guardian.release(run_dir)  # we are doing its work now
                 run = ClusterRun.from_session(run_dir, progress)
             except Exception as error:  # one unreadable run must not keep the others patched
-                problems.append(f"{run_dir}: cannot rebuild the run from {SESSION_FILE}: "
-                                f"{type(error).__name__}: {error}")
-                patched += [f"{cluster_dir.name}/{p.parent.name}"
-                            for p in sorted(layout.patch_state(cluster_dir, "*").parent.glob("*/state.json"))]
+                problems.append(
+                    f"{run_dir}: cannot rebuild the run from {SESSION_FILE}: {type(error).__name__}: {error}"
+                )
+                patched += [
+                    f"{cluster_dir.name}/{p.parent.name}"
+                    for p in sorted(layout.patch_state(cluster_dir, "*").parent.glob("*/state.json"))
+                ]
                 continue
             progress(f"{run_dir}: hosts patched: {', '.join(run.still_patched()) or 'none'}")
             problems += run.shutdown("manual restore")
@@ -79,9 +83,11 @@ def restore_all(results: Path, progress=print) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="thermab restore", description=__doc__.splitlines()[0],
-                                     epilog="exit status: 0 all put back; 1 every file restored but another "
-                                            "step failed; 3 a host is still patched")
+    parser = argparse.ArgumentParser(
+        prog="thermab restore",
+        description=__doc__.splitlines()[0],
+        epilog="exit status: 0 all put back; 1 every file restored but another step failed; 3 a host is still patched",
+    )
     parser.add_argument("results", nargs="?", default="results", type=Path)
     args = parser.parse_args(argv)
     if not args.results.is_dir():

@@ -7,7 +7,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from typing import Callable
+from collections.abc import Callable
 
 from thermab.errors import StageFailed
 from thermab.hosts.host import Host
@@ -41,8 +41,7 @@ def models(endpoint: str) -> list[str]:
     return [model["id"] for model in _get_json(endpoint + "/v1/models")["data"]]
 
 
-def wait_ready(endpoint: str, timeout_s: float, *, poll_s: float = 1.0,
-               progress: Callable[[str], None] = print) -> str:
+def wait_ready(endpoint: str, timeout_s: float, *, poll_s: float = 1.0, progress: Callable[[str], None] = print) -> str:
     """Poll ``/health`` then ``/v1/models``; return the first model id.
 
     Real servers take 3-20 minutes to load weights, so progress is reported while waiting."""
@@ -63,5 +62,6 @@ def wait_ready(endpoint: str, timeout_s: float, *, poll_s: float = 1.0,
             progress(f"waiting for {endpoint} to be ready: {waited:.0f}/{timeout_s:.0f} s ({last_error})")
             next_report = time.monotonic() + 10
         time.sleep(poll_s)
-    raise NotReady(f"{endpoint} not ready after {timeout_s:.0f} s "
-                   f"(config key 'timings.startup_timeout_s'): {last_error}")
+    raise NotReady(
+        f"{endpoint} not ready after {timeout_s:.0f} s (config key 'timings.startup_timeout_s'): {last_error}"
+    )

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from thermab.hosts.transport import TransportError
 
@@ -64,8 +64,9 @@ def drift(start: Offset, end: Offset) -> float | None:
     return moved if abs(moved) > start.uncertainty_s + end.uncertainty_s else None
 
 
-def exchange(send: Callable[[bytes], None], readline: Callable[[], str], n: int,
-             now: Callable[[], float] = time.time) -> list[Sample]:
+def exchange(
+    send: Callable[[bytes], None], readline: Callable[[], str], n: int, now: Callable[[], float] = time.time
+) -> list[Sample]:
     """``n`` timed exchanges over a line channel to one of the loops above."""
     samples = []
     for _ in range(n):
@@ -95,5 +96,6 @@ def measure(transport, n: int = SAMPLES, python: str = "python3") -> Offset:
     try:
         return _measure_with(transport, python_loop(python), n)
     except (ValueError, TransportError) as error:
-        raise TransportError(transport.host, f"no clock reading with fractions of a second ({reason}; "
-                                             f"{python}: {error})") from None
+        raise TransportError(
+            transport.host, f"no clock reading with fractions of a second ({reason}; {python}: {error})"
+        ) from None

@@ -75,8 +75,10 @@ class Host:
         would block, a device, a directory, a huge file) is refused naming it."""
         quoted = shlex.quote(self.path(path))
         # `[ -f ]` first: opening a FIFO to read it would wait for a writer
-        result = self.exec(f"if [ -f {quoted} ]; then head -c {MAX_FILE_BYTES + 1} < {quoted} | base64; else "
-                           f"echo {shlex.quote(path + ': missing, or not a regular file')} >&2; exit 1; fi")
+        result = self.exec(
+            f"if [ -f {quoted} ]; then head -c {MAX_FILE_BYTES + 1} < {quoted} | base64; else "
+            f"echo {shlex.quote(path + ': missing, or not a regular file')} >&2; exit 1; fi"
+        )
         data = base64.b64decode(result.stdout)
         if len(data) > MAX_FILE_BYTES:
             raise TransportError(self.name, f"{path}: more than {MAX_FILE_BYTES} bytes")

@@ -34,9 +34,16 @@ MAX_KNOWN_HOSTS_BYTES = 64 * 2**20
 REVOKED = "@revoked"
 CERT_SUFFIX = "-cert-v01@openssh.com"
 # the public-key fields of each certificate type, after its nonce (PROTOCOL.certkeys)
-CERT_KEY_FIELDS = {"ssh-ed25519": 1, "ssh-rsa": 2, "ssh-dss": 4, "ecdsa-sha2-nistp256": 2,
-                   "ecdsa-sha2-nistp384": 2, "ecdsa-sha2-nistp521": 2, "sk-ssh-ed25519@openssh.com": 2,
-                   "sk-ecdsa-sha2-nistp256@openssh.com": 3}
+CERT_KEY_FIELDS = {
+    "ssh-ed25519": 1,
+    "ssh-rsa": 2,
+    "ssh-dss": 4,
+    "ecdsa-sha2-nistp256": 2,
+    "ecdsa-sha2-nistp384": 2,
+    "ecdsa-sha2-nistp521": 2,
+    "sk-ssh-ed25519@openssh.com": 2,
+    "sk-ecdsa-sha2-nistp256@openssh.com": 3,
+}
 HOST_CERT = 2
 # the plain host key types paramiko can be presented (RSA is pinned as ssh-rsa)
 NEGOTIABLE = {"ssh-ed25519", "ssh-rsa", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521"}
@@ -150,7 +157,7 @@ def _read_string(data: bytes, at: int) -> tuple[bytes, int]:
     end = at + 4 + length
     if end > len(data):
         raise ValueError("truncated")
-    return data[at + 4:end], end
+    return data[at + 4 : end], end
 
 
 def _string(value: bytes) -> bytes:
@@ -184,8 +191,19 @@ def parse_certificate(blob: bytes) -> Certificate:
         principals.append(principal.decode(errors="replace"))
     ca_type, _ = _read_string(ca_blob, 0)
     key_blob = _string(plain.encode()) + b"".join(_string(f) for f in key_fields)
-    return Certificate(plain, key_blob, cert_type, key_id.decode(errors="replace"), tuple(principals),
-                       valid_after, valid_before, ca_type.decode(), ca_blob, signed, signature)
+    return Certificate(
+        plain,
+        key_blob,
+        cert_type,
+        key_id.decode(errors="replace"),
+        tuple(principals),
+        valid_after,
+        valid_before,
+        ca_type.decode(),
+        ca_blob,
+        signed,
+        signature,
+    )
 
 
 def _certificate_problem(cert: Certificate, address: str, ca: Entry, now: float) -> str | None:
@@ -201,9 +219,11 @@ def _certificate_problem(cert: Certificate, address: str, ca: Entry, now: float)
     if cert.principals and address.lower() not in (p.lower() for p in cert.principals):
         return f"{ca.where}: certificate principals {', '.join(cert.principals)} do not include {address}"
     if not cert.valid_after <= now < cert.valid_before:
-        return (f"{ca.where}: certificate valid {time.strftime('%Y-%m-%d %H:%M', time.gmtime(cert.valid_after))}"
-                f" to {time.strftime('%Y-%m-%d %H:%M', time.gmtime(min(cert.valid_before, 2**31 - 1)))} UTC,"
-                " not now")
+        return (
+            f"{ca.where}: certificate valid {time.strftime('%Y-%m-%d %H:%M', time.gmtime(cert.valid_after))}"
+            f" to {time.strftime('%Y-%m-%d %H:%M', time.gmtime(min(cert.valid_before, 2**31 - 1)))} UTC,"
+            " not now"
+        )
     return None
 
 
@@ -220,8 +240,7 @@ class Verdict:
     notes: tuple[str, ...] = ()
 
 
-def verify(known: KnownHosts, address: str, port: int, key_type: str, blob: bytes,
-           now: float | None = None) -> Verdict:
+def verify(known: KnownHosts, address: str, port: int, key_type: str, blob: bytes, now: float | None = None) -> Verdict:
     """Judge the key a server presented (``blob`` in wire format: a plain key or a
     certificate), as OpenSSH does: a revoked key (or certifying authority) is refused;
     a certificate is trusted when a matching ``@cert-authority`` line signed it for this
@@ -238,19 +257,27 @@ def verify(known: KnownHosts, address: str, port: int, key_type: str, blob: byte
     revoked = {e.blob: e for e in entries if e.marker == REVOKED}
     for candidate in (blob, cert.ca_blob if cert else None):
         if candidate in revoked:
-            raise HostKeyError(f"the host key of {name} ({fingerprint(candidate)}) is marked @revoked "
-                               f"in {revoked[candidate].where}")
+            raise HostKeyError(
+                f"the host key of {name} ({fingerprint(candidate)}) is marked @revoked in {revoked[candidate].where}"
+            )
     if cert is not None:
         authorities = [e for e in entries if e.marker == CA and e.blob == cert.ca_blob]
         for ca in authorities:
             problem = _certificate_problem(cert, address, ca, now)
             if problem is None:
-                return Verdict(True, f"certificate {cert.key_id!r} signed by the authority in {ca.where}",
-                               key_type, blob, tuple(notes))
+                return Verdict(
+                    True,
+                    f"certificate {cert.key_id!r} signed by the authority in {ca.where}",
+                    key_type,
+                    blob,
+                    tuple(notes),
+                )
             notes.append(problem)
         if not authorities:
-            notes.append(f"{name} presented a certificate signed by {fingerprint(cert.ca_blob)}, "
-                         "which no @cert-authority line trusts")
+            notes.append(
+                f"{name} presented a certificate signed by {fingerprint(cert.ca_blob)}, "
+                "which no @cert-authority line trusts"
+            )
     # a pin of a type paramiko never negotiates (sk-*, ssh-dss) cannot be what was presented
     pinned = [e for e in entries if e.marker is None and e.key_type in NEGOTIABLE]
     for entry in pinned:
@@ -259,8 +286,9 @@ def verify(known: KnownHosts, address: str, port: int, key_type: str, blob: byte
     if pinned:
         # the server was asked for the pinned types first, so another key means a changed host
         pins = "; ".join(f"{e.key_type} {fingerprint(e.blob)} ({e.where})" for e in pinned)
-        raise HostKeyError(f"the host key of {name} CHANGED: it presented {key_type} {fingerprint(blob)}, "
-                           f"known_hosts pins {pins}")
+        raise HostKeyError(
+            f"the host key of {name} CHANGED: it presented {key_type} {fingerprint(blob)}, known_hosts pins {pins}"
+        )
     return Verdict(False, "not pinned", key_type, blob, tuple(notes))
 
 
@@ -275,8 +303,12 @@ def preferred_key_types(known: KnownHosts, name: str, offered: list[str]) -> lis
     for entry in entries:
         if entry.marker is None:
             # an RSA key is pinned as ssh-rsa and negotiated as rsa-sha2-*
-            wanted += [t for t in offered if t == entry.key_type
-                       or (entry.key_type == "ssh-rsa" and t.startswith("rsa-sha2-") and CERT_SUFFIX not in t)]
+            wanted += [
+                t
+                for t in offered
+                if t == entry.key_type
+                or (entry.key_type == "ssh-rsa" and t.startswith("rsa-sha2-") and CERT_SUFFIX not in t)
+            ]
     first = list(dict.fromkeys(wanted))
     return first + [t for t in offered if t not in first]
 
@@ -291,8 +323,10 @@ def append(path: Path, name: str, key_type: str, blob: bytes) -> bool:
         fcntl.flock(handle, fcntl.LOCK_EX)
         handle.seek(0)
         text = handle.read()
-        if any(e.marker is None and e.key_type == key_type and e.blob == blob and hosts_match(e.hosts, name)
-               for e in parse(text, str(path))):
+        if any(
+            e.marker is None and e.key_type == key_type and e.blob == blob and hosts_match(e.hosts, name)
+            for e in parse(text, str(path))
+        ):
             return False
         handle.write(("" if not text or text.endswith("\n") else "\n") + line)
     return True

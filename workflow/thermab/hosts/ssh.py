@@ -66,7 +66,7 @@ class _HostKeyCheck(paramiko.MissingHostKeyPolicy):
     """Called by paramiko for every key (thermab hands it no host keys of its own, so
     nothing is checked twice): judges it against the known_hosts files."""
 
-    def __init__(self, ssh: "SshTransport", known: known_hosts.KnownHosts, address: str, port: int):
+    def __init__(self, ssh: SshTransport, known: known_hosts.KnownHosts, address: str, port: int):
         self.ssh, self.known, self.address, self.port = ssh, known, address, port
 
     def missing_host_key(self, client, hostname, key):
@@ -86,10 +86,13 @@ class _HostKeyCheck(paramiko.MissingHostKeyPolicy):
         if ssh.host_key_policy != "accept-new":
             files = " or ".join(str(f) for f in ssh.read_files)
             port = f"-p {self.port} " if self.port != 22 else ""
-            raise RefusedError(ssh.host, f"the host key of {name} ({shown}) is not pinned in {files}; "
-                                         f"check that fingerprint with the host's owner, then pin it "
-                                         f"(ssh-keyscan {port}{self.address} >> {ssh.pin_file}) or set "
-                                         "host_key_policy: accept-new for this host") from None
+            raise RefusedError(
+                ssh.host,
+                f"the host key of {name} ({shown}) is not pinned in {files}; "
+                f"check that fingerprint with the host's owner, then pin it "
+                f"(ssh-keyscan {port}{self.address} >> {ssh.pin_file}) or set "
+                "host_key_policy: accept-new for this host",
+            ) from None
         known_hosts.append(ssh.pin_file, name, verdict.key_type, verdict.key_blob)
         ssh.progress(f"host {ssh.host}: new {shown} of {name} accepted and appended to {ssh.pin_file}")
 
@@ -108,11 +111,23 @@ class _OrderedTransport(paramiko.Transport):
 
 
 class SshTransport:
-    def __init__(self, host: str, address: str, *, port: int = 22, user: str | None = None,
-                 key_file: str | None = None, known_hosts: str | None = None,
-                 host_key_policy: str = "strict", jump: str | None = None,
-                 connect_timeout: float = 15, keepalive_s: int = 15, retries: int = 3,
-                 own_known_hosts: str | Path = OWN_KNOWN_HOSTS, progress=print):
+    def __init__(
+        self,
+        host: str,
+        address: str,
+        *,
+        port: int = 22,
+        user: str | None = None,
+        key_file: str | None = None,
+        known_hosts: str | None = None,
+        host_key_policy: str = "strict",
+        jump: str | None = None,
+        connect_timeout: float = 15,
+        keepalive_s: int = 15,
+        retries: int = 3,
+        own_known_hosts: str | Path = OWN_KNOWN_HOSTS,
+        progress=print,
+    ):
         self.host = host
         self.address, self.port = address, port
         self.user = user or getpass.getuser()
@@ -135,12 +150,20 @@ class SshTransport:
         self._jump_client: paramiko.SSHClient | None = None
 
     @classmethod
-    def from_spec(cls, spec, progress=print) -> "SshTransport":
+    def from_spec(cls, spec, progress=print) -> SshTransport:
         s = spec.settings
-        return cls(spec.name, s["address"], port=s.get("port", 22), user=s.get("user"),
-                   key_file=s.get("key_file"), known_hosts=s.get("known_hosts"),
-                   host_key_policy=s.get("host_key_policy", "strict"), jump=s.get("jump"),
-                   connect_timeout=s.get("connect_timeout_s", 15), progress=progress)
+        return cls(
+            spec.name,
+            s["address"],
+            port=s.get("port", 22),
+            user=s.get("user"),
+            key_file=s.get("key_file"),
+            known_hosts=s.get("known_hosts"),
+            host_key_policy=s.get("host_key_policy", "strict"),
+            jump=s.get("jump"),
+            connect_timeout=s.get("connect_timeout_s", 15),
+            progress=progress,
+        )
 
     # -- connection ----------------------------------------------------------------------
 
@@ -148,21 +171,25 @@ class SshTransport:
         try:
             return socket.create_connection((address, port), timeout=self.connect_timeout)
         except OSError as error:
-            raise TransportError(self.host, f"cannot reach {address}:{port}: "
-                                            f"{describe_socket_error(error, self.connect_timeout)}") from None
+            raise TransportError(
+                self.host, f"cannot reach {address}:{port}: {describe_socket_error(error, self.connect_timeout)}"
+            ) from None
 
     def _connect_once(self) -> paramiko.SSHClient:
         if self.jump:
             jump_user, jump_address, jump_port = _parse_target(self.jump)
-            self._jump_client = self._open(jump_address, jump_port, jump_user or self.user,
-                                           self._socket(jump_address, jump_port))
+            self._jump_client = self._open(
+                jump_address, jump_port, jump_user or self.user, self._socket(jump_address, jump_port)
+            )
             try:
                 sock = self._jump_client.get_transport().open_channel(
-                    "direct-tcpip", (self.address, self.port), ("127.0.0.1", 0), timeout=self.connect_timeout)
+                    "direct-tcpip", (self.address, self.port), ("127.0.0.1", 0), timeout=self.connect_timeout
+                )
             except paramiko.SSHException as error:
                 reason = error.text if isinstance(error, paramiko.ChannelException) else str(error)
-                raise TransportError(self.host, f"jump host {jump_address}:{jump_port} cannot reach "
-                                                f"{self.address}:{self.port}: {reason}") from None
+                raise TransportError(
+                    self.host, f"jump host {jump_address}:{jump_port} cannot reach {self.address}:{self.port}: {reason}"
+                ) from None
         else:
             sock = self._socket(self.address, self.port)
         client = self._open(self.address, self.port, self.user, sock)
@@ -184,41 +211,64 @@ class SshTransport:
         client = paramiko.SSHClient()
         client.set_missing_host_key_policy(_HostKeyCheck(self, known, address, port))
         try:
-            client.connect(address, port=port, username=user, key_filename=self.key_file, sock=sock,
-                           timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
-                           auth_timeout=self.connect_timeout, allow_agent=True,
-                           look_for_keys=self.key_file is None,
-                           transport_factory=lambda s, **kw: _OrderedTransport(
-                               s, lambda offered: known_hosts.preferred_key_types(known, name, offered), **kw))
+            client.connect(
+                address,
+                port=port,
+                username=user,
+                key_filename=self.key_file,
+                sock=sock,
+                timeout=self.connect_timeout,
+                banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout,
+                allow_agent=True,
+                look_for_keys=self.key_file is None,
+                transport_factory=lambda s, **kw: _OrderedTransport(
+                    s, lambda offered: known_hosts.preferred_key_types(known, name, offered), **kw
+                ),
+            )
         except TransportError:
             client.close()
             raise
         except paramiko.PasswordRequiredException:
             client.close()
-            raise RefusedError(self.host, f"authentication to {where} failed: key_file {self.key_file} needs a "
-                                          "passphrase, which thermab never asks for; load it into the ssh-agent "
-                                          f"(ssh-add {self.key_file})") from None
+            raise RefusedError(
+                self.host,
+                f"authentication to {where} failed: key_file {self.key_file} needs a "
+                "passphrase, which thermab never asks for; load it into the ssh-agent "
+                f"(ssh-add {self.key_file})",
+            ) from None
         except paramiko.AuthenticationException:
             client.close()
-            raise RefusedError(self.host, f"authentication to {where} failed: the server accepted none of the "
-                                          f"keys offered ({self._keys_offered()})") from None
+            raise RefusedError(
+                self.host,
+                f"authentication to {where} failed: the server accepted none of the "
+                f"keys offered ({self._keys_offered()})",
+            ) from None
         except paramiko.SSHException as error:
             client.close()
             if "No authentication methods available" in str(error):
-                raise RefusedError(self.host, f"authentication to {where} failed: no key to offer "
-                                              f"({self._keys_offered()} found none)") from None
+                raise RefusedError(
+                    self.host, f"authentication to {where} failed: no key to offer ({self._keys_offered()} found none)"
+                ) from None
             if "banner" in str(error):
                 if not isinstance(error.__context__, socket.timeout):  # it answered, then hung up or reset
-                    raise TransportError(self.host, f"{address}:{port} answered, but is not an SSH server (it "
-                                                    "closed without an SSH greeting): a wrong port?") from None
-                raise TransportError(self.host, f"no SSH server answered on {address}:{port} within "
-                                                f"{self.connect_timeout:g} s (no SSH greeting: a wrong port, or "
-                                                "a server too busy to answer)") from None
+                    raise TransportError(
+                        self.host,
+                        f"{address}:{port} answered, but is not an SSH server (it "
+                        "closed without an SSH greeting): a wrong port?",
+                    ) from None
+                raise TransportError(
+                    self.host,
+                    f"no SSH server answered on {address}:{port} within "
+                    f"{self.connect_timeout:g} s (no SSH greeting: a wrong port, or "
+                    "a server too busy to answer)",
+                ) from None
             raise TransportError(self.host, f"SSH handshake with {where} failed: {error}") from None
         except OSError as error:
             client.close()
-            raise TransportError(self.host, f"connection to {where} broke: "
-                                            f"{describe_socket_error(error, self.connect_timeout)}") from None
+            raise TransportError(
+                self.host, f"connection to {where} broke: {describe_socket_error(error, self.connect_timeout)}"
+            ) from None
         return client
 
     def _keys_offered(self) -> str:
@@ -309,7 +359,7 @@ class SshTransport:
             raise CommandError(self.host, result)
         return result
 
-    def open_lines(self, command: str) -> "_SshLines":
+    def open_lines(self, command: str) -> _SshLines:
         return _SshLines(self.host, command, self._start(command))
 
     def put(self, local: Path, remote: str) -> None:
@@ -350,7 +400,7 @@ class _SshLines(LineReader):
         self.channel.settimeout(max(left, 0.001))
         try:
             return self.channel.recv(4096)
-        except socket.timeout:
+        except TimeoutError:
             return None
 
     def close(self) -> None:

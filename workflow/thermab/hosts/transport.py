@@ -80,8 +80,9 @@ class LocalTransport:
         """``input``: the command's standard input (data too large for its command line)."""
         stdin = {"stdin": subprocess.DEVNULL} if input is None else {"input": input}
         try:
-            completed = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                                       timeout=timeout, **stdin)
+            completed = subprocess.run(
+                ["bash", "-c", command], capture_output=True, text=True, timeout=timeout, **stdin
+            )
         except subprocess.TimeoutExpired:
             raise TransportError(self.host, f"command timed out after {timeout:.0f} s: {command}") from None
         result = Result(command, completed.returncode, completed.stdout, completed.stderr)
@@ -89,7 +90,7 @@ class LocalTransport:
             raise CommandError(self.host, result)
         return result
 
-    def open_lines(self, command: str) -> "_LocalLines":
+    def open_lines(self, command: str) -> _LocalLines:
         return _LocalLines(self.host, command)
 
     def put(self, local: Path, remote: str) -> None:
@@ -104,7 +105,6 @@ class LocalTransport:
 
     def close(self) -> None:
         pass
-
 
 
 class LineReader:
@@ -135,8 +135,9 @@ class LineReader:
 class _LocalLines(LineReader):
     def __init__(self, host: str, command: str):
         self.host, self.command = host, command
-        self.process = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+        self.process = subprocess.Popen(
+            ["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0
+        )
 
     def send(self, data: bytes) -> None:
         try:

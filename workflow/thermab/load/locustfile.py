@@ -56,7 +56,7 @@ from geventhttpclient import URL, HTTPClient
 from locust import User, constant, events, task
 from locust.exception import StopUser
 
-from thermab.config import MAX_EXTRA_BODY, extra_body_problem, read_bounded, defaults as schema_defaults
+from thermab.config import MAX_EXTRA_BODY, defaults as schema_defaults, extra_body_problem, read_bounded
 from thermab.load.prompts import DEFAULT_TOKENS_PER_CHAR, build_prompt, calibrated_tokens_per_char
 from thermab.load.stream import StreamFailure, StreamReader
 
@@ -80,16 +80,44 @@ RUN = None  # the LoadTest in progress (one per test_start)
 def add_options(parser):
     # Defaults carry the type: the web UI converts what is typed to the default's type.
     parser.add_argument("--model", default="", help="Model name (default: the first id of /v1/models)")
-    parser.add_argument("--max-tokens", type=int, default=LOAD_DEFAULTS["max_tokens"], help="max_tokens of each load request (ignore_eos is set)")
-    parser.add_argument("--prompt-tokens", type=int, default=LOAD_DEFAULTS["prompt_tokens"], help="Target prompt size in tokens")
-    parser.add_argument("--extra-body-file", default="", help='A JSON object merged into each request, e.g. {"reasoning_effort": "low"}')
-    parser.add_argument("--tag-prefix", default="", help="Run/phase id at the start of every tag (default: time and pid)")
-    parser.add_argument("--records-out", default="", help="JSONL file, one record per request (appended, flushed per line)")
-    parser.add_argument("--events-out", default="", help="JSONL file for load_start, probe_start, probe_end, load_end (appended)")
-    parser.add_argument("--probe-at", default=f"{LOAD_DEFAULTS['probe_at']:.0%}", help="Probe start: seconds after test start, or a percentage of --run-time")
-    parser.add_argument("--probe-n", type=int, default=LOAD_DEFAULTS["probe_n"], help="Sequential probe requests (0: no probe)")
-    parser.add_argument("--probe-tokens", type=int, default=LOAD_DEFAULTS["probe_tokens"], help="max_tokens of each probe request")
-    parser.add_argument("--stall-gap-s", type=float, default=schema_defaults("analysis")["stall_gap_s"], help="An inter-token gap at least this long counts as a stall")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=LOAD_DEFAULTS["max_tokens"],
+        help="max_tokens of each load request (ignore_eos is set)",
+    )
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=LOAD_DEFAULTS["prompt_tokens"], help="Target prompt size in tokens"
+    )
+    parser.add_argument(
+        "--extra-body-file", default="", help='A JSON object merged into each request, e.g. {"reasoning_effort": "low"}'
+    )
+    parser.add_argument(
+        "--tag-prefix", default="", help="Run/phase id at the start of every tag (default: time and pid)"
+    )
+    parser.add_argument(
+        "--records-out", default="", help="JSONL file, one record per request (appended, flushed per line)"
+    )
+    parser.add_argument(
+        "--events-out", default="", help="JSONL file for load_start, probe_start, probe_end, load_end (appended)"
+    )
+    parser.add_argument(
+        "--probe-at",
+        default=f"{LOAD_DEFAULTS['probe_at']:.0%}",
+        help="Probe start: seconds after test start, or a percentage of --run-time",
+    )
+    parser.add_argument(
+        "--probe-n", type=int, default=LOAD_DEFAULTS["probe_n"], help="Sequential probe requests (0: no probe)"
+    )
+    parser.add_argument(
+        "--probe-tokens", type=int, default=LOAD_DEFAULTS["probe_tokens"], help="max_tokens of each probe request"
+    )
+    parser.add_argument(
+        "--stall-gap-s",
+        type=float,
+        default=schema_defaults("analysis")["stall_gap_s"],
+        help="An inter-token gap at least this long counts as a stall",
+    )
 
 
 def probe_delay_s(probe_at, run_time_s):
@@ -155,8 +183,9 @@ class LoadTest:
 
     def client(self):
         """A keep-alive connection of its own for one user (or the probe)."""
-        return HTTPClient.from_url(self.base_url, connection_timeout=CONNECT_TIMEOUT_S,
-                                   network_timeout=None, concurrency=1)
+        return HTTPClient.from_url(
+            self.base_url, connection_timeout=CONNECT_TIMEOUT_S, network_timeout=None, concurrency=1
+        )
 
     def model_name(self, client):
         if not self.model:
@@ -182,15 +211,17 @@ class LoadTest:
         prompt = build_prompt(tag, self.options.prompt_tokens, self.tokens_per_char)
         reader = StreamReader(self.options.stall_gap_s)
         try:
-            body = orjson.dumps({
-                **self.extra_body,
-                "model": self.model_name(client),
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": max_tokens,
-                "ignore_eos": True,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            })
+            body = orjson.dumps(
+                {
+                    **self.extra_body,
+                    "model": self.model_name(client),
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": max_tokens,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+            )
             reader.t_start = time.time()  # the first request's model lookup is not its latency
             with silence_timeout() as silence:
                 self.stream(client, body, reader, silence)

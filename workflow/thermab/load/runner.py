@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from thermab.jsonl import JsonlTail
 from thermab.config import DECIMAL_FLOAT, DECIMAL_INT, defaults as schema_defaults, extra_body_problem, key_problem
 from thermab.contracts import PhaseValidity, write_validity
 from thermab.errors import StageFailed
+from thermab.jsonl import JsonlTail
 from thermab.layout import PhaseDir
 from thermab.load.validity import load_window, summary_line, to_frame, validity_report
 
@@ -68,21 +68,44 @@ class LoadSpec:
     stop_timeout_s: int = 120
 
     @classmethod
-    def from_config(cls, config: dict, model: str | None = None) -> "LoadSpec":
+    def from_config(cls, config: dict, model: str | None = None) -> LoadSpec:
         load, duration = config["load"], config["timings"]["load_s"]
-        return cls(duration_s=int(duration), users=load["users"], max_tokens=load["max_tokens"],
-                   prompt_tokens=load["prompt_tokens"], model=load["model"] or model,
-                   extra_body=load["extra_body"] or {}, probe=load["probe"],
-                   probe_at_s=load["probe_at"] * duration, probe_n=load["probe_n"],
-                   probe_tokens=load["probe_tokens"], stall_gap_s=config["analysis"]["stall_gap_s"])
+        return cls(
+            duration_s=int(duration),
+            users=load["users"],
+            max_tokens=load["max_tokens"],
+            prompt_tokens=load["prompt_tokens"],
+            model=load["model"] or model,
+            extra_body=load["extra_body"] or {},
+            probe=load["probe"],
+            probe_at_s=load["probe_at"] * duration,
+            probe_n=load["probe_n"],
+            probe_tokens=load["probe_tokens"],
+            stall_gap_s=config["analysis"]["stall_gap_s"],
+        )
 
     def locust_args(self) -> list[str]:
         """The locustfile's own options for this load."""
-        args = ["-u", str(self.users), "-r", str(self.users),
-                "--run-time", f"{self.duration_s}s", "--stop-timeout", f"{self.stop_timeout_s}s",
-                "--max-tokens", str(self.max_tokens), "--prompt-tokens", str(self.prompt_tokens),
-                "--stall-gap-s", str(self.stall_gap_s),
-                "--probe-n", str(self.probe_n if self.probe else 0), "--probe-tokens", str(self.probe_tokens)]
+        args = [
+            "-u",
+            str(self.users),
+            "-r",
+            str(self.users),
+            "--run-time",
+            f"{self.duration_s}s",
+            "--stop-timeout",
+            f"{self.stop_timeout_s}s",
+            "--max-tokens",
+            str(self.max_tokens),
+            "--prompt-tokens",
+            str(self.prompt_tokens),
+            "--stall-gap-s",
+            str(self.stall_gap_s),
+            "--probe-n",
+            str(self.probe_n if self.probe else 0),
+            "--probe-tokens",
+            str(self.probe_tokens),
+        ]
         if self.model:
             args.append(f"--model={self.model}")  # one word: a name starting with '-' is no option
         if self.probe_at_s is not None:
@@ -93,11 +116,24 @@ class LoadSpec:
 def locust_command(url, records, events, spec: LoadSpec, tag_prefix, locustfile=None, extra_body_file=None):
     """The Locust command line; ``extra_body_file`` holds ``spec.extra_body`` (the caller writes it)."""
     return [
-        sys.executable, "-m", "locust", "-f", str(locustfile or LOCUSTFILE), "--headless", "--only-summary",
-        "--host", url,
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(locustfile or LOCUSTFILE),
+        "--headless",
+        "--only-summary",
+        "--host",
+        url,
         # Failed requests are data here, in the records; a non-zero exit means Locust broke.
-        "--exit-code-on-error", "0",
-        "--records-out", str(records), "--events-out", str(events), "--tag-prefix", tag_prefix,
+        "--exit-code-on-error",
+        "0",
+        "--records-out",
+        str(records),
+        "--events-out",
+        str(events),
+        "--tag-prefix",
+        tag_prefix,
         *spec.locust_args(),
         *(["--extra-body-file", str(extra_body_file)] if extra_body_file else []),
     ]
@@ -110,14 +146,29 @@ def progress_line(records, elapsed_s, duration_s, now, hint=""):
     recent_tokens = sum(r["completion_tokens"] for r in ok if r["t_end"] >= now - window)
     left = f"{duration_s - elapsed_s:.0f} s left" if elapsed_s < duration_s else "finishing in-flight requests"
     probes = sum(r["kind"] == "probe" for r in records)
-    line = (f"load {elapsed_s:.0f}/{duration_s:.0f} s ({left})  requests {len(ok)} ok, {len(load) - len(ok)} failed"
-            f"  {recent_tokens / window:.1f} output tok/s (last {window:.0f} s)  probes {probes}")
+    line = (
+        f"load {elapsed_s:.0f}/{duration_s:.0f} s ({left})  requests {len(ok)} ok, {len(load) - len(ok)} failed"
+        f"  {recent_tokens / window:.1f} output tok/s (last {window:.0f} s)  probes {probes}"
+    )
     return f"{line}  | {hint}" if hint else line
 
 
-def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None, progress=None,
-             status_hint=None, progress_every_s=5.0, locustfile=None, interlock=None,
-             interlock_every_s=1.0) -> PhaseValidity:
+def run_load(
+    url,
+    out_parquet,
+    spec: LoadSpec,
+    *,
+    order,
+    rep,
+    arm,
+    log_path=None,
+    progress=None,
+    status_hint=None,
+    progress_every_s=5.0,
+    locustfile=None,
+    interlock=None,
+    interlock_every_s=1.0,
+) -> PhaseValidity:
     """Run one phase's load against ``url`` and return its validity report (see module doc).
 
     Single-stream mode: ``LoadSpec(users=1, probe=False, ...)``.
@@ -145,22 +196,40 @@ def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None
     tail = JsonlTail(records_path)
     duration_s = spec.duration_s
     exit_code, aborted = _supervise(
-        command, log_path, duration_s + spec.stop_timeout_s + LOCUST_GRACE_S,
+        command,
+        log_path,
+        duration_s + spec.stop_timeout_s + LOCUST_GRACE_S,
         lambda elapsed: progress(progress_line(tail.poll(), elapsed, duration_s, time.time(), _hint(status_hint))),
-        progress_every_s, interlock, interlock_every_s)
+        progress_every_s,
+        interlock,
+        interlock_every_s,
+    )
     records, events = tail.poll(), JsonlTail(events_path).poll()
     if not records and exit_code != 0:
-        raise StageFailed(f"locust exited with code {exit_code} and recorded nothing; see {log_path}:\n"
-                           + _log_tail(log_path))
+        raise StageFailed(
+            f"locust exited with code {exit_code} and recorded nothing; see {log_path}:\n" + _log_tail(log_path)
+        )
 
     frame = to_frame(records, order=order, rep=rep, arm=arm, users=spec.users)
     frame.to_parquet(out_parquet, engine="pyarrow", index=False)
     report: PhaseValidity = {
-        "order": order, "rep": rep, "arm": arm, "url": url, "users": spec.users, "duration_s": duration_s,
-        "locust_exit_code": exit_code, "events": events,
-        **validity_report(frame, load_window(events, frame, duration_s), users=spec.users,
-                          max_tokens=spec.max_tokens, prompt_tokens=spec.prompt_tokens,
-                          probe_n=spec.probe_n if spec.probe else 0, stall_gap_s=spec.stall_gap_s),
+        "order": order,
+        "rep": rep,
+        "arm": arm,
+        "url": url,
+        "users": spec.users,
+        "duration_s": duration_s,
+        "locust_exit_code": exit_code,
+        "events": events,
+        **validity_report(
+            frame,
+            load_window(events, frame, duration_s),
+            users=spec.users,
+            max_tokens=spec.max_tokens,
+            prompt_tokens=spec.prompt_tokens,
+            probe_n=spec.probe_n if spec.probe else 0,
+            stall_gap_s=spec.stall_gap_s,
+        ),
     }
     if aborted:
         report["aborted"] = aborted
@@ -174,6 +243,7 @@ def run_load(url, out_parquet, spec: LoadSpec, *, order, rep, arm, log_path=None
     if aborted:
         raise LoadAborted(aborted)
     return report
+
 
 class LoadAborted(StageFailed):
     """The interlock stopped the load; the message says why."""
@@ -196,8 +266,10 @@ def _supervise(command, log_path, limit_s, tick, every_s, interlock=None, interl
                 except subprocess.TimeoutExpired:
                     elapsed = time.monotonic() - started
                     if elapsed > limit_s:
-                        raise StageFailed(f"locust (pid {process.pid}) still running after {elapsed:.0f} s, "
-                                           f"past its {limit_s:.0f} s bound; stopped it. See {log_path}")
+                        raise StageFailed(
+                            f"locust (pid {process.pid}) still running after {elapsed:.0f} s, "
+                            f"past its {limit_s:.0f} s bound; stopped it. See {log_path}"
+                        ) from None
                     reason = interlock() if interlock else None
                     if reason:
                         return _stop_now(process), reason
@@ -254,12 +326,14 @@ def _extra_body_arg(text):
 def _as_key(*path, parse=int):
     """An argparse type: the option's text parsed, and taken only where the config key it
     stands for (``path``) would take it (the schema's bounds, finite)."""
+
     def convert(text):
         value = text if parse is str else _number(text, parse)
         problem = key_problem(path, value)
         if problem:
             raise argparse.ArgumentTypeError(f"{problem} (as config key '{'.'.join(path)}')")
         return value
+
     return convert
 
 
@@ -283,38 +357,68 @@ def _seconds(text):
 
 def main(argv=None):
     defaults = LoadSpec(duration_s=0)
-    parser = argparse.ArgumentParser(prog="thermab load", description="Closed-loop streaming load on an "
-                                     "OpenAI-compatible server: requests.parquet and validity.json.")
+    parser = argparse.ArgumentParser(
+        prog="thermab load",
+        description="Closed-loop streaming load on an OpenAI-compatible server: requests.parquet and validity.json.",
+    )
     parser.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--out", type=Path, required=True, help="requests.parquet to write (the rest goes beside it)")
     parser.add_argument("--order", type=_as_key("order", parse=str), default="AB")
     parser.add_argument("--rep", type=_as_key("repeats"), default=1)
     parser.add_argument("--arm", type=_as_key("order", parse=str), default="A")
-    parser.add_argument("--users", type=_as_key("load", "users"), default=defaults.users,
-                        help="closed-loop slots (requests always in flight)")
+    parser.add_argument(
+        "--users",
+        type=_as_key("load", "users"),
+        default=defaults.users,
+        help="closed-loop slots (requests always in flight)",
+    )
     parser.add_argument("--duration", type=_as_key("timings", "load_s"), required=True, help="load seconds")
     parser.add_argument("--max-tokens", type=_as_key("load", "max_tokens"), default=defaults.max_tokens)
     parser.add_argument("--prompt-tokens", type=_as_key("load", "prompt_tokens"), default=defaults.prompt_tokens)
     parser.add_argument("--model", help="default: the first id of /v1/models")
-    parser.add_argument("--extra-body", type=_extra_body_arg, default={},
-                        help='JSON object, e.g. \'{"reasoning_effort": "low"}\'')
+    parser.add_argument(
+        "--extra-body", type=_extra_body_arg, default={}, help='JSON object, e.g. \'{"reasoning_effort": "low"}\''
+    )
     parser.add_argument("--no-probe", action="store_true", help="no single-stream probe (single-stream mode)")
     parser.add_argument("--probe-at", type=_seconds, help="seconds from the start (default: 60%% of the duration)")
     parser.add_argument("--probe-n", type=_as_key("load", "probe_n"), default=defaults.probe_n)
     parser.add_argument("--probe-tokens", type=_as_key("load", "probe_tokens"), default=defaults.probe_tokens)
-    parser.add_argument("--stall-gap-s", type=_as_key("analysis", "stall_gap_s", parse=float),
-                        default=defaults.stall_gap_s)
-    parser.add_argument("--stop-timeout", type=lambda text: int(_seconds(text)), default=defaults.stop_timeout_s,
-                        help="seconds in-flight requests get to finish")
+    parser.add_argument(
+        "--stall-gap-s", type=_as_key("analysis", "stall_gap_s", parse=float), default=defaults.stall_gap_s
+    )
+    parser.add_argument(
+        "--stop-timeout",
+        type=lambda text: int(_seconds(text)),
+        default=defaults.stop_timeout_s,
+        help="seconds in-flight requests get to finish",
+    )
     parser.add_argument("--log", type=Path, help="Locust's output (default: locust.log beside --out)")
     parser.add_argument("--locustfile", type=Path, help=f"default: {LOCUSTFILE}")
     args = parser.parse_args(argv)
-    spec = LoadSpec(duration_s=args.duration, users=args.users, max_tokens=args.max_tokens,
-                    prompt_tokens=args.prompt_tokens, model=args.model, extra_body=args.extra_body,
-                    probe=not args.no_probe, probe_at_s=args.probe_at, probe_n=args.probe_n,
-                    probe_tokens=args.probe_tokens, stall_gap_s=args.stall_gap_s, stop_timeout_s=args.stop_timeout)
-    report = run_load(args.url, args.out, spec, order=args.order, rep=args.rep, arm=args.arm,
-                      log_path=args.log, locustfile=args.locustfile)
+    spec = LoadSpec(
+        duration_s=args.duration,
+        users=args.users,
+        max_tokens=args.max_tokens,
+        prompt_tokens=args.prompt_tokens,
+        model=args.model,
+        extra_body=args.extra_body,
+        probe=not args.no_probe,
+        probe_at_s=args.probe_at,
+        probe_n=args.probe_n,
+        probe_tokens=args.probe_tokens,
+        stall_gap_s=args.stall_gap_s,
+        stop_timeout_s=args.stop_timeout,
+    )
+    report = run_load(
+        args.url,
+        args.out,
+        spec,
+        order=args.order,
+        rep=args.rep,
+        arm=args.arm,
+        log_path=args.log,
+        locustfile=args.locustfile,
+    )
     print(json.dumps(report, indent=2))
     return 0 if report["requests"]["load_ok"] else 1
 

@@ -71,7 +71,9 @@ class StreamReader:
     def end(self):
         """The body has ended: without ``[DONE]`` the stream was cut short."""
         if not self.done:
-            raise StreamFailure(f"stream truncated: the body ended without [DONE] after {self.token_chunks} token chunks")
+            raise StreamFailure(
+                f"stream truncated: the body ended without [DONE] after {self.token_chunks} token chunks"
+            )
 
     def _token_chunk(self, now):
         if self.t_first_token is None:

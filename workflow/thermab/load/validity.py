@@ -64,8 +64,9 @@ def decode_measurable(frame):
         return pd.Series(False, index=frame.index)
     decode_s = frame["t_end"] - frame["t_first_token"]
     arrivals = frame["token_arrivals"].astype("float64")  # nullable Int64: NA → NaN, never measurable
-    return ((arrivals >= MIN_TOKEN_ARRIVALS) & (decode_s > 0)
-            & (frame["token_span_s"] >= MIN_ARRIVAL_SPAN_SHARE * decode_s))
+    return (
+        (arrivals >= MIN_TOKEN_ARRIVALS) & (decode_s > 0) & (frame["token_span_s"] >= MIN_ARRIVAL_SPAN_SHARE * decode_s)
+    )
 
 
 def decode_speed(frame):
@@ -121,7 +122,10 @@ def validity_report(frame, window, *, users, max_tokens, prompt_tokens, probe_n,
     report: Validity = {
         "window": {"start": _number(start, 3), "end": _number(end, 3), "s": _number(length)},
         "requests": {
-            "load": len(load), "load_ok": len(ok_load), "probe": len(probe), "probe_ok": len(ok_probe),
+            "load": len(load),
+            "load_ok": len(ok_load),
+            "probe": len(probe),
+            "probe_ok": len(ok_probe),
             "started_after_end": int((frame["t_start"] >= end).sum()),
             "ended_after_end": int((frame["t_end"] >= end).sum()),
         },
@@ -164,9 +168,13 @@ def validity_report(frame, window, *, users, max_tokens, prompt_tokens, probe_n,
             "output_tokens": int(in_window["completion_tokens"].sum()),
             "output_tok_s": _number(in_window["completion_tokens"].sum() / length if length > 0 else np.nan),
         },
-        "probe": {"n": len(probe), "ok": len(ok_probe), "measurable": int(decode.notna().sum()),
-                  "token_arrivals": [int(n) for n in ok_probe["token_arrivals"].dropna()],
-                  "decode_tok_s_median": _number(decode.median())},
+        "probe": {
+            "n": len(probe),
+            "ok": len(ok_probe),
+            "measurable": int(decode.notna().sum()),
+            "token_arrivals": [int(n) for n in ok_probe["token_arrivals"].dropna()],
+            "decode_tok_s_median": _number(decode.median()),
+        },
         "warnings": [],
     }
     report["warnings"] = warnings(report, probe_n)
@@ -183,38 +191,55 @@ def warnings(report: Validity, probe_n):
         categories = ", ".join(f"{k}: {v}" for k, v in errors["by_category"].items())
         last_ok = errors["last_ok_end_s"]
         when = f"; the last successful load request ended {last_ok} s into the window" if last_ok is not None else ""
-        out.append(f"{errors['n']} of {req['load'] + req['probe']} requests failed ({categories}){when}; "
-                   f"first: {errors['first']}")
+        out.append(
+            f"{errors['n']} of {req['load'] + req['probe']} requests failed ({categories}){when}; "
+            f"first: {errors['first']}"
+        )
     share = report["full_length"]["share_of_ok_load"]
     if share is not None and share < 1:
-        out.append(f"only {share:.1%} of successful load requests returned max_tokens="
-                   f"{report['full_length']['max_tokens']} tokens: the server ignored ignore_eos or max_tokens")
+        out.append(
+            f"only {share:.1%} of successful load requests returned max_tokens="
+            f"{report['full_length']['max_tokens']} tokens: the server ignored ignore_eos or max_tokens"
+        )
     if report["cached"]["load_with_cached_tokens"]:
-        out.append(f"{report['cached']['load_with_cached_tokens']} load requests hit the prefix cache: "
-                   "the prompts are not unique from their first tokens")
+        out.append(
+            f"{report['cached']['load_with_cached_tokens']} load requests hit the prefix cache: "
+            "the prompts are not unique from their first tokens"
+        )
     if conc["inflight_mean"] is not None and conc["inflight_mean"] < conc["users"] - INFLIGHT_SLACK:
-        out.append(f"mean in-flight requests {conc['inflight_mean']} for {conc['users']} users: "
-                   "the closed loop was not saturated (failures and their back-off, or a slow client)")
+        out.append(
+            f"mean in-flight requests {conc['inflight_mean']} for {conc['users']} users: "
+            "the closed loop was not saturated (failures and their back-off, or a slow client)"
+        )
     chunks = report["usage_source"].get("chunks", 0)
     if chunks:
-        out.append(f"{chunks} requests came without usage: their token counts are stream chunks, "
-                   "which undercount under speculative decoding")
+        out.append(
+            f"{chunks} requests came without usage: their token counts are stream chunks, "
+            "which undercount under speculative decoding"
+        )
     ratio = report["prompt_tokens"]["median_over_target"]
     if ratio is not None and abs(ratio - 1) > PROMPT_TOLERANCE:
-        out.append(f"measured prompt size {report['prompt_tokens']['median']} tokens (median) against the "
-                   f"target {report['prompt_tokens']['target']}")
+        out.append(
+            f"measured prompt size {report['prompt_tokens']['median']} tokens (median) against the "
+            f"target {report['prompt_tokens']['target']}"
+        )
     gaps = report["gaps"]
     if gaps["stall_gaps"]:
-        out.append(f"{gaps['stall_gaps']} inter-token gaps of at least {gaps['stall_gap_s']} s in "
-                   f"{gaps['requests_with_stalls']} requests (largest {gaps['max_gap_s']} s)")
+        out.append(
+            f"{gaps['stall_gaps']} inter-token gaps of at least {gaps['stall_gap_s']} s in "
+            f"{gaps['requests_with_stalls']} requests (largest {gaps['max_gap_s']} s)"
+        )
     probe = report["probe"]
     if probe["ok"] < probe_n:
         out.append(f"probe: {probe['ok']} of {probe_n} requests succeeded")
     if probe["ok"] and not probe["measurable"]:
         how = bursts(probe["token_arrivals"])
-        out.append(f"probe decode speed not measurable: tokens arrived in {how} (it needs {MIN_TOKEN_ARRIVALS} "
-                   f"arrivals spanning {MIN_ARRIVAL_SPAN_SHARE * 100:.0f} % of the decode time)" if how else
-                   "probe decode speed not measurable: the records do not say when its tokens arrived")
+        out.append(
+            f"probe decode speed not measurable: tokens arrived in {how} (it needs {MIN_TOKEN_ARRIVALS} "
+            f"arrivals spanning {MIN_ARRIVAL_SPAN_SHARE * 100:.0f} % of the decode time)"
+            if how
+            else "probe decode speed not measurable: the records do not say when its tokens arrived"
+        )
     if req["started_after_end"]:
         out.append(f"{req['started_after_end']} requests started after the load window ended")
     return out
@@ -245,9 +270,14 @@ def shortfalls(report: Validity):
 
 def summary_line(report):
     req, thr, probe = report["requests"], report["throughput"], report["probe"]
-    speed = (f"{probe['decode_tok_s_median']} tok/s" if probe["measurable"]
-             else f"not measurable ({bursts(probe['token_arrivals']) or 'no probe'})")
-    return (f"load {report['order']} rep{report['rep']}-{report['arm']} done: {req['load_ok']}/{req['load']} load "
-            f"requests ok, {thr['output_tok_s']} output tok/s over {report['window']['s']} s, "
-            f"in flight {report['concurrency']['inflight_mean']}, probe {speed}, "
-            f"{len(report['warnings'])} warnings")
+    speed = (
+        f"{probe['decode_tok_s_median']} tok/s"
+        if probe["measurable"]
+        else f"not measurable ({bursts(probe['token_arrivals']) or 'no probe'})"
+    )
+    return (
+        f"load {report['order']} rep{report['rep']}-{report['arm']} done: {req['load_ok']}/{req['load']} load "
+        f"requests ok, {thr['output_tok_s']} output tok/s over {report['window']['s']} s, "
+        f"in flight {report['concurrency']['inflight_mean']}, probe {speed}, "
+        f"{len(report['warnings'])} warnings"
+    )

@@ -102,8 +102,8 @@ class Account:
         self.dwell_s = placement["dwell_s"] / settings["time_compression"]
         self.cluster1_share = placement["cluster1_share"]
         stat = Path("/proc/self/stat").read_text()
-        self._stat_head = stat[:stat.rindex(")") + 2]  # "pid (comm) "
-        self._stat_fields = stat[stat.rindex(")") + 2:].split()
+        self._stat_head = stat[: stat.rindex(")") + 2]  # "pid (comm) "
+        self._stat_fields = stat[stat.rindex(")") + 2 :].split()
         self._cmdline = Path("/proc/self/cmdline").read_bytes()
         self._rng = random.Random()
 
@@ -159,8 +159,10 @@ class Account:
         for thread in self.threads:
             ticks = int(thread.seconds() * CLK_TCK)
             total += ticks
-            node.write_atomic(directory / "task" / str(thread.tid) / "stat",
-                              self._stat("%d (%s) " % (thread.tid, thread.name), ticks, thread.core))
+            node.write_atomic(
+                directory / "task" / str(thread.tid) / "stat",
+                self._stat("%d (%s) " % (thread.tid, thread.name), ticks, thread.core),
+            )
         node.write_atomic(directory / "stat", self._stat(self._stat_head, total, self.threads[0].core))
 
     def remove(self) -> None:

@@ -78,8 +78,10 @@ def load_data(path: Path) -> dict:
     data = json.loads(Path(path).read_text())
     marks = {mark["m"]: mark["t"] for mark in data["marks"]}
     starts = {arm: marks[name] * 60.0 for arm, name in MARKS.items()}
-    head = {name: (np.array([p["t"] * 60.0 for p in data["head"]]), np.array([p[name] for p in data["head"]]))
-            for name in HEAD_ZONES + (model.SOC_ZONE,)}
+    head = {
+        name: (np.array([p["t"] * 60.0 for p in data["head"]]), np.array([p[name] for p in data["head"]]))
+        for name in HEAD_ZONES + (model.SOC_ZONE,)
+    }
     worker = (np.array([p["t"] * 60.0 for p in data["workerTsoc"]]), np.array([p["TSOC"] for p in data["workerTsoc"]]))
     return {"starts": starts, "head": head, "worker": worker}
 
@@ -112,8 +114,14 @@ def fitted_mask(times: np.ndarray) -> np.ndarray:
 
 def zone_from(vector) -> dict:
     ambient, c_cpu, c_gpu, fast_share, tau_fast, tau_slow = vector
-    return {"ambient_c": ambient, "c_per_core": c_cpu, "c_at_gpu_busy": c_gpu, "fast_share": fast_share,
-            "tau_fast_s": tau_fast, "tau_slow_s": tau_slow}
+    return {
+        "ambient_c": ambient,
+        "c_per_core": c_cpu,
+        "c_at_gpu_busy": c_gpu,
+        "fast_share": fast_share,
+        "tau_fast_s": tau_fast,
+        "tau_slow_s": tau_slow,
+    }
 
 
 def fit_head_zone(name: str, data: dict) -> dict:
@@ -169,32 +177,52 @@ def fit_hot_core(zone: dict, data: dict, noise_c: float) -> dict:
     stock = (times >= data["starts"]["stock"]) & (times < data["starts"]["stock"] + LOAD_MIN * 60.0)
 
     def with_core(vector):
-        return dict(zone_from(vector[:6]), cluster=1,
-                    hot_core={"c_per_held_core": vector[7], "fast_share": vector[8]})
+        return dict(zone_from(vector[:6]), cluster=1, hot_core={"c_per_held_core": vector[7], "fast_share": vector[8]})
 
     def negative_log_likelihood(vector):
         modelled = simulate({"TS1P": with_core(vector)}, "head", data["starts"], times)
         cluster, hot, share = modelled["TS1P"], modelled["TS1P.hot_core"], vector[6]
-        mixture = share * norm.pdf(values[stock], hot[stock], noise_c) + \
-            (1.0 - share) * norm.pdf(values[stock], cluster[stock], noise_c)
+        mixture = share * norm.pdf(values[stock], hot[stock], noise_c) + (1.0 - share) * norm.pdf(
+            values[stock], cluster[stock], noise_c
+        )
         # the phase's mean, as the study published it, is one more observation
         mean = (share * hot[stock] + (1.0 - share) * cluster[stock]).mean()
-        return -(np.log(mixture + 1e-300).sum() + norm.logpdf(values - cluster, 0.0, noise_c)[mask & ~stock].sum()
-                 + norm.logpdf(mean, values[stock].mean(), noise_c / math.sqrt(stock.sum())))
+        return -(
+            np.log(mixture + 1e-300).sum()
+            + norm.logpdf(values - cluster, 0.0, noise_c)[mask & ~stock].sum()
+            + norm.logpdf(mean, values[stock].mean(), noise_c / math.sqrt(stock.sum()))
+        )
 
-    start = [zone[key] for key in ("ambient_c", "c_per_core", "c_at_gpu_busy", "fast_share", "tau_fast_s",
-                                   "tau_slow_s")] + [0.7, 2.0, 0.9]
-    bounds = [(30.0, 60.0), (0.0, 20.0), (0.0, 60.0), (0.05, 1.0), (2.0, 600.0), (60.0, 3600.0), (0.05, 0.99),
-              (0.0, 20.0), (0.05, 1.0)]
+    start = [
+        zone[key] for key in ("ambient_c", "c_per_core", "c_at_gpu_busy", "fast_share", "tau_fast_s", "tau_slow_s")
+    ] + [0.7, 2.0, 0.9]
+    bounds = [
+        (30.0, 60.0),
+        (0.0, 20.0),
+        (0.0, 60.0),
+        (0.05, 1.0),
+        (2.0, 600.0),
+        (60.0, 3600.0),
+        (0.05, 0.99),
+        (0.0, 20.0),
+        (0.05, 1.0),
+    ]
     vector = minimize(negative_log_likelihood, start, method="L-BFGS-B", bounds=bounds).x
     return {"zone": with_core(vector), "share": float(vector[6])}
 
 
 def scaled_zones(head: dict, offset: float, gain: float, time: float) -> dict:
-    return {name: dict(zone, ambient_c=zone["ambient_c"] + offset, c_per_core=zone["c_per_core"] * gain,
-                       c_at_gpu_busy=zone["c_at_gpu_busy"] * gain, tau_fast_s=zone["tau_fast_s"] * time,
-                       tau_slow_s=zone["tau_slow_s"] * time)
-            for name, zone in head.items()}
+    return {
+        name: dict(
+            zone,
+            ambient_c=zone["ambient_c"] + offset,
+            c_per_core=zone["c_per_core"] * gain,
+            c_at_gpu_busy=zone["c_at_gpu_busy"] * gain,
+            tau_fast_s=zone["tau_fast_s"] * time,
+            tau_slow_s=zone["tau_slow_s"] * time,
+        )
+        for name, zone in head.items()
+    }
 
 
 def fit_worker(head: dict, data: dict) -> dict:
@@ -219,8 +247,12 @@ def fit(path: Path = DATA) -> dict:
     hot = fit_hot_core(head["TS1P"], data, noise["load"])
     head["TS1P"] = hot["zone"]
     worker = fit_worker(head, data)
-    noise = {"head": noise, "worker": worker_noise(scaled_zones(
-        head, worker["ambient_offset_c"], worker["gain_factor"], worker["time_factor"]), data)}
+    noise = {
+        "head": noise,
+        "worker": worker_noise(
+            scaled_zones(head, worker["ambient_offset_c"], worker["gain_factor"], worker["time_factor"]), data
+        ),
+    }
 
     def rounded(value):
         if isinstance(value, dict):
@@ -231,9 +263,12 @@ def fit(path: Path = DATA) -> dict:
         "source": "python -m thermab.sim.fit on tests/data/seed-repro-chart-data.json (the study's chart data)",
         "units": "°C, cores, GPU busy share, seconds of the study (divide by the run's time compression)",
         "study_load": STUDY_LOAD,
-        "placement": {"cluster1_share": rounded(1.0 - (1.0 - hot["share"]) ** (1.0 / HELD_THREADS)),
-                      "stock_samples_on_hot_core": rounded(hot["share"]), "held_threads": HELD_THREADS,
-                      "dwell_s": PLACEMENT_DWELL_S},
+        "placement": {
+            "cluster1_share": rounded(1.0 - (1.0 - hot["share"]) ** (1.0 / HELD_THREADS)),
+            "stock_samples_on_hot_core": rounded(hot["share"]),
+            "held_threads": HELD_THREADS,
+            "dwell_s": PLACEMENT_DWELL_S,
+        },
         "noise_c": rounded(noise),
         "head": {name: rounded(zone) for name, zone in head.items()},
         "worker": {key: rounded(value) for key, value in worker.items()},
@@ -247,13 +282,15 @@ def worker_zones(calibration: dict) -> dict:
 
 # ---- what the fit says, against the published numbers --------------------------------
 
+
 def expected_curves(calibration: dict, data: dict) -> dict:
     """The model on a fine grid: every head zone, TS1P's hot core, the expected TS1P and
     TSOC (the hot core read for the fitted share of the stock phase), the worker's TSOC."""
     times = np.arange(FIT_FROM_MIN * 60.0, data["head"]["TSOC"][0].max(), 5.0)
     head = simulate(calibration["head"], "head", data["starts"], times)
     share = calibration["placement"]["stock_samples_on_hot_core"] * np.array(
-        [arm_at(t, data["starts"]) == "stock" for t in times])
+        [arm_at(t, data["starts"]) == "stock" for t in times]
+    )
     others = np.max(np.vstack([head[name] for name in HEAD_ZONES if name != "TS1P"]), axis=0)
     hot = np.maximum(head["TS1P"], head["TS1P.hot_core"])
     head["TSOC"] = share * np.maximum(hot, others) + (1 - share) * np.maximum(head["TS1P"], others)
@@ -271,7 +308,9 @@ def report(calibration: dict, data: dict) -> str:
         for arm in MARKS:
             window = (times >= data["starts"][arm]) & (times < data["starts"][arm] + LOAD_MIN * 60)
             grid = (curves["t"] >= data["starts"][arm]) & (curves["t"] < data["starts"][arm] + LOAD_MIN * 60)
-            lines.append("%-6s %-8s %8.1f        %8.1f" % (name, arm, values[window].mean(), curves["head"][name][grid].mean()))
+            lines.append(
+                "%-6s %-8s %8.1f        %8.1f" % (name, arm, values[window].mean(), curves["head"][name][grid].mean())
+            )
     times, values = data["worker"]
     for arm in MARKS:
         window = (times >= data["starts"][arm]) & (times < data["starts"][arm] + LOAD_MIN * 60)
@@ -281,13 +320,16 @@ def report(calibration: dict, data: dict) -> str:
     after = curves["t"] >= start
     for threshold in (85, 90, 92):
         reached = curves["t"][after & (curves["head"]["TS1P.hot_core"] >= threshold)]
-        lines.append("stock: the hot core reaches %d °C after %s" % (
-            threshold, "%.1f min" % ((reached[0] - start) / 60) if len(reached) else "never"))
+        lines.append(
+            "stock: the hot core reaches %d °C after %s"
+            % (threshold, "%.1f min" % ((reached[0] - start) / 60) if len(reached) else "never")
+        )
     return "\n".join(lines)
 
 
 def figure(calibration: dict, data: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -304,14 +346,32 @@ def figure(calibration: dict, data: dict, path: Path) -> None:
             times, values = data["head"][name]
             shown = (times >= span[0]) & (times < span[1])
             ax.plot((times[shown] - start) / 60.0, values[shown], ".", color=colour, ms=4)
-            ax.plot(minutes, curves["head"][name][grid], "-", color=colour, lw=1.5,
-                    label=name + (" = TS1P (expected)" if name == "TSOC" and arm == "stock" else ""))
+            ax.plot(
+                minutes,
+                curves["head"][name][grid],
+                "-",
+                color=colour,
+                lw=1.5,
+                label=name + (" = TS1P (expected)" if name == "TSOC" and arm == "stock" else ""),
+            )
         if arm == "stock":
             load = (minutes >= 0) & (minutes < LOAD_MIN)
-            ax.plot(minutes[load], curves["head"]["TS1P.hot_core"][grid][load], ":", color="tab:red", lw=1,
-                    label="TS1P, a spinning thread on cluster 1")
-            ax.plot(minutes[load], curves["head"]["TS1P cluster"][grid][load], "--", color="tab:red", lw=1,
-                    label="TS1P, none on cluster 1")
+            ax.plot(
+                minutes[load],
+                curves["head"]["TS1P.hot_core"][grid][load],
+                ":",
+                color="tab:red",
+                lw=1,
+                label="TS1P, a spinning thread on cluster 1",
+            )
+            ax.plot(
+                minutes[load],
+                curves["head"]["TS1P cluster"][grid][load],
+                "--",
+                color="tab:red",
+                lw=1,
+                label="TS1P, none on cluster 1",
+            )
         ax.set_title("head, %s (study: dots; model: lines)" % arm)
         ax.legend(fontsize=7, loc="lower center")
         ax = axes[1, column]

@@ -17,12 +17,74 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 disable_created_metrics()  # vLLM does too: no *_created series beside its counters
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-               10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -43,14 +105,30 @@ class ServerMetrics:
         # prometheus_client appends _total to a counter's name, as vLLM's own counters read
         self.prompt_tokens = made(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = made(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
-        self.ttft = made(Histogram, "vllm:time_to_first_token_seconds",
-                         "Histogram of time to first token in seconds.", buckets=TTFT_BUCKETS)
-        self.itl = made(Histogram, "vllm:inter_token_latency_seconds",
-                        "Histogram of inter-token latency in seconds.", buckets=ITL_BUCKETS)
-        self.e2e = made(Histogram, "vllm:e2e_request_latency_seconds",
-                        "Histogram of e2e request latency in seconds.", buckets=E2E_BUCKETS)
-        self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                               labels + ["finished_reason"], registry=self.registry)
+        self.ttft = made(
+            Histogram,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            buckets=TTFT_BUCKETS,
+        )
+        self.itl = made(
+            Histogram,
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            buckets=ITL_BUCKETS,
+        )
+        self.e2e = made(
+            Histogram,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            buckets=E2E_BUCKETS,
+        )
+        self.success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels + ["finished_reason"],
+            registry=self.registry,
+        )
         self.labels = values
 
     def engine_state(self, state: dict) -> None:

@@ -74,12 +74,17 @@ def zone_model(role: str) -> dict:
     if role == "head":
         return {name: dict(zone) for name, zone in head.items()}
     worker = CALIBRATION["worker"]
-    return {name: dict(zone, ambient_c=zone["ambient_c"] + worker["ambient_offset_c"],
-                       c_per_core=zone["c_per_core"] * worker["gain_factor"],
-                       c_at_gpu_busy=zone["c_at_gpu_busy"] * worker["gain_factor"],
-                       tau_fast_s=zone["tau_fast_s"] * worker["time_factor"],
-                       tau_slow_s=zone["tau_slow_s"] * worker["time_factor"])
-            for name, zone in head.items()}
+    return {
+        name: dict(
+            zone,
+            ambient_c=zone["ambient_c"] + worker["ambient_offset_c"],
+            c_per_core=zone["c_per_core"] * worker["gain_factor"],
+            c_at_gpu_busy=zone["c_at_gpu_busy"] * worker["gain_factor"],
+            tau_fast_s=zone["tau_fast_s"] * worker["time_factor"],
+            tau_slow_s=zone["tau_slow_s"] * worker["time_factor"],
+        )
+        for name, zone in head.items()
+    }
 
 
 # GB10 CPU: two clusters of ten, each five Cortex-A725 then five Cortex-X925 cores.
@@ -115,15 +120,16 @@ def proc_dir(root: Path) -> Path:
 
 
 def _start_time(stat: str) -> str:
-    return stat[stat.rindex(")") + 2:].split()[19]
+    return stat[stat.rindex(")") + 2 :].split()[19]
 
 
 def prune(root: Path) -> None:
     """Remove the /proc views of processes that are gone (or whose pid names another one)."""
     for entry in proc_dir(root).glob("[0-9]*"):
         try:
-            alive = _start_time(Path("/proc", entry.name, "stat").read_text()) == \
-                _start_time((entry / "stat").read_text())
+            alive = _start_time(Path("/proc", entry.name, "stat").read_text()) == _start_time(
+                (entry / "stat").read_text()
+            )
         except (OSError, ValueError, IndexError):
             alive = False
         if not alive:
@@ -206,8 +212,9 @@ def create_node(root: Path, role: str, cores: int = 20, lost_wakeup: bool = Fals
 def load_settings(root: Path) -> dict:
     path = Path(root) / "sim.json"
     if not path.exists():
-        raise FileNotFoundError("%s is not a simulated node (no sim.json): create it with "
-                                "thermab.sim.node.create_node" % root)
+        raise FileNotFoundError(
+            "%s is not a simulated node (no sim.json): create it with thermab.sim.node.create_node" % root
+        )
     return json.loads(path.read_text())
 
 
@@ -223,6 +230,7 @@ def read_busy_loop_s(root: Path) -> float:
 
 
 # Daemons of a node: one pid file per name in run/, a log next to it.
+
 
 def pid_file(root: Path, name: str) -> Path:
     return run_dir(root) / (name + ".pid")
@@ -246,7 +254,9 @@ def start_detached(root: Path, name: str, module: str, args: list[str]) -> int:
     with open(run_dir(root) / (name + ".log"), "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", module, *args],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     write_atomic(pid_file(root, name), "%d\n" % process.pid)
@@ -316,8 +326,9 @@ def main(argv=None) -> int:
     create.add_argument("root", type=Path)
     create.add_argument("--role", choices=ROLES, required=True)
     create.add_argument("--cores", type=int, default=20)
-    create.add_argument("--lost-wakeup", action="store_true",
-                        help="readers may miss a notification after a short spin (off by default)")
+    create.add_argument(
+        "--lost-wakeup", action="store_true", help="readers may miss a notification after a short spin (off by default)"
+    )
     args = parser.parse_args(argv)
     create_node(args.root, args.role, args.cores, args.lost_wakeup)
     return 0

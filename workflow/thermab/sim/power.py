@@ -40,13 +40,16 @@ import threading
 import time
 from pathlib import Path
 
-WRAP_UJ = 2 ** 32 - 1
+WRAP_UJ = 2**32 - 1
 STEP_S = 0.1
 POWER_MODEL = {
-    "core_idle_w": 2.0, "w_per_core": 5.0,
-    "uncore_idle_w": 4.0, "w_at_gpu_busy": 70.0,
+    "core_idle_w": 2.0,
+    "w_per_core": 5.0,
+    "uncore_idle_w": 4.0,
+    "w_at_gpu_busy": 70.0,
     "package_rest_w": 6.0,
-    "dram_idle_w": 2.0, "dram_w_at_gpu_busy": 6.0,
+    "dram_idle_w": 2.0,
+    "dram_w_at_gpu_busy": 6.0,
     "platform_w": 12.0,
 }
 # zone directory -> RAPL zone name, in the order powercap numbers them
@@ -74,8 +77,13 @@ def watts(model: dict, cpu_cores: float, gpu_busy: float) -> dict:
     uncore = model["uncore_idle_w"] + model["w_at_gpu_busy"] * gpu_busy
     package = core + uncore + model["package_rest_w"]
     dram = model["dram_idle_w"] + model["dram_w_at_gpu_busy"] * gpu_busy
-    return {"package-0": package, "core": core, "uncore": uncore, "dram": dram,
-            "node": package + dram + model["platform_w"]}
+    return {
+        "package-0": package,
+        "core": core,
+        "uncore": uncore,
+        "dram": dram,
+        "node": package + dram + model["platform_w"],
+    }
 
 
 def create_tree(root: Path, write_missing) -> None:
@@ -121,6 +129,7 @@ class PowerMeter:
 
     def start(self) -> threading.Thread:
         """Advance every STEP_S on a daemon thread, for as long as the process runs."""
+
         def loop():
             last = time.monotonic()
             while True:

@@ -22,7 +22,8 @@ says, as the engine's ``sample`` after a rebuild), and the reader's state follow
 stamps, not from when this shared machine happened to run the reader: it had parked if
 the message was sent after its spin ended (``busy_loop_s`` after its previous read); it
 reads a message it spun for when it was sent, and one it parked for ``WAKE_LATENCY_S``
-after that (in the model: only a re-check is waited for in real time).  That wake-up (on GB10 the thread's wake from its poll, the idle core's exit
+after that (in the model: only a re-check is waited for in real time).  That wake-up (on GB10 the
+thread's wake from its poll, the idle core's exit
 from its sleep state and the return through vLLM's dequeue) is recorded in ``wake_s``,
 which the engine and the worker add to the step's host path (thermab.sim.vllm): with a
 2-ms spin both readers of a 40-ms step park and pay it every step, with 1 s neither does.
@@ -118,7 +119,7 @@ class ShmQueue:
             self._queued_until = stamp + random.expovariate(1.0 / NOTIFY_LATENCY_S)
         offset = self._slot_offset(written)
         HEADER.pack_into(self._buf, offset, len(data), stamp, dropped)
-        self._buf[offset + HEADER.size:offset + HEADER.size + len(data)] = data
+        self._buf[offset + HEADER.size : offset + HEADER.size + len(data)] = data
         memory_fence()
         struct.pack_into("=Q", self._buf, 0, written + 1)
         # The pipe wakes this machine's reader even for a dropped notification: the reader
@@ -164,7 +165,7 @@ class ShmQueue:
                 time.sleep(max(0.0, deadline - time.monotonic()))
                 raise TimeoutError("no message within %.3f s" % timeout)
             time.sleep(max(0.0, read_at - time.monotonic()))
-        obj = pickle.loads(self._buf[offset + HEADER.size:offset + HEADER.size + length])
+        obj = pickle.loads(self._buf[offset + HEADER.size : offset + HEADER.size + length])
         memory_fence()
         struct.pack_into("=Q", self._buf, 8, read + 1)
         self.wake_s = WAKE_LATENCY_S if parked else 0.0
@@ -194,8 +195,9 @@ class ShmQueue:
         self._buf.close()
 
 
-def stall_probability(busy_loop_s: float, gap_s, notify_latency_s: float = NOTIFY_LATENCY_S,
-                      wake_latency_s: float = WAKE_LATENCY_S) -> float:
+def stall_probability(
+    busy_loop_s: float, gap_s, notify_latency_s: float = NOTIFY_LATENCY_S, wake_latency_s: float = WAKE_LATENCY_S
+) -> float:
     """The chance that a parked reader misses the second of two messages and waits for the
     re-check (``lost_wakeup`` on), the second sent ``gap_s`` after the first: a number, or
     a ``(low, high)`` range the gap is uniform over.

@@ -166,16 +166,25 @@ def run(root: Path) -> None:
         write_clocks(root, settings)
         if now - last_status >= STATUS_EVERY_S:
             last_status = now
-            print("cpu %.2f cores (held %.2f on cluster 0, %.2f on 1), gpu busy %.2f, %s" % (
-                load.cpu_cores, *load.held_on, load.gpu_busy,
-                " ".join("%s %.1f" % (name, shown[name]) for name in node.ZONES)), flush=True)
+            print(
+                "cpu %.2f cores (held %.2f on cluster 0, %.2f on 1), gpu busy %.2f, %s"
+                % (
+                    load.cpu_cores,
+                    *load.held_on,
+                    load.gpu_busy,
+                    " ".join("%s %.1f" % (name, shown[name]) for name in node.ZONES),
+                ),
+                flush=True,
+            )
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m thermab.sim.thermal",
-                                     description=__doc__.splitlines()[0],
-                                     epilog="stop the daemon: python -m thermab.sim.thermal stop --node ROOT")
+    parser = argparse.ArgumentParser(
+        prog="python -m thermab.sim.thermal",
+        description=__doc__.splitlines()[0],
+        epilog="stop the daemon: python -m thermab.sim.thermal stop --node ROOT",
+    )
     if argv[:1] == ["stop"]:
         parser.add_argument("stop")
         parser.add_argument("--node", type=Path, required=True)

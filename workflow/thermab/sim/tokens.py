@@ -15,8 +15,25 @@ TOKENIZER = Path(__file__).with_name("tokenizer.json")
 BOS = "<s>"
 # Words that are one token each with a leading space, so streamed text re-encodes to
 # exactly the tokens the server says it sent (the tiny tokenizer's vocabulary has them).
-WORDS = (" the", " heat", " of", " a", " server", " and", " the", " engine", " worker", " waited",
-         " while", " the", " load", " kept", " every", " token", " busy")
+WORDS = (
+    " the",
+    " heat",
+    " of",
+    " a",
+    " server",
+    " and",
+    " the",
+    " engine",
+    " worker",
+    " waited",
+    " while",
+    " the",
+    " load",
+    " kept",
+    " every",
+    " token",
+    " busy",
+)
 
 
 @lru_cache(maxsize=1)

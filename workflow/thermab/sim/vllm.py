@@ -20,7 +20,8 @@ node's processes):
   ``/v1/completions`` (text or token-id prompt; streaming SSE or not; ``max_tokens``,
   ``ignore_eos``, ``stream_options.include_usage``; unknown keys such as
   ``reasoning_effort`` are accepted and ignored), ``/tokenize`` and ``/detokenize``
-  (which ``vllm bench serve`` asks to check its tokenizer against the server's).  A POST's body is read whatever its path,
+  (which ``vllm bench serve`` asks to check its tokenizer against the server's).  A POST's body is
+  read whatever its path,
   so a 404 leaves the keep-alive connection ready for the next request.
 - EngineCore: continuous batching.  Each step takes ``--step-ms`` of GPU time, plus 0.05 ms
   per uncached prompt token of newly admitted requests, and yields every running request
@@ -49,7 +50,8 @@ CPU is accounted in GB10 cores, per thread, not burnt (:mod:`thermab.sim.cpu`): 
 reader busy from a read until it parks (``busy_loop_s`` later, unless the next message
 came first); ``LAUNCH_S_PER_STEP`` and ``API_S_PER_TOKEN`` of host work; and
 ``GPU_WAIT_THREADS``, the threads that poll while the GPU runs (CUDA stream sync, NCCL
-proxies, output copy), a share of a core each for every second the node's GPU is busy.  With ``lost_wakeup`` in the node's sim.json a
+proxies, output copy), a share of a core each for every second the node's GPU is busy.  With
+``lost_wakeup`` in the node's sim.json a
 notification sent while the previous one is still queued is dropped (:mod:`thermab.sim.shm`):
 with ``busy_loop_s`` 0.002 the worker parks again 2 ms after it read a step's ``execute``,
 often before the ``sample`` of a batch change comes, misses it about one time in ten
@@ -133,6 +135,7 @@ def log(message: str) -> None:
 
 # ---- tokens, prompts, prefix cache -------------------------------------------------
 
+
 def completion_length(prompt_ids: list, max_tokens: int, ignore_eos: bool) -> int:
     """Exactly max_tokens with ignore_eos; otherwise an end-of-sequence fixed by the
     prompt, so the same request always gets the same answer length."""
@@ -155,7 +158,7 @@ class PrefixCache:
         tokens = len(prompt_ids)
         hashes, chained = [], 0
         for index in range(tokens // BLOCK_TOKENS):
-            chained = hash((chained, tuple(prompt_ids[index * BLOCK_TOKENS:(index + 1) * BLOCK_TOKENS])))
+            chained = hash((chained, tuple(prompt_ids[index * BLOCK_TOKENS : (index + 1) * BLOCK_TOKENS])))
             hashes.append(chained)
         with self.lock:
             hits = 0
@@ -171,6 +174,7 @@ class PrefixCache:
 
 
 # ---- GPU, worker, engine -----------------------------------------------------------
+
 
 def become_child(name: str) -> None:
     """Set up a forked node process: a name for top/ps, and death with the API server,
@@ -213,8 +217,13 @@ class Gpu:
         ``host_s`` is the step's GB10 host path; what the batch does not hide of it
         (:func:`exposed_host_s`) the GPU idles before the step, while the batch runs on."""
         if step["ran_on"] and self.due_at is not None:
-            finished_at, due_at, busy = scheduled_step(self.due_at, self.finished_at, launched_at, step["duration_s"],
-                                                       exposed_host_s(host_s, step.get("requests", 0)))
+            finished_at, due_at, busy = scheduled_step(
+                self.due_at,
+                self.finished_at,
+                launched_at,
+                step["duration_s"],
+                exposed_host_s(host_s, step.get("requests", 0)),
+            )
         else:
             finished_at = due_at = launched_at + step["duration_s"]
             busy = step["duration_s"]
@@ -226,8 +235,9 @@ class Gpu:
             thread.add(share * busy)
 
 
-def scheduled_step(due_at: float, finished_at: float, launched_at: float, duration_s: float,
-                   exposed_s: float) -> tuple[float, float, float]:
+def scheduled_step(
+    due_at: float, finished_at: float, launched_at: float, duration_s: float, exposed_s: float
+) -> tuple[float, float, float]:
     """(when it ends, when it was due, GPU busy seconds) of a step of a batch that runs on,
     the previous step due at ``due_at`` and ended at ``finished_at``: due one step (plus the
     exposed host path) after the previous one was due, it ends then or at its launch if that
@@ -371,8 +381,13 @@ class Engine:
         self.waiting.clear()
         self.steps += 1
         # host_s: the wake-up the engine paid for the previous step's reply, on this step's path
-        step = {"step": self.steps, "duration_s": self.step_s + PREFILL_S_PER_TOKEN * prefill, "ran_on": ran_on,
-                "requests": len(self.running), "host_s": self.replies.wake_s}
+        step = {
+            "step": self.steps,
+            "duration_s": self.step_s + PREFILL_S_PER_TOKEN * prefill,
+            "ran_on": ran_on,
+            "requests": len(self.running),
+            "host_s": self.replies.wake_s,
+        }
         if self.peer:
             self.peer.sendall(json.dumps(step).encode() + b"\n")
         sent_at = self.broadcast.put(step)
@@ -403,16 +418,21 @@ class Engine:
         """Every waiting request is admitted at the next step (no batch limit): waiting are
         those that arrived during this one."""
         blocks = sum(-(-(prompt + emitted) // BLOCK_TOKENS) for _, emitted, prompt in self.running.values())
-        return {"running": len(self.running), "waiting": len(self.waiting),
-                "kv_cache_usage": min(1.0, blocks / KV_CACHE_BLOCKS)}
+        return {
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "kv_cache_usage": min(1.0, blocks / KV_CACHE_BLOCKS),
+        }
 
     def report(self, tokens: int) -> None:
         self.stats["tokens"] += tokens
         self.stats["steps"] += 1
         elapsed = time.monotonic() - self.stats["since"]
         if elapsed >= STATS_EVERY_S:
-            log("engine: %d running, generation %.1f tok/s, %.1f steps/s"
-                % (len(self.running), self.stats["tokens"] / elapsed, self.stats["steps"] / elapsed))
+            log(
+                "engine: %d running, generation %.1f tok/s, %.1f steps/s"
+                % (len(self.running), self.stats["tokens"] / elapsed, self.stats["steps"] / elapsed)
+            )
             self.stats = {"since": time.monotonic(), "tokens": 0, "steps": 0}
 
 
@@ -428,6 +448,7 @@ def run_engine(root: Path, conn, broadcast: ShmQueue, replies: ShmQueue, step_s:
 
 
 # ---- API server --------------------------------------------------------------------
+
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str):
@@ -484,6 +505,7 @@ class EngineClient:
 
     def outputs(self, stream: queue.Queue, request: dict):
         """Yield (tokens emitted so far, finished) until finished, observed by the metrics."""
+
         def items():
             while True:
                 item = stream.get()
@@ -524,13 +546,18 @@ def parse_request(body, model: str, kind: str) -> dict:
         prompt_ids = completions_prompt(body)
     prompt_tokens = len(prompt_ids)
     room = MAX_MODEL_LEN - prompt_tokens
-    max_tokens = next((body[key] for key in ("max_completion_tokens", "max_tokens")
-                       if body.get(key) is not None), room if kind == "chat" else min(16, room))
+    max_tokens = next(
+        (body[key] for key in ("max_completion_tokens", "max_tokens") if body.get(key) is not None),
+        room if kind == "chat" else min(16, room),
+    )
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise ApiError(400, "max_tokens must be a positive integer")
     if max_tokens > room:
-        raise ApiError(400, "This model's maximum context length is %d tokens; the prompt has "
-                       "%d and max_tokens is %d." % (MAX_MODEL_LEN, prompt_tokens, max_tokens))
+        raise ApiError(
+            400,
+            "This model's maximum context length is %d tokens; the prompt has "
+            "%d and max_tokens is %d." % (MAX_MODEL_LEN, prompt_tokens, max_tokens),
+        )
     stream_options = body.get("stream_options") or {}
     length = completion_length(prompt_ids, max_tokens, bool(body.get("ignore_eos")))
     return {
@@ -574,8 +601,12 @@ def detokenize(body) -> dict:
 
 
 TOKEN_PATHS = {"tokenize": tokenize, "detokenize": detokenize}
-POST_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
-              "/tokenize": "tokenize", "/detokenize": "detokenize"}
+POST_PATHS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/tokenize": "tokenize",
+    "/detokenize": "detokenize",
+}
 ID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-"}
 OBJECT = {"chat": ("chat.completion", "chat.completion.chunk"), "completions": ("text_completion", "text_completion")}
 
@@ -595,17 +626,39 @@ class Handler(BaseHTTPRequestHandler):
         self.send_body(status, json.dumps(obj).encode(), "application/json")
 
     def send_error_json(self, status: int, message: str) -> None:
-        self.send_json(status, {"object": "error", "message": message, "type": "BadRequestError"
-                                if status == 400 else "NotFoundError", "param": None, "code": status})
+        self.send_json(
+            status,
+            {
+                "object": "error",
+                "message": message,
+                "type": "BadRequestError" if status == 400 else "NotFoundError",
+                "param": None,
+                "code": status,
+            },
+        )
 
     def do_GET(self):
         if self.path == "/health":
             self.send_body(200, b"", "text/plain")
         elif self.path == "/v1/models":
             model = self.server.model
-            self.send_json(200, {"object": "list", "data": [{
-                "id": model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
-                "root": model, "parent": None, "max_model_len": MAX_MODEL_LEN}]})
+            self.send_json(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": model,
+                            "object": "model",
+                            "created": int(time.time()),
+                            "owned_by": "vllm",
+                            "root": model,
+                            "parent": None,
+                            "max_model_len": MAX_MODEL_LEN,
+                        }
+                    ],
+                },
+            )
         elif self.path == "/version":
             self.send_json(200, {"version": VLLM_VERSION})
         elif self.path.split("?")[0] == "/metrics":
@@ -639,11 +692,15 @@ class Handler(BaseHTTPRequestHandler):
         engine = self.server.engine
         rid = ID_PREFIX[kind] + uuid.uuid4().hex
         cached = engine.prefix_cache.cached_tokens(request["prompt_ids"])
-        outputs = engine.outputs(engine.submit(rid, request["prompt_tokens"] - cached, request["length"],
-                                               request["prompt_tokens"]), request)
-        usage = {"prompt_tokens": request["prompt_tokens"], "completion_tokens": request["length"],
-                 "total_tokens": request["prompt_tokens"] + request["length"],
-                 "prompt_tokens_details": {"cached_tokens": cached}}
+        outputs = engine.outputs(
+            engine.submit(rid, request["prompt_tokens"] - cached, request["length"], request["prompt_tokens"]), request
+        )
+        usage = {
+            "prompt_tokens": request["prompt_tokens"],
+            "completion_tokens": request["length"],
+            "total_tokens": request["prompt_tokens"] + request["length"],
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
         head = {"id": rid, "created": int(time.time()), "model": self.server.model}
         try:
             if request["stream"]:
@@ -652,8 +709,15 @@ class Handler(BaseHTTPRequestHandler):
                 for _ in outputs:
                     pass
                 text = "".join(tokens.token_text(i) for i in range(request["length"]))
-                self.send_json(200, dict(head, object=OBJECT[kind][0], usage=usage, choices=[
-                    choice(kind, text, request["finish_reason"], streamed=False)]))
+                self.send_json(
+                    200,
+                    dict(
+                        head,
+                        object=OBJECT[kind][0],
+                        usage=usage,
+                        choices=[choice(kind, text, request["finish_reason"], streamed=False)],
+                    ),
+                )
         except (BrokenPipeError, ConnectionResetError):
             engine.abort(rid)  # the client left: free its slot in the batch, as vLLM does
             self.close_connection = True
@@ -699,6 +763,7 @@ def choice(kind: str, text: str, finish, streamed: bool, first: bool = False) ->
 
 # ---- processes and CLI -------------------------------------------------------------
 
+
 def exit_on_sigterm() -> None:
     def handler(signum, frame):
         raise SystemExit(0)  # unwinds through the finally blocks that stop the children
@@ -714,8 +779,11 @@ def serve_head(args, busy_loop_s: float, lost_wakeup: bool) -> int:
     # The pipe is made after the worker is forked and our copy of the engine's end is
     # closed after the engine is, so the engine alone holds it: its death reads as EOF.
     api_end, engine_end = fork.Pipe()
-    engine = fork.Process(target=run_engine, daemon=True,
-                          args=(args.node, engine_end, broadcast, replies, args.step_ms / 1000.0, args.peer_port, args.seed))
+    engine = fork.Process(
+        target=run_engine,
+        daemon=True,
+        args=(args.node, engine_end, broadcast, replies, args.step_ms / 1000.0, args.peer_port, args.seed),
+    )
     engine.start()
     engine_end.close()
     children = [worker, engine]
@@ -730,13 +798,16 @@ def serve_head(args, busy_loop_s: float, lost_wakeup: bool) -> int:
         api_end.recv()
         client = EngineClient(api_end, args.model)
         with ApiServer((args.host, args.port), args.model, client, api_cpu) as server:
+
             def on_engine_exit():
                 engine_died.set()
                 server.shutdown()
 
             threading.Thread(target=client.dispatch, args=(on_engine_exit,), daemon=True).start()
-            log("head ready: http://%s:%d, model %s, step %g ms, peer %s"
-                % (args.host, args.port, args.model, args.step_ms, args.peer_port))
+            log(
+                "head ready: http://%s:%d, model %s, step %g ms, peer %s"
+                % (args.host, args.port, args.model, args.step_ms, args.peer_port)
+            )
             server.serve_forever()
     except EOFError:
         engine_died.set()
@@ -797,7 +868,9 @@ def main(argv=None) -> int:
     serve.add_argument("--peer-port", type=int, help="head only: the worker node's port")
     serve.add_argument("--step-ms", type=float, default=40.0, help="decode step time (GPU)")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--seed", type=int, help="head only: seed of the engine's draws (accepted drafts, rebuild times)")
+    serve.add_argument(
+        "--seed", type=int, help="head only: seed of the engine's draws (accepted drafts, rebuild times)"
+    )
     serve.add_argument("--detach", action="store_true", help="run in a new session and return")
     stop = commands.add_parser("stop", help="stop the server recorded in ROOT/run/vllm.pid")
     stop.add_argument("--node", type=Path, required=True)
@@ -821,8 +894,10 @@ def main(argv=None) -> int:
         return 0
 
     busy_loop_s = node.read_busy_loop_s(args.node)
-    log("busy_loop_s = %g (SpinCondition default in %s)%s" % (
-        busy_loop_s, args.node / node.SHM_BROADCAST, ", lost wake-ups on" if settings["lost_wakeup"] else ""))
+    log(
+        "busy_loop_s = %g (SpinCondition default in %s)%s"
+        % (busy_loop_s, args.node / node.SHM_BROADCAST, ", lost wake-ups on" if settings["lost_wakeup"] else "")
+    )
     node.claim_pid_file(args.node, "vllm")
     try:
         if args.role == "head":

@@ -54,8 +54,7 @@ class Load:
 def targets(zone: dict, load: Load) -> tuple[float, float]:
     """The fast and slow states' targets (°C above ambient) under ``load``."""
     spread = zone["c_per_core"] * (load.cpu_cores - load.held_cores) + zone["c_at_gpu_busy"] * load.gpu_busy
-    return (zone["fast_share"] * spread + zone["c_per_core"] * load.held_cores,
-            (1.0 - zone["fast_share"]) * spread)
+    return (zone["fast_share"] * spread + zone["c_per_core"] * load.held_cores, (1.0 - zone["fast_share"]) * spread)
 
 
 def hot_core_targets(zone: dict, load: Load) -> tuple[float, float]:

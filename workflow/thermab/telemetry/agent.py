@@ -120,16 +120,19 @@ def match_spans(pattern, text, limit_s=MATCH_LIMIT_S):
     ``limit_s`` of matching, in any thread: the main thread matches itself (SIGALRM), any
     other hands the match to a child Python, whose main thread it is (a thread cannot be
     interrupted, a child can be waited for)."""
+
     def spans():
         return [match.span() for match in re.finditer(pattern, text)]
+
     if threading.current_thread() is threading.main_thread():
         return time_bounded(spans, limit_s)
     here = os.path.dirname(os.path.abspath(__file__))
-    child = ("import sys; sys.path.insert(0, %r); import agent; agent.spans_of_stdin()" % here)
+    child = "import sys; sys.path.insert(0, %r); import agent; agent.spans_of_stdin()" % here
     job = json.dumps({"pattern": pattern, "text": text, "limit_s": limit_s})
     try:  # the child's own bound stops the match; this one only a child that cannot start
-        done = subprocess.run([sys.executable, "-I", "-c", child], input=job, capture_output=True, text=True,
-                              timeout=limit_s + 60)
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", child], input=job, capture_output=True, text=True, timeout=limit_s + 60
+        )
         answer = json.loads(done.stdout)
     except (OSError, ValueError, subprocess.TimeoutExpired) as error:
         raise MatchTimeout("the matching process failed: %s" % error) from None
@@ -321,7 +324,7 @@ def trip_points(zone_dir, optional):
     except OSError:
         names = []
     for name in names:
-        trip_type = optional(os.path.join(zone_dir, name[:-len("temp")] + "type"))
+        trip_type = optional(os.path.join(zone_dir, name[: -len("temp")] + "type"))
         text = optional(os.path.join(zone_dir, name))
         value, why = parse_millidegrees(text)
         if value == 0:
@@ -354,9 +357,14 @@ class ThermalZones(ResolvedSource):
 
     def layout(self):
         """Each zone's number, type and ACPI path: what its name is made of."""
-        return tuple((entry, self._optional(os.path.join(self.base(), entry, "type")),
-                      self._optional(os.path.join(self.base(), entry, "device", "path")))
-                     for entry in self.entries())
+        return tuple(
+            (
+                entry,
+                self._optional(os.path.join(self.base(), entry, "type")),
+                self._optional(os.path.join(self.base(), entry, "device", "path")),
+            )
+            for entry in self.entries()
+        )
 
     def resolve(self):
         zones, trips, details = {}, {}, []
@@ -367,8 +375,17 @@ class ThermalZones(ResolvedSource):
             trip_c, trip_point, ignored = trip_points(zone_dir, self._optional)
             if trip_c is not None:
                 trips[name] = trip_c
-            details.append({"zone": entry, "name": name, "device_path": raw_path, "type": zone_type,
-                            "trip_point_c": trip_c, "trip_point": trip_point, "trip_points_ignored": ignored})
+            details.append(
+                {
+                    "zone": entry,
+                    "name": name,
+                    "device_path": raw_path,
+                    "type": zone_type,
+                    "trip_point_c": trip_c,
+                    "trip_point": trip_point,
+                    "trip_points_ignored": ignored,
+                }
+            )
         self.zones = zones
         return {"zones": sorted(zones), "trip_points_c": trips, "details": details}
 
@@ -386,8 +403,10 @@ class ThermalZones(ResolvedSource):
             return []
 
     def read(self, gone):
-        return [(name, ) + read_millidegrees(os.path.join(zone_dir, "temp"), gone)
-                for name, zone_dir in sorted(self.zones.items())]
+        return [
+            (name,) + read_millidegrees(os.path.join(zone_dir, "temp"), gone)
+            for name, zone_dir in sorted(self.zones.items())
+        ]
 
 
 class CpuFrequency(ResolvedSource):
@@ -426,7 +445,7 @@ class CpuFrequency(ResolvedSource):
             policy_dir = os.path.join(self.base(), entry)
             files = [os.path.join(policy_dir, f) for f in self.FILES if os.path.exists(os.path.join(policy_dir, f))]
             if files:
-                self.policies["cpu" + entry[len("policy"):]] = files
+                self.policies["cpu" + entry[len("policy") :]] = files
             else:
                 unread.append(entry)
         found = {"policies": {k: os.path.basename(v[0]) for k, v in self.policies.items()}}
@@ -452,14 +471,14 @@ class CpuFrequency(ResolvedSource):
 
 def parse_stat(text):
     """utime+stime ticks and starttime from /proc/PID/stat (comm may contain spaces)."""
-    fields = text[text.rindex(")") + 2:].split()
+    fields = text[text.rindex(")") + 2 :].split()
     return int(fields[11]) + int(fields[12]), int(fields[19])
 
 
 def parse_thread_stat(text):
     """(comm, utime+stime ticks, CPU it last ran on) from /proc/PID/task/TID/stat."""
-    comm = text[text.index("(") + 1:text.rindex(")")]
-    fields = text[text.rindex(")") + 2:].split()
+    comm = text[text.index("(") + 1 : text.rindex(")")]
+    fields = text[text.rindex(")") + 2 :].split()
     return comm, int(fields[11]) + int(fields[12]), int(fields[36])
 
 
@@ -539,7 +558,12 @@ class ProcessCpu(Source):
     def cmdline(self, pid):
         """The command line (or the title vLLM set) of a process, None once it has gone."""
         try:
-            return read_bytes(self.prefix + pid + "/cmdline").replace(b"\0", b" ")[:MAX_CMDLINE_BYTES].decode("utf-8", "replace").strip()
+            return (
+                read_bytes(self.prefix + pid + "/cmdline")
+                .replace(b"\0", b" ")[:MAX_CMDLINE_BYTES]
+                .decode("utf-8", "replace")
+                .strip()
+            )
         except OSError:
             return None
 
@@ -566,8 +590,11 @@ class ProcessCpu(Source):
                 continue
             start = status.find(b"\nTgid:") + 6
             end = status.find(b"\n", start)
-            if start >= 6 and status[start:end if end >= 0 else None].strip() == pid.encode() \
-                    and pid not in self.own_pids:
+            if (
+                start >= 6
+                and status[start : end if end >= 0 else None].strip() == pid.encode()
+                and pid not in self.own_pids
+            ):
                 found.add(pid)
         return found
 
@@ -673,10 +700,18 @@ class ProcessCpu(Source):
         rows = []
         for pid, (ticks, starttime) in sorted(after.items(), key=lambda kv: int(kv[0])):
             if pid in before and before[pid][1] == starttime:
-                rows.append({"pid": int(pid), "title": (self.cmdline(pid) or "")[:120],
-                             "cpu_pct": round(100.0 * (ticks - before[pid][0]) / self.clk_tck / elapsed, 1)})
-        return {"pattern": self.pattern.pattern, "processes": rows,
-                "cpu_pct": round(sum(r["cpu_pct"] for r in rows), 1)}
+                rows.append(
+                    {
+                        "pid": int(pid),
+                        "title": (self.cmdline(pid) or "")[:120],
+                        "cpu_pct": round(100.0 * (ticks - before[pid][0]) / self.clk_tck / elapsed, 1),
+                    }
+                )
+        return {
+            "pattern": self.pattern.pattern,
+            "processes": rows,
+            "cpu_pct": round(sum(r["cpu_pct"] for r in rows), 1),
+        }
 
     def boot_ticks(self, now):
         """Uptime in ticks, to tell whether a new process started after the last sample."""
@@ -729,10 +764,15 @@ class ProcessCpu(Source):
         rows = []
         if self.previous is not None:
             elapsed = now - self.previous_t
-            top = sorted(((ticks - self.previous_threads[key][1], key, comm, cpu)
-                          for key, (comm, ticks, cpu) in threads.items() if key in self.previous_threads),
-                         reverse=True)[:self.top_threads]
-            for ticks, (pid, tid), comm, cpu in top:
+            top = sorted(
+                (
+                    (ticks - self.previous_threads[key][1], key, comm, cpu)
+                    for key, (comm, ticks, cpu) in threads.items()
+                    if key in self.previous_threads
+                ),
+                reverse=True,
+            )[: self.top_threads]
+            for ticks, (_pid, tid), comm, cpu in top:
                 if ticks > 0:
                     rows.append(("thread %s %s cpu%d" % (comm, tid, cpu), 100.0 * ticks / self.clk_tck / elapsed, ""))
         self.previous_threads = threads
@@ -791,8 +831,10 @@ class HwmonSource(ResolvedSource):
             entries = sorted(os.listdir(self.base()))
         except OSError:
             return ()
-        return tuple((e, link_target(os.path.join(self.base(), e)),
-                      link_target(os.path.join(self.base(), e, "device"))) for e in entries)
+        return tuple(
+            (e, link_target(os.path.join(self.base(), e)), link_target(os.path.join(self.base(), e, "device")))
+            for e in entries
+        )
 
 
 class Hwmon(HwmonSource):
@@ -819,7 +861,7 @@ class Hwmon(HwmonSource):
         return {"sensors": sorted(self.inputs)}
 
     def read(self, gone):
-        return [(sensor, ) + read_millidegrees(path, gone) for sensor, path in sorted(self.inputs.items())]
+        return [(sensor,) + read_millidegrees(path, gone) for sensor, path in sorted(self.inputs.items())]
 
 
 class Poller:
@@ -872,8 +914,9 @@ def run_command(argv, timeout_s, started=None):
     agent can end a command still in flight."""
     start = time.time()
     try:
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   stdin=subprocess.DEVNULL, universal_newlines=True)
+        process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, universal_newlines=True
+        )
     except OSError as error:
         return start, None, "", "could not run %s: %s" % (argv[0], error.strerror or error)
     if started is not None:
@@ -957,7 +1000,7 @@ class CommandSource(Source):
             return []
         t, returncode, stdout, stderr = run_command(self.command(), self.timeout_s, self._started)
         self.running = None
-        return [(t, ) + row for row in self.rows_of(returncode, stdout, stderr)]
+        return [(t,) + row for row in self.rows_of(returncode, stdout, stderr)]
 
     def rows_of(self, returncode, stdout, stderr):
         """The rows of one run.  One GPU off the bus fails the whole run while the others'
@@ -1102,7 +1145,7 @@ def rapl_domain(parent_name, name, index):
     and any other sub-zone are sub-domains ``<package>/<name>`` (inside the package's energy)."""
     if name == "dram":
         if parent_name and parent_name.startswith("package-"):
-            return "dram" + parent_name[len("package"):]
+            return "dram" + parent_name[len("package") :]
         return "dram-%d" % index
     if parent_name is None:
         return name or "zone-%d" % index
@@ -1135,15 +1178,16 @@ class RaplPower(ResolvedSource):
         except OSError:
             return []
         matched = [(RAPL_ZONE.match(e), e) for e in entries]
-        return sorted(((int(m.group(1)), -1 if m.group(2) is None else int(m.group(2))), e)
-                      for m, e in matched if m)
+        return sorted(((int(m.group(1)), -1 if m.group(2) is None else int(m.group(2))), e) for m, e in matched if m)
 
     def available(self):
         return bool(self.zone_entries())
 
     def layout(self):
-        return tuple((key, entry, ThermalZones._optional(os.path.join(self.base(), entry, "name")))
-                     for key, entry in self.zone_entries())
+        return tuple(
+            (key, entry, ThermalZones._optional(os.path.join(self.base(), entry, "name")))
+            for key, entry in self.zone_entries()
+        )
 
     def resolve(self):
         self.counters, names, details = {}, {}, []
@@ -1157,12 +1201,20 @@ class RaplPower(ResolvedSource):
             sensor = power_sensor(domain, "uJ", wrap_max)
             self.counters[sensor] = os.path.join(zone_dir, "energy_uj")
             readable = os.access(self.counters[sensor], os.R_OK)
-            details.append({"zone": entry, "name": name, "domain": domain, "max_energy_range_uj": wrap_max,
-                            "readable": readable, "reason": why})
+            details.append(
+                {
+                    "zone": entry,
+                    "name": name,
+                    "domain": domain,
+                    "max_energy_range_uj": wrap_max,
+                    "readable": readable,
+                    "reason": why,
+                }
+            )
         return {"domains": [d["domain"] for d in details], "details": details}
 
     def read(self, gone):
-        return [(sensor, ) + read_parsed(path, int, gone) for sensor, path in sorted(self.counters.items())]
+        return [(sensor,) + read_parsed(path, int, gone) for sensor, path in sorted(self.counters.items())]
 
 
 class HwmonPower(HwmonSource):
@@ -1298,8 +1350,13 @@ class NvidiaPower(CommandSource):
         rows = self.rows_of(returncode, stdout, stderr)
         error = "" if returncode == 0 else failure_reason("exit %s" % returncode, stderr + "\n" + stdout)
         counter = "nvidia-smi" if len(self.fields) == 3 else ("NVML" if self.nvml else None)
-        return {"fields": list(self.fields), "energy_counter": counter, "error": error or self.nvml_error,
-                "sensors": sorted(s for s, _, _ in rows), "missing": {s: r for s, v, r in rows if v is None}}
+        return {
+            "fields": list(self.fields),
+            "energy_counter": counter,
+            "error": error or self.nvml_error,
+            "sensors": sorted(s for s, _, _ in rows),
+            "missing": {s: r for s, v, r in rows if v is None},
+        }
 
     def parse(self, stdout):
         return parse_gpu_power(stdout, self.fields)
@@ -1349,8 +1406,12 @@ class IpmiPower(CommandSource):
 
     def available(self):
         device = self.device()
-        return (self.reads_this_machine() and shutil.which("ipmitool") is not None and device is not None
-                and os.access(device, os.R_OK | os.W_OK))
+        return (
+            self.reads_this_machine()
+            and shutil.which("ipmitool") is not None
+            and device is not None
+            and os.access(device, os.R_OK | os.W_OK)
+        )
 
     def discover(self):
         return {"device": self.device()}
@@ -1369,8 +1430,18 @@ def format_value(value):
 
 
 # The registry of sources, in sampling order: everything that needs the list reads it here.
-SOURCES = (ThermalZones, Hwmon, CpuFrequency, ProcessCpu, SystemCpu, NvidiaGpu,
-           RaplPower, HwmonPower, NvidiaPower, IpmiPower)
+SOURCES = (
+    ThermalZones,
+    Hwmon,
+    CpuFrequency,
+    ProcessCpu,
+    SystemCpu,
+    NvidiaGpu,
+    RaplPower,
+    HwmonPower,
+    NvidiaPower,
+    IpmiPower,
+)
 
 
 def discover_all(sys_root="/", proc_root="/proc", process_pattern=None):
@@ -1408,9 +1479,9 @@ def load_settings(path):
         with open(path) as handle:
             settings = json.load(handle)
     except OSError as error:
-        raise SettingsError("cannot read: %s" % error.strerror)
+        raise SettingsError("cannot read: %s" % error.strerror) from None
     except ValueError as error:
-        raise SettingsError("not JSON: %s" % error)
+        raise SettingsError("not JSON: %s" % error) from None
     if not isinstance(settings, dict) or not isinstance(settings.get("out_dir"), str):
         raise SettingsError("must be a JSON object with out_dir")
     pattern = settings.get("process_pattern", DEFAULT_PROCESS_PATTERN)
@@ -1418,18 +1489,19 @@ def load_settings(path):
         re.compile(pattern)
     except (re.error, TypeError) as error:
         # this host's Python may read patterns differently from the controller's
-        raise SettingsError("process_pattern %r: not a regular expression here: %s" % (pattern, error))
+        raise SettingsError("process_pattern %r: not a regular expression here: %s" % (pattern, error)) from None
     intervals = settings.get("intervals", {})
-    for name, interval in (intervals.items() if isinstance(intervals, dict) else [("intervals", intervals)]):
+    for name, interval in intervals.items() if isinstance(intervals, dict) else [("intervals", intervals)]:
         if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not interval > 0:
             raise SettingsError("intervals.%s: %r is not a positive number of seconds" % (name, interval))
     if os.path.realpath(path) == os.path.realpath(os.path.join(settings["out_dir"], META_FILE)):
-        raise SettingsError("is out_dir/%s, where the agent writes what it found: name the settings "
-                            "file otherwise" % META_FILE)
+        raise SettingsError(
+            "is out_dir/%s, where the agent writes what it found: name the settings file otherwise" % META_FILE
+        )
     try:
         os.makedirs(settings["out_dir"], exist_ok=True)
     except OSError as error:
-        raise SettingsError("out_dir %s: cannot create: %s" % (settings["out_dir"], error.strerror))
+        raise SettingsError("out_dir %s: cannot create: %s" % (settings["out_dir"], error.strerror)) from None
     return settings
 
 
@@ -1532,8 +1604,13 @@ class Agent:
                 discovered[source.name] = source.discover()
             except Exception as error:
                 discovered[source.name] = {"error": "%s: %s" % (type(error).__name__, error)}
-        meta = {"pid": os.getpid(), "version": VERSION, "start": time.time(),
-                "sources": {s.name: i for s, i in self.sources}, "discovered": discovered}
+        meta = {
+            "pid": os.getpid(),
+            "version": VERSION,
+            "start": time.time(),
+            "sources": {s.name: i for s, i in self.sources},
+            "discovered": discovered,
+        }
         meta_path = os.path.join(self.out_dir, META_FILE)
         with open(meta_path + ".tmp", "w") as handle:
             json.dump(meta, handle, indent=1, sort_keys=True)
@@ -1556,15 +1633,17 @@ class Agent:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="agent.json with out_dir, roots, pattern, intervals")
-    parser.add_argument("--discover", action="store_true",
-                        help="print what the sources find (JSON) and exit, sampling nothing")
+    parser.add_argument(
+        "--discover", action="store_true", help="print what the sources find (JSON) and exit, sampling nothing"
+    )
     parser.add_argument("--sys-root", default="/", help="with --discover: the root of /sys")
     parser.add_argument("--proc-root", default="/proc", help="with --discover: where /proc is")
     parser.add_argument("--process-pattern", help="with --discover: list the processes it matches, with their CPU")
     args = parser.parse_args(argv)
     if args.discover:
-        json.dump(discover_all(args.sys_root, args.proc_root, args.process_pattern), sys.stdout, indent=1,
-                  sort_keys=True)
+        json.dump(
+            discover_all(args.sys_root, args.proc_root, args.process_pattern), sys.stdout, indent=1, sort_keys=True
+        )
         return 0
     if not args.config:
         parser.error("--config is required")

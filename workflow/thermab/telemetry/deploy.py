@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from thermab.errors import HostError
-from thermab.telemetry import agent as agent_module
 from thermab.hosts.host import Host
+from thermab.telemetry import agent as agent_module
 
 AGENT_SOURCE = Path(agent_module.__file__)
 
@@ -37,8 +37,10 @@ def agent_pid(host: Host, session: str) -> int | None:
     """The pid of this session's agent if it is running, else None."""
     directory = shlex.quote(session_dir(host, session))
     result = host.run(
-        f"pid=$(cat {directory}/agent.pid 2>/dev/null) && kill -0 \"$pid\" 2>/dev/null "
-        f"&& grep -q agent.py /proc/$pid/cmdline && echo $pid", check=False)
+        f'pid=$(cat {directory}/agent.pid 2>/dev/null) && kill -0 "$pid" 2>/dev/null '
+        f"&& grep -q agent.py /proc/$pid/cmdline && echo $pid",
+        check=False,
+    )
     return int(result.stdout) if result.ok and result.stdout.strip().isdigit() else None
 
 
@@ -56,8 +58,12 @@ def _discover_args(host: Host, process_pattern: str | None) -> str:
     """``--discover``'s roots (a simulated node's tree and /proc view, as the agent reads
     them) and, where asked, the pattern whose processes it lists."""
     simulated = host.spec.simulated
-    args = ["--sys-root", str(host.spec.root) if simulated else "/",
-            "--proc-root", str(host.spec.root / "proc") if simulated else "/proc"]
+    args = [
+        "--sys-root",
+        str(host.spec.root) if simulated else "/",
+        "--proc-root",
+        str(host.spec.root / "proc") if simulated else "/proc",
+    ]
     if process_pattern is not None:
         args += ["--process-pattern", process_pattern]
     return " ".join(shlex.quote(arg) for arg in args)
@@ -69,8 +75,9 @@ def discover(host: Host, session: str, process_pattern: str | None = None) -> di
     preflight sees exactly what the agent will log."""
     directory = session_dir(host, session)
     _install(host, directory)
-    result = host.run(f"cd {shlex.quote(directory)} && {_python(host)} agent.py --discover "
-                      f"{_discover_args(host, process_pattern)}")
+    result = host.run(
+        f"cd {shlex.quote(directory)} && {_python(host)} agent.py --discover {_discover_args(host, process_pattern)}"
+    )
     return json.loads(result.stdout)
 
 
@@ -79,8 +86,9 @@ def discover_read_only(host: Host, process_pattern: str | None = None) -> dict:
     host's Python on its stdin (``python3 - --discover``), carried in the command itself
     since a transport's command has no stdin of its own (``thermab discover`` uses this)."""
     encoded = base64.b64encode(AGENT_SOURCE.read_bytes()).decode()
-    result = host.run(f"printf %s {encoded} | base64 -d | {_python(host)} - --discover "
-                      f"{_discover_args(host, process_pattern)}")
+    result = host.run(
+        f"printf %s {encoded} | base64 -d | {_python(host)} - --discover {_discover_args(host, process_pattern)}"
+    )
     return json.loads(result.stdout)
 
 
@@ -103,10 +111,13 @@ def lowest_trip_point(hosts: dict) -> str | None:
     """Which trip point the interlock stands on, from preflight's zones of every host
     (``104.8 °C: head TSOC trip_point_0_temp (critical)``), with the trip points left out
     (0, the kernel's invalid -274000, a fan's active step) counted; None without any."""
-    zones = [(z["trip_point_c"], host, z) for host, facts in hosts.items() for z in facts.get("zones") or []
-             if z.get("trip_point_c") is not None]
-    ignored = sum(len(z.get("trip_points_ignored") or []) for facts in hosts.values()
-                  for z in facts.get("zones") or [])
+    zones = [
+        (z["trip_point_c"], host, z)
+        for host, facts in hosts.items()
+        for z in facts.get("zones") or []
+        if z.get("trip_point_c") is not None
+    ]
+    ignored = sum(len(z.get("trip_points_ignored") or []) for facts in hosts.values() for z in facts.get("zones") or [])
     if not zones:
         return None
     value, host, zone = min(zones, key=lambda item: item[0])
@@ -148,7 +159,8 @@ def start_agent(host: Host, session: str, settings: dict) -> int:
         f"for i in $(seq {AGENT_START_S * 10}); do "
         f"grep -qs '\"pid\": '$pid'[^0-9]' agent.json && exit 0; "
         f"kill -0 $pid 2>/dev/null || {{ echo exited; tail -n 1 agent.log; exit 0; }}; sleep 0.1; done",
-        timeout=AGENT_START_S + 30)
+        timeout=AGENT_START_S + 30,
+    )
     lines = result.stdout.strip().splitlines()
     if len(lines) > 1 and lines[1] == "exited":
         said = " ".join(lines[2:]).strip() or "no message"
@@ -201,8 +213,12 @@ def tail_rows(host: Host, session: str, source: str, lines: int = 200) -> list[t
 def tail_power_rows(host: Host, session: str, lines: int) -> list[tuple[float, str, float]]:
     """``tail_rows`` of every power source the agent writes (RAPL, hwmon, GPUs, IPMI: one
     file each), as ingest reads them into the ``power`` kind."""
-    return [row for source in agent_module.SOURCES if source.kind == "power"
-            for row in tail_rows(host, session, source.name, lines)]
+    return [
+        row
+        for source in agent_module.SOURCES
+        if source.kind == "power"
+        for row in tail_rows(host, session, source.name, lines)
+    ]
 
 
 def latest_readings(host: Host, session: str, source: str = "thermal") -> dict[str, tuple[float, float]]:
@@ -216,8 +232,7 @@ def latest(host: Host, session: str, source: str = "thermal") -> dict[str, float
     return {sensor: value for sensor, (_t, value) in latest_readings(host, session, source).items()}
 
 
-def count_readings(host: Host, session: str, source: str, start: float, end: float,
-                   sensor: str | None = None) -> int:
+def count_readings(host: Host, session: str, source: str, start: float, end: float, sensor: str | None = None) -> int:
     """Rows with a value in ``[start, end)`` (host time) of one source, of one sensor or all,
     counted on the host (the file may be long, the answer is one number)."""
     path = shlex.quote(f"{session_dir(host, session)}/{source}.csv")

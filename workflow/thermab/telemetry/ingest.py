@@ -42,8 +42,15 @@ from thermab.telemetry.agent import SOURCES
 KIND_OF_FILE = {source.name: source.kind for source in SOURCES}
 TELEMETRY_COLUMNS = ["t", "host", "kind", "sensor", "value"]
 SERIES_KEYS = ["host", "kind", "sensor"]
-TELEMETRY_SCHEMA = pa.schema([("t", pa.float64()), ("host", pa.string()), ("kind", pa.string()),
-                              ("sensor", pa.string()), ("value", pa.float64())])
+TELEMETRY_SCHEMA = pa.schema(
+    [
+        ("t", pa.float64()),
+        ("host", pa.string()),
+        ("kind", pa.string()),
+        ("sensor", pa.string()),
+        ("value", pa.float64()),
+    ]
+)
 # a series longer than this (12 days at 1 Hz) is split into several row groups
 ROW_GROUP_ROWS = 1 << 20
 AGENT_COLUMNS = ["t", "sensor", "value", "reason"]  # the agent's CSV header
@@ -54,11 +61,12 @@ CSV_BLOCK_BYTES = 16 << 20
 class ClockMap(NamedTuple):
     """A host's clock against the controller's: the offsets (host − controller) measured at
     the host times ``at``, in time order."""
+
     at: tuple[float, ...]
     offset: tuple[float, ...]
 
     @classmethod
-    def constant(cls, offset: float) -> "ClockMap":
+    def constant(cls, offset: float) -> ClockMap:
         return cls((0.0,), (float(offset),))
 
     def to_controller(self, t: np.ndarray) -> np.ndarray:
@@ -68,7 +76,7 @@ class ClockMap(NamedTuple):
 
     def record(self) -> dict:
         """For tidy/ingest.json: each measurement's controller time and offset."""
-        return {"at_s": [a - o for a, o in zip(self.at, self.offset)], "offset_s": list(self.offset)}
+        return {"at_s": [a - o for a, o in zip(self.at, self.offset, strict=False)], "offset_s": list(self.offset)}
 
 
 def host_offsets(preflight: Preflight, stopped: dict) -> dict[str, ClockMap]:
@@ -77,8 +85,11 @@ def host_offsets(preflight: Preflight, stopped: dict) -> dict[str, ClockMap]:
     start, end = preflight.clock_offset_s, stopped.get("clock_offset_end_s", {})
     maps = {}
     for host in sorted(set(start) | set(end)):
-        measured = sorted((t + offsets[host], offsets[host]) for t, offsets in
-                          ((preflight.t, start), (stopped.get("t"), end)) if host in offsets and t is not None)
+        measured = sorted(
+            (t + offsets[host], offsets[host])
+            for t, offsets in ((preflight.t, start), (stopped.get("t"), end))
+            if host in offsets and t is not None
+        )
         if not measured:  # an older file without its time: the mean holds throughout
             values = [offsets[host] for offsets in (start, end) if host in offsets]
             measured = [(0.0, sum(values) / len(values))]
@@ -94,6 +105,7 @@ class Readings(NamedTuple):
     """Rows of one host and kind: t on the host's clock, value, each row's sensor as a code
     into ``sensors`` (names), and the host's clock map (``sorted_series`` applies it, series
     by series: a week of one kind is hundreds of MB, not to be copied whole)."""
+
     t: np.ndarray
     value: np.ndarray
     sensor: np.ndarray
@@ -112,7 +124,8 @@ def read_agent_csv(path: Path, host: str, kind: str, clock: ClockMap) -> tuple[R
     reasons = raw["reason"]
     if short_rows:
         t_extra, sensor_extra, value_extra, reason_extra = (
-            pd.Series([(row + [""] * 4)[i] for row in short_rows], dtype=object) for i in range(4))
+            pd.Series([(row + [""] * 4)[i] for row in short_rows], dtype=object) for i in range(4)
+        )
         t = np.concatenate([t, pd.to_numeric(t_extra, errors="coerce").to_numpy("float64")])
         value = np.concatenate([value, pd.to_numeric(value_extra, errors="coerce").to_numpy("float64")])
         sensors = list(dict.fromkeys(sensors + sensor_extra.tolist()))
@@ -148,10 +161,12 @@ def _read_csv(path: Path) -> tuple[pa.Table, list[list[str]], int]:
 
         types = {"t": numeric, "value": numeric, "sensor": pa.string(), "reason": pa.string()}
         try:
-            raw = pa_csv.read_csv(path, read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
-                                  parse_options=pa_csv.ParseOptions(invalid_row_handler=invalid),
-                                  convert_options=pa_csv.ConvertOptions(column_types=types,
-                                                                        include_columns=AGENT_COLUMNS))
+            raw = pa_csv.read_csv(
+                path,
+                read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
+                parse_options=pa_csv.ParseOptions(invalid_row_handler=invalid),
+                convert_options=pa_csv.ConvertOptions(column_types=types, include_columns=AGENT_COLUMNS),
+            )
         except pa.ArrowInvalid:
             if numeric == pa.string():
                 raise
@@ -163,8 +178,9 @@ def _numbers(column: pa.ChunkedArray) -> np.ndarray:
     """float64, NaN where a cell is empty or not a number (as pandas.to_numeric(errors="coerce"))."""
     if pa.types.is_floating(column.type):
         return column.to_numpy()
-    return pd.to_numeric(pd.Series(column.to_numpy(zero_copy_only=False), dtype=object),
-                         errors="coerce").to_numpy("float64")
+    return pd.to_numeric(pd.Series(column.to_numpy(zero_copy_only=False), dtype=object), errors="coerce").to_numpy(
+        "float64"
+    )
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
@@ -185,12 +201,18 @@ def _ranked(parts: list[Readings]) -> Readings:
     codes = [np.array([rank[name] for name in part.sensors], dtype=np.int32)[part.sensor] for part in parts]
     if len(parts) == 1:  # no copy of t and value
         return parts[0]._replace(sensor=codes[0], sensors=sensors)
-    return Readings(np.concatenate([part.t for part in parts]), np.concatenate([part.value for part in parts]),
-                    np.concatenate(codes), sensors, parts[0].clock)
+    return Readings(
+        np.concatenate([part.t for part in parts]),
+        np.concatenate([part.value for part in parts]),
+        np.concatenate(codes),
+        sensors,
+        parts[0].clock,
+    )
 
 
-def kind_readings(monitor_dir: Path, offsets: dict[str, float | ClockMap],
-                  sources: dict | None = None) -> Iterator[tuple[str, str, Readings, dict]]:
+def kind_readings(
+    monitor_dir: Path, offsets: dict[str, float | ClockMap], sources: dict | None = None
+) -> Iterator[tuple[str, str, Readings, dict]]:
     """Per host and kind, both in sorted order: (host, kind, the rows of every file of that
     kind with their sensors ranked, the dropped rows counted by reason).  ``sources``, when
     given, gets each series' agent source (the file it came from, sampled at that source's
@@ -214,23 +236,36 @@ def kind_readings(monitor_dir: Path, offsets: dict[str, float | ClockMap],
                     readings = _watts(readings, host_dir.name, dropped)
                 if sources is not None:
                     sources.setdefault(host_dir.name, {})[kind] = (
-                        power.domain_sources(sensors_of) if kind == "power" else
-                        {sensor: stem for stem, names in sorted(sensors_of.items()) for sensor in names})
+                        power.domain_sources(sensors_of)
+                        if kind == "power"
+                        else {sensor: stem for stem, names in sorted(sensors_of.items()) for sensor in names}
+                    )
                 yield host_dir.name, kind, readings, dropped
 
 
 def _watts(readings: Readings, host: str, dropped: dict) -> Readings:
     """A host's power readings and raw energy counters as watts per domain (telemetry/power.py);
     what was left out is counted in ``dropped``.  Power files are small: a frame will do."""
-    frame = pd.DataFrame({"t": readings.t, "host": host, "kind": "power",
-                          "sensor": np.asarray(readings.sensors, dtype=object)[readings.sensor],
-                          "value": readings.value})
+    frame = pd.DataFrame(
+        {
+            "t": readings.t,
+            "host": host,
+            "kind": "power",
+            "sensor": np.asarray(readings.sensors, dtype=object)[readings.sensor],
+            "value": readings.value,
+        }
+    )
     watts, notes = power.power_rows(frame)
     for key, n in notes.items():
         dropped[key] = dropped.get(key, 0) + n
     codes, sensors = pd.factorize(watts["sensor"], sort=True)
-    return Readings(watts["t"].to_numpy("float64"), watts["value"].to_numpy("float64"), codes.astype(np.int32),
-                    [str(name) for name in sensors], readings.clock)
+    return Readings(
+        watts["t"].to_numpy("float64"),
+        watts["value"].to_numpy("float64"),
+        codes.astype(np.int32),
+        [str(name) for name in sensors],
+        readings.clock,
+    )
 
 
 def sorted_series(readings: Readings) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
@@ -241,7 +276,7 @@ def sorted_series(readings: Readings) -> Iterator[tuple[str, np.ndarray, np.ndar
     order = np.argsort(readings.sensor.astype(np.min_scalar_type(len(readings.sensors))), kind="stable")
     bounds = np.cumsum(np.r_[0, np.bincount(readings.sensor, minlength=len(readings.sensors))])
     for code, name in enumerate(readings.sensors):
-        rows = order[bounds[code]:bounds[code + 1]]
+        rows = order[bounds[code] : bounds[code + 1]]
         t = readings.t[rows]
         if np.any(t[1:] < t[:-1]):  # a clock stepped back: sort by t, stably
             rows = rows[np.argsort(t, kind="stable")]
@@ -259,19 +294,33 @@ def write_telemetry(parts, path: Path) -> int:
     encoded.  Times never repeat but climb steadily: their bytes split by significance
     (BYTE_STREAM_SPLIT) compress with LZ4 to a fraction, and decode fastest (see
     docs/benchmarks.md)."""
-    schema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.name in SERIES_KEYS else f
-                        for f in TELEMETRY_SCHEMA])
+    schema = pa.schema(
+        [
+            pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.name in SERIES_KEYS else f
+            for f in TELEMETRY_SCHEMA
+        ]
+    )
     sorting = [pq.SortingColumn(TELEMETRY_COLUMNS.index(c)) for c in SERIES_KEYS + ["t"]]
     rows = 0
-    with pq.ParquetWriter(path, schema, store_schema=False, sorting_columns=sorting, compression="lz4",
-                          use_dictionary=SERIES_KEYS + ["value"], use_byte_stream_split=["t"]) as writer:
+    with pq.ParquetWriter(
+        path,
+        schema,
+        store_schema=False,
+        sorting_columns=sorting,
+        compression="lz4",
+        use_dictionary=SERIES_KEYS + ["value"],
+        use_byte_stream_split=["t"],
+    ) as writer:
         for host, kind, readings in parts:
             for sensor, t, value in sorted_series(readings):
                 zeros = pa.array(np.zeros(len(t), np.int32))
-                keys = {key: pa.DictionaryArray.from_arrays(zeros, pa.array([name]))
-                        for key, name in (("host", host), ("kind", kind), ("sensor", sensor))}
-                writer.write_table(pa.table({"t": t, **keys, "value": value}, schema=schema),
-                                   row_group_size=ROW_GROUP_ROWS)
+                keys = {
+                    key: pa.DictionaryArray.from_arrays(zeros, pa.array([name]))
+                    for key, name in (("host", host), ("kind", kind), ("sensor", sensor))
+                }
+                writer.write_table(
+                    pa.table({"t": t, **keys, "value": value}, schema=schema), row_group_size=ROW_GROUP_ROWS
+                )
                 rows += len(t)
     return rows
 
@@ -281,8 +330,20 @@ def frame_parts(frame: pd.DataFrame) -> Iterator[tuple[str, str, Readings]]:
     kind or sensor are left out, as a groupby over them would."""
     for (host, kind), rows in frame.dropna(subset=SERIES_KEYS).groupby(["host", "kind"], sort=True):
         codes, sensors = pd.factorize(rows["sensor"])
-        yield str(host), str(kind), _ranked([Readings(rows["t"].to_numpy("float64"), rows["value"].to_numpy(
-            "float64"), codes.astype(np.int32), [str(s) for s in sensors])])
+        yield (
+            str(host),
+            str(kind),
+            _ranked(
+                [
+                    Readings(
+                        rows["t"].to_numpy("float64"),
+                        rows["value"].to_numpy("float64"),
+                        codes.astype(np.int32),
+                        [str(s) for s in sensors],
+                    )
+                ]
+            ),
+        )
 
 
 def write_frame(frame: pd.DataFrame, path: Path) -> int:
@@ -303,9 +364,17 @@ def server_telemetry(phase_dirs: list[Path], host: str) -> tuple[pd.DataFrame, d
         for key, n in counts.items():
             dropped[key] = dropped.get(key, 0) + n
         # each phase apart: the server restarts between phases, its counters with it
-        rows, notes = server_metrics.server_rows(pd.DataFrame({
-            "t": readings.t, "host": host, "kind": "server",
-            "sensor": np.asarray(readings.sensors, dtype=object)[readings.sensor], "value": readings.value}))
+        rows, notes = server_metrics.server_rows(
+            pd.DataFrame(
+                {
+                    "t": readings.t,
+                    "host": host,
+                    "kind": "server",
+                    "sensor": np.asarray(readings.sensors, dtype=object)[readings.sensor],
+                    "value": readings.value,
+                }
+            )
+        )
         frames.append(rows)
         for key, n in notes.items():
             dropped[key] = dropped.get(key, 0) + n
@@ -313,15 +382,18 @@ def server_telemetry(phase_dirs: list[Path], host: str) -> tuple[pd.DataFrame, d
     return frame, dropped
 
 
-def telemetry(monitor_dir: Path, offsets: dict[str, float | ClockMap],
-              sources: dict | None = None) -> tuple[pd.DataFrame, dict]:
+def telemetry(
+    monitor_dir: Path, offsets: dict[str, float | ClockMap], sources: dict | None = None
+) -> tuple[pd.DataFrame, dict]:
     """The tidy telemetry of a run as one frame, sorted by (host, kind, sensor, t), and the
     dropped rows counted by reason: for small runs and tests (``ingest`` streams to the file).
     ``sources``: as kind_readings fills it."""
     frames, dropped = [], {}
     for host, kind, readings, counts in kind_readings(monitor_dir, offsets, sources):
-        frames += [pd.DataFrame({"t": t, "host": host, "kind": kind, "sensor": sensor, "value": value})
-                   for sensor, t, value in sorted_series(readings)]
+        frames += [
+            pd.DataFrame({"t": t, "host": host, "kind": kind, "sensor": sensor, "value": value})
+            for sensor, t, value in sorted_series(readings)
+        ]
         dropped.update(counts)
     frame = pd.concat(frames, ignore_index=True) if frames else TELEMETRY_SCHEMA.empty_table().to_pandas()
     return frame.astype({key: "string" for key in SERIES_KEYS}), dropped
@@ -360,7 +432,12 @@ def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, 
     rows = write_telemetry(merged, out_telemetry)
     requests(phase_request_files).to_parquet(out_requests, index=False)
     _records, event_problems = jsonl.read_checked(files.events, "t", ("event",))
-    report = {"telemetry_rows": rows, "dropped": dropped, "events": event_problems,
-              "clock_offsets_s": {host: clock.record() for host, clock in offsets.items()}, "sources": sources}
+    report = {
+        "telemetry_rows": rows,
+        "dropped": dropped,
+        "events": event_problems,
+        "clock_offsets_s": {host: clock.record() for host, clock in offsets.items()},
+        "sources": sources,
+    }
     files.ingest_report.write_text(json.dumps(report, indent=1))
     return report

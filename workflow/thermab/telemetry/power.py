@@ -29,7 +29,7 @@ NODE_DOMAIN = "node"
 # multi-die package its own counter, package-0-die-1), and as other importers may (gpu-0, package)
 TOP_LEVEL_DOMAIN = re.compile(r"^(package|dram|gpu)(-?\d+)?(-die-\d+)?$")
 IDLE_BEFORE_S = 10.0  # a host's idle power before a restart: its total over this long
-SENSOR = re.compile(r"^(?P<domain>.+) (?P<unit>%s)(?::max=(?P<max>\d+))?$" % "|".join(POWER_UNITS))
+SENSOR = re.compile(r"^(?P<domain>.+) (?P<unit>{})(?::max=(?P<max>\d+))?$".format("|".join(POWER_UNITS)))
 
 
 def split_sensor(sensor: str) -> tuple[str, str, int | None] | None:
@@ -42,8 +42,9 @@ def split_sensor(sensor: str) -> tuple[str, str, int | None] | None:
     return match.group("domain"), match.group("unit"), None if wrap is None else int(wrap)
 
 
-def counter_power(t: np.ndarray, raw: np.ndarray, joules_per_unit: float,
-                  wrap_max: int | None) -> tuple[np.ndarray, np.ndarray, int]:
+def counter_power(
+    t: np.ndarray, raw: np.ndarray, joules_per_unit: float, wrap_max: int | None
+) -> tuple[np.ndarray, np.ndarray, int]:
     """(midpoint times, watts, intervals skipped as resets) of one counter's readings."""
     order = np.argsort(t, kind="stable")
     t, raw = np.asarray(t, float)[order], np.asarray(raw, float)[order]
@@ -70,15 +71,20 @@ def power_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     if unknown.any():
         for host, n in frame.loc[unknown, "host"].value_counts().items():
             notes[f"{host}/power: not a power sensor name"] = int(n)
-    rows = frame[~unknown].assign(domain=parsed[~unknown].str[0], unit=parsed[~unknown].str[1],
-                                  wrap=parsed[~unknown].str[2])
+    rows = frame[~unknown].assign(
+        domain=parsed[~unknown].str[0], unit=parsed[~unknown].str[1], wrap=parsed[~unknown].str[2]
+    )
     parts = []
     for (host, domain), series in rows.groupby(["host", "domain"], sort=True):
         counters = series[series["unit"] != "W"]
         if len(counters) >= 2:
             (unit, wrap), counter = next(iter(counters.groupby(["unit", "wrap"], dropna=False, sort=True)))
-            t, watts, resets = counter_power(counter["t"].to_numpy(), counter["value"].to_numpy(),
-                                             JOULES_PER_UNIT[unit], None if pd.isna(wrap) else int(wrap))
+            t, watts, resets = counter_power(
+                counter["t"].to_numpy(),
+                counter["value"].to_numpy(),
+                JOULES_PER_UNIT[unit],
+                None if pd.isna(wrap) else int(wrap),
+            )
             if resets:
                 notes[f"{host}/power: {domain} counter went back (reset), interval skipped"] = resets
             readings = (series["unit"] == "W").sum()
@@ -132,8 +138,10 @@ def recent_total_watts(rows, seconds: float) -> float:
     watts, _notes = power_rows(rows.assign(host="host", kind="power"))
     if watts.empty:
         return np.nan
-    series = {str(domain): (part["t"].to_numpy(float), part["value"].to_numpy(float))
-              for domain, part in watts.sort_values("t", kind="stable").groupby("sensor", sort=True)}
+    series = {
+        str(domain): (part["t"].to_numpy(float), part["value"].to_numpy(float))
+        for domain, part in watts.sort_values("t", kind="stable").groupby("sensor", sort=True)
+    }
     end = float(rows["t"].max()) + 1e-9  # the newest reading counts
     return total_watts(series, end - seconds, end)
 

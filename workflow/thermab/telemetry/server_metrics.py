@@ -23,7 +23,8 @@ histogram buckets and families thermab does not read.
 
 Bad input never stalls a phase: a body over ``MAX_BYTES`` or slower than the timeout, more
 than ``MAX_SERIES`` kept series, a refused connection, an HTTP error or kept lines the
-parser rejects is one row with its reason and no value (ingest counts those rows by reason).  A server without ``/metrics`` (404) is
+parser rejects is one row with its reason and no value (ingest counts those rows by reason).  A
+server without ``/metrics`` (404) is
 told once and not asked again in that phase.
 """
 
@@ -49,16 +50,22 @@ from thermab.errors import HostError
 
 MAX_BYTES = 4 << 20  # vLLM's own /metrics is ~100 kB; more is not a vLLM server's
 READ_CHUNK = 64 << 10
-GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
-          "vllm:kv_cache_usage_perc": "kv_cache_usage", "vllm:gpu_cache_usage_perc": "kv_cache_usage"}
+GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "vllm:gpu_cache_usage_perc": "kv_cache_usage",
+}
 COUNTERS = {"vllm:prompt_tokens_total": "prompt_tok_s", "vllm:generation_tokens_total": "generation_tok_s"}
 # histograms: (sum, count) -> the mean of the observations made in each interval
-HISTOGRAMS = {"ttft_mean_s": ("vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count"),
-              "itl_mean_s": ("vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count")}
+HISTOGRAMS = {
+    "ttft_mean_s": ("vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count"),
+    "itl_mean_s": ("vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count"),
+}
 KEPT = set(GAUGES) | set(COUNTERS) | {name for pair in HISTOGRAMS.values() for name in pair}
 MEAN_GAUGES = {"kv_cache_usage"}  # a share: averaged over engines, not summed
 # a line that is a kept sample: its name (the parser strips the line), then labels or the value
-KEPT_LINE = re.compile(r"^[ \t]*(?:%s)[{ \t].*$" % "|".join(map(re.escape, sorted(KEPT))), re.MULTILINE)
+KEPT_LINE = re.compile(r"^[ \t]*(?:{})[{{ \t].*$".format("|".join(map(re.escape, sorted(KEPT)))), re.MULTILINE)
 # a series per engine (vLLM labels each engine's): 1024 is 11 kept names of 93 engines; more
 # is no vLLM server's, and what MAX_BYTES alone allows would cost the parser seconds (160 µs
 # a line measured on 2 busy cores: 0.7 s for 4096 lines, 13 s for a whole 3-MiB body)
@@ -91,8 +98,10 @@ def parse(text: str) -> dict[str, float]:
                     totals.setdefault(sample.name, []).append(sample.value)
     except (ValueError, TypeError, IndexError) as error:
         raise ScrapeError(f"malformed /metrics: {str(error)[:200]}") from None
-    return {name: (sum(values) / len(values) if GAUGES.get(name) in MEAN_GAUGES else sum(values))
-            for name, values in totals.items()}
+    return {
+        name: (sum(values) / len(values) if GAUGES.get(name) in MEAN_GAUGES else sum(values))
+        for name, values in totals.items()
+    }
 
 
 class _Deadline:
@@ -200,7 +209,7 @@ class Scraper:
         self.thread = threading.Thread(target=self.run, name="server-metrics", daemon=True)
         self.rows = 0
 
-    def __enter__(self) -> "Scraper":
+    def __enter__(self) -> Scraper:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.file = self.path.open("w", newline="")
         self.writer = csv.writer(self.file)
@@ -223,8 +232,9 @@ class Scraper:
         except urllib.error.HTTPError as error:
             rows = [("", "", f"/metrics answered HTTP {error.code}")]
             if error.code in (404, 405):
-                self.progress(f"the server has no /metrics (HTTP {error.code} at {self.url}): "
-                              "no server telemetry this phase")
+                self.progress(
+                    f"the server has no /metrics (HTTP {error.code} at {self.url}): no server telemetry this phase"
+                )
                 self._write(time.time(), rows)
                 return False
         except ScrapeError as error:
@@ -233,7 +243,7 @@ class Scraper:
         return True
 
     def _write(self, t: float, rows) -> None:
-        self.writer.writerows([("%.6f" % t, *row) for row in rows])
+        self.writer.writerows([(f"{t:.6f}", *row) for row in rows])
         self.file.flush()
         self.rows += len(rows)
 
@@ -276,8 +286,11 @@ def server_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
             count, total = np.diff(wide[count_name].to_numpy(float)), np.diff(wide[sum_name].to_numpy(float))
             observed = (count > 0) & (total >= 0)  # none observed, or a restart: no mean there
             middle = (t[:-1] + t[1:]) / 2
-            parts.append(pd.DataFrame({"t": middle[observed], "host": host, "sensor": sensor,
-                                       "value": total[observed] / count[observed]}))
+            parts.append(
+                pd.DataFrame(
+                    {"t": middle[observed], "host": host, "sensor": sensor, "value": total[observed] / count[observed]}
+                )
+            )
     if not parts:
         return pd.DataFrame({"t": [], "host": [], "kind": [], "sensor": [], "value": []}), notes
     rows = pd.concat(parts, ignore_index=True).assign(kind="server")

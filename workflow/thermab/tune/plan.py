@@ -46,8 +46,11 @@ def initial_values(tune: dict, reference: float) -> list[float]:
     nothing).  A grid, not random draws: the first trials span the range whatever the seed."""
     low, high, count, log = tune["min"], tune["max"], tune["startup_trials"], tune["scale"] == "log"
     ends = (math.log(low), math.log(high)) if log else (low, high)
-    points = ([ends[0] + (ends[1] - ends[0]) * i / (count - 1) for i in range(count)] if count > 1
-              else [(ends[0] + ends[1]) / 2])
+    points = (
+        [ends[0] + (ends[1] - ends[0]) * i / (count - 1) for i in range(count)]
+        if count > 1
+        else [(ends[0] + ends[1]) / 2]
+    )
     values = [min(high, max(low, rounded(math.exp(p) if log else p, tune["digits"]))) for p in points]
     return [value for value in dict.fromkeys(values) if value != reference]
 
@@ -77,8 +80,12 @@ def answer_keys(tune: dict, users=None) -> list[tuple[int, int | None]]:
     questions in the order asked; the level None where ``load.users`` is a number."""
     questions = trial_questions(tune, users)
     levels = experiment_plan.levels(users) or [None]
-    return [(index, level) for level in levels for index, question in enumerate(questions)
-            if level is None or level in question.get("users", [level])]
+    return [
+        (index, level)
+        for level in levels
+        for index, question in enumerate(questions)
+        if level is None or level in question.get("users", [level])
+    ]
 
 
 def trial_config(config: dict, value: float) -> dict:
@@ -86,9 +93,13 @@ def trial_config(config: dict, value: float) -> dict:
     trial = copy.deepcopy(config)
     tune = trial.pop("tune")
     reference = next(iter(config["arms"].values()))
-    trial.update(order=ORDER, repeats=1, until="decided", questions=trial_questions(tune, config["load"]["users"]),
-                 arms={REFERENCE: copy.deepcopy(reference),
-                       CANDIDATE: {"label": f"try-{value:g}", "value": literal(value)}})
+    trial.update(
+        order=ORDER,
+        repeats=1,
+        until="decided",
+        questions=trial_questions(tune, config["load"]["users"]),
+        arms={REFERENCE: copy.deepcopy(reference), CANDIDATE: {"label": f"try-{value:g}", "value": literal(value)}},
+    )
     return trial
 
 
@@ -103,9 +114,11 @@ def check_budget(config: dict) -> None:
     needed = decision_phases(config["max_repeats"])
     budget = config["tune"]["budget_phases"]
     if budget < needed:
-        raise ConfigError(f"config key 'tune.budget_phases': {budget} phases is below what one decision needs "
-                          f"({needed}: both arms up to the first look that spends alpha, with max_repeats "
-                          f"{config['max_repeats']})")
+        raise ConfigError(
+            f"config key 'tune.budget_phases': {budget} phases is below what one decision needs "
+            f"({needed}: both arms up to the first look that spends alpha, with max_repeats "
+            f"{config['max_repeats']})"
+        )
 
 
 def next_look_phases(max_repeats: int, repeats_done: int) -> int | None:
@@ -138,10 +151,15 @@ def of_answers(repeats: int, rows: list[dict], keys: list[tuple[int, int | None]
     """The look from the candidate's rows of questions.csv (``answer_keys`` names each): the
     objective's row last, each constraint's row at a level named with that level."""
     objective = max(index for index, _level in keys)
-    constraints = [{**row, "question": row["question"] + (f" at {level} users" if level is not None else "")}
-                   for row, (index, level) in zip(rows, keys) if index != objective]
-    return Look(repeats=repeats, rows=[*constraints, *(row for row, (index, _l) in zip(rows, keys)
-                                                      if index == objective)])
+    constraints = [
+        {**row, "question": row["question"] + (f" at {level} users" if level is not None else "")}
+        for row, (index, level) in zip(rows, keys, strict=False)
+        if index != objective
+    ]
+    return Look(
+        repeats=repeats,
+        rows=[*constraints, *(row for row, (index, _l) in zip(rows, keys, strict=False) if index == objective)],
+    )
 
 
 def gain(better: str, value: float) -> float:
@@ -166,8 +184,10 @@ def judge(look: Look, better: str, best_estimate: float | None, max_repeats: int
     if refused:
         return DROP, "decided no: " + "; ".join(refused)
     if not contender(look, better, best_estimate):
-        return BEATEN, (f"not a contender: its objective interval ({look.objective['ci_low']:.4g} to "
-                        f"{look.objective['ci_high']:.4g}) cannot beat the best so far ({best_estimate:.4g})")
+        return BEATEN, (
+            f"not a contender: its objective interval ({look.objective['ci_low']:.4g} to "
+            f"{look.objective['ci_high']:.4g}) cannot beat the best so far ({best_estimate:.4g})"
+        )
     open_ = [row["question"] for row in look.rows if row["verdict"] == UNDECIDED]
     if not open_:
         return DECIDED, ""
@@ -175,8 +195,10 @@ def judge(look: Look, better: str, best_estimate: float | None, max_repeats: int
     if following is None:
         return CAP, f"undecided at max_repeats {max_repeats}: " + "; ".join(open_)
     if following > phases_left:
-        return BUDGET, (f"the budget ran out before a decision (the next look needs {following} phases, "
-                        f"{phases_left} left): undecided: " + "; ".join(open_))
+        return BUDGET, (
+            f"the budget ran out before a decision (the next look needs {following} phases, "
+            f"{phases_left} left): undecided: " + "; ".join(open_)
+        )
     return CONTINUE, ""
 
 
@@ -203,12 +225,22 @@ class Trial:
 
 def trial_from_look(number: int, value: float, look: Look, action: str, why: str) -> Trial:
     objective = look.objective
-    return Trial(number=number, value=value, phases=look.phases, objective=float(objective["estimate"]),
-                 ci_low=float(objective["ci_low"]), ci_high=float(objective["ci_high"]),
-                 level=float(objective["level"]), beats_reference=objective["verdict"],
-                 constraints=[{key: row[key] for key in ("question", "verdict", "estimate", "ci_low", "ci_high")}
-                              for row in look.constraints],
-                 action=action, why=why)
+    return Trial(
+        number=number,
+        value=value,
+        phases=look.phases,
+        objective=float(objective["estimate"]),
+        ci_low=float(objective["ci_low"]),
+        ci_high=float(objective["ci_high"]),
+        level=float(objective["level"]),
+        beats_reference=objective["verdict"],
+        constraints=[
+            {key: row[key] for key in ("question", "verdict", "estimate", "ci_low", "ci_high")}
+            for row in look.constraints
+        ],
+        action=action,
+        why=why,
+    )
 
 
 def best(trials: list[Trial], better: str) -> Trial | None:
@@ -225,5 +257,4 @@ def best_estimate(trials: list[Trial], better: str) -> float | None:
 def violation(trial: Trial) -> float:
     """Optuna's constraint value (feasible when ≤ 0): one per constraint decided no, a half
     per one left undecided."""
-    return sum(1.0 if c["verdict"] == NO else 0.5 if c["verdict"] == UNDECIDED else 0.0
-               for c in trial.constraints)
+    return sum(1.0 if c["verdict"] == NO else 0.5 if c["verdict"] == UNDECIDED else 0.0 for c in trial.constraints)

@@ -17,8 +17,20 @@ from thermab import layout
 from thermab.analysis.questions import YES
 from thermab.tune import plan
 
-TRIAL_COLUMNS = ["trial", "value", "phases", "objective", "ci_low", "ci_high", "level", "feasible",
-                 "beats_reference", "stopped", "why_dropped", "constraints"]
+TRIAL_COLUMNS = [
+    "trial",
+    "value",
+    "phases",
+    "objective",
+    "ci_low",
+    "ci_high",
+    "level",
+    "feasible",
+    "beats_reference",
+    "stopped",
+    "why_dropped",
+    "constraints",
+]
 
 
 def _number(value: float) -> float | None:
@@ -26,10 +38,23 @@ def _number(value: float) -> float | None:
 
 
 def trials_table(trials: list[plan.Trial]) -> pd.DataFrame:
-    rows = [{"trial": t.number, "value": t.value, "phases": t.phases, "objective": t.objective, "ci_low": t.ci_low,
-             "ci_high": t.ci_high, "level": t.level, "feasible": t.feasible, "beats_reference": t.beats_reference,
-             "stopped": t.action, "why_dropped": t.why,
-             "constraints": "; ".join(f"{c['question']}: {c['verdict']}" for c in t.constraints)} for t in trials]
+    rows = [
+        {
+            "trial": t.number,
+            "value": t.value,
+            "phases": t.phases,
+            "objective": t.objective,
+            "ci_low": t.ci_low,
+            "ci_high": t.ci_high,
+            "level": t.level,
+            "feasible": t.feasible,
+            "beats_reference": t.beats_reference,
+            "stopped": t.action,
+            "why_dropped": t.why,
+            "constraints": "; ".join(f"{c['question']}: {c['verdict']}" for c in t.constraints),
+        }
+        for t in trials
+    ]
     return pd.DataFrame(rows, columns=TRIAL_COLUMNS)
 
 
@@ -41,40 +66,74 @@ def verdict_line(trials: list[plan.Trial], chosen: plan.Trial | None, config: di
     if not trials:
         lines.append("No trial ran: the budget holds no decision.")
     elif chosen is None:
-        lines.append(f"No candidate met every constraint: none of the {len(trials)} trials is chosen, and the "
-                     "reference arm stays the answer.")
+        lines.append(
+            f"No candidate met every constraint: none of the {len(trials)} trials is chosen, and the "
+            "reference arm stays the answer."
+        )
     elif chosen.beats_reference != YES:
-        lines.append(f"No candidate beat the reference: the best feasible trial, {name} = {chosen.value:g}, has "
-                     f"{tune['objective']} {chosen.objective:+.4g} against it (interval {chosen.ci_low:+.4g} to "
-                     f"{chosen.ci_high:+.4g}), which does not tell it from the reference "
-                     f"({tune['better']} was asked: {chosen.beats_reference}).")
+        lines.append(
+            f"No candidate beat the reference: the best feasible trial, {name} = {chosen.value:g}, has "
+            f"{tune['objective']} {chosen.objective:+.4g} against it (interval {chosen.ci_low:+.4g} to "
+            f"{chosen.ci_high:+.4g}), which does not tell it from the reference "
+            f"({tune['better']} was asked: {chosen.beats_reference})."
+        )
     else:
-        lines.append(f"Best: {name} = {chosen.value:g}, {tune['objective']} {chosen.objective:+.4g} against the "
-                     f"reference (interval {chosen.ci_low:+.4g} to {chosen.ci_high:+.4g}, {tune['better']}: yes), "
-                     "every constraint yes.")
+        lines.append(
+            f"Best: {name} = {chosen.value:g}, {tune['objective']} {chosen.objective:+.4g} against the "
+            f"reference (interval {chosen.ci_low:+.4g} to {chosen.ci_high:+.4g}, {tune['better']}: yes), "
+            "every constraint yes."
+        )
     if ran_out:
-        lines.append("The budget ran out before a decision in " + ", ".join(
-            f"trial {t.number} ({name} = {t.value:g})" for t in ran_out) + ".")
+        lines.append(
+            "The budget ran out before a decision in "
+            + ", ".join(f"trial {t.number} ({name} = {t.value:g})" for t in ran_out)
+            + "."
+        )
     return " ".join(lines)
 
 
 def best_record(trials: list[plan.Trial], chosen: plan.Trial | None, config: dict) -> dict:
     tune = config["tune"]
-    record = {"setting": config["setting"]["name"], "reference_value": next(iter(config["arms"].values()))["value"],
-              "objective_metric": tune["objective"], "better": tune["better"],
-              "phases_used": sum(t.phases for t in trials), "budget_phases": tune["budget_phases"],
-              "trials": len(trials), "budget_ran_out": any(t.action == plan.BUDGET for t in trials),
-              "verdict": verdict_line(trials, chosen, config)}
+    record = {
+        "setting": config["setting"]["name"],
+        "reference_value": next(iter(config["arms"].values()))["value"],
+        "objective_metric": tune["objective"],
+        "better": tune["better"],
+        "phases_used": sum(t.phases for t in trials),
+        "budget_phases": tune["budget_phases"],
+        "trials": len(trials),
+        "budget_ran_out": any(t.action == plan.BUDGET for t in trials),
+        "verdict": verdict_line(trials, chosen, config),
+    }
     if chosen is None:
-        return {"value": None, "objective": None, "objective_ci_low": None, "objective_ci_high": None,
-                "constraints": {}, **record}
-    return {"value": chosen.value, "objective": _number(chosen.objective),
-            "objective_ci_low": _number(chosen.ci_low), "objective_ci_high": _number(chosen.ci_high),
-            "objective_level": chosen.level, "beats_reference": chosen.beats_reference,
-            "constraints": {c["question"]: {"verdict": c["verdict"], "estimate": _number(c["estimate"]),
-                                            "ci_low": _number(c["ci_low"]), "ci_high": _number(c["ci_high"])}
-                            for c in chosen.constraints},
-            "trial": chosen.number, "phases": chosen.phases, **record}
+        return {
+            "value": None,
+            "objective": None,
+            "objective_ci_low": None,
+            "objective_ci_high": None,
+            "constraints": {},
+            **record,
+        }
+    return {
+        "value": chosen.value,
+        "objective": _number(chosen.objective),
+        "objective_ci_low": _number(chosen.ci_low),
+        "objective_ci_high": _number(chosen.ci_high),
+        "objective_level": chosen.level,
+        "beats_reference": chosen.beats_reference,
+        "constraints": {
+            c["question"]: {
+                "verdict": c["verdict"],
+                "estimate": _number(c["estimate"]),
+                "ci_low": _number(c["ci_low"]),
+                "ci_high": _number(c["ci_high"]),
+            }
+            for c in chosen.constraints
+        },
+        "trial": chosen.number,
+        "phases": chosen.phases,
+        **record,
+    }
 
 
 def figure(path: Path, trials: list[plan.Trial], chosen: plan.Trial | None, config: dict) -> None:
@@ -88,9 +147,10 @@ def figure(path: Path, trials: list[plan.Trial], chosen: plan.Trial | None, conf
     tune = config["tune"]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.axhline(0, color="0.4", lw=1, ls="--", label="reference arm")
-    for feasible, style in ((True, dict(fmt="o", color="tab:blue", label="feasible")),
-                            (False, dict(fmt="o", color="tab:red", mfc="none", label="infeasible (a constraint no "
-                                                                                       "or undecided)"))):
+    for feasible, style in (
+        (True, dict(fmt="o", color="tab:blue", label="feasible")),
+        (False, dict(fmt="o", color="tab:red", mfc="none", label="infeasible (a constraint no or undecided)")),
+    ):
         shown = [t for t in trials if t.feasible == feasible and math.isfinite(t.objective)]
         if not shown:
             continue
@@ -98,15 +158,25 @@ def figure(path: Path, trials: list[plan.Trial], chosen: plan.Trial | None, conf
         highs = [t.ci_high - t.objective if math.isfinite(t.ci_high) else 0 for t in shown]
         ax.errorbar([t.value for t in shown], [t.objective for t in shown], yerr=[lows, highs], capsize=3, **style)
     if chosen is not None:
-        ax.plot([chosen.value], [chosen.objective], marker="*", ms=16, color="gold", mec="k", ls="none",
-                label=f"chosen ({chosen.value:g})")
+        ax.plot(
+            [chosen.value],
+            [chosen.objective],
+            marker="*",
+            ms=16,
+            color="gold",
+            mec="k",
+            ls="none",
+            label=f"chosen ({chosen.value:g})",
+        )
     if tune["scale"] == "log":
         ax.set_xscale("log")
     ax.set_xlim(tune["min"], tune["max"])
     ax.set_xlabel(config["setting"]["name"])
     ax.set_ylabel(f"{tune['objective']}\n(candidate − reference; {tune['better']} is better)")
-    ax.set_title(f"tune: {len(trials)} trial{'' if len(trials) == 1 else 's'}, "
-                 f"{sum(t.phases for t in trials)} of {tune['budget_phases']} phases")
+    ax.set_title(
+        f"tune: {len(trials)} trial{'' if len(trials) == 1 else 's'}, "
+        f"{sum(t.phases for t in trials)} of {tune['budget_phases']} phases"
+    )
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -115,20 +185,37 @@ def figure(path: Path, trials: list[plan.Trial], chosen: plan.Trial | None, conf
 
 def summary(trials: list[plan.Trial], chosen: plan.Trial | None, config: dict) -> str:
     tune = config["tune"]
-    lines = [f"# Tune of {config['setting']['name']} in [{tune['min']:g}, {tune['max']:g}] ({tune['scale']})", "",
-             verdict_line(trials, chosen, config), "",
-             f"Objective: {tune['objective']} ({tune['better']} is better), each trial's candidate against the "
-             f"reference arm ({config['setting']['name']} = {next(iter(config['arms'].values()))['value']}) of its "
-             f"own trial. Phases: {sum(t.phases for t in trials)} of a budget of {tune['budget_phases']}; "
-             f"sampler {tune['sampler']}, trials racing (docs/tune.md).", ""]
+    lines = [
+        f"# Tune of {config['setting']['name']} in [{tune['min']:g}, {tune['max']:g}] ({tune['scale']})",
+        "",
+        verdict_line(trials, chosen, config),
+        "",
+        f"Objective: {tune['objective']} ({tune['better']} is better), each trial's candidate against the "
+        f"reference arm ({config['setting']['name']} = {next(iter(config['arms'].values()))['value']}) of its "
+        f"own trial. Phases: {sum(t.phases for t in trials)} of a budget of {tune['budget_phases']}; "
+        f"sampler {tune['sampler']}, trials racing (docs/tune.md).",
+        "",
+    ]
     if chosen is not None:
-        lines += ["## The chosen value's constraints", "", "| question | verdict | estimate | interval |",
-                  "|---|---|---|---|"]
-        lines += [f"| {c['question']} | {c['verdict']} | {c['estimate']:.4g} | {c['ci_low']:.4g} to "
-                  f"{c['ci_high']:.4g} |" for c in chosen.constraints]
+        lines += [
+            "## The chosen value's constraints",
+            "",
+            "| question | verdict | estimate | interval |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {c['question']} | {c['verdict']} | {c['estimate']:.4g} | {c['ci_low']:.4g} to {c['ci_high']:.4g} |"
+            for c in chosen.constraints
+        ]
         lines.append("")
-    lines += ["## Trials", "", trials_table(trials).to_markdown(index=False, floatfmt=".4g"), "",
-              "![objective against value](tune.png)", ""]
+    lines += [
+        "## Trials",
+        "",
+        trials_table(trials).to_markdown(index=False, floatfmt=".4g"),
+        "",
+        "![objective against value](tune.png)",
+        "",
+    ]
     return "\n".join(lines)
 
 

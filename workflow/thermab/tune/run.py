@@ -22,8 +22,7 @@ import pandas as pd
 import yaml
 
 import thermab
-from thermab import config as thermab_config
-from thermab import layout
+from thermab import config as thermab_config, layout
 from thermab.analysis.sequential import completed_repeats, looks
 from thermab.errors import StageFailed, UserError
 from thermab.experiment import plan as experiment_plan
@@ -51,12 +50,14 @@ def read_config(paths: list[str]) -> dict:
 
 def phases_run(trial: layout.TrialDir, cluster: str, users=None) -> int:
     """Phase jobs the trial has run (in a run of levels each a restart and a window per level)."""
-    return len(plan.ORDER) * completed_repeats(trial.run(cluster, plan.ORDER).path, plan.ORDER,
-                                               experiment_plan.levels(users))
+    return len(plan.ORDER) * completed_repeats(
+        trial.run(cluster, plan.ORDER).path, plan.ORDER, experiment_plan.levels(users)
+    )
 
 
-def finished_look(trial: layout.TrialDir, cluster: str, max_repeats: int,
-                  keys: list[tuple[int, int | None]], users=None) -> plan.Look | None:
+def finished_look(
+    trial: layout.TrialDir, cluster: str, max_repeats: int, keys: list[tuple[int, int | None]], users=None
+) -> plan.Look | None:
     """The trial's last look, where its questions.csv answers the repeats on disk (``keys``:
     ``plan.answer_keys``; ``users``: load.users)."""
     run = trial.run(cluster, plan.ORDER)
@@ -74,17 +75,40 @@ def finished_look(trial: layout.TrialDir, cluster: str, max_repeats: int,
 def snakemake_look(trial: layout.TrialDir, cluster: str, cores: int, snakefile: Path) -> None:
     """One invocation of the workflow in the trial's directory: up to its next look."""
     target = trial.run(cluster, plan.ORDER).table("questions").relative_to(trial.path)
-    command = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--directory", str(trial.path),
-               "--configfile", str(trial.config.resolve()), "--cores", str(cores), "--rerun-incomplete", str(target)]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(snakefile),
+        "--directory",
+        str(trial.path),
+        "--configfile",
+        str(trial.config.resolve()),
+        "--cores",
+        str(cores),
+        "--rerun-incomplete",
+        str(target),
+    ]
     with open(trial.log, "a") as log:
         code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, ONE_LOOK_ENV: "1"})
     if code:
-        raise StageFailed(f"{trial.path.name}: the workflow failed (exit status {code}; {trial.log}); run the same "
-                          "tune again to resume it")
+        raise StageFailed(
+            f"{trial.path.name}: the workflow failed (exit status {code}; {trial.log}); run the same "
+            "tune again to resume it"
+        )
 
 
-def run_trial(config: dict, tune_dir: layout.TuneDir, number: int, value: float, used_elsewhere: int,
-              best_estimate: float | None, cores: int, snakefile: Path) -> plan.Trial:
+def run_trial(
+    config: dict,
+    tune_dir: layout.TuneDir,
+    number: int,
+    value: float,
+    used_elsewhere: int,
+    best_estimate: float | None,
+    cores: int,
+    snakefile: Path,
+) -> plan.Trial:
     """A trial's looks, until racing stops it (``plan.judge``)."""
     cluster = next(iter(config["clusters"]))
     tune, max_repeats = config["tune"], config["max_repeats"]
@@ -97,12 +121,16 @@ def run_trial(config: dict, tune_dir: layout.TuneDir, number: int, value: float,
         look = finished_look(trial, cluster, max_repeats, keys, config["load"]["users"])
         if look is not None:
             action, why = plan.judge(look, tune["better"], best_estimate, max_repeats, left)
-            say(f"{trial.path.name} ({config['setting']['name']} = {value:g}): look at {look.phases} phases: "
-                f"{action}{': ' + why if why else ''}")
+            say(
+                f"{trial.path.name} ({config['setting']['name']} = {value:g}): look at {look.phases} phases: "
+                f"{action}{': ' + why if why else ''}"
+            )
             if action != plan.CONTINUE:
                 return plan.trial_from_look(number, value, look, action, why)
-        say(f"{trial.path.name} ({config['setting']['name']} = {value:g}): running to its next look "
-            f"({left} phases of the budget left)")
+        say(
+            f"{trial.path.name} ({config['setting']['name']} = {value:g}): running to its next look "
+            f"({left} phases of the budget left)"
+        )
         snakemake_look(trial, cluster, cores, snakefile)
 
 
@@ -127,8 +155,9 @@ def tune(config: dict, cores: int = 1, snakefile: Path = SNAKEFILE) -> layout.Tu
             break  # no room left for one more decision
         else:
             number, value = tune_study.ask(study, tune_cfg)
-        result = run_trial(config, tune_dir, number, value, used, plan.best_estimate(told, tune_cfg["better"]),
-                           cores, snakefile)
+        result = run_trial(
+            config, tune_dir, number, value, used, plan.best_estimate(told, tune_cfg["better"]), cores, snakefile
+        )
         tune_study.tell(study, result)
         report.write(tune_dir, config, tune_study.results(study))  # the answer so far, after every trial
     report.write(tune_dir, config, tune_study.results(study))
@@ -137,8 +166,12 @@ def tune(config: dict, cores: int = 1, snakefile: Path = SNAKEFILE) -> layout.Tu
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="thermab tune", description=__doc__.splitlines()[0])
-    parser.add_argument("configs", nargs="+", metavar="CONFIG",
-                        help="config files, merged in order as Snakemake's --configfile merges them")
+    parser.add_argument(
+        "configs",
+        nargs="+",
+        metavar="CONFIG",
+        help="config files, merged in order as Snakemake's --configfile merges them",
+    )
     parser.add_argument("--cores", type=int, default=1, help="Snakemake's --cores for each look (default 1)")
     parser.add_argument("--snakefile", type=Path, default=SNAKEFILE, help="the workflow (default: this checkout's)")
     args = parser.parse_args(argv)

@@ -40,9 +40,13 @@ def open_study(tune: dict, storage: Path, reference: float) -> optuna.Study:
     A new study is given the initial design (``plan.initial_values``) as its first trials."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage.parent.mkdir(parents=True, exist_ok=True)
-    study = optuna.create_study(study_name=STUDY_NAME, storage=f"sqlite:///{storage}", sampler=sampler(tune),
-                                direction="maximize" if tune["better"] == "higher" else "minimize",
-                                load_if_exists=True)
+    study = optuna.create_study(
+        study_name=STUDY_NAME,
+        storage=f"sqlite:///{storage}",
+        sampler=sampler(tune),
+        direction="maximize" if tune["better"] == "higher" else "minimize",
+        load_if_exists=True,
+    )
     search = {key: tune[key] for key in SEARCH_KEYS}
     if not study.user_attrs:
         for value in initial_values(tune, reference):
@@ -50,16 +54,21 @@ def open_study(tune: dict, storage: Path, reference: float) -> optuna.Study:
         for key, value in search.items():
             study.set_user_attr(key, value)
     elif {key: study.user_attrs.get(key) for key in SEARCH_KEYS} != search:
-        raise ConfigError(f"config key 'tune': {storage} holds a search of another range or objective "
-                          f"({ {key: study.user_attrs.get(key) for key in SEARCH_KEYS} }); move that tune "
-                          "directory away to start a new one")
+        raise ConfigError(
+            f"config key 'tune': {storage} holds a search of another range or objective "
+            f"({ {key: study.user_attrs.get(key) for key in SEARCH_KEYS} }); move that tune "
+            "directory away to start a new one"
+        )
     return study
 
 
 def interrupted(study: optuna.Study) -> list[tuple[int, float]]:
     """(number, value) of trials asked but never told: a tune stopped while they ran."""
-    return [(t.number, t.user_attrs["tried"]) for t in study.get_trials(deepcopy=False)
-            if t.state == optuna.trial.TrialState.RUNNING and "tried" in t.user_attrs]
+    return [
+        (t.number, t.user_attrs["tried"])
+        for t in study.get_trials(deepcopy=False)
+        if t.state == optuna.trial.TrialState.RUNNING and "tried" in t.user_attrs
+    ]
 
 
 def ask(study: optuna.Study, tune: dict) -> tuple[int, float]:

@@ -47,30 +47,46 @@ from thermab.hosts.transport import TransportError
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="thermab discover", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[1:5]))
+    parser = argparse.ArgumentParser(
+        prog="thermab discover",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[1:5]),
+    )
     parser.add_argument("hosts", nargs="+", metavar="NAME=URL", help="ssh://[user@]host[:port] or local://")
-    parser.add_argument("--head", help="the host serving the API (default: the one named head, or the one "
-                                       "server not started --headless)")
+    parser.add_argument(
+        "--head",
+        help="the host serving the API (default: the one named head, or the one server not started --headless)",
+    )
     parser.add_argument("--jump", help="jump host for every SSH host, user@host:port")
     parser.add_argument("--key-file", help="private key for SSH (default: the ssh-agent)")
     parser.add_argument("--known-hosts", help="pinned host keys (default ~/.ssh/known_hosts)")
-    parser.add_argument("--container", action="append", default=[], metavar="[HOST=]NAME|auto|none",
-                        help="which container's server to measure (auto: the only one; none: a server outside "
-                             "containers); repeat with HOST= per host")
-    parser.add_argument("--endpoint", help="the OpenAI base URL (default: the head's address and its server's "
-                                           "--port); its port also picks the head's server among several")
+    parser.add_argument(
+        "--container",
+        action="append",
+        default=[],
+        metavar="[HOST=]NAME|auto|none",
+        help="which container's server to measure (auto: the only one; none: a server outside "
+        "containers); repeat with HOST= per host",
+    )
+    parser.add_argument(
+        "--endpoint",
+        help="the OpenAI base URL (default: the head's address and its server's "
+        "--port); its port also picks the head's server among several",
+    )
     parser.add_argument("--cluster", default=CLUSTER, help=f"the cluster's name in the config (default {CLUSTER})")
-    parser.add_argument("--setting-from", type=Path,
-                        help="the config whose setting and arms to use (default: the study's, as "
-                             "config/config.yaml states them)")
+    parser.add_argument(
+        "--setting-from",
+        type=Path,
+        help="the config whose setting and arms to use (default: the study's, as config/config.yaml states them)",
+    )
     parser.add_argument("-o", "--output", type=Path, help="write the config here (default: stdout)")
     return parser.parse_args(argv)
 
 
-def survey(args: argparse.Namespace, probes: dict[str, HostProbe], setting: dict,
-           arms: dict) -> tuple[list[str], str | None]:
+def survey(
+    args: argparse.Namespace, probes: dict[str, HostProbe], setting: dict, arms: dict
+) -> tuple[list[str], str | None]:
     """Read every host; returns the questions for the user and the config's text, None
     unless a run could use it (the probes hold what was found and what was not)."""
     targets = [probe.target for probe in probes.values()]
@@ -90,8 +106,10 @@ def survey(args: argparse.Namespace, probes: dict[str, HostProbe], setting: dict
             questions.append(str(question))
             continue
         if server is None and servers:
-            probe.lack("vLLM server", f"none matches --container {args.choices[target.name]}: "
-                       + "; ".join(s.label for s in servers))
+            probe.lack(
+                "vLLM server",
+                f"none matches --container {args.choices[target.name]}: " + "; ".join(s.label for s in servers),
+            )
         if server is not None:
             chosen[target.name] = server
     if questions or len(chosen) != len(targets):
@@ -114,9 +132,16 @@ def survey(args: argparse.Namespace, probes: dict[str, HostProbe], setting: dict
         if located is None:
             continue
         inherited = dict(server.container.env) if server.container else {}
-        preset = choose_preset(Place(server, located[0], cwd, tuple(replayed_env(environ, inherited).items()),
-                                     probe.systemd_unit(server),
-                                     f"/tmp/thermab-{args.cluster}-{target.name}-server.log"))
+        preset = choose_preset(
+            Place(
+                server,
+                located[0],
+                cwd,
+                tuple(replayed_env(environ, inherited).items()),
+                probe.systemd_unit(server),
+                f"/tmp/thermab-{args.cluster}-{target.name}-server.log",
+            )
+        )
         probe.note("preset", preset.name, "chosen: " + preset.reason)
         # the Python matters where thermab patches inside the server's filesystem
         python = found[0] if found and preset.file == located[0] else None
@@ -128,19 +153,22 @@ def survey(args: argparse.Namespace, probes: dict[str, HostProbe], setting: dict
     for plan in plans:
         if plan.value is not None and plan.value != stock:
             probes[plan.target.name].lack(
-                "stock value", f"{setting['name']} is {plan.value} here, not {stock} as in {source}: "
-                f"a patch left behind? The reference arm takes {plan.value}")
+                "stock value",
+                f"{setting['name']} is {plan.value} here, not {stock} as in {source}: "
+                f"a patch left behind? The reference arm takes {plan.value}",
+            )
     try:
-        config, comments = build_config(plans, head, endpoint, model, setting, arms, args.option_values,
-                                        args.cluster)
+        config, comments = build_config(plans, head, endpoint, model, setting, arms, args.option_values, args.cluster)
     except Question as question:
         return [str(question)], None
     thermab_config.validate(config)  # what is written passes check-config, or this is a bug
-    header = (f"Written by: thermab discover {shlex.join(args.argv)}\n"
-              "Every value was found on the hosts (the table printed beside it gives each one's source)\n"
-              "or is the study's default; only the arm values are yours to choose (TODO). Then:\n"
-              "  python -m thermab check-config FILE\n"
-              "  snakemake --cores 1 all --configfile FILE")
+    header = (
+        f"Written by: thermab discover {shlex.join(args.argv)}\n"
+        "Every value was found on the hosts (the table printed beside it gives each one's source)\n"
+        "or is the study's default; only the arm values are yours to choose (TODO). Then:\n"
+        "  python -m thermab check-config FILE\n"
+        "  snakemake --cores 1 all --configfile FILE"
+    )
     return [], render_yaml(config, comments, header)
 
 

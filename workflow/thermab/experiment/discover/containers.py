@@ -36,13 +36,24 @@ def parse_inspect(engine: str, text: str) -> list[Container]:
     containers = []
     for item in json.loads(text or "[]"):
         config, state, host_config = item.get("Config") or {}, item.get("State") or {}, item.get("HostConfig") or {}
-        mounts = tuple(Mount(m.get("Type", ""), m.get("Source", ""), m.get("Destination", ""), bool(m.get("RW", True)))
-                       for m in item.get("Mounts") or [])
+        mounts = tuple(
+            Mount(m.get("Type", ""), m.get("Source", ""), m.get("Destination", ""), bool(m.get("RW", True)))
+            for m in item.get("Mounts") or []
+        )
         env = tuple(tuple(e.split("=", 1)) for e in config.get("Env") or [] if "=" in e)
-        containers.append(Container(
-            engine, str(item.get("Name", "")).lstrip("/"), str(item.get("Id", "")), int(state.get("Pid") or 0),
-            str(config.get("Image", "")), str((host_config.get("RestartPolicy") or {}).get("Name") or "no"),
-            mounts, tuple(sorted((config.get("Labels") or {}).items())), env))
+        containers.append(
+            Container(
+                engine,
+                str(item.get("Name", "")).lstrip("/"),
+                str(item.get("Id", "")),
+                int(state.get("Pid") or 0),
+                str(config.get("Image", "")),
+                str((host_config.get("RestartPolicy") or {}).get("Name") or "no"),
+                mounts,
+                tuple(sorted((config.get("Labels") or {}).items())),
+                env,
+            )
+        )
     return containers
 
 
@@ -50,5 +61,5 @@ def bind_mount_of(path: str, mounts: tuple[Mount, ...]) -> tuple[Mount, str] | N
     """The bind mount holding ``path`` (a path inside the container) and the path on the host."""
     for mount in sorted(mounts, key=lambda m: -len(m.destination)):
         if mount.kind == "bind" and (path == mount.destination or path.startswith(mount.destination.rstrip("/") + "/")):
-            return mount, mount.source + path[len(mount.destination.rstrip("/")):]
+            return mount, mount.source + path[len(mount.destination.rstrip("/")) :]
     return None

@@ -53,22 +53,41 @@ def summarize_agent(found: dict) -> tuple[list[tuple[str, str]], list[tuple[str,
             if not zones:
                 absent.append(("thermal zones", "/sys/class/thermal has no zones"))
             else:
-                present.append(("thermal zones", ", ".join(
-                    f"{z['name']} (trip {z['trip_point_c']:g} °C)" if z.get("trip_point_c") is not None
-                    else f"{z['name']} (no trip point)" for z in zones)))
+                present.append(
+                    (
+                        "thermal zones",
+                        ", ".join(
+                            f"{z['name']} (trip {z['trip_point_c']:g} °C)"
+                            if z.get("trip_point_c") is not None
+                            else f"{z['name']} (no trip point)"
+                            for z in zones
+                        ),
+                    )
+                )
         elif name == "freq":
             policies, unread = facts.get("policies") or {}, facts.get("unread") or []
             if policies:
                 present.append(("cpufreq", describe_policies(policies)))
             if unread:  # there, but no value will come from them: a gap the user should see
-                absent.append(("cpufreq", f"{len(unread)} of {len(policies) + len(unread)} policies unread, "
-                               f"without any of {', '.join(CpuFrequency.FILES)}: {', '.join(unread)}"))
+                absent.append(
+                    (
+                        "cpufreq",
+                        f"{len(unread)} of {len(policies) + len(unread)} policies unread, "
+                        f"without any of {', '.join(CpuFrequency.FILES)}: {', '.join(unread)}",
+                    )
+                )
             if not policies and not unread:
                 absent.append(("cpufreq", "/sys/devices/system/cpu/cpufreq has no policies"))
         elif name == "hwmon":
             sensors = facts.get("sensors") or []
-            present.append(("hwmon", f"{len(sensors)} sensors" + (f": {', '.join(sensors[:8])}" if sensors else "")
-                            + (" …" if len(sensors) > 8 else "")))
+            present.append(
+                (
+                    "hwmon",
+                    f"{len(sensors)} sensors"
+                    + (f": {', '.join(sensors[:8])}" if sensors else "")
+                    + (" …" if len(sensors) > 8 else ""),
+                )
+            )
         elif not facts:
             present.append((name, "available (read when sampling)"))
         else:
@@ -93,7 +112,12 @@ def render_table(found: list[Fact], missing: list[Fact]) -> str:
     for title, facts in (("found [source]:", found), ("not found:", missing)):
         if facts:
             host_w, what_w = max(len(f.host) for f in facts), max(len(f.what) for f in facts)
-            out += ([""] if out else []) + [title] + [
-                f"  {f.host:<{host_w}}  {f.what:<{what_w}}  {f.value}" + (f"  [{f.source}]" if f.source else "")
-                for f in facts]
+            out += (
+                ([""] if out else [])
+                + [title]
+                + [
+                    f"  {f.host:<{host_w}}  {f.what:<{what_w}}  {f.value}" + (f"  [{f.source}]" if f.source else "")
+                    for f in facts
+                ]
+            )
     return "\n".join(out)

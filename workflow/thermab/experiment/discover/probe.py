@@ -73,15 +73,27 @@ class HostProbe:
         processes = parse_processes(scan.stdout)
         servers, unowned = servers_of(processes, self.containers())
         for process in unowned:
-            self.lack("vLLM server", f"pid {process.pid} runs in a container that no docker/podman here lists "
-                      f"(another engine or daemon): {process.command[:160]}")
+            self.lack(
+                "vLLM server",
+                f"pid {process.pid} runs in a container that no docker/podman here lists "
+                f"(another engine or daemon): {process.command[:160]}",
+            )
         for server in servers:
             container = server.container
-            binds = ", ".join(f"{m.source}:{m.destination}{'' if m.writable else ':ro'}"
-                              for m in (container.mounts if container else ()) if m.kind == "bind")
-            detail = (f"; {container.engine}, image {container.image}, restart policy {container.restart}, "
-                      f"{'its own process' if server.main else 'started by exec'}"
-                      + (f", bind mounts {binds}" if binds else "")) if container else ""
+            binds = ", ".join(
+                f"{m.source}:{m.destination}{'' if m.writable else ':ro'}"
+                for m in (container.mounts if container else ())
+                if m.kind == "bind"
+            )
+            detail = (
+                (
+                    f"; {container.engine}, image {container.image}, restart policy {container.restart}, "
+                    f"{'its own process' if server.main else 'started by exec'}"
+                    + (f", bind mounts {binds}" if binds else "")
+                )
+                if container
+                else ""
+            )
             self.note("vLLM server", server.label + detail, f"/proc/{server.process.pid}/cmdline")
         if not servers and not unowned:
             self.lack("vLLM server", "no running `vllm serve`/vllm.entrypoints process in /proc")
@@ -112,8 +124,10 @@ class HostProbe:
         else:
             self.lack("working directory", f"{where}/cwd: not readable (no permission?)")
         if not environ.ok:
-            self.lack("server environment", f"{where}/environ: {why(environ, 'cat')}; add the server's variables "
-                      "to `start` by hand")
+            self.lack(
+                "server environment",
+                f"{where}/environ: {why(environ, 'cat')}; add the server's variables to `start` by hand",
+            )
             return cwd, {}
         return cwd, dict(e.split("=", 1) for e in environ.stdout.split("\0") if "=" in e)
 
@@ -216,8 +230,11 @@ class HostProbe:
             self.lack("clock offset", problems[self.host.name])
             return
         offset = offsets[self.host.name]
-        self.note("clock offset", f"{offset.offset_s:+.4f} ± {offset.uncertainty_s:.4f} s (host minus this machine)",
-                  f"date +%s.%N, the shortest of {offset.samples} round trips")
+        self.note(
+            "clock offset",
+            f"{offset.offset_s:+.4f} ± {offset.uncertainty_s:.4f} s (host minus this machine)",
+            f"date +%s.%N, the shortest of {offset.samples} round trips",
+        )
 
 
 def host_spec(target: Target, options: dict) -> HostSpec:
@@ -237,14 +254,19 @@ def check_endpoint(probe: HostProbe, server: Server, given: str | None) -> tuple
     address = "127.0.0.1" if target.transport == "local" else target.address
     endpoint = (given or f"http://{address}:{server.port}").rstrip("/")
     listen = option(server.process.argv, "--host")
-    if not given and target.transport == "ssh" and listen in ("127.0.0.1", "localhost") \
-            and address not in ("127.0.0.1", "localhost"):
+    if (
+        not given
+        and target.transport == "ssh"
+        and listen in ("127.0.0.1", "localhost")
+        and address not in ("127.0.0.1", "localhost")
+    ):
         probe.lack("endpoint", f"the server listens on {listen} only: give --endpoint (e.g. an SSH tunnel's)")
     try:
         served = server_api.models(endpoint)
     except (OSError, ValueError, KeyError) as error:
         probe.lack("endpoint", f"{endpoint}/v1/models does not answer: {getattr(error, 'reason', error)}")
         return endpoint, None
-    probe.note("endpoint", f"{endpoint}: /v1/models answers {', '.join(served) or 'no model'}",
-               f"GET {endpoint}/v1/models")
+    probe.note(
+        "endpoint", f"{endpoint}: /v1/models answers {', '.join(served) or 'no model'}", f"GET {endpoint}/v1/models"
+    )
     return endpoint, served[0] if served else None

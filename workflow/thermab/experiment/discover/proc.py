@@ -54,8 +54,16 @@ def parse_processes(text: str) -> list[Process]:
         nspid = re.search(r"^NSpid:\s*([\d\s]+?)\s*$", status, re.MULTILINE)
         if not argv or not ppid:
             continue  # a kernel thread, or a process that ended while it was read
-        processes.append(Process(int(pid), int(ppid.group(1)), argv, cgroup, cwd.strip() or None,
-                                 tuple(int(n) for n in nspid.group(1).split()) if nspid else ()))
+        processes.append(
+            Process(
+                int(pid),
+                int(ppid.group(1)),
+                argv,
+                cgroup,
+                cwd.strip() or None,
+                tuple(int(n) for n in nspid.group(1).split()) if nspid else (),
+            )
+        )
     return processes
 
 
@@ -64,11 +72,12 @@ def is_server(argv: tuple[str, ...]) -> bool:
     ``serve``, or a module under ``vllm.entrypoints``; only its first words count, so a
     shell wrapping the command (``sh -c "vllm serve …"``) is not taken for the server."""
     for i, arg in enumerate(argv[:4]):
-        following = argv[i + 1:i + 3]
+        following = argv[i + 1 : i + 3]
         if arg == "-m" and following:
             module = following[0]
-            if module.startswith("vllm.entrypoints.") or (module.rsplit(".", 1)[-1] == "vllm"
-                                                          and following[1:] == ("serve",)):
+            if module.startswith("vllm.entrypoints.") or (
+                module.rsplit(".", 1)[-1] == "vllm" and following[1:] == ("serve",)
+            ):
                 return True
         if posixpath.basename(arg) == "vllm" and following[:1] == ("serve",):
             return True

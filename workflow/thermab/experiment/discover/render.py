@@ -26,8 +26,16 @@ class HostPlan:
     zones: tuple[str, ...] = ()
 
 
-def build_config(plans: list[HostPlan], head: str, endpoint: str, model: str | None, setting: dict,
-                 arms: dict, options: dict, cluster: str = CLUSTER) -> tuple[dict, dict]:
+def build_config(
+    plans: list[HostPlan],
+    head: str,
+    endpoint: str,
+    model: str | None,
+    setting: dict,
+    arms: dict,
+    options: dict,
+    cluster: str = CLUSTER,
+) -> tuple[dict, dict]:
     """The config and its comments (by key path), from what was found. Workers come first
     (start order), the head last."""
     files = {p.preset.file for p in plans}
@@ -35,20 +43,32 @@ def build_config(plans: list[HostPlan], head: str, endpoint: str, model: str | N
     if len(files) == 1:
         file, file_note = files.pop(), "found on every host"
     elif rel and all(p.python for p in plans):
-        file, file_note = "{vllm}/" + rel, "under each host's installed vllm (the paths differ: " + \
-            ", ".join(f"{p.target.name} {p.preset.file}" for p in plans) + ")"
+        file, file_note = (
+            "{vllm}/" + rel,
+            "under each host's installed vllm (the paths differ: "
+            + ", ".join(f"{p.target.name} {p.preset.file}" for p in plans)
+            + ")",
+        )
     else:
-        raise Question("the setting's file differs between hosts (" + ", ".join(
-            f"{p.target.name}: {p.preset.file}" for p in plans) + "), and setting.file is one path for all: "
-            "make them the same, or discover the hosts one at a time")
+        raise Question(
+            "the setting's file differs between hosts ("
+            + ", ".join(f"{p.target.name}: {p.preset.file}" for p in plans)
+            + "), and setting.file is one path for all: "
+            "make them the same, or discover the hosts one at a time"
+        )
     unread = [p.target.name for p in plans if p.value is None]
     if unread:
-        raise Question(f"the anchor's match on {', '.join(unread)} does not read as setting.replacement with "
-                       "{value} in it: fix the setting (--setting-from) so both describe the same text")
+        raise Question(
+            f"the anchor's match on {', '.join(unread)} does not read as setting.replacement with "
+            "{value} in it: fix the setting (--setting-from) so both describe the same text"
+        )
     values = {p.value for p in plans}
     if len(values) != 1:
-        raise Question("the hosts hold different values of the setting (" + ", ".join(
-            f"{p.target.name}: {p.value}" for p in plans) + "): restore the stock file where it was patched")
+        raise Question(
+            "the hosts hold different values of the setting ("
+            + ", ".join(f"{p.target.name}: {p.value}" for p in plans)
+            + "): restore the stock file where it was patched"
+        )
     stock = values.pop()
     reference, *others = arms
     ordered = [p for p in plans if p.target.name != head] + [p for p in plans if p.target.name == head]
@@ -75,10 +95,14 @@ def build_config(plans: list[HostPlan], head: str, endpoint: str, model: str | N
     found = {
         "order": "".join(arms),
         "repeats": 1,
-        "setting": {"name": setting["name"], "method": "file", "file": file, "anchor": setting["anchor"],
-                    "replacement": setting["replacement"]},
-        "arms": {reference: dict(arms[reference], value=stock),
-                 **{name: dict(arms[name]) for name in others}},
+        "setting": {
+            "name": setting["name"],
+            "method": "file",
+            "file": file,
+            "anchor": setting["anchor"],
+            "replacement": setting["replacement"],
+        },
+        "arms": {reference: dict(arms[reference], value=stock), **{name: dict(arms[name]) for name in others}},
         "clusters": {cluster: {"head": head, "endpoint": endpoint, "end_state": "restarted", "hosts": hosts}},
     }
     # the schema's defaults (the study's timings, load, intervals), written out in full
@@ -91,27 +115,31 @@ def build_config(plans: list[HostPlan], head: str, endpoint: str, model: str | N
         "analysis": dict(defaults["analysis"], timeline_zone=timeline_zone),
         "clusters": found["clusters"],
     }
-    comments.update({
-        ("setting", "file"): f"{file_note}; the anchor matches once there",
-        ("arms", reference): "the value every host holds now",
-        ("timings",): "the study's: 10-min baseline, 30-min loads; lower them here for a first trial "
-                      "(e.g. load_s: 300)",
-        ("load", "model"): "the id /v1/models gave" if model else "null: the first id /v1/models gives at run time",
-        ("monitor", "process_pattern"): "the API server by its command, the engine and workers by vLLM's process "
-                                        "titles (plain `vllm` would also match a config named after vLLM)",
-        ("analysis", "timeline_zone"): f"zones on {head}: {', '.join(head_zones)}" if head_zones
-        else f"no thermal zones on {head}: the thermal tables will be empty",
-        ("clusters", cluster, "end_state"): "after the run the server runs again on the original file, as found",
-    })
+    comments.update(
+        {
+            ("setting", "file"): f"{file_note}; the anchor matches once there",
+            ("arms", reference): "the value every host holds now",
+            ("timings",): "the study's: 10-min baseline, 30-min loads; lower them here for a first trial "
+            "(e.g. load_s: 300)",
+            ("load", "model"): "the id /v1/models gave" if model else "null: the first id /v1/models gives at run time",
+            ("monitor", "process_pattern"): "the API server by its command, the engine and workers by vLLM's process "
+            "titles (plain `vllm` would also match a config named after vLLM)",
+            ("analysis", "timeline_zone"): f"zones on {head}: {', '.join(head_zones)}"
+            if head_zones
+            else f"no thermal zones on {head}: the thermal tables will be empty",
+            ("clusters", cluster, "end_state"): "after the run the server runs again on the original file, as found",
+        }
+    )
     for name in others:
-        comments[("arms", name)] = (f"TODO: the {arms[name]['label']} arm's value is yours to choose "
-                                    f"({arms[name]['value']} is the study's)")
+        comments[("arms", name)] = (
+            f"TODO: the {arms[name]['label']} arm's value is yours to choose ({arms[name]['value']} is the study's)"
+        )
     return config, comments
 
 
 def scalar(value) -> str:
     text = yaml.safe_dump(value, default_flow_style=True, width=10**9, allow_unicode=True).strip()
-    return text[:-len("\n...")].strip() if text.endswith("\n...") else text
+    return text[: -len("\n...")].strip() if text.endswith("\n...") else text
 
 
 def render_yaml(config: dict, comments: dict, header: str) -> str:

@@ -40,16 +40,18 @@ def servers_of(processes: list[Process], containers: list[Container]) -> tuple[l
     whether it is that container's main process (or descends from it); and the servers in
     a container none of the listed ones owns (another engine or daemon)."""
     by_pid = {p.pid: p for p in processes}
-    outermost = [p for p in processes if is_server(p.argv)
-                 and not any(is_server(a.argv) for a in ancestors(p, by_pid))]
+    outermost = [p for p in processes if is_server(p.argv) and not any(is_server(a.argv) for a in ancestors(p, by_pid))]
     servers, unowned = [], []
     for process in outermost:
         container = next((c for c in containers if c.id and c.id in process.cgroup), None)
         if container is None and process.namespaced:
             unowned.append(process)
             continue
-        main = container is not None and (process.pid == container.pid or process.ppid == container.pid
-                                          or any(a.ppid == container.pid for a in ancestors(process, by_pid)))
+        main = container is not None and (
+            process.pid == container.pid
+            or process.ppid == container.pid
+            or any(a.ppid == container.pid for a in ancestors(process, by_pid))
+        )
         servers.append(Server(process, container, main))
     return servers, unowned
 
@@ -77,8 +79,9 @@ def choose_server(host: str, servers: list[Server], container: str, endpoint_por
     if len({s.port for s in candidates if not s.headless}) > 1:
         flags.append("--endpoint URL (its port picks the head's server)")
     hint = f"choose with {' or '.join(flags)}" if flags else "stop the ones not to be measured"
-    raise Question(f"host {host}: {len(candidates)} vLLM servers, " + "; ".join(s.label for s in candidates)
-                   + f": {hint}")
+    raise Question(
+        f"host {host}: {len(candidates)} vLLM servers, " + "; ".join(s.label for s in candidates) + f": {hint}"
+    )
 
 
 def pick_head(names: list[str], chosen: dict[str, Server], head: str | None) -> str:

@@ -37,8 +37,10 @@ def load_setting(path: Path | None) -> tuple[dict, dict]:
     except ConfigError as error:
         raise UsageError(f"--setting-from {path}: {str(error).splitlines()[-1].strip()}") from None
     if stock["setting"]["method"] != "file":
-        raise UsageError(f"--setting-from {path}: setting.method is {stock['setting']['method']}; "
-                         "discover checks settings patched in a file")
+        raise UsageError(
+            f"--setting-from {path}: setting.method is {stock['setting']['method']}; "
+            "discover checks settings patched in a file"
+        )
     return stock["setting"], stock["arms"]
 
 
@@ -46,7 +48,7 @@ def file_in_vllm(template: str) -> str | None:
     """The setting's file relative to the vllm package, whether the stock config names it
     ``{vllm}/…`` or by an installed path (``…/dist-packages/vllm/…``); None for other files."""
     if template.startswith("{vllm}/"):
-        return template[len("{vllm}/"):]
+        return template[len("{vllm}/") :]
     match = VLLM_PACKAGE.search(template)
     return match["rel"] if match else None
 

@@ -33,14 +33,18 @@ JUMP = re.compile(r"^([^@\s]+@)?[^@:\s]+(:[0-9]+)?$")  # the schema's `jump` pat
 def parse_target(text: str) -> Target:
     name, equals, url = text.partition("=")
     if not equals or not HOST_NAME.fullmatch(name):
-        raise UsageError(f"{redact_url(text)!r}: expected NAME=ssh://[user@]host[:port] or NAME=local:// "
-                         "(NAME: letters, digits, _ . -)")
+        raise UsageError(
+            f"{redact_url(text)!r}: expected NAME=ssh://[user@]host[:port] or NAME=local:// "
+            "(NAME: letters, digits, _ . -)"
+        )
     if url == "local://":
         return Target(name, "local")
     match = SSH_URL.fullmatch(url)
     if not match or port_problem(match["port"] or "22"):
-        raise UsageError(f"host {name}: {redact_url(url)!r} is not ssh://[user@]host[:port] or local:// "
-                         "(a password is never taken: keys or the ssh-agent)")
+        raise UsageError(
+            f"host {name}: {redact_url(url)!r} is not ssh://[user@]host[:port] or local:// "
+            "(a password is never taken: keys or the ssh-agent)"
+        )
     return Target(name, "ssh", match["address"], int(match["port"] or 22), match["user"])
 
 
