@@ -289,6 +289,21 @@ def test_a_server_without_metrics_is_told_once(bad_server, tmp_path):
     assert len(rows) == 1 and rows[0]["reason"] == "/metrics answered HTTP 404"
 
 
+def test_an_unexpected_fault_in_a_scrape_is_a_row_and_the_scrapes_go_on(bad_server, tmp_path, monkeypatch):
+    parse, calls = server_metrics.parse, []
+
+    def failing_once(text):
+        calls.append(text)
+        if len(calls) == 1:
+            raise RuntimeError("a parser fault\nwith a second line")
+        return parse(text)
+
+    monkeypatch.setattr(server_metrics, "parse", failing_once)
+    rows, told, _ = scrape_rows(bad_server("good"), tmp_path, seconds=1.5, interval=0.3)
+    assert rows[0]["reason"] == "scrape failed: RuntimeError: a parser fault" and rows[0]["value"] == ""
+    assert any(r["sensor"] == "vllm:num_requests_running" and r["value"] == "3.0" for r in rows[1:]) and not told
+
+
 def test_an_unreachable_server_is_an_error_row(tmp_path):
     rows, told, _ = scrape_rows("http://127.0.0.1:9", tmp_path, seconds=0.6, interval=0.2)
     assert rows and all("unreachable" in r["reason"] for r in rows) and not told

@@ -239,6 +239,9 @@ class Scraper:
                 return False
         except ScrapeError as error:
             rows = [("", "", str(error))]
+        except Exception as error:  # a fault of ours or the parser's must not end the phase's scrapes unseen
+            first = str(error).splitlines()[0][:200] if str(error) else ""
+            rows = [("", "", f"scrape failed: {type(error).__name__}: {first}")]
         self._write(time.time(), rows)
         return True
 
