@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 # GB10 core while the GPU is busy (thermab.sim.vllm): the spin's CPU is two cores
 SPIN_CPU_PCT = 200.0
 BUDGET_PHASES = 12  # three trials of four phases
-# Three whole-workflow trials: 12 min 23 s on the two shared cores at load 6-12 (docs/tune.md),
+# Three whole-workflow trials: 7 min 15 s on quiet cores, 12 min 23 s at load 6-12 (docs/tune.md),
 # a fifth of CI's whole budget, which the suite already fills; so it runs when asked for.
 LONG_ENV = "THERMAB_TUNE_E2E"
 pytestmark = [
