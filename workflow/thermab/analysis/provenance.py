@@ -2,7 +2,8 @@
 
 - ``config.yaml``: the validated config the run used, defaults filled in;
 - ``versions.json``: flat named facts (Python, packages, platform, git commit);
-- ``dag.dot``, ``dag.mmd``: Snakemake's own job DAG of the run, ``dag.svg`` drawn from it;
+- ``dag.dot``: Snakemake's own job DAG of the run; ``dag.mmd`` (Mermaid) and ``dag.svg``
+  drawn from it;
 - ``sha256.txt``: a manifest of every file of the run directory."""
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import networkx as nx  # noqa: E402
-import yaml  # noqa: E402
+import networkx as nx
+import yaml
 
-from thermab.analysis.headless import plt  # noqa: E402 (the Agg backend, literal text)
+from thermab.analysis.headless import plt  # the Agg backend, literal text
+from thermab.errors import StageFailed
 
 PACKAGES = (
     "thermab",
@@ -49,45 +51,29 @@ def versions(workdir: Path) -> dict[str, str]:
     return facts
 
 
-def snakemake_dags(snakefile: Path, workdir: Path, config_file: Path, target: str, formats: list[str]) -> list[str]:
-    """The DAG of every job the target needs, finished or not (``--forceall``), in each
-    format. One Snakemake per format, started together: each is a whole Snakemake start
-    (seconds of one core), so they run side by side rather than one after the other."""
-    processes = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "snakemake",
-                target,
-                "--snakefile",
-                str(snakefile),
-                "--directory",
-                str(workdir),
-                "--configfile",
-                str(config_file),
-                "--nolock",
-                "--forceall",
-                "--dag",
-                fmt,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for fmt in formats
+def snakemake_dag(snakefile: Path, workdir: Path, config_file: Path, target: str) -> str:
+    """The DAG of every job the target needs, finished or not (``--forceall``), as dot: one
+    Snakemake start (seconds of a core); ``dag.mmd`` and ``dag.svg`` are drawn from it."""
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        target,
+        "--snakefile",
+        str(snakefile),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(config_file),
+        "--nolock",
+        "--forceall",
+        "--dag",
+        "dot",
     ]
-    try:
-        outputs = [process.communicate(timeout=300) for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    for process, (_stdout, stderr) in zip(processes, outputs, strict=True):
-        if process.returncode != 0:
-            raise RuntimeError(f"snakemake --dag failed: {stderr[-2000:]}")
-    return [stdout for stdout, _stderr in outputs]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise StageFailed(f"snakemake --dag failed: {result.stderr[-2000:]}")
+    return result.stdout
 
 
 def parse_dot(dot: str) -> nx.DiGraph:
@@ -97,6 +83,17 @@ def parse_dot(dot: str) -> nx.DiGraph:
     for source, target in re.findall(r"^\s*(\d+) -> (\d+)", dot, flags=re.M):
         graph.add_edge(source, target)
     return graph
+
+
+def mermaid(graph: nx.DiGraph) -> str:
+    """The job DAG as a Mermaid flowchart (what ``snakemake --dag mermaid-js`` writes, less
+    its colours), from the graph read off the dot."""
+    lines = ["flowchart TB"]
+    for node, data in graph.nodes(data=True):
+        label = data.get("label", node).replace('"', "#quot;").replace("\n", "<br/>")
+        lines.append(f'    id{node}["{label}"]')
+    lines += [f"    id{source} --> id{target}" for source, target in graph.edges]
+    return "\n".join(lines) + "\n"
 
 
 def draw_dag(graph: nx.DiGraph, out_svg: Path) -> None:
@@ -134,8 +131,9 @@ def write(run_dir: Path, out_dir: Path, config: dict, snakefile: Path, workdir: 
     config_file = out_dir / "config.yaml"
     config_file.write_text(yaml.safe_dump(config, sort_keys=False))
     (out_dir / "versions.json").write_text(json.dumps(versions(workdir), indent=1))
-    dot, mermaid = snakemake_dags(snakefile, workdir, config_file, target, ["dot", "mermaid-js"])
+    dot = snakemake_dag(snakefile, workdir, config_file, target)
     (out_dir / "dag.dot").write_text(dot)
-    (out_dir / "dag.mmd").write_text(mermaid)
-    draw_dag(parse_dot(dot), out_dir / "dag.svg")
+    graph = parse_dot(dot)
+    (out_dir / "dag.mmd").write_text(mermaid(graph))
+    draw_dag(graph, out_dir / "dag.svg")
     (out_dir / "sha256.txt").write_text(manifest(run_dir, out_dir / "sha256.txt"))
