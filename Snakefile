@@ -32,5 +32,5 @@ rule all:
 
 
 onsuccess:
-    if CROSSOVER:
-        continue_until_decided()
+    if not (CROSSOVER and continue_until_decided()):
+        print_answers()

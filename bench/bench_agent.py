@@ -22,7 +22,7 @@
 
     python bench/bench_agent.py [--rounds 200] [--seconds 60] [--processes 500] [--repeat 3]
                                 [--agent FILE ...] [--profile] [--process-pattern RE]
-                                [--followers N] [--follower-threads T] [--settle S]
+                                [--followers N] [--follower-threads T] [--settle S] [--quick]
 """
 
 from __future__ import annotations
@@ -185,7 +185,11 @@ def main() -> None:
         default=ProcessCpu.rescan_s + 5,
         help="seconds the extra processes run before the first live agent starts",
     )
+    parser.add_argument("--quick", action="store_true", help="a few rounds and one short live run: that it runs")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.seconds, args.processes, args.repeat, args.settle = 5, 3, 10, 1, 0
+        args.followers, args.follower_threads = 1, 2
     agents = args.agent or [agent_module.__file__]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -11,7 +11,7 @@ resident memory (VmHWM, read by the child as it exits), since the maximum reside
 that getrusage and wait4 report counts the parent's memory at the fork.
 Targets, up to a week (168 h): <= 10 s and <= 1 GB each.
 
-    python bench/bench_analysis.py [--hours 1 6 24 168] [--repeat 3]
+    python bench/bench_analysis.py [--hours 1 6 24 168] [--repeat 3] [--quick]
 
 With ``--repeat`` each child runs that many times: the tables show the fastest wall time
 and the largest peak, the lines below them every wall time (the machine is shared).
@@ -124,6 +124,7 @@ def write_run(run_dir: Path, hours: float, requests_total: int, seed: int = 1) -
                 "order": "AB",
                 "rep": rep,
                 "arm": arm,
+                "users": 4,
                 "kind": "load",
                 "user": rng.integers(1, 5, per_window),
                 "tag": [f"r{rep}{arm}{i}" for i in range(per_window)],
@@ -141,7 +142,8 @@ def write_run(run_dir: Path, hours: float, requests_total: int, seed: int = 1) -
                 "token_arrivals": 400,
                 "token_span_s": 17.6,
             }
-        ).astype(REQUEST_COLUMNS)
+        ).reindex(columns=list(REQUEST_COLUMNS))  # the contract's columns, in its order (one it gains: empty)
+        requests = requests.astype(REQUEST_COLUMNS)
         requests.to_parquet(run_dir / "phases" / f"{index:04d}.parquet")
         # and its validity.json, as the load stage writes it beside the records
         report = validity.validity_report(
@@ -207,7 +209,10 @@ def main() -> None:
     parser.add_argument("--hours", type=float, nargs="+", default=[1, 6, 24, 168])
     parser.add_argument("--requests-per-24h", type=int, default=50_000)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each child; the fastest is shown")
+    parser.add_argument("--quick", action="store_true", help="a 2-hour run once (seconds): that the bench runs")
     args = parser.parse_args()
+    if args.quick:
+        args.hours, args.repeat = [2], 1
     analysis, ingest, spread = [], [], []
     for hours in args.hours:
         with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,7 @@ samples strictly periodically instead (the worst case for a ripple at the sampli
 Prints, per trace, interval and window length, the mean and the largest |error| in % over
 ``--trials`` random traces and sampling phases, and which intervals stay within 1 %.
 
-    python bench/bench_energy.py [--trials 100] [--windows 60 1800] [--ideal-clock]
+    python bench/bench_energy.py [--trials 100] [--windows 60 1800] [--ideal-clock] [--quick]
 """
 
 from __future__ import annotations
@@ -101,7 +101,10 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--windows", type=float, nargs="+", default=[60.0, 1800.0], help="window lengths (s)")
     parser.add_argument("--ideal-clock", action="store_true", help="strictly periodic samples")
+    parser.add_argument("--quick", action="store_true", help="3 trials of the 60-s window: that it runs")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.trials, args.windows = 3, [60.0]
     clock = "ideal clock" if args.ideal_clock else f"agent clock (up to {LATE_S * 1000:.0f} ms late)"
     print(f"|error| of the window energy in %, mean / max over {args.trials} trials, {clock}\n")
     header = (

@@ -13,6 +13,7 @@ the decimation); and the mean power idle and under load, from each.
 
     python bench/bench_gpu_energy.py [--idle 10] [--load 40] [--interval 1] --out DIR
     python bench/bench_gpu_energy.py --from DIR
+    python bench/bench_gpu_energy.py --quick        # the H200 recording of bench/data, analysed
 """
 
 from __future__ import annotations
@@ -142,7 +143,10 @@ def main(argv=None) -> int:
     parser.add_argument("--interval", type=float, default=1.0, help="agent sampling interval (s)")
     parser.add_argument("--out", type=Path, help="where to keep the recording")
     parser.add_argument("--from", dest="recording", type=Path, help="analyse this recording, record nothing")
+    parser.add_argument("--quick", action="store_true", help="analyse the H200 recording of bench/data (no GPU)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.recording = Path(__file__).resolve().parent / "data/h200-gpu-energy"
     if args.recording is None and args.out is None:
         parser.error("--out DIR to record, or --from DIR to analyse a recording")
     analyse(args.recording or record(args), args.interval)

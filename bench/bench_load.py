@@ -1,7 +1,7 @@
 """Is our closed loop as good a load as the field's reference client?
 
 For each user count, against one fast local OpenAI-compatible server
-(tests/openai_test_servers.py, in a process of its own), each run drives first one client
+(tests/support/openai_test_servers.py, in a process of its own), each run drives first one client
 then the other (the order alternates from run to run, so a drift in the machine's load
 favours neither):
 
@@ -22,7 +22,7 @@ the runs pooled and the ratios. Targets: tok/s >= 0.99x the reference, CPU per t
 writes their collapsed stacks to DIR (speedscope and flamegraph.pl read them) with a summary
 of the top functions; py-spy takes CPU of its own, so compare clients on runs without it.
 
-    pip install -e ".[bench]"; python bench/bench_load.py [--seconds 60] [--runs 3] [--users 4 64]
+    pip install -e ".[bench]"; python bench/bench_load.py [--seconds 60] [--runs 3] [--users 4 64] [--quick]
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ SERVER = """
 import socketserver, sys, time
 socketserver.TCPServer.request_queue_size = 2048
 sys.path.insert(0, {tests!r})
-from openai_test_servers import MisbehavingServer
+from support.openai_test_servers import MisbehavingServer
 with MisbehavingServer("normal", token_interval_s={interval}, prefill_s=0.01) as server:
     print(server.url, flush=True)
     time.sleep({lifetime})
@@ -381,7 +381,10 @@ def main() -> None:
     parser.add_argument("--token-interval-s", type=float, default=0.005)
     parser.add_argument("--profile", type=Path, help="directory for py-spy profiles of both clients")
     parser.add_argument("--locustfile", type=Path, help="ours from another locustfile (default: thermab's)")
+    parser.add_argument("--quick", action="store_true", help="one 3-s run at 4 users: that it runs")
     args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.runs, args.users = 3, 1, [4]
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     print(

@@ -17,7 +17,7 @@ Against a simulated head started here (``--step-ms``, 20 by default; a free port
    ((t_end - t_first_token) / (tokens - 1)), the mean request latency and output tok/s, and
    each one's difference from no scrape.
 
-    python bench/bench_scrape.py [--scrapes 200] [--seconds 20] [--runs 2]
+    python bench/bench_scrape.py [--scrapes 200] [--seconds 20] [--runs 2] [--quick]
     python bench/bench_scrape.py --url http://127.0.0.1:8000 --server-pid PID --model M
 """
 
@@ -202,7 +202,12 @@ def main() -> int:
     parser.add_argument("--scrapes", type=int, default=200)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument(
+        "--quick", action="store_true", help="10 scrapes and one 5-s load per setting, 5-ms steps: that it runs"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.scrapes, args.seconds, args.runs, args.step_ms = 10, 5, 1, 5
     with tempfile.TemporaryDirectory(prefix="bench-scrape-") as tmp:
         directory = Path(tmp)
         root = directory / "head"

@@ -7,7 +7,7 @@ sampler gets the same budget of trials (as a tune of that many trials would), ov
 seeds and thresholds; printed: how often the chosen value is feasible in truth and saves at
 least 80 % of the spin, and the median share of the spin saved.
 
-    python bench/bench_tune_samplers.py [--trials 6] [--repeats 40] [--startup 3] [--samplers tpe,gp] [--grid]
+    python bench/bench_tune_samplers.py [--trials 6] [--repeats 40] [--startup 3] [--samplers tpe,gp] [--grid] [--quick]
 
 ``--grid``: the first ``--startup`` trials are the tune's initial design (a grid across the
 range, ``thermab.tune.plan.initial_values``, the reference's 1 left out) instead of random draws.
@@ -43,9 +43,10 @@ def run(sampler_name: str, trials: int, seed: int, threshold: float, startup: in
     sampler = optuna.samplers.GPSampler(**options) if sampler_name == "gp" else optuna.samplers.TPESampler(**options)
     study = optuna.create_study(sampler=sampler, direction="minimize")
     if grid:
+        from thermab.config import Tune
         from thermab.tune.plan import initial_values
 
-        tune = {"min": 0.0005, "max": 1, "scale": "log", "startup_trials": startup, "digits": 3}
+        tune = Tune({"min": 0.0005, "max": 1, "scale": "log", "startup_trials": startup, "digits": 3})
         for value in initial_values(tune, reference=1.0):
             study.enqueue_trial({"value": value})
     for _ in range(trials):
@@ -68,7 +69,10 @@ def main() -> None:
     parser.add_argument("--startup", type=int, default=3, help="random trials before the model (tune.startup_trials)")
     parser.add_argument("--samplers", default="tpe,gp")
     parser.add_argument("--grid", action="store_true", help="the tune's grid as the first trials (tune.startup_trials)")
+    parser.add_argument("--quick", action="store_true", help="one seed, TPE alone (GP needs PyTorch): that it runs")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.samplers = 1, "tpe"
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     for name in args.samplers.split(","):
         started = time.process_time()

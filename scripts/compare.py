@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from thermab import jobs, layout
-from thermab.analysis.analyze import compare_runs
+from thermab.report.analyze import compare_runs
 
 with jobs.logged(snakemake.log[0]):
     for cluster in snakemake.params.clusters:

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from thermab import jobs
-from thermab.analysis.fleet import write_fleet
+from thermab.report.fleet import write_fleet
 
 with jobs.logged(snakemake.log[0]):
     run_dirs = {Path(p).parents[2].name: Path(p).parents[1] for p in snakemake.input}  # results/C/O/tables

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the field's load tools that tests/test_load_tools.py runs against the simulated
+# Install the field's load tools that tests/real/test_load_tools.py runs against the simulated
 # server, each in a venv of its own under .thermab/ (docs/load-tools.md):
 #   AIPerf (NVIDIA's ai-dynamo/aiperf) in .thermab/aiperf-venv: ~1.2 GB, no torch.
 # GuideLLM is not installed: it requires torch unconditionally, and PyPI's torch brings
@@ -7,13 +7,20 @@
 # Idempotent: a venv holding the pinned version, with its command, is reused at once (a
 # second); one that does not is repaired in place. --force recreates it from scratch.
 #
-# Environment: THERMAB_AIPERF_VENV (venv path, default .thermab/aiperf-venv under the repo),
+# Environment: THERMAB_AIPERF_VENV (venv path, default $THERMAB_CACHE/aiperf-venv, THERMAB_CACHE
+# defaulting to ~/.cache/thermab, linked from .thermab/aiperf-venv in the checkout),
 # THERMAB_AIPERF_SPEC (default aiperf==0.13.0), THERMAB_LOAD_TOOLS_PYTHON (the Python that
 # creates it, default python3; AIPerf needs >= 3.10).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-VENV=${THERMAB_AIPERF_VENV:-$REPO/.thermab/aiperf-venv}
+# The venv lives in the user's cache, shared by every checkout on the machine (a fresh clone
+# reuses it at once), and .thermab/aiperf-venv in the checkout links to it; a real venv
+# already there is used as it is.
+LINK=$REPO/.thermab/aiperf-venv
+if [ -d "$LINK" ] && [ ! -L "$LINK" ]; then DEFAULT_VENV=$LINK; else
+  DEFAULT_VENV=${THERMAB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/thermab}/aiperf-venv; fi
+VENV=${THERMAB_AIPERF_VENV:-$DEFAULT_VENV}
 SPEC=${THERMAB_AIPERF_SPEC:-aiperf==0.13.0}
 BASE_PYTHON=${THERMAB_LOAD_TOOLS_PYTHON:-python3}
 PY="$VENV/bin/python"
@@ -29,6 +36,11 @@ done
 
 say() { printf 'install_load_tools: %s\n' "$*"; }
 started=$(date +%s)
+# .thermab/<venv> in the checkout names the venv wherever it lives
+link_checkout() {
+  [ "$VENV" = "$LINK" ] && return 0
+  if [ -L "$LINK" ] || [ ! -e "$LINK" ]; then mkdir -p "$(dirname "$LINK")" && ln -sfn "$VENV" "$LINK"; fi
+}
 
 # the installed version when it is the pinned one and its command is there, else why not
 check() {
@@ -57,6 +69,7 @@ if [ "$FORCE" = 1 ] && [ -e "$VENV" ]; then
 fi
 
 if found=$(check 2>&1); then
+  link_checkout
   say "reused: $found ($(( $(date +%s) - started )) s, nothing installed)"
   exit 0
 fi
@@ -75,4 +88,5 @@ if ! found=$(check 2>&1); then
   say "FAILED: the venv does not pass its check (above)"
   exit 1
 fi
+link_checkout
 say "installed: $found; $(du -sm "$VENV" | cut -f1) MB; $(( $(date +%s) - started )) s"

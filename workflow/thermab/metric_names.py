@@ -11,7 +11,29 @@ OUTPUT_THROUGHPUT = "output throughput"
 PROBE_DECODE_SPEED = "probe decode speed"
 STALL_GAPS = "stall gaps"
 CLUSTER_ENERGY_PER_TOKEN = "cluster energy per token"
-RUN_METRICS = (OUTPUT_THROUGHPUT, PROBE_DECODE_SPEED, STALL_GAPS, CLUSTER_ENERGY_PER_TOKEN)  # one per run
+TTFT_MEDIAN = "TTFT median"  # of the load's own requests: a level's latency, whatever its shape
+# speed taken apart, from the server's /metrics (analysis/speed.py)
+ACCEPTANCE_LENGTH = "acceptance length"
+ENGINE_STEPS = "engine steps per second"
+TOKENS_PER_STEP = "tokens per step"
+RUN_METRICS = (
+    OUTPUT_THROUGHPUT,
+    PROBE_DECODE_SPEED,
+    STALL_GAPS,
+    CLUSTER_ENERGY_PER_TOKEN,
+    TTFT_MEDIAN,
+    ACCEPTANCE_LENGTH,
+    ENGINE_STEPS,
+    TOKENS_PER_STEP,
+)  # one per run
+# Speed and energy per token: their spread is between server restarts (docs/simulation.md,
+# "Restart variance"), and none of them grows with the window as a heat-up ramp's mean or a
+# count of gaps does.  So a look with only their questions open may run a shorter window
+# (analysis/phase_length.py), and they pool phases of every length; every other metric
+# pools only the phases of the run's full window.
+BETWEEN_RESTARTS = frozenset(
+    {OUTPUT_THROUGHPUT, PROBE_DECODE_SPEED, CLUSTER_ENERGY_PER_TOKEN, ACCEPTANCE_LENGTH, ENGINE_STEPS, TOKENS_PER_STEP}
+)
 CPU_MEDIAN = "vLLM CPU median"
 
 
@@ -23,6 +45,44 @@ def zone_mean(host: str, zone: str) -> str:
 def cpu_median(host: str) -> str:
     """The median vLLM CPU of ``host`` over the load window (e.g. "head vLLM CPU median")."""
     return f"{host} {CPU_MEDIAN}"
+
+
+AT_REST = " at rest"  # a metric of each arm's idle window after its restart (timings.idle_s)
+
+
+def at_rest(metric: str) -> str:
+    """``metric`` over the idle window after the restart (e.g. "head vLLM CPU median at rest")."""
+    return metric + AT_REST
+
+
+def power(host: str) -> str:
+    """The mean power of ``host``'s total (e.g. "head power"), measured at rest."""
+    return f"{host} power"
+
+
+def rest_host(metric: str) -> str | None:
+    """The host an ``at_rest`` metric names (a zone mean, vLLM CPU median or power); None
+    for any other name."""
+    if not metric.endswith(AT_REST):
+        return None
+    base = metric.removesuffix(AT_REST)
+    host, _, rest = base.partition(" ")
+    return host if rest == "power" else host_of(base)
+
+
+def ttft_after(gap_s: float) -> str:
+    """The median time to first token of a phase's wake-up probes after ``gap_s`` of idle
+    (e.g. "TTFT after 0.1 s idle")."""
+    return f"TTFT after {gap_s:g} s idle"
+
+
+def gap_of(metric: str) -> float | None:
+    """The idle gap a ``ttft_after`` name names; None for any other name."""
+    found = re.fullmatch(r"TTFT after (\S+) s idle", metric)
+    try:
+        return float(found[1]) if found else None
+    except ValueError:
+        return None
 
 
 def host_of(metric: str) -> str | None:

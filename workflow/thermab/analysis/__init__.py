@@ -1,7 +1,8 @@
-"""analysis: a run directory's contracts in, tables, summary, figures and reports out.
+"""analysis: a run directory's contracts in, numbers out (the tables, the questions'
+answers); the report room (``thermab.report``) puts them in words and pictures.
 
 The tables a run gets, in ``tables/{name}.{csv,md}``: the one list that the analysis
 writes and the workflow's outputs are declared from."""
 
-PHASE_TABLES = ["thresholds", "zones", "cpu", "performance", "validity", "energy"]
-TABLES = PHASE_TABLES + ["variance", "questions"]
+PHASE_TABLES = ["thresholds", "zones", "cpu", "performance", "validity", "energy", "speed"]
+TABLES = PHASE_TABLES + ["wakeup", "variance", "questions"]

@@ -33,7 +33,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from thermab.config import UserError, read_bounded
+from thermab import cli
+from thermab.config import read_bounded
+from thermab.errors import UserError
 from thermab.experiment import plan
 from thermab.layout import RunDir
 from thermab.telemetry import ingest
@@ -43,6 +45,7 @@ NAMED_MARKS = {"baseline-start": "baseline_start", "baseline-end": "baseline_end
 # run.json default: the study's GB10 nodes
 DEFAULTS = {"trip_point_c": 104.8}
 MAX_SOURCE_BYTES = 2**30  # a chart source or marks file
+SOURCE_KINDS = {".json": "the study's chart JSON, .json", ".csv": "a wide CSV, .csv"}
 
 
 def chart_frames(chart: dict, head: str = "head", worker: str = "worker") -> tuple[dict, list]:
@@ -190,13 +193,18 @@ def write_run(
     run.json DEFAULTS.  Returns the run directory."""
     out = Path(out_dir)
     files = RunDir(out)
-    files.tidy_telemetry.parent.mkdir(parents=True, exist_ok=True)
     telemetry = telemetry_from_frames(frames, epoch_s, minutes)
     events, letters, order = events_from_marks(
         marks, load_minutes * 60, telemetry["t"].min(), telemetry["t"].max(), epoch_s, minutes
     )
     if not letters:
         raise UserError("no '<label>-load-start' mark: nothing to analyse")
+    unknown = sorted(set(arms or {}) - set(letters.values()))
+    if unknown:
+        raise UserError(
+            f"--arm {', '.join(unknown)}: no arm of that name in its marks (its arms: {', '.join(letters.values())})"
+        )
+    files.tidy_telemetry.parent.mkdir(parents=True, exist_ok=True)
     hosts = list(frames)
     options = {**DEFAULTS, **run_options}
     analysis = {key: options.pop(key) for key in plan.DEFAULT_ANALYSIS if key in options}
@@ -313,23 +321,28 @@ def import_wide_csv(
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="thermab import-chart", description="Import chart data (JSON) or a wide CSV as a run directory."
+    parser = cli.parser(
+        "import-chart",
+        "Import the study's chart data (.json) or a wide CSV of zone temperatures (.csv) as a run\n"
+        "directory that analyze reads like a measured one (no requests: temperatures only).\n\n"
+        "A wide CSV has a time column and one column per zone of the head (HOST:ZONE for another\n"
+        "host); its marks (<label>-load-start, <label>-boot-start, baseline-start, ...) come from\n"
+        "--marks. Each load lasts --load-minutes from its mark.",
     )
-    parser.add_argument("source", help="chart JSON or wide CSV")
+    parser.add_argument("source", help="the chart JSON (.json) or a wide CSV (.csv)")
     parser.add_argument("out_dir", help="run directory to write")
     parser.add_argument(
-        "--load-minutes", type=finite_number(1 / 60), default=30.0, help="load phase duration (default 30)"
+        "--load-minutes", type=finite_number(1 / 60), default=30.0, help="minutes each load phase lasts"
     )
     parser.add_argument(
         "--arm",
         action="append",
         default=[],
         metavar="LABEL=VALUE",
-        help="setting value of an arm, e.g. --arm stock=1 --arm patched=0.002",
+        help="the setting's value in an arm named by its marks, e.g. --arm stock=1 --arm patched=0.002",
     )
     parser.add_argument("--setting", default="setting", help="name of the manipulated setting, e.g. busy_loop_s")
-    parser.add_argument("--cluster", default="imported")
+    parser.add_argument("--cluster", default="imported", help="the cluster's name in run.json")
     parser.add_argument("--epoch-s", type=finite_number(0), default=0.0, help="epoch seconds of chart time 0")
     parser.add_argument("--marks", help="CSV with columns t, m (wide CSV sources)")
     parser.add_argument("--time-col", default="t", help="time column of a wide CSV")
@@ -339,7 +352,10 @@ def main(argv=None) -> int:
         parser.error("--arm takes LABEL=VALUE")
     arms = dict(item.split("=", 1) for item in args.arm)
     options = {"setting": args.setting, "cluster": args.cluster, "epoch_s": args.epoch_s}
-    if args.source.endswith(".json"):
+    kind = Path(args.source).suffix.lower()
+    if kind not in SOURCE_KINDS:
+        raise UserError(f"{args.source}: not a source import-chart reads ({' or '.join(SOURCE_KINDS.values())})")
+    if kind == ".json":
         out = import_chart(args.source, args.out_dir, args.load_minutes, arms, **options)
     else:
         if not args.marks:

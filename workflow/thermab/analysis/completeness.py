@@ -25,6 +25,7 @@ import pandas as pd
 
 from thermab.analysis.metrics import CPU_SENSOR, window_rows
 from thermab.analysis.model import as_telemetry
+from thermab.telemetry.server_metrics import EVENT_MEANS
 
 COLUMNS = ["host", "source", "interval_s", "expected", "got", "largest_gap_s"]
 ALWAYS = ("thermal", "cpu")  # a host reports these unless the run says it has no zones
@@ -40,12 +41,16 @@ def _median_spacing(times: list[np.ndarray]) -> float:
 def source_times(telemetry, host: str, sources: dict | None = None) -> dict[str, list[np.ndarray]]:
     """The sample times of each series of ``host``, by the source it came from
     (``sources[host][kind][sensor]``, else its kind); the CPU source's threads come and go
-    with the load, so its sum stands for it."""
+    with the load, so its sum stands for it; the server's means of events (TTFT, inter-token
+    latency) have no value where no event was observed, so its scrapes stand for it (a hole
+    is a scrape missed, not an interval without a first token)."""
     telemetry = as_telemetry(telemetry)
     of_host = (sources or {}).get(host, {})
     found: dict[str, list[np.ndarray]] = {}
     for key, arrays in telemetry.series(host=host, columns=("t",)):
         if key["kind"] == "cpu" and key["sensor"] != CPU_SENSOR:
+            continue
+        if key["kind"] == "server" and key["sensor"] in EVENT_MEANS:
             continue
         source = of_host.get(key["kind"], {}).get(key["sensor"], key["kind"])
         found.setdefault(source, []).append(arrays["t"])

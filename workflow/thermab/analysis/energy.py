@@ -23,11 +23,15 @@ spread of the energy itself.
 
 A domain with no samples in a window has empty values there, never zero; a phase without
 tokens has no J/token.  The rows with host ``all``, domain ``total`` sum each host's total:
-its ``node`` domain where it has one, else its top-level domains (``package-N``, ``dram-N``,
-``package-N-die-D``, ``gpuN``), never a sub-domain (``package-0/core``) or another reading (``psys``,
-``hwmon/...``) that overlaps them.  A host without such domains is left out of the sum (the
-summary names the hosts it covers); a host total with a domain empty in a phase makes that
-phase's total empty, as a partial sum would read as less energy.  Pure functions.
+its ``node`` domain where it has one, else its module meters (a Grace Hopper module holds its
+GPU and Grace socket), else its cpu, dram and gpu domains (``package-N``, ``dram-N``, ``gpuN``,
+a Grace or Altra socket's meter), never a rail, a sub-domain (``package-0/core``) or another
+reading (``psys``, ``hwmon/...``) that overlaps them (thermab.telemetry.power).  ``scope``
+says what each row covers: a domain's scope (``module``, ``cpu``, ``gpu``, ``rail`` ...) and the
+domain holding it where one does (``gpu in <module>``); on the total row each host's scopes.
+A host without such domains is left out of the sum (the summary names the hosts it covers);
+a host total with a domain empty in a phase makes that phase's total empty, as a partial sum
+would read as less energy.  Pure functions.
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ import numpy as np
 import pandas as pd
 
 from thermab import metric_names as names
-from thermab.analysis.metrics import PHASE_KEYS, PHASE_METRIC_COLUMNS
+from thermab.analysis.metrics import PHASE_KEYS, PHASE_METRIC_COLUMNS, tokens_in_window
 from thermab.analysis.model import as_telemetry
-from thermab.telemetry.power import host_total_domains, time_weighted_mean
+from thermab.telemetry.agent import domain_scope
+from thermab.telemetry.power import container, host_total_domains, time_weighted_mean, total_scope
 
 ENERGY_COLUMNS = PHASE_KEYS + [
     "host",
@@ -51,6 +56,7 @@ ENERGY_COLUMNS = PHASE_KEYS + [
     "output_tokens",
     "j_per_token",
     "j_per_token_above_idle",
+    "scope",
 ]
 TOTAL_HOST, TOTAL_DOMAIN = "all", "total"
 METRIC = names.CLUSTER_ENERGY_PER_TOKEN
@@ -88,25 +94,6 @@ def _per_token(joules: float, tokens) -> float:
     return joules / tokens if not pd.isna(tokens) and tokens > 0 else np.nan
 
 
-def tokens_in_window(requests: pd.DataFrame | None, window) -> float:
-    """Output tokens generated inside ``window`` (load_start, load_end) by ``requests`` (one
-    phase's): each ok request's ``completion_tokens`` times the share of its span from first
-    token (``t_start`` where none was recorded) to ``t_end`` inside the window; a request
-    whose tokens came at one instant counts wholly where that instant falls.  NaN without
-    request data, never zero."""
-    if requests is None or requests.empty:
-        return np.nan
-    ok = requests[requests["ok"].astype(bool) & requests["t_end"].notna()]
-    first = (ok["t_first_token"] if "t_first_token" in ok else ok["t_start"]).fillna(ok["t_start"])
-    first, last = first.to_numpy(float), ok["t_end"].to_numpy(float)
-    tokens = ok["completion_tokens"].to_numpy(float)
-    overlap = np.minimum(last, window.load_end) - np.maximum(first, window.load_start)
-    span = last - first
-    instant = (last >= window.load_start) & (last < window.load_end)
-    share = np.where(span > 0, np.clip(overlap / np.where(span > 0, span, 1.0), 0.0, 1.0), instant)
-    return float(np.sum(tokens * share))
-
-
 def energy_table(
     telemetry,
     windows: pd.DataFrame,
@@ -125,6 +112,12 @@ def energy_table(
     present = sorted({host for host, _ in series})
     host_order = [h for h in (hosts or []) if h in present] + [h for h in present if h not in (hosts or [])]
     domains = {host: sorted(d for h, d in series if h == host) for host in host_order}
+    scopes = {(host, d): domain_scope_text(d, domains[host]) for host in host_order for d in domains[host]}
+    total_text = "; ".join(
+        f"{host}: {' + '.join(total_scope(domains[host])[1])}"
+        for host in host_order
+        if host_total_domains(domains[host])
+    )
     baseline = baseline_window(events)
     idle = {key: _mean_in(s, *baseline) if baseline else np.nan for key, s in series.items()}
     measured = requests is not None and not requests.empty
@@ -137,15 +130,24 @@ def energy_table(
         for host in host_order:
             for domain in domains[host]:
                 mean_w = _mean_in(series[(host, domain)], window.load_start, window.load_end)
-                phase.append(_row(keys, host, domain, window.window_s, mean_w, idle[(host, domain)], output_tokens))
+                idle_w = idle[(host, domain)]
+                phase.append(
+                    _row(keys, host, domain, window.window_s, mean_w, idle_w, output_tokens, scopes[(host, domain)])
+                )
         rows += phase
         total = _total(phase, domains)
         if total is not None:
-            rows.append(_row(keys, TOTAL_HOST, TOTAL_DOMAIN, window.window_s, *total, output_tokens))
+            rows.append(_row(keys, TOTAL_HOST, TOTAL_DOMAIN, window.window_s, *total, output_tokens, total_text))
     return pd.DataFrame(rows, columns=ENERGY_COLUMNS)
 
 
-def _row(keys, host, domain, window_s, mean_w, idle_w, output_tokens) -> dict:
+def domain_scope_text(domain: str, domains: list[str]) -> str:
+    """``module``, or ``gpu in hwmon/power_meter@ACPI000D:00/Module Power Socket 0``."""
+    holder = container(domain, domains)
+    return domain_scope(domain)[0] + (f" in {holder}" if holder else "")
+
+
+def _row(keys, host, domain, window_s, mean_w, idle_w, output_tokens, scope) -> dict:
     energy_j = mean_w * window_s
     above_j = energy_j - idle_w * window_s
     return dict(
@@ -160,6 +162,7 @@ def _row(keys, host, domain, window_s, mean_w, idle_w, output_tokens) -> dict:
         output_tokens=output_tokens,
         j_per_token=_per_token(energy_j, output_tokens),
         j_per_token_above_idle=_per_token(above_j, output_tokens),
+        scope=scope,
     )
 
 
@@ -177,6 +180,14 @@ def total_hosts(energy: pd.DataFrame) -> dict[str, list[str]]:
     hosts = energy.loc[energy["host"] != TOTAL_HOST, ["host", "domain"]].drop_duplicates()
     covered = {host: host_total_domains(rows["domain"].tolist()) for host, rows in hosts.groupby("host", sort=False)}
     return {host: summed for host, summed in covered.items() if summed}
+
+
+def host_scopes(energy: pd.DataFrame) -> dict[str, tuple[list[str], list[str]]]:
+    """Host -> (the scopes its total sums, the parts of the node they hold), for the hosts the
+    ``all``/``total`` rows cover."""
+    hosts = energy.loc[energy["host"] != TOTAL_HOST, ["host", "domain"]].drop_duplicates()
+    found = {host: total_scope(rows["domain"].tolist()) for host, rows in hosts.groupby("host", sort=False)}
+    return {host: (scopes, holds) for host, (summed, scopes, holds) in found.items() if summed}
 
 
 def host_totals(energy: pd.DataFrame) -> pd.DataFrame:

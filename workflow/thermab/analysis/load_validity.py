@@ -15,12 +15,16 @@ import numpy as np
 import pandas as pd
 
 from thermab.analysis.metrics import PHASE_KEYS
-from thermab.config import UserError
+from thermab.analysis.model import Plan
 from thermab.contracts import REQUEST_COLUMNS
+from thermab.errors import UserError
+from thermab.load.shapes import Shape
 from thermab.load.validity import shortfalls, validity_report
+from thermab.load_levels import CLOSED
 
 VALIDITY_COLUMNS = PHASE_KEYS + [
     "users",
+    "load_s",
     "inflight_mean",
     "server_running_mean",
     "server_waiting_mean",
@@ -33,12 +37,19 @@ VALIDITY_COLUMNS = PHASE_KEYS + [
     "requests",
     "failed",
     "usage_source",
+    "shape",
+    "achieved_rate",
+    "delayed_by_cap",
+    "think_mean_s",
+    "client_delay_p99_s",
     "load_valid",
     "shortfalls",
     "warnings",
 ]
 DTYPES = {
-    **dict.fromkeys(["users", "ok_load", "reporting_cached", "requests", "failed"], "Int64"),
+    **dict.fromkeys(
+        ["users", "load_s", "ok_load", "reporting_cached", "requests", "failed", "delayed_by_cap"], "Int64"
+    ),
     **dict.fromkeys(
         [
             "inflight_mean",
@@ -48,6 +59,9 @@ DTYPES = {
             "server_running_mean",
             "server_waiting_mean",
             "server_held_max",
+            "achieved_rate",
+            "think_mean_s",
+            "client_delay_p99_s",
         ],
         "float64",
     ),
@@ -58,11 +72,11 @@ DERIVED = "no validity.json: judged from tidy/requests.parquet"
 
 
 def derived_reports(
-    requests: pd.DataFrame | None, windows: pd.DataFrame, events: pd.DataFrame, plan: dict, written: dict
+    requests: pd.DataFrame | None, windows: pd.DataFrame, events: pd.DataFrame, plan: Plan, written: dict
 ) -> dict:
     """The validity report of each window that has request rows but no report ``written``
     (validity.json), from those rows: the
-    configured users, max_tokens, prompt size and probes where the plan (run.json) has them,
+    configured users, shape, max_tokens, prompt size and probes where the plan (run.json) has them,
     else what the rows show (the load's distinct users, its longest ok completion, no prompt
     target, the probes sent).  An ``abort`` event inside the window marks the load aborted."""
     windows = windows[[(w.order, int(w.rep), w.arm) not in written for w in windows.itertuples(index=False)]]
@@ -100,7 +114,8 @@ def derived_reports(
             max_tokens=max_tokens,
             prompt_tokens=plan.get("prompt_tokens"),
             probe_n=plan.get("probe_n", len(probes)),
-            stall_gap_s=plan["stall_gap_s"],
+            stall_gap_s=plan.stall_gap_s,
+            shape=Shape(users, plan.get("rate"), plan.get("burstiness", 1.0), plan.get("think_s")),
         )
         aborts = events[
             (events["event"] == "abort")
@@ -112,6 +127,7 @@ def derived_reports(
         if len(aborts):
             detail = aborts["detail"].iloc[0] if "detail" in aborts else None
             report["aborted"] = (detail.get("reason") if isinstance(detail, dict) else None) or "abort event"
+        report["duration_s"] = plan.get("load_s")  # the window the plan asked, as the load stage records it
         report["warnings"] = [DERIVED] + report["warnings"]
         reports[(window.order, int(window.rep), window.arm)] = report
     return reports
@@ -135,9 +151,11 @@ def _row(window, report: dict | None) -> dict:
     requests, concurrency, cached = report["requests"], report["concurrency"], report["cached"]
     reporting = cached["load_reporting_cached_tokens"]
     short = shortfalls(report)
+    shape = report.get("shape") or {"kind": CLOSED}
     return {
         **row,
         "users": concurrency["users"],
+        "load_s": report.get("duration_s"),
         "inflight_mean": concurrency["inflight_mean"],
         "share_at_users": concurrency["share_of_window_at_users"],
         "ok_load": requests["load_ok"],
@@ -147,6 +165,11 @@ def _row(window, report: dict | None) -> dict:
         "requests": requests["load"] + requests["probe"],
         "failed": report["errors"]["n"],
         "usage_source": "; ".join(f"{source}: {n}" for source, n in report["usage_source"].items()),
+        "shape": shape["kind"],
+        "achieved_rate": shape.get("achieved_rate"),
+        "delayed_by_cap": shape.get("delayed_by_cap"),
+        "think_mean_s": shape.get("drawn_mean_s"),
+        "client_delay_p99_s": shape.get("client_delay_s", {}).get("p99"),
         "load_valid": not short,
         "shortfalls": "; ".join(short),
         "warnings": "; ".join(report["warnings"]),
@@ -167,13 +190,15 @@ def server_view(validity: pd.DataFrame, telemetry, windows: pd.DataFrame) -> pd.
     request's time spent in the engine, less than the client's in-flight, by much on a
     model whose steps are short beside the HTTP and tokenizing around them (docs/load-tools.md).
     What holds whatever the model: the server holds no more than the client has in flight,
-    and at some moment it holds every user's request.  So a phase is warned when its mean
-    running + waiting is more than one request above the client's in-flight (another
-    client shares the server) or its most held at once is more than one below the users
-    (something between the load and the engine holds requests back)."""
+    and at some moment it holds every user's request.  So a phase whose mean running +
+    waiting is more than one request above the client's in-flight measured another client's
+    load too: a shortfall (``load_valid`` False), never a valid phase; one whose most held at
+    once is more than one below the users is warned (something between the load and the
+    engine holds requests back) in a closed loop, the one shape that keeps every user's request
+    in flight."""
     server = telemetry.frame(kind="server")
     server = server[server["sensor"].isin(["running", "waiting"])]
-    rows = []
+    rows, shared = [], []
     for window, row in zip(windows.itertuples(index=False), validity.itertuples(index=False), strict=False):
         inside = server[(server["t"] >= window.load_start) & (server["t"] < window.load_end)]
         running = inside.loc[inside["sensor"] == "running", "value"]
@@ -185,23 +210,34 @@ def server_view(validity: pd.DataFrame, telemetry, windows: pd.DataFrame) -> pd.
             "server_held_max": held.max() if len(held) else np.nan,
         }
         warnings = [w for w in [row.warnings] if isinstance(w, str) and w]
+        shared.append("")
         if len(held) and pd.notna(row.inflight_mean):
             server_mean = view["server_running_mean"] + np.nan_to_num(view["server_waiting_mean"])
             if server_mean > row.inflight_mean + SERVER_SLACK:
-                warnings.append(
+                shared[-1] = (
                     f"the server held {server_mean:.2f} requests on average, more than the load's "
                     f"{row.inflight_mean:.2f} in flight: another client shares it"
                 )
-            if pd.notna(row.users) and view["server_held_max"] < row.users - SERVER_SLACK:
+                warnings.append(shared[-1])
+            if row.shape == CLOSED and pd.notna(row.users) and view["server_held_max"] < row.users - SERVER_SLACK:
                 warnings.append(
                     f"the server never held more than {view['server_held_max']:.0f} of the "
                     f"{row.users} users' requests at once: something in front of it holds them back"
                 )
         rows.append({**view, "warnings": "; ".join(warnings)})
     view = pd.DataFrame(rows, columns=SERVER_COLUMNS + ["warnings"], index=validity.index)
-    return validity.assign(
+    validity = validity.assign(
         **{column: view[column].astype("float64") for column in SERVER_COLUMNS}, warnings=view["warnings"]
     )
+    if "load_valid" in validity and any(shared):  # what was measured was two loads: never a valid phase
+        validity["load_valid"] = [
+            bool(valid) and not why for valid, why in zip(validity["load_valid"], shared, strict=True)
+        ]
+        validity["shortfalls"] = [
+            "; ".join(part for part in (short, why) if isinstance(part, str) and part)
+            for short, why in zip(validity["shortfalls"], shared, strict=True)
+        ]
+    return validity
 
 
 def mark(frame: pd.DataFrame, validity: pd.DataFrame) -> pd.DataFrame:

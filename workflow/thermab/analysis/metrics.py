@@ -38,7 +38,11 @@ PERFORMANCE_COLUMNS = PHASE_KEYS + [
     "probe_ok",
     "probe_arrivals_min",
     "probe_arrivals_max",
+    "output_tok_s_in_window",
+    "output_tok_s_se",
+    "ttft_median_s",
 ]
+BATCHES = 6  # equal parts of a window whose rates give its throughput's standard error
 PHASE_METRIC_COLUMNS = PHASE_KEYS + ["metric", "unit", "value"]
 # what performance() reads of tidy/requests.parquet (stall_gaps and max_gap_s where recorded)
 REQUEST_COLUMNS = [
@@ -56,8 +60,9 @@ REQUEST_COLUMNS = [
 CPU_SENSOR = "vllm_cpu_pct"
 
 
-def load_windows(events: pd.DataFrame) -> pd.DataFrame:
-    """One row per phase with its load window ``[load_start, load_end)``, in time order.
+def load_windows(events: pd.DataFrame, start_event: str = "load_start", end_event: str = "load_end") -> pd.DataFrame:
+    """One row per phase with its load window ``[load_start, load_end)``, in time order (or
+    the window between two other marks, e.g. the idle window's: its bounds in the same columns).
 
     A phase that failed and was retried logs a second ``load_start`` under the same keys; the
     retry is the measurement, so the window opens at the last ``load_start`` and closes at the
@@ -65,15 +70,21 @@ def load_windows(events: pd.DataFrame) -> pd.DataFrame:
     """
     if events.empty or "event" not in events:
         return pd.DataFrame(columns=WINDOW_COLUMNS)
-    starts = events[events["event"] == "load_start"]
-    ends = events[events["event"] == "load_end"]
+    starts = events[events["event"] == start_event]
+    ends = events[events["event"] == end_event]
     rows = []
     for (order, rep, arm), phase in starts.groupby(PHASE_KEYS, sort=False):
         start = phase["t"].max()
         after = ends[(ends["order"] == order) & (ends["rep"] == rep) & (ends["arm"] == arm) & (ends["t"] > start)]
         if after.empty:
             log.warning(
-                "phase %s rep%d-%s: load_start at t=%.1f has no load_end after it; skipped", order, rep, arm, start
+                "phase %s rep%d-%s: %s at t=%.1f has no %s after it; skipped",
+                order,
+                rep,
+                arm,
+                start_event,
+                start,
+                end_event,
             )
             continue
         end = after["t"].min()
@@ -213,11 +224,23 @@ def performance(requests: pd.DataFrame | None, windows: pd.DataFrame) -> pd.Data
     the same phase are not counted.  ``stall_gaps`` sums the per-request count of inter-token
     gaps of at least run.json ``stall_gap_s`` and ``max_gap_s`` is the largest gap, over the
     ok requests of the window (load and probe); both are NaN when the load generator did not
-    record them.  ``probe_tok_s_median`` is the median over the probes whose decode speed was
+    record them.  ``ttft_median_s`` is the median time to first token (``t_first_token -
+    t_start``) of the window's ok load requests: the latency of the load's own requests, from
+    when each left (an open loop's wait for a slot of its cap comes before that).
+    ``probe_tok_s_median`` is the median over the probes whose decode speed was
     measurable, ``probe_n`` their number, ``probe_ok`` the ok probes of the window and
     ``probe_arrivals_min``/``_max`` the range of their token arrivals (how many bursts the
     tokens came in; NaN when not recorded).  Without request data every measured column is
     NaN, never zero.
+
+    Two throughputs: ``output_tok_s``, the tokens of the load requests that *ended* in the
+    window (the study's figure, for its tables), and ``output_tok_s_in_window``, each load
+    request's share of its tokens generated inside the window (``tokens_in_window``'s
+    count), which the verdicts use: it leaves out neither the requests still in flight at
+    load_end nor the part of the first requests generated before load_start, so it does not
+    move by whole requests from phase to phase (docs/design.md, "Throughput in the window").
+    ``output_tok_s_se`` is that throughput's standard error within its window
+    (``in_window_se``).
     """
     measured = requests is not None and not requests.empty
     # the requests of each phase found once, not by comparing every request with every window
@@ -231,6 +254,8 @@ def performance(requests: pd.DataFrame | None, windows: pd.DataFrame) -> pd.Data
         if measured:
             positions = phases.get((window.order, window.rep, window.arm), np.array([], dtype=int))
             row.update(_window_requests(requests.iloc[positions], window))
+            row["output_tok_s_in_window"] = in_window_tok_s(requests.iloc[positions], window)
+            row["output_tok_s_se"] = in_window_se(requests.iloc[positions], window)
         rows.append(row)
     return pd.DataFrame(rows, columns=PERFORMANCE_COLUMNS)
 
@@ -247,8 +272,10 @@ def _window_requests(phase: pd.DataFrame, window) -> dict:
         ok_probes["token_arrivals"].astype("float64") if "token_arrivals" in ok_probes else pd.Series(dtype="float64")
     )  # runs recorded before the column existed
     output_tokens = int(load["completion_tokens"].sum())
+    ttft = (load["t_first_token"] - load["t_start"]).dropna() if "t_first_token" in load else load["t_start"].iloc[:0]
     return {
         "requests_completed": len(load),
+        "ttft_median_s": ttft.median() if len(ttft) else np.nan,
         "output_tokens": output_tokens,
         "output_tok_s": output_tokens / window.window_s,
         "probe_tok_s_median": probes.median() if len(probes) else np.nan,
@@ -262,23 +289,74 @@ def _window_requests(phase: pd.DataFrame, window) -> dict:
     }
 
 
+def tokens_in_window(requests: pd.DataFrame | None, window) -> float:
+    """Output tokens generated inside ``window`` (load_start, load_end) by ``requests`` (one
+    phase's): each ok request's ``completion_tokens`` times the share of its span from first
+    token (``t_start`` where none was recorded) to ``t_end`` inside the window; a request
+    whose tokens came at one instant counts wholly where that instant falls.  NaN without
+    request data, never zero. (J/token and the throughput of the verdicts both count so.)"""
+    if requests is None or requests.empty:
+        return np.nan
+    ok = requests[requests["ok"].astype(bool) & requests["t_end"].notna()]
+    first = (ok["t_first_token"] if "t_first_token" in ok else ok["t_start"]).fillna(ok["t_start"])
+    first, last = first.to_numpy(float), ok["t_end"].to_numpy(float)
+    tokens = ok["completion_tokens"].to_numpy(float)
+    overlap = np.minimum(last, window.load_end) - np.maximum(first, window.load_start)
+    span = last - first
+    instant = (last >= window.load_start) & (last < window.load_end)
+    share = np.where(span > 0, np.clip(overlap / np.where(span > 0, span, 1.0), 0.0, 1.0), instant)
+    return float(np.sum(tokens * share))
+
+
+def in_window_tok_s(phase: pd.DataFrame, window) -> float:
+    """Output tok/s of the load requests of one phase, counted inside the window."""
+    if not window.window_s > 0:
+        return np.nan
+    return tokens_in_window(phase[phase["kind"] == "load"], window) / window.window_s
+
+
+def in_window_se(phase: pd.DataFrame, window, batches: int = BATCHES) -> float:
+    """The standard error of one phase's in-window throughput (``in_window_tok_s``), by batch
+    means: the window cut into ``batches`` equal parts, the sd of the parts' rates over
+    √batches.  NaN without a window or request data."""
+    if not window.window_s > 0:
+        return np.nan
+    load = phase[phase["kind"] == "load"]
+    edges = np.linspace(window.load_start, window.load_end, batches + 1)
+    part_s = window.window_s / batches
+    rates = [
+        tokens_in_window(load, pd.Series({"load_start": start, "load_end": end})) / part_s
+        for start, end in zip(edges[:-1], edges[1:], strict=True)
+    ]
+    return float(np.std(rates, ddof=1) / math.sqrt(batches))
+
+
 def phase_metrics(
     zones: pd.DataFrame, cpu: pd.DataFrame, perf: pd.DataFrame, hosts: list[str], zone: str
 ) -> pd.DataFrame:
     """The per-phase values the arm comparison works on, long format
     (order, rep, arm, metric, unit, value): the timeline zone's mean and the vLLM CPU median
-    of every host (in the order of ``hosts``), throughput, probe speed and stall gaps."""
+    of every host (in the order of ``hosts``), throughput (counted in the window), probe
+    speed and stall gaps."""
     parts = []
     for host in hosts:
         zone_mean = zones[(zones["host"] == host) & (zones["sensor"] == zone)]
-        parts.append(_long(zone_mean, "mean_c", names.zone_mean(host, zone), "°C"))
-        parts.append(_long(cpu[cpu["host"] == host], "median_pct", names.cpu_median(host), "% of one core"))
-    parts.append(_long(perf, "output_tok_s", names.OUTPUT_THROUGHPUT, "tok/s"))
-    parts.append(_long(perf, "probe_tok_s_median", names.PROBE_DECODE_SPEED, "tok/s"))
-    parts.append(_long(perf, "stall_gaps", names.STALL_GAPS, "gaps"))
+        parts.append(long(zone_mean, "mean_c", names.zone_mean(host, zone), "°C"))
+        parts.append(long(cpu[cpu["host"] == host], "median_pct", names.cpu_median(host), "% of one core"))
+    parts.append(long(perf, "output_tok_s_in_window", names.OUTPUT_THROUGHPUT, "tok/s"))
+    parts.append(long(perf, "probe_tok_s_median", names.PROBE_DECODE_SPEED, "tok/s"))
+    parts.append(long(perf, "ttft_median_s", names.TTFT_MEDIAN, "s"))
+    parts.append(long(perf, "stall_gaps", names.STALL_GAPS, "gaps"))
     return pd.concat(parts, ignore_index=True).dropna(subset=["value"]).reset_index(drop=True)
 
 
-def _long(table: pd.DataFrame, column: str, metric: str, unit: str) -> pd.DataFrame:
+def no_metrics() -> pd.DataFrame:
+    """The long format of ``phase_metrics`` without a row, typed as one with rows is."""
+    types = {"rep": "int64", "value": "float64"}
+    return pd.DataFrame({column: pd.Series(dtype=types.get(column, "object")) for column in PHASE_METRIC_COLUMNS})
+
+
+def long(table: pd.DataFrame, column: str, metric: str, unit: str) -> pd.DataFrame:
+    """``table``'s ``column`` as one metric in the long format of ``phase_metrics``."""
     values = table[PHASE_KEYS].assign(metric=metric, unit=unit, value=table[column].astype(float))
     return values.reindex(columns=PHASE_METRIC_COLUMNS)

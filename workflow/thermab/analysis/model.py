@@ -1,5 +1,5 @@
 """A run directory as the analysis reads it (docs/design.md's contracts): the plan
-(``run.json``), the events, the tidy telemetry and requests, each phase's load validity
+(``run.json``, as a typed, read-only ``Plan``), the events, the tidy telemetry and requests, each phase's load validity
 (``phases/*/validity.json``); and ``Analysis``, everything the tables, summary and figures
 of a run show."""
 
@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -18,8 +17,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from thermab.config import UserError, check_file, question_kinds, read_bounded
+from thermab.config import Arm, Question, check_file, read_bounded
+from thermab.config.model import Analysis
 from thermab.contracts import REQUEST_COLUMNS, REQUIRED_REQUEST_COLUMNS, PhaseValidity, validity_key
+from thermab.errors import UserError
 from thermab.experiment import events as events_file, plan
 from thermab.jsonl import MAX_JSONL_BYTES
 from thermab.layout import RunDir
@@ -82,16 +83,14 @@ class Telemetry:
     @classmethod
     def open(cls, path) -> Telemetry:
         check_file(path, MAX_PARQUET_BYTES)
-        check_columns(
-            path, pq.ParquetFile(path).schema_arrow.empty_table().to_pandas(), TELEMETRY_DTYPES, TELEMETRY_COLUMNS
-        )
-        metadata = pq.ParquetFile(path).metadata
-        index = _row_group_index(metadata)
+        # opened once, footer and row groups read through one handle: a file replaced meanwhile
+        # (another ingest) is never read as this one's footer over another's bytes
+        parquet = pq.ParquetFile(pa.OSFile(str(path)), read_dictionary=SERIES_KEYS)
+        check_columns(path, parquet.schema_arrow.empty_table().to_pandas(), TELEMETRY_DTYPES, TELEMETRY_COLUMNS)
+        index = _row_group_index(parquet.metadata)
         if index is None:
-            return cls.from_frame(
-                pq.read_table(path, columns=TELEMETRY_COLUMNS, read_dictionary=SERIES_KEYS).to_pandas()
-            )
-        return cls(index, partial(_read_row_groups, path, metadata))  # its footer parsed once, not per series
+            return cls.from_frame(parquet.read(columns=TELEMETRY_COLUMNS).to_pandas())
+        return cls(index, partial(_read_row_groups, path, parquet))
 
     @classmethod
     def from_frame(cls, frame: pd.DataFrame) -> Telemetry:
@@ -210,20 +209,68 @@ def _sorted_categories(values: pd.Series) -> pd.Categorical:
     return categorical.reorder_categories(categorical.categories.sort_values())
 
 
-def _read_row_groups(path, metadata, row_groups: tuple[int, ...], columns: list[str]) -> dict[str, np.ndarray]:
-    table = pq.ParquetFile(path, metadata=metadata).read_row_groups(list(row_groups), columns=columns)
+def _read_row_groups(path, parquet, row_groups: tuple[int, ...], columns: list[str]) -> dict[str, np.ndarray]:
+    """A damaged page (its footer intact) is found only here: one line naming the file."""
+    try:
+        table = parquet.read_row_groups(list(row_groups), columns=columns)
+    except PARQUET_ERRORS as error:
+        raise _unreadable(path, error) from None
     return {name: table.column(name).to_numpy() for name in columns}
+
+
+class Plan(Analysis):  # the analysis settings at its top level, as run.json holds them
+    """A run's plan as the analysis reads it, typed and read-only as the config's view is
+    (``plan.head``, ``plan.arms["A"].label``; ``thaw`` gives the dict back).
+
+    Not the config's view (``config.view``): run.json is no config but what one run recorded
+    of it, flat (the head, the hosts, the setting's name, the analysis settings at the top),
+    possibly written by an older thermab or another tool, and for a run without run.json
+    inferred.  ``_check_plan`` and ``inferred_plan`` fill it through ``plan.run_plan``, so
+    the keys down to ``questions`` are always there; the rest are facts an older, imported
+    or inferred run lacks, asked with ``in`` or ``get`` as their absence means something
+    (no ``users``: the run is its one level; no ``trip_point_c``: no line drawn)."""
+
+    cluster: str
+    order: str
+    repeats: int
+    arms: Mapping[str, Arm]
+    reference_arm: str
+    setting: str
+    head: str
+    hosts: tuple[str, ...]
+    questions: tuple[Question, ...]
+    until: str
+    max_repeats: int
+    budget_hours: float | None
+    time_scale: float
+    trip_point_c: float | None
+    users: int | tuple[int | Mapping[str, float], ...]  # a level's plan (levels.plan_at): its users
+    rate: float | None
+    burstiness: float
+    think_s: float | None
+    load_level: str  # a level's plan: its label
+    max_tokens: int
+    prompt_tokens: int
+    probe_n: int
+    load_s: int
+    idle_s: float
+    wakeup_gaps_s: tuple[float, ...] | None
+    sample_intervals_s: Mapping[str, float]
+    hosts_without_zones: tuple[str, ...]
+    inferred: bool
+    imported_from: str
+    epoch_s: float
 
 
 @dataclass(frozen=True)
 class RunData:
     path: Path
-    plan: dict  # run.json (or the plan inferred for an imported run), its analysis settings replaced
+    plan: Plan  # run.json (or the plan inferred for an imported run), its analysis settings replaced
     events: pd.DataFrame
     telemetry: Telemetry
     requests: pd.DataFrame | None  # None when the run has no request data (imported runs)
-    validity: dict  # (order, rep, arm, users) → the phase's validity.json (levels.at_level: one level's,
-    # by (order, rep, arm)); empty for imported runs
+    validity: dict  # (order, rep, arm, users, load_level) → the window's validity.json (levels.at_level:
+    # one level's, by (order, rep, arm)); empty for imported runs
     # host → kind → sensor → the agent source it came from (tidy/ingest.json); empty for a run
     # ingested before it was kept, or imported: each kind is then one source
     sources: dict = field(default_factory=dict)
@@ -287,69 +334,13 @@ def inferred_plan(path: Path, events: pd.DataFrame, telemetry: Telemetry) -> dic
     )
 
 
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-# run.json's numbers the analysis computes with, each: (what it must be, the test)
-PLAN_NUMBER_KINDS = {
-    "count": ("a whole number of at least 1", lambda v: _finite(v) and isinstance(v, int) and v >= 1),
-    "whole": ("a whole number of at least 0", lambda v: _finite(v) and isinstance(v, int) and v >= 0),
-    "positive": ("a finite number above 0", lambda v: _finite(v) and v > 0),
-    "number or null": ("a finite number or null", lambda v: v is None or _finite(v)),
-}
-PLAN_NUMBERS = {
-    "users": "count",
-    "max_tokens": "count",
-    "prompt_tokens": "count",
-    "repeats": "count",
-    "probe_n": "whole",
-    "stall_gap_s": "positive",
-    "load_s": "positive",
-    "trip_point_c": "number or null",
-}
-
-
 def _check_plan(path: Path, config: dict) -> dict:
-    """What the analysis needs of a run.json, with the defaults for what an older one lacks."""
-    arms = config.get("arms")
-    if not isinstance(arms, dict) or not arms or not all(isinstance(a, dict) and "label" in a for a in arms.values()):
-        raise UserError(f"{path}: key 'arms' must map each arm letter to its label and value")
-    if config.get("reference_arm", next(iter(arms))) not in arms:
-        raise UserError(f"{path}: key 'reference_arm' is not one of the arms")
-    for key, kind in (("head", str), ("hosts", list), ("thresholds_c", list), ("timeline_zone", str)):
-        if key in config and not isinstance(config[key], kind):
-            raise UserError(f"{path}: key '{key}' must be a {kind.__name__}")
-    for key, kind in PLAN_NUMBERS.items():
-        what, test = PLAN_NUMBER_KINDS[kind]
-        if key == "users" and isinstance(config.get(key), list) and config[key]:  # levels (load.users a list)
-            what = f"{what}, or a list of distinct ones"
-            if len(set(map(repr, config[key]))) == len(config[key]) and all(test(v) for v in config[key]):
-                continue
-        if key in config and not test(config[key]):
-            shown = repr(config[key])
-            raise UserError(
-                f"{path}: key '{key}' must be {what}, not {shown if len(shown) <= 40 else shown[:39] + '…'}"
-            )
-    for key in ("thresholds_c", "reference_lines_c"):
-        values = config.get(key, [])
-        if not (isinstance(values, list) and all(_finite(value) for value in values)):
-            raise UserError(f"{path}: key '{key}' must be a list of finite numbers")
-    questions = config.get("questions", [])
-    if not (
-        isinstance(questions, list)
-        and all(
-            isinstance(q, dict)
-            and isinstance(q.get("metric"), str)
-            and q.get("kind") in question_kinds()
-            and all(_finite(q[k]) for k in ("by", "margin", "margin_pct") if k in q)
-            for q in questions
-        )
-    ):
-        raise UserError(
-            f"{path}: key 'questions' must be a list of questions, each a metric, a kind "
-            f"({', '.join(question_kinds())}) and finite margins"
-        )
+    """What the analysis needs of a run.json, with the defaults for what an older one
+    lacks; a value the config's checks refuse is a UserError naming the file and key."""
+    problems = plan.plan_problems(config) if "arms" in config else ["key 'arms': required but missing"]
+    if problems:
+        raise UserError(f"{path}: {problems[0]}")
+    arms = config["arms"]
     return plan.run_plan(
         **{
             "cluster": "",
@@ -392,7 +383,14 @@ def load_run(run_dir, analysis: dict | None = None) -> RunData:
         _check_plan(run_json, _read_json(run_json)) if run_json.exists() else inferred_plan(path, events, telemetry)
     )
     config.update(plan.reanalysis(analysis or {}))
-    return RunData(path, config, events, telemetry, requests, read_validity(path), read_sources(files.ingest_report))
+    # built once here: every room after this one reads the plan through it
+    sources = read_sources(files.ingest_report)
+    return RunData(path, Plan(config), events, telemetry, requests, read_validity(path), sources)
+
+
+def read_preflight(path: Path) -> dict | None:
+    """preflight.json as read (host facts, endpoint), None where the run has none (imported)."""
+    return _read_json(path) if path.exists() else None
 
 
 def read_sources(path: Path) -> dict:
@@ -419,8 +417,8 @@ def read_sources(path: Path) -> dict:
 
 
 def read_validity(path: Path) -> dict[tuple, PhaseValidity]:
-    """Each phase's validity.json by (order, rep, arm, users), users None where the report
-    has none (analysis.levels.at_level gives one level's by (order, rep, arm)).  The load stage
+    """Each window's validity.json by (order, rep, arm, users, load_level), either None where
+    the report has none (analysis.levels.at_level gives one level's by (order, rep, arm)).  The load stage
     writes it even for a load that was aborted; tidy/requests.parquet waits for every phase,
     so when the analysis runs they are all there."""
     reports = {}
@@ -461,9 +459,9 @@ def sibling_runs(run_dir) -> list[Path]:
     ]
 
 
-def ordered_hosts(config: dict) -> list[str]:
+def ordered_hosts(config: Plan) -> list[str]:
     """Hosts with the head first, so that its metrics lead every table."""
-    return [config["head"]] + [h for h in config.get("hosts", []) if h != config["head"]]
+    return [config.head] + [h for h in config.hosts if h != config.head]
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,11 @@ observed distance between the estimate and the decisive bound).  A ``yes`` built
 whose load was not the configured one, or (for a question in °C) on arms whose starts were
 not balanced, is withheld: the question stays ``undecided`` and says why.
 
+A throughput question is answered on speed taken apart (analysis/speed.py) where the
+arms' acceptance is decided balanced: ``effects`` then carries the decomposed effect, with
+``slack`` (its interval widened by that much on each side) and ``why``, which the
+question's words repeat.
+
 A sequential run (``sequential``) calls ``answer`` at each look with that look's α.
 Pure functions over frames and dicts.
 """
@@ -30,6 +35,7 @@ import warnings
 import pandas as pd
 
 from thermab.analysis import stats
+from thermab.analysis.model import Plan
 from thermab.config import question_words
 
 QUESTION_COLUMNS = [
@@ -54,12 +60,12 @@ POWER = 0.8
 THERMAL_UNIT = "°C"
 
 
-def resolve_metric(metric: str, plan: dict) -> str:
+def resolve_metric(metric: str, plan: Plan) -> str:
     """A question's metric as variance.csv names it: ``head …`` is the run's head, unless a
     host is itself called head."""
     first, _, rest = metric.partition(" ")
-    if first == "head" and rest and "head" not in plan.get("hosts", []):
-        return f"{plan['head']} {rest}"
+    if first == "head" and rest and "head" not in plan.hosts:
+        return f"{plan.head} {rest}"
     return metric
 
 
@@ -87,6 +93,15 @@ def interval(estimate: float, se: float, df: float, alpha: float) -> tuple[float
 
     low, high = _tconfint_generic(estimate, se, df, 2 * alpha, "two-sided")
     return float(low), float(high)
+
+
+def effect_interval(effect: dict, alpha: float) -> tuple[float, float]:
+    """The 1 − 2α interval of an arm effect (``stats.arm_effects``), widened by its
+    ``slack`` where it has one: a decomposed answer's room for the arms' acceptance
+    (analysis/speed.py)."""
+    low, high = interval(effect["diff"], effect["se"], effect["df"], alpha)
+    slack = effect.get("slack", 0.0)
+    return low - slack, high + slack
 
 
 def verdict(kind: str, sign: int, margin: float, low: float, high: float) -> str:
@@ -143,13 +158,13 @@ def phases_needed(distance: float, sd: float, alpha: float = ALPHA, power: float
 
 
 def answer(
-    questions: list[dict], effects: dict, plan: dict, *, alpha: float = ALPHA, withheld: dict | None = None
+    questions: list[dict], effects: dict, plan: Plan, *, alpha: float = ALPHA, withheld: dict | None = None
 ) -> pd.DataFrame:
     """questions.csv: one row per question and non-reference arm.  ``effects`` is
     ``stats.arm_effects``; ``withheld`` maps (metric, arm) to why a ``yes`` may not be
     given (a short load, unbalanced starts)."""
-    reference = plan["reference_arm"]
-    arms = [arm for arm in plan["arms"] if arm != reference]
+    reference = plan.reference_arm
+    arms = [arm for arm in plan.arms if arm != reference]
     withheld = withheld or {}
     rows = []
     for question in questions:
@@ -182,9 +197,9 @@ def answer(
 def _tested(question: dict, effect: dict, alpha: float, withheld: str | None) -> dict:
     kind, sign = question["kind"], gain_sign(question)
     margin = margin_in_unit(question, effect["ref"])
-    low, high = interval(effect["diff"], effect["se"], effect["df"], alpha)
+    low, high = effect_interval(effect, alpha)
     decided = verdict(kind, sign, margin, low, high)
-    notes = []
+    notes = [effect["why"]] if effect.get("why") else []
     if math.isnan(margin):
         notes.append("margin in % of a reference mean that cannot be told from zero")
     elif math.isnan(low):

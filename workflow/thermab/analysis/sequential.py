@@ -1,6 +1,6 @@
 """Repeats until decided (``until: decided``): where the looks fall, the α each look may
 spend, the crossover order of each repeat, and when to stop.  Pure functions; the
-simulation of tests/test_sequential.py checks the error rate they give.
+simulation of tests/integration/test_sequential.py checks the error rate they give.
 
 The run adds one crossover pair of repeats at a time (the reference order, then its reverse;
 for more than two arms the rows of a Williams design), so arm and position stay balanced and
@@ -24,18 +24,19 @@ afresh: on 5–13 df they correlate less than the z statistics' √(rⱼ/rₖ) (
 between 4 and 6 repeats of two arms, where √(4/6) = 0.82), so a boundary built on √(rⱼ/rₖ)
 lets slightly more than α through (0.052 in 200,000 null experiments); √(dfⱼ/dfₖ) (0.75
 there) is below the t statistics' correlation, and the simulated rate is 0.050
-(tests/test_sequential.py measures both).  Looks with fewer than ``MIN_DF`` residual df do
+(tests/integration/test_sequential.py measures both).  Looks with fewer than ``MIN_DF`` residual df do
 not test (a t quantile on 1 df is ±6.3 at 5 %: such a look cannot decide); what they would
 have spent stays for the next look, as Lan–DeMets spending allows.  The Pocock-type function
-α·ln(1 + (e − 1)t) and the union bound (Bonferroni, the first session's rule: equal shares
-summing to α) are kept as ``METHODS`` for that simulation's comparison (README, "Repeats
-until decided").  Why not a library: spotify-confidence's boundaries are this Lan–DeMets
+α·ln(1 + (e − 1)t) and the union bound (Bonferroni: equal shares summing
+to α) are kept as ``METHODS`` for that simulation's comparison (docs/statistics.md,
+"Repeats until decided").  Why not a library: spotify-confidence's boundaries are this Lan–DeMets
 computation for z statistics; anytime-valid confidence sequences (confseq, savvi) allow
 unlimited looks but are far wider at the 4–8 phases per arm a thermal study affords.
 """
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -43,7 +44,9 @@ import numpy as np
 import pandas as pd
 from scipy import integrate, optimize, stats as scipy_stats
 
-from thermab.analysis.questions import ALPHA, UNDECIDED
+from thermab.analysis.questions import ALPHA, NO, UNDECIDED, YES
+from thermab.config import read_bounded
+from thermab.errors import UserError
 from thermab.experiment.plan import order_of_repeat, phases, williams_orders  # noqa: F401 (re-exported)
 from thermab.layout import RunDir
 
@@ -72,7 +75,7 @@ OBRIEN_FLEMING, POCOCK, BONFERRONI = "obrien_fleming", "pocock", "bonferroni"
 METHODS = (OBRIEN_FLEMING, POCOCK, BONFERRONI)
 METHOD = OBRIEN_FLEMING
 INFORMATION = "df"  # the information scale of the looks (module docstring)
-GRID_POINTS = 601  # per look: the boundaries to about 1e-5 in z (tests/test_sequential.py checks 1e-4)
+GRID_POINTS = 601  # per look: the boundaries to about 1e-5 in z (tests/integration/test_sequential.py checks 1e-4)
 
 
 def spent(fraction: float, alpha: float = ALPHA, method: str = METHOD) -> float:
@@ -164,30 +167,53 @@ def next_repeats(order: str, max_repeats: int, repeats: int, verdicts) -> int | 
     return min(max_repeats, next(r for r in looks(order, max_repeats) if r > repeats))
 
 
-def completed_repeats(run_dir: Path, order: str, users: list[int] | None = None) -> int:
-    """Repeats whose every phase (every level's, ``users`` the levels or None) has its
-    phase.json, counted from the first."""
+def completed_repeats(run_dir: Path, order: str, every: list | None = None) -> int:
+    """Repeats whose every phase (every level's, ``every`` the levels, ``plan.levels``, or
+    None) has its phase.json, counted from the first."""
     run, rep = RunDir(run_dir), 0
     while rep < 100 and all(
         run.phase(phase.id).phase_json.exists()
-        for phase in phases(order, rep + 1, crossover=True, users=users)
+        for phase in phases(order, rep + 1, crossover=True, every=every)
         if phase.rep == rep + 1
     ):
         rep += 1
     return rep
 
 
-def resume_repeats(run_dir: Path, order: str, max_repeats: int, users: list[int] | None = None) -> int:
+def resume_repeats(run_dir: Path, order: str, max_repeats: int, every: list | None = None) -> int:
     """The repeats this invocation of an ``until: decided`` run should reach, from what is on
     disk: the first look not yet run, or, where the look's questions.csv is written, the
     next look it asks for (the same look when it is decided or the cap is reached).  So an
     interrupted run picks up where it stopped."""
-    done = completed_repeats(run_dir, order, users)
+    done = completed_repeats(run_dir, order, every)
     points = looks(order, max_repeats)
     target = next((r for r in points if r >= done), points[-1])
     answers_path = RunDir(run_dir).table("questions")
     if done >= target and answers_path.exists():
-        answers = pd.read_csv(answers_path)
+        answers = read_answers(answers_path)
         if len(answers) and answers["phases_per_arm"].max() >= target:
             return next_repeats(order, max_repeats, target, answers["verdict"]) or target
     return target
+
+
+MAX_ANSWERS_BYTES = 16 * 2**20  # a questions.csv of at most 50 questions at each of 32 levels is far less
+
+
+def read_answers(path: Path) -> pd.DataFrame:
+    """The ``phases_per_arm`` and ``verdict`` of questions.csv, checked: a file that is not
+    such a table (not CSV, not UTF-8, a column missing, a count that is not a whole number,
+    a verdict that is none) is a UserError naming it, never taken as decided."""
+    try:
+        answers = pd.read_csv(io.BytesIO(read_bounded(path, MAX_ANSWERS_BYTES)), encoding="utf-8")
+    except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise UserError(f"{path}: not a table of answers: {' '.join(str(error).split())[:200]}") from None
+    missing = [column for column in ("phases_per_arm", "verdict") if column not in answers.columns]
+    if missing:
+        raise UserError(f"{path}: missing column(s) {', '.join(missing)}")
+    counts = pd.to_numeric(answers["phases_per_arm"], errors="coerce")
+    if not (counts.notna() & np.isfinite(counts) & (counts >= 0) & (counts == counts.round())).all():
+        raise UserError(f"{path}: column 'phases_per_arm' holds a value that is not a whole number of phases")
+    unknown = sorted(set(map(str, answers["verdict"])) - {YES, NO, UNDECIDED})
+    if unknown:
+        raise UserError(f"{path}: column 'verdict' holds {unknown[0][:40]!r}, not {YES}, {NO} or {UNDECIDED}")
+    return answers.assign(phases_per_arm=counts)

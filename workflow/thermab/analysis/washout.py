@@ -4,7 +4,7 @@ whose mean start temperatures differ
 from the reference's by more than ``analysis.start_balance_c``.
 
 A later phase that starts warmer measures warmer whatever its setting: a community re-run of
-the spin-wait study reached the opposite thermal conclusion that way (issue 24).  The start
+the spin-wait study reached the opposite thermal conclusion that way.  The start
 is read from the telemetry itself (the last sample of the zone before ``load_start``),
 so an imported run is judged the same way.  Pure functions over frames.
 """

@@ -4,8 +4,8 @@ effects that bring it up and put it back.
 ``ensure_up`` is idempotent and called by every job that touches hosts, so a run can be
 resumed or extended (``--config repeats=5``) by a later Snakemake invocation.
 ``shutdown`` is what the last job, a failure, or the guardian does: restore every patched
-file (verified), stop or restart the server, stop the agents and pull their logs; no step
-can block the ones after it."""
+file (verified), stop or restart the server, stop the agents and pull their logs, give the
+hosts' leases back; no step can block the ones after it."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
-from thermab.config import ClusterSpec, cluster_spec
-from thermab.experiment import events, server
+from thermab.config import ClusterSpec, Config, cluster_spec, thaw, view
+from thermab.experiment import events, lease, server
 from thermab.experiment.patch import Patcher
 from thermab.hosts import clock
 from thermab.hosts.host import Host
@@ -29,14 +29,14 @@ from thermab.telemetry import deploy
 class ClusterRun:
     def __init__(
         self,
-        config: dict,
+        config: Config,
         cluster: str,
         order: str,
         run_dir: Path,
         workdir: Path | None = None,
         progress: Callable[[str], None] = print,
     ):
-        self.config = config
+        self.config = config  # the validated config's read-only view (config.view), built by the caller
         self.cluster: ClusterSpec = cluster_spec(config, cluster, workdir)
         self.order = order
         self.run_dir = Path(run_dir)
@@ -49,7 +49,12 @@ class ClusterRun:
         """Rebuild a run from the session file its jobs write (used by the guardian)."""
         session = json.loads(RunDir(run_dir).session.read_text())
         return cls(
-            session["config"], session["cluster"], session["order"], Path(run_dir), Path(session["workdir"]), progress
+            view(session["config"]),
+            session["cluster"],
+            session["order"],
+            Path(run_dir),
+            Path(session["workdir"]),
+            progress,
         )
 
     @property
@@ -65,7 +70,7 @@ class ClusterRun:
         return next(h for h in self.hosts if h.name == self.cluster.head)
 
     def patcher(self, host: Host) -> Patcher:
-        return Patcher(host, self.config["setting"], self.files.patch_state(host.name))
+        return Patcher(host, self.config.setting, self.files.patch_state(host.name))
 
     def event(self, name: str, **fields) -> dict:
         return events.append(self.run_dir, name, order=self.order, **fields)
@@ -75,7 +80,7 @@ class ClusterRun:
     def write_session(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         session = {
-            "config": self.config,
+            "config": thaw(self.config),
             "cluster": self.cluster.name,
             "order": self.order,
             "workdir": str(self.workdir),
@@ -84,10 +89,12 @@ class ClusterRun:
 
     def build_simulated(self, host: Host) -> None:
         """A simulated node's tree, if missing: files only, no process started."""
-        lost_wakeup = " --lost-wakeup" if host.spec.settings.get("lost_wakeup") else ""
+        flags = " --lost-wakeup" if host.spec.settings.get("lost_wakeup") else ""
+        if host.spec.settings.get("restart_variance", True) is False:
+            flags += " --no-restart-variance"
         host.run(
             f"{shlex.quote(sys.executable)} -m thermab.sim.node create "
-            f"{shlex.quote(str(host.spec.root))} --role {host.spec.simulated}{lost_wakeup}"
+            f"{shlex.quote(str(host.spec.root))} --role {host.spec.simulated}{flags}"
         )
 
     def power_on_simulated(self) -> None:
@@ -110,10 +117,10 @@ class ClusterRun:
                 )
 
     def agent_settings(self, host: Host) -> dict:
-        monitor_config = self.config["monitor"]
+        monitor = self.config.monitor
         return {
-            "process_pattern": host.spec.process_pattern(monitor_config["process_pattern"]),
-            "intervals": monitor_config["intervals"],
+            "process_pattern": host.spec.process_pattern(monitor.process_pattern),
+            "intervals": thaw(monitor.intervals),  # written for the agent as JSON
         }
 
     def ensure_up(self) -> None:
@@ -130,8 +137,9 @@ class ClusterRun:
     def shutdown(self, reason: str, t: float | None = None, **where) -> list[str]:
         """Put every host back, in the order that matters: each patched file first, from its
         kept original bytes (nothing of the config is formatted or run for it), then the
-        servers, then the agents.  Every step runs whatever happened to the one before;
-        returns the problems met (empty when all went well)."""
+        servers, then the agents, then the leases of the hosts put back.  Every step runs
+        whatever happened to the one before; returns the problems met (empty when all went
+        well)."""
         problems: list[str] = []
 
         def attempt(what: str, action: Callable[[], object]) -> object:
@@ -161,6 +169,13 @@ class ClusterRun:
                 lambda h=host: deploy.pull(h, self.session, self.files.host_monitor(h.name)),
             )
         attempt("power off simulated nodes", self.power_off_simulated)
+
+        def give_back() -> None:
+            # a host left patched stays held: no other run is let in before it is put back
+            put_back = [host for host in self.hosts if not self.patcher(host).is_patched]
+            problems.extend(lease.give_back(put_back, lease.run_id(self.run_dir, create=False)))
+
+        attempt("give the leases back", give_back)
         return problems
 
     def still_patched(self) -> list[str]:

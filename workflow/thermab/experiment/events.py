@@ -16,6 +16,8 @@ EVENTS = (
     "patch_applied",
     "restart_start",
     "server_ready",
+    "idle_start",
+    "idle_end",
     "load_start",
     "probe_start",
     "probe_end",

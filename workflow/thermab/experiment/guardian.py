@@ -21,45 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+from thermab.experiment.controller import alive, cmdline, controller_pid
 from thermab.layout import RunDir
 
 PID_FILE = "guardian.json"
 RELEASE = signal.SIGUSR1
 TERM_WAIT_S = 10.0  # after a SIGTERM, how long the controller may take to exit first
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _parent(pid: int) -> int:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    return int(stat[stat.rindex(")") + 2 :].split()[1])
-
-
-def controller_pid() -> int:
-    """The outermost Snakemake ancestor of this process, else our parent."""
-    found, pid = 0, os.getppid()
-    while pid > 1:
-        if "snakemake" in _cmdline(pid):
-            found = pid
-        pid = _parent(pid)
-    return found or os.getppid()
-
-
-def alive(pid: int) -> bool:
-    """Running and not a zombie (an exited child not yet reaped is dead for our purpose)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def _read(run_dir: Path) -> dict | None:
@@ -79,10 +46,10 @@ def ensure(run_dir: Path, watch: int | None = None) -> int:
         current
         and current["watch"] == watch
         and alive(current["pid"])
-        and "thermab.experiment.guardian" in _cmdline(current["pid"])
+        and "thermab.experiment.guardian" in cmdline(current["pid"])
     ):
         return current["pid"]
-    if current and alive(current["pid"]) and "thermab.experiment.guardian" in _cmdline(current["pid"]):
+    if current and alive(current["pid"]) and "thermab.experiment.guardian" in cmdline(current["pid"]):
         os.kill(current["pid"], RELEASE)  # it watches another controller: this one takes over
     guardian_log = RunDir(run_dir).log("guardian.log")
     guardian_log.parent.mkdir(parents=True, exist_ok=True)
@@ -107,7 +74,7 @@ def ensure(run_dir: Path, watch: int | None = None) -> int:
 def release(run_dir: Path) -> None:
     """The run shut down cleanly: the guardian is no longer needed."""
     current = _read(Path(run_dir))
-    if current and alive(current["pid"]) and "thermab.experiment.guardian" in _cmdline(current["pid"]):
+    if current and alive(current["pid"]) and "thermab.experiment.guardian" in cmdline(current["pid"]):
         os.kill(current["pid"], RELEASE)
     (Path(run_dir) / PID_FILE).unlink(missing_ok=True)
 

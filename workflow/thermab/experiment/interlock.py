@@ -20,16 +20,17 @@ class MarkForwarder:
     """Copies the load's own marks (load_start, probe_*, load_end, written by the
     locustfile as they happen) into events.jsonl while the load runs."""
 
-    def __init__(self, run: ClusterRun, marks_path: Path, rep: int, arm: str, users: int | None = None):
+    def __init__(self, run: ClusterRun, marks_path: Path, rep: int, arm: str, level: dict | None = None):
         self.run, self.rep, self.arm = run, rep, arm
-        self.users = users  # the window's level, on each mark (docs/design.md, "Levels of load")
+        # the window's users and load_level, on each mark (docs/design.md, "Levels of load")
+        self.level = level or {}
         self.tail = JsonlTail(marks_path)
         self.seen: dict[str, float] = {}  # each mark forwarded so far, with its time
 
     def poll(self) -> None:
         self.tail.poll()
         for mark in self.tail.new:
-            self.run.event(mark["event"], t=mark["t"], rep=self.rep, arm=self.arm, users=self.users)
+            self.run.event(mark["event"], t=mark["t"], rep=self.rep, arm=self.arm, **self.level)
             self.seen.setdefault(mark["event"], mark["t"])
 
 
@@ -55,7 +56,7 @@ class Interlock:
         self.offsets = preflight.clock_offset_s
         self.watched = preflight.watched
         self.silence_s = sensor_silence_s(run.config)
-        cap = run.config["safety"]["max_load_minutes"]
+        cap = run.config.safety.max_load_minutes
         self.cap_s = cap * 60 if cap is not None else None
         self.started = time.time()
         self.restarted: dict[str, float] = {}  # host -> when its agent was last restarted

@@ -10,16 +10,18 @@ from pathlib import Path
 
 from thermab.contracts import Preflight
 from thermab.errors import StageFailed
-from thermab.experiment import guardian
+from thermab.experiment import guardian, lease
 from thermab.experiment.cluster import ClusterRun, clock_offsets, offsets_record
 from thermab.hosts import clock
 from thermab.telemetry import deploy
 
 
 def bring_up(run: ClusterRun) -> None:
-    """A guardian watching this Snakemake first, then hardware and agents: from here on,
-    whatever happens is cleaned up."""
+    """The run's leases held first (a job of another run is refused there, nothing
+    changed), then a guardian watching this Snakemake, then hardware and agents: from here
+    on, whatever happens is cleaned up."""
     run.write_session()
+    lease.hold(run.hosts, run.run_dir)
     guardian.ensure(run.run_dir)
     run.ensure_up()
 

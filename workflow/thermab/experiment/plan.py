@@ -1,41 +1,57 @@
 """The phase sequence of a run, as pure functions: baseline once, then for each repeat
 every arm in ``order``, and in a run of levels (``load.users`` a list) every level of each,
-ascending in odd repeats and descending in even ones.  Phase ids are ``rep{rep}-{arm}``, and
-``rep{rep}-{arm}-u{users}`` in a run of levels (docs/design.md)."""
+ascending in odd repeats and the other way round in even ones (``load_levels.in_order``).
+Phase ids are ``rep{rep}-{arm}``, and ``rep{rep}-{arm}-{slug}`` in a run of levels
+(``rep1-A-u16``, ``rep1-A-r0.5-u4``; docs/design.md)."""
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from thermab.config import default_questions, defaults as schema_defaults, user_levels
+from thermab import atomic, load_levels, metric_names as names
+from thermab.config import (
+    Config,
+    default_questions,
+    defaults as schema_defaults,
+    key_problems,
+    level_bounds,
+    order_problems,
+    questions_problems,
+    thaw,
+    thresholds_problems,
+    view,
+)
+from thermab.contracts import PhaseRecord
+from thermab.errors import UserError
 from thermab.layout import BASELINE, RunDir, phase_id
+from thermab.load_levels import Level
 
 
 class Phase(NamedTuple):
     rep: int
     arm: str
-    users: int | None = None  # the level, in a run of levels
+    level: Level | None = None  # the level, in a run of levels
 
     @property
     def id(self) -> str:
-        return phase_id(self.rep, self.arm, self.users)
+        return phase_id(self.rep, self.arm, None if self.level is None else self.level.slug)
 
 
-def levels(users) -> list[int] | None:
-    """The levels of ``load.users`` when it is a list (even of one), else None: a single
-    number keeps the phase ids and files of a run without levels."""
-    return user_levels(users) if isinstance(users, list) else None
+def levels(load: Mapping) -> list[Level] | None:
+    """The levels of ``load`` (the config's ``load``, its view's, or run.json: ``users`` and
+    the shape keys) when its ``users`` is a list (even of one), in the list's order; else
+    None: a single number keeps the phase ids and files of a run without levels."""
+    load = thaw(load)  # a view's tuples and sections as the dict's lists and mappings
+    return load_levels.parse(load) if isinstance(load["users"], list) else None
 
 
-def level_order(users: list[int] | None, rep: int) -> list[int | None]:
-    """The levels of repeat ``rep`` in the order they run: ascending in odd repeats,
-    descending in even ones, so a level's position is balanced as an arm's is."""
-    if users is None:
-        return [None]
-    ascending = sorted(users)
-    return ascending if rep % 2 else ascending[::-1]
+def level_order(every: list[Level] | None, rep: int) -> list[Level | None]:
+    """The levels of repeat ``rep`` in the order they run (``load_levels.in_order``)."""
+    return [None] if every is None else load_levels.in_order(every, rep)
 
 
 def williams_orders(order: str) -> list[str]:
@@ -66,29 +82,57 @@ def order_of_repeat(order: str, rep: int, crossover: bool = True) -> str:
     return rows[(rep - 1) % len(rows)]
 
 
-def phases(order: str, repeats: int, crossover: bool = False, users: list[int] | None = None) -> list[Phase]:
-    """Every phase in the order it runs; ``users``: the levels (``levels``), or None."""
+def phases(order: str, repeats: int, crossover: bool = False, every: list[Level] | None = None) -> list[Phase]:
+    """Every phase in the order it runs; ``every``: the levels (``levels``), or None."""
     return [
         Phase(rep, arm, level)
         for rep in range(1, repeats + 1)
         for arm in order_of_repeat(order, rep, crossover)
-        for level in level_order(users, rep)
+        for level in level_order(every, rep)
     ]
 
 
-def job_phases(rep: int, arm: str, users: list[int] | None = None) -> list[Phase]:
+def job_phases(rep: int, arm: str, every: list[Level] | None = None) -> list[Phase]:
     """The phases one phase job runs, in order: one restart, then a window per level."""
-    return [Phase(rep, arm, level) for level in level_order(users, rep)]
+    return [Phase(rep, arm, level) for level in level_order(every, rep)]
 
 
-def previous(order: str, rep: int, arm: str, crossover: bool = False, users: list[int] | None = None) -> str:
+def with_load_s(config: Config, load_s: int) -> Config:
+    """``config`` for a phase job whose load window is ``load_s``: as its ``timings.load_s``,
+    so that the load, its probe (``load.probe_at`` of it) and the progress line follow it."""
+    changed = thaw(config)
+    changed["timings"]["load_s"] = int(load_s)
+    return view(changed)
+
+
+def recorded_windows(
+    run_dir: Path, order: str, repeats: int, crossover: bool = False, every: list[Level] | None = None
+) -> dict[int, int]:
+    """rep → the load window its phases were asked for, for the repeats of the first
+    ``repeats`` with a phase.json (``PhaseRecord.window_asked_s``).  A phase.json that is not
+    such a record is a UserError naming it."""
+    run, windows = RunDir(run_dir), {}
+    for phase in phases(order, repeats, crossover, every):
+        path = run.phase(phase.id).phase_json
+        if phase.rep in windows or not path.is_file():
+            continue
+        try:
+            length = PhaseRecord.read(path).window_asked_s
+        except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as error:
+            raise UserError(f"{path}: not a phase record: {' '.join(str(error).split())[:160]}") from None
+        if length is not None:
+            windows[phase.rep] = length
+    return windows
+
+
+def previous(order: str, rep: int, arm: str, crossover: bool = False, every: list[Level] | None = None) -> str:
     """Id of the phase that must finish before the job ``rep{rep}-{arm}``: the last of the
     job before it (each job's phases finish together), the baseline for the first.
 
     Only earlier repeats are named, so raising ``repeats`` later never changes the chain
     of the phases that already ran."""
-    sequence = phases(order, rep, crossover, users)
-    index = sequence.index(job_phases(rep, arm, users)[0])
+    sequence = phases(order, rep, crossover, every)
+    index = sequence.index(job_phases(rep, arm, every)[0])
     return BASELINE if index == 0 else sequence[index - 1].id
 
 
@@ -140,8 +184,83 @@ def run_plan(
     }
 
 
+# run.json's keys that hold a config key's value, and that key: each is checked as the
+# config's own would be (config.key_problems), so a plan from elsewhere means what a config does
+CONFIG_KEYS = {
+    "order": ("order",),
+    "repeats": ("repeats",),
+    "arms": ("arms",),
+    "until": ("until",),
+    "max_repeats": ("max_repeats",),
+    "questions": ("questions",),
+    "users": ("load", "users"),
+    "max_tokens": ("load", "max_tokens"),
+    "prompt_tokens": ("load", "prompt_tokens"),
+    "load_s": ("timings", "load_s"),
+    "probe_n": ("load", "probe_n"),  # checked apart: 0 stands for no probe
+    "sample_intervals_s": ("monitor", "intervals"),
+    "rate": ("load", "rate"),
+    "burstiness": ("load", "burstiness"),
+    "think_s": ("load", "think_s"),
+    "wakeup_gaps_s": ("load", "wakeup_gaps_s"),
+    "idle_s": ("timings", "idle_s"),
+    "budget_hours": ("budget_hours",),
+    "time_scale": ("timings", "time_scale"),
+    **{key: ("analysis", key) for key in DEFAULT_ANALYSIS},
+}
+
+
+def _as_plan_key(problem: str, key: str) -> str:
+    """A config check's line, naming run.json's key where it names the config's."""
+    config_key = ".".join(CONFIG_KEYS[key])
+    return problem.replace(f"config key '{config_key}", f"key '{key}", 1)
+
+
+def plan_problems(plan: dict) -> list[str]:
+    """What is wrong with a run.json (``plan``) another tool or an older thermab may have
+    written, each a line naming the key: its config keys by the config's checks, a
+    question by the config's question checks (a level the run lacks named), the rest by
+    type.  Keys an older run.json lacks are not asked for."""
+    problems = [
+        _as_plan_key(problem, key)
+        for key in CONFIG_KEYS
+        if key in plan and key != "probe_n"
+        for problem in key_problems(CONFIG_KEYS[key], plan[key])
+    ]
+    if "users" in plan and not problems:  # its levels as the config's are checked (load_levels)
+        problems += [_as_plan_key(p, "users") for p in load_levels.problems(plan, "load", level_bounds())]
+    if plan.get("probe_n", 0) != 0:  # 0: the run had no probe
+        problems += [_as_plan_key(p, "probe_n") for p in key_problems(CONFIG_KEYS["probe_n"], plan["probe_n"])]
+    trip = plan.get("trip_point_c")  # found at preflight, no config key's
+    if trip is not None and not (isinstance(trip, (int, float)) and not isinstance(trip, bool) and math.isfinite(trip)):
+        problems.append(f"key 'trip_point_c': {str(trip)[:40]!r} is not a finite number or null")
+    for key, kind in (("cluster", str), ("setting", str), ("head", str), ("hosts", list), ("reference_arm", str)):
+        if key in plan and not isinstance(plan[key], kind):
+            problems.append(f"key '{key}': must be {'text' if kind is str else 'a list'}")
+    if problems:
+        return problems
+    arms = plan["arms"]
+    if plan.get("reference_arm", next(iter(arms))) not in arms:
+        problems.append(f"key 'reference_arm': {plan['reference_arm']!r} is not one of the arms ({', '.join(arms)})")
+    if "order" in plan:
+        problems += [p.replace("config key ", "key ", 1) for p in order_problems(plan["order"], arms)]
+    problems += [_as_plan_key(p, "thresholds_c") for p in thresholds_problems(plan.get("thresholds_c", []))]
+    hosts = [str(host) for host in plan.get("hosts", [])]
+    questions = plan.get("questions", [])
+    # what a plan another tool (or an earlier thermab) wrote lacks is what its questions name:
+    # the levels, the wake-up gaps, an idle window
+    named = {
+        "users": sorted({u for q in questions for u in q.get("users", [])}) or 1,
+        "wakeup_gaps_s": sorted({names.gap_of(q["metric"]) for q in questions} - {None}) or None,
+        "idle_s": 1 if any(names.rest_host(q["metric"]) for q in questions) else 0,
+    }
+    load = {**named, **plan}
+    problems += [_as_plan_key(p, "questions") for p in questions_problems(questions, hosts, load, load["idle_s"])]
+    return problems
+
+
 def write_run_json(run_dir: Path, plan: dict) -> Path:
     """The one writer of ``run.json`` (preflight and the chart importer both call it)."""
     path = RunDir(run_dir).run_json
-    path.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+    atomic.write_text(path, json.dumps(plan, indent=2) + "\n")
     return path

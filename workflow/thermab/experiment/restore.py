@@ -1,21 +1,22 @@
-"""``python -m thermab restore [RESULTS_DIR]``: put every host back by hand, e.g. after
-the controller itself crashed (power loss, OOM) and no guardian was left to do it.
+"""Put every host back by hand, e.g. after the controller itself crashed (power loss, OOM)
+and no guardian was left to do it.
 
-Every run directory with a session is visited.  One that was not shut down (its guardian's
-file is left: the guardian never released, or killed with the controller) or that holds its
-cluster's patch (the newest unrestored ``patch_applied``) is put back: the hosts' original
-files from the kept copies (verified by sha256), servers, agents and simulated nodes stopped,
-logs pulled, and the abort and restored events written into that run's own
-``events.jsonl``.  A run that ended cleanly is left as it is."""
+    python -m thermab restore [RESULTS_DIR]
+
+Every run directory with a session is visited. One that was not shut down (its guardian's
+file is left: the guardian never released, or was killed with the controller) or that holds
+its cluster's patch (the newest unrestored patch_applied event) is put back: the hosts'
+original files from the kept copies (verified by sha256), servers, agents and simulated
+nodes stopped, logs pulled, and the abort and restored events written into that run's own
+events.jsonl. A run that ended cleanly is left as it is."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from thermab import layout
-from thermab.config import UserError
+from thermab import cli, layout
+from thermab.errors import UserError
 from thermab.experiment import events, guardian
 from thermab.experiment.cluster import ClusterRun, exit_status
 from thermab.layout import SESSION_FILE
@@ -83,12 +84,14 @@ def restore_all(results: Path, progress=print) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="thermab restore",
-        description=__doc__.splitlines()[0],
+    parser = cli.parser(
+        "restore",
+        __doc__,
         epilog="exit status: 0 all put back; 1 every file restored but another step failed; 3 a host is still patched",
     )
-    parser.add_argument("results", nargs="?", default="results", type=Path)
+    parser.add_argument(
+        "results", nargs="?", default="results", type=Path, help="the results directory whose runs to visit"
+    )
     args = parser.parse_args(argv)
     if not args.results.is_dir():
         raise UserError(f"{args.results}: not a directory (the results directory of a run)")

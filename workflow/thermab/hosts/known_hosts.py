@@ -26,8 +26,8 @@ from pathlib import Path
 import paramiko
 from paramiko.pkey import UnknownKeyType
 
-from thermab.config import UserError, read_bounded
-from thermab.errors import HostError
+from thermab.config import read_bounded
+from thermab.errors import HostError, UserError
 
 CA = "@cert-authority"
 MAX_KNOWN_HOSTS_BYTES = 64 * 2**20

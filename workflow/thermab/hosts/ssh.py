@@ -24,7 +24,8 @@ from pathlib import Path
 
 import paramiko
 
-from thermab.config import UserError, check_file
+from thermab.config import check_file
+from thermab.errors import UserError
 from thermab.hosts import known_hosts
 from thermab.hosts.transport import CommandError, LineReader, Result, TransportError
 
@@ -56,7 +57,7 @@ def describe_socket_error(error: OSError, timeout: float) -> str:
     return error.strerror or str(error) or type(error).__name__
 
 
-def _parse_target(text: str) -> tuple[str | None, str, int]:
+def parse_target(text: str) -> tuple[str | None, str, int]:
     user, _, rest = text.rpartition("@")
     address, _, port = rest.partition(":")
     return user or None, address, int(port or 22)
@@ -177,7 +178,7 @@ class SshTransport:
 
     def _connect_once(self) -> paramiko.SSHClient:
         if self.jump:
-            jump_user, jump_address, jump_port = _parse_target(self.jump)
+            jump_user, jump_address, jump_port = parse_target(self.jump)
             self._jump_client = self._open(
                 jump_address, jump_port, jump_user or self.user, self._socket(jump_address, jump_port)
             )

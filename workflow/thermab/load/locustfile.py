@@ -45,10 +45,14 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import time
 from http.client import HTTPException
 
 import gevent
+import gevent.event
+import gevent.pool
+import gevent.queue
 import orjson
 from gevent import GreenletExit, Timeout
 from gevent.lock import Semaphore
@@ -58,6 +62,7 @@ from locust.exception import StopUser
 
 from thermab.config import MAX_EXTRA_BODY, defaults as schema_defaults, extra_body_problem, read_bounded
 from thermab.load.prompts import DEFAULT_TOKENS_PER_CHAR, build_prompt, calibrated_tokens_per_char
+from thermab.load.shapes import arrival_stream, shape_problem, think_stream
 from thermab.load.stream import StreamFailure, StreamReader
 
 LOAD_DEFAULTS = schema_defaults("load")  # the schema's: one owner of every default of the load
@@ -72,6 +77,7 @@ REARM_S = 1.0
 JSON_HEADERS = {"Content-Type": "application/json"}
 ERROR_BACKOFF_S = 1.0
 PROBE_USER = 0  # load users are numbered from 1
+WAKEUP_TOKENS = 8  # a wake-up probe's max_tokens: its first token and first decode steps
 
 RUN = None  # the LoadTest in progress (one per test_start)
 
@@ -112,6 +118,34 @@ def add_options(parser):
     parser.add_argument(
         "--probe-tokens", type=int, default=LOAD_DEFAULTS["probe_tokens"], help="max_tokens of each probe request"
     )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="Open loop: requests per second arriving whatever the server does, -u the cap in flight (0: a loop)",
+    )
+    parser.add_argument(
+        "--burstiness", type=float, default=1.0, help="Gamma shape of the gaps between arrivals (1: Poisson)"
+    )
+    parser.add_argument(
+        "--max-inflight",
+        type=int,
+        default=LOAD_DEFAULTS["users"],
+        help="Open loop: the cap on requests in flight; an arrival finding it reached waits for a slot",
+    )
+    parser.add_argument(
+        "--think-s", type=float, default=0.0, help="Mean think time of each user before its next request (0: none)"
+    )
+    parser.add_argument(
+        "--shape-seed", type=int, default=0, help="Seed of the arrivals and think times (the same in every arm)"
+    )
+    parser.add_argument(
+        "--wakeup-gaps",
+        default="",
+        help="After the load: single requests each sent this many seconds after the last ended, "
+        "comma-separated, ascending (empty: none)",
+    )
+    parser.add_argument("--wakeup-n", type=int, default=LOAD_DEFAULTS["wakeup_n"], help="Wake-up probes per gap")
     parser.add_argument(
         "--stall-gap-s",
         type=float,
@@ -166,6 +200,9 @@ class LoadTest:
         self.extra_body = read_extra_body(options.extra_body_file)
         # A fresh default per test keeps reruns against one server from sharing prefixes.
         self.tag_prefix = options.tag_prefix or f"run-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+        # random per test, early in every tag: no two runs' prompts share a first cache block,
+        # even two started together against one server (their clocks and pids can agree)
+        self.nonce = secrets.token_hex(4)
         self.probe_delay_s = probe_delay_s(options.probe_at, options.run_time)
         self.records = open_jsonl(options.records_out)
         self.events = open_jsonl(options.events_out)
@@ -178,8 +215,15 @@ class LoadTest:
         self.calibrated = False
         self.user_ids = itertools.count(PROBE_USER + 1)
         self.stopping = False
+        self.stop_event = gevent.event.Event()  # set with stopping: ends a wait for an arrival or a think
         self.stop_deadline = None
         self.probe = None
+        for key in ("rate", "think_s", "burstiness"):  # 0 turns a rate or think time off
+            problem = shape_problem(key, getattr(options, key) or (None if key != "burstiness" else 0))
+            if problem:
+                raise ValueError(f"--{key.replace('_', '-')}: {problem}")
+        if options.max_inflight < 1:
+            raise ValueError(f"--max-inflight: {options.max_inflight} is not a whole number above 0")
 
     def client(self):
         """A keep-alive connection of its own for one user (or the probe)."""
@@ -202,12 +246,14 @@ class LoadTest:
                         raise StreamFailure(f"model lookup at /v1/models failed: {exc!r}") from exc
         return self.model
 
-    def exchange(self, client, kind, user, sequence, max_tokens):
-        """One streamed request, recorded whatever happens; returns whether it succeeded."""
-        # what makes the tag unique comes first: a prefix cache compares whole 16-token blocks
-        # from the start, and the chat template already takes half of the first (8 of the tiny
-        # test model's tokens)
-        tag = f"[u{user}#{sequence} {kind} {self.tag_prefix}]"
+    def exchange(self, client, kind, user, sequence, max_tokens, timing=None):
+        """One streamed request, recorded whatever happens (``timing``: the shape's
+        ``t_due``, ``think_s`` and ``slot_wait_s`` of it); returns whether it succeeded
+        and when it ended."""
+        # what makes the tag unique comes first (the request within the run, then the run): a
+        # prefix cache compares whole 16-token blocks from the start, and the chat template
+        # already takes half of the first (8 of the tiny test model's tokens)
+        tag = f"[u{user}#{sequence} {self.nonce} {kind} {self.tag_prefix}]"
         prompt = build_prompt(tag, self.options.prompt_tokens, self.tokens_per_char)
         reader = StreamReader(self.options.stall_gap_s)
         try:
@@ -237,11 +283,14 @@ class LoadTest:
                 reader.fail(f"request failed before a response: {exc!r}")
         except ValueError as exc:
             reader.fail(f"bad stream data: {exc}")
+        except Exception as exc:  # a fault of ours: the request is still no ok one, and the fault is seen
+            reader.fail(f"load fault: {exc!r}")
+            raise
         finally:
             reader.t_end = time.time()
-            self.emit(reader, kind, user, tag)
+            self.emit(reader, kind, user, tag, timing)
             self.learn_prompt_size(prompt, reader)
-        return not reader.error
+        return not reader.error, reader.t_end
 
     def stream(self, client, body, reader, silence):
         response = client.request("POST", self.chat_path, body=body, headers=JSON_HEADERS)
@@ -264,8 +313,8 @@ class LoadTest:
         finally:
             response.release()  # back to the pool when complete, else the connection is closed
 
-    def emit(self, reader, kind, user, tag):
-        write_line(self.records, reader.record(kind, user, tag))
+    def emit(self, reader, kind, user, tag, timing=None):
+        write_line(self.records, {**reader.record(kind, user, tag), **(timing or {})})
         self.environment.events.request.fire(
             request_type="POST",
             name=f"/v1/chat/completions ({kind})",
@@ -302,22 +351,56 @@ class LoadTest:
             client.close()
             self.mark("probe_end")
 
+    def wakeup_probes(self):
+        """``--wakeup-n`` single requests after each gap of ``--wakeup-gaps``, in turn: each
+        leaves its gap after the previous request ended, the load's last one for the first,
+        so the server has been idle exactly that long.  One connection, kept alive, opened by
+        a first request without a gap (recorded, ``gap_s`` empty), so no gap pays a connect
+        (docs/design.md, "Wake-up probes")."""
+        gaps = [float(gap) for gap in self.options.wakeup_gaps.split(",") if gap.strip()]
+        if not gaps:
+            return
+        client = self.client()
+        try:
+            sequence = itertools.count()
+            _, ended = self.exchange(client, "wakeup", PROBE_USER, next(sequence), WAKEUP_TOKENS)
+            for gap in gaps:
+                for _ in range(self.options.wakeup_n):
+                    due = ended + gap
+                    gevent.sleep(max(0.0, due - time.time()))
+                    _, ended = self.exchange(
+                        client, "wakeup", PROBE_USER, next(sequence), WAKEUP_TOKENS, {"t_due": due, "gap_s": gap}
+                    )
+        finally:
+            client.close()
+
     def mark(self, event):
         write_line(self.events, {"t": time.time(), "event": event})
 
     def begin_stop(self):
         self.mark("load_end")
         self.stopping = True
+        self.stop_event.set()
         self.stop_deadline = time.time() + self.environment.stop_timeout
 
     def finish(self):
-        """Let a probe request in flight end within the stop timeout, then close the files."""
+        """Let a probe request in flight end within the stop timeout, send the wake-up probes
+        to the server left idle, then close the files."""
         if self.probe is not None:
             self.probe.join(timeout=max(0.0, self.stop_deadline - time.time()))
             self.probe.kill()  # no-op when it has ended; else its open stream is recorded as stopped
+        self.wakeup_probes()
         for handle in (self.records, self.events):
             if handle:
                 handle.close()
+
+
+@events.init.add_listener
+def on_init(**_kwargs):
+    # gevent's timers count from the loop's cached clock, which stood still while Locust and
+    # this file were imported (seconds on a busy machine): refreshed here, just before Locust
+    # arms its --run-time timer, the run time is counted from now, not from before the imports.
+    gevent.get_hub().loop.update_now()
 
 
 @events.test_start.add_listener
@@ -339,7 +422,9 @@ def on_test_stop(environment, **_kwargs):
 
 
 class LoadUser(User):
-    """One closed-loop slot: the next request leaves the moment the last one ends."""
+    """One slot of a loop: the next request leaves the moment the last one ends, or a drawn
+    think time after it (``--think-s``).  With ``--rate`` the first user is the open loop's
+    dispatcher instead (``arrivals``) and any other has nothing to do."""
 
     # The task returns only after a failed request (see chat); then a short pause, so a dead
     # server yields a handful of error records rather than thousands of refused connections.
@@ -350,6 +435,9 @@ class LoadUser(User):
         self.client = RUN.client()
         self.sequence = itertools.count()
         self.stop_asked = False
+        options = RUN.options
+        self.thinks = think_stream(options.think_s, options.shape_seed, self.index) if options.think_s else None
+        self.due = None  # when the next request is due after a think time
 
     def on_stop(self):
         self.client.close()
@@ -363,12 +451,67 @@ class LoadUser(User):
 
     @task
     def chat(self):
+        if RUN.options.rate:
+            if self.index == PROBE_USER + 1:
+                arrivals(RUN, lambda: self.stop_asked)
+            raise StopUser()
         # The loop stays in this task while requests succeed: between two tasks Locust
         # yields to gevent even at zero wait, and at 64 users that yield left the slot idle
         # for milliseconds behind the other streams' chunks (docs/benchmarks.md).
+        timing = None
         while not (RUN.stopping or self.stop_asked):
-            if not RUN.exchange(self.client, "load", self.index, next(self.sequence), RUN.options.max_tokens):
+            ok, ended = RUN.exchange(
+                self.client, "load", self.index, next(self.sequence), RUN.options.max_tokens, timing
+            )
+            if not ok:
                 return
+            if self.thinks:
+                think = next(self.thinks)
+                timing = {"t_due": ended + think, "think_s": think}
+                RUN.stop_event.wait(max(0.0, timing["t_due"] - time.time()))
         # Locust tells users to stop a moment after test_stopping; a request ending in that
         # moment must not start another after the end of the load.
         raise StopUser()
+
+
+def arrivals(run, stop_asked):
+    """The open loop: each request leaves at its drawn arrival time, on a connection of a
+    free slot; one that finds all ``--max-inflight`` slots busy waits for the first to free
+    (recorded as ``slot_wait_s``).  The schedule is absolute from the first arrival's start,
+    so a late start never shifts the ones after it.  A failed request frees its slot after
+    the error back-off, as a loop's user pauses."""
+    options = run.options
+    slots = gevent.queue.Queue()  # free connections; a slot is a connection and its greenlet
+    opened = 0
+    flights = gevent.pool.Group()
+
+    def fly(client, sequence, timing):
+        try:
+            ok, _ = run.exchange(client, "load", PROBE_USER + 1, sequence, options.max_tokens, timing)
+            if not ok:
+                gevent.sleep(ERROR_BACKOFF_S)
+        finally:
+            slots.put(client)
+
+    start = time.time()
+    try:
+        for sequence, offset in enumerate(arrival_stream(options.rate, options.burstiness, options.shape_seed)):
+            due = start + offset
+            run.stop_event.wait(max(0.0, due - time.time()))
+            if run.stopping or stop_asked():
+                break
+            if slots.empty() and opened < options.max_inflight:
+                slots.put(run.client())
+                opened += 1
+            blocked, asked = slots.empty(), time.time()
+            client = slots.get()  # waits only when every slot is in flight
+            waited = time.time() - asked if blocked else 0.0
+            if run.stopping or stop_asked():
+                slots.put(client)
+                break
+            flights.spawn(fly, client, sequence, {"t_due": due, "slot_wait_s": waited})
+        flights.join()
+    finally:
+        flights.kill()  # at the stop timeout: the streams still open are recorded as stopped
+        while not slots.empty():
+            slots.get().close()

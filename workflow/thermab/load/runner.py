@@ -1,4 +1,5 @@
-"""The closed-loop load of one phase: Locust in its own process, then records and a report.
+"""The load of one phase (a closed loop, a think-time loop or an arrival rate:
+``load/shapes.py``): Locust in its own process, then records and a report.
 
 ``run_load`` starts ``python -m locust -f thermab/load/locustfile.py --headless ...`` as a
 subprocess (importing Locust here would monkey-patch this process with gevent, which hangs
@@ -10,7 +11,7 @@ beside ``out_parquet``:
 - ``locust.log``: Locust's own output (unless ``log_path`` says elsewhere);
 - ``extra_body.json``: ``load.extra_body``, for the locustfile to merge into each request
   (a file, as nothing large travels on a command line);
-- ``out_parquet``: the records with ``order``, ``rep``, ``arm`` and ``users`` added, in the columns and
+- ``out_parquet``: the records with ``order``, ``rep``, ``arm``, ``users`` and ``load_level`` added, in the columns and
   dtypes of docs/design.md's ``tidy/requests.parquet`` plus the stream diagnostics
   ``max_gap_s``, ``stall_gaps``, ``usage_source``, ``token_arrivals`` and ``token_span_s``;
 - ``validity.json``: whether the load was the load intended (:mod:`thermab.load.validity`).
@@ -23,8 +24,11 @@ recorded, but count for throughput only if they end inside the window (docs/desi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import os
+import re
 import subprocess
 import sys
 import time
@@ -32,17 +36,30 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from thermab.config import DECIMAL_FLOAT, DECIMAL_INT, defaults as schema_defaults, extra_body_problem, key_problem
+from thermab import atomic, cli, load_levels
+from thermab.config import (
+    DECIMAL_FLOAT,
+    DECIMAL_INT,
+    Config,
+    check_file,
+    defaults as schema_defaults,
+    extra_body_problem,
+    key_problem,
+    redact_url,
+    thaw,
+)
 from thermab.contracts import PhaseValidity, write_validity
-from thermab.errors import StageFailed
+from thermab.errors import StageFailed, UserError
 from thermab.jsonl import JsonlTail
 from thermab.layout import PhaseDir
+from thermab.load.shapes import Shape
 from thermab.load.validity import load_window, summary_line, to_frame, validity_report
 
 # shipped inside the package, so a non-editable install runs the same load
 LOCUSTFILE = resources.files("thermab.load") / "locustfile.py"
 LOCUST_GRACE_S = 30  # Locust start-up and shutdown, beyond run time and stop timeout
 RATE_WINDOW_S = 30  # the progress line's output rate is over this trailing window
+WAKEUP_REQUEST_S = 30  # the bound on one wake-up probe (a few tokens) in the run's time limit
 
 
 LOAD_DEFAULTS = schema_defaults("load")  # the schema's, as every default of the load
@@ -66,31 +83,65 @@ class LoadSpec:
     probe_tokens: int = LOAD_DEFAULTS["probe_tokens"]
     stall_gap_s: float = schema_defaults("analysis")["stall_gap_s"]
     stop_timeout_s: int = 120
+    rate: float | None = LOAD_DEFAULTS["rate"]  # an open loop, ``users`` its cap (load/shapes.py)
+    burstiness: float = LOAD_DEFAULTS["burstiness"]
+    think_s: float | None = LOAD_DEFAULTS["think_s"]
+    shape_seed: int = LOAD_DEFAULTS["shape_seed"]
+    wakeup_gaps_s: tuple[float, ...] = ()  # wake-up probes after the load (none: empty)
+    wakeup_n: int = LOAD_DEFAULTS["wakeup_n"]
+
+    @property
+    def wakeup_s(self) -> float:
+        """The most the wake-up probes may take: their gaps, and WAKEUP_REQUEST_S a request."""
+        requests = self.wakeup_n * len(self.wakeup_gaps_s) + 1 if self.wakeup_gaps_s else 0
+        return self.wakeup_n * sum(self.wakeup_gaps_s) + requests * WAKEUP_REQUEST_S
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.users, self.rate, self.burstiness, self.think_s, self.shape_seed)
+
+    @property
+    def level(self) -> load_levels.Level:
+        """The level of load this is (its label names it in every table)."""
+        shape = {"rate": self.rate, "burstiness": self.burstiness, "think_s": self.think_s}
+        return load_levels.Level(self.users, **load_levels.run_shape(shape))
+
+    def at(self, level: load_levels.Level) -> LoadSpec:
+        """This load at ``level`` (one of a run of levels): its users and its own shape."""
+        return dataclasses.replace(self, users=level.users, **level.shape)
 
     @classmethod
-    def from_config(cls, config: dict, model: str | None = None) -> LoadSpec:
-        load, duration = config["load"], config["timings"]["load_s"]
+    def from_config(cls, config: Config, model: str | None = None) -> LoadSpec:
+        load, duration = config.load, config.timings.load_s
         return cls(
             duration_s=int(duration),
-            users=load["users"],
-            max_tokens=load["max_tokens"],
-            prompt_tokens=load["prompt_tokens"],
-            model=load["model"] or model,
-            extra_body=load["extra_body"] or {},
-            probe=load["probe"],
-            probe_at_s=load["probe_at"] * duration,
-            probe_n=load["probe_n"],
-            probe_tokens=load["probe_tokens"],
-            stall_gap_s=config["analysis"]["stall_gap_s"],
+            users=thaw(load.users),  # a run of levels: the list, until ``at`` picks one
+            max_tokens=load.max_tokens,
+            prompt_tokens=load.prompt_tokens,
+            model=load.model or model,
+            extra_body=thaw(load.extra_body) or {},  # written out as JSON for the locustfile
+            probe=load.probe,
+            probe_at_s=load.probe_at * duration,
+            probe_n=load.probe_n,
+            probe_tokens=load.probe_tokens,
+            stall_gap_s=config.analysis.stall_gap_s,
+            rate=load.rate,
+            burstiness=load.burstiness,
+            think_s=load.think_s,
+            shape_seed=load.shape_seed,
+            wakeup_gaps_s=tuple(load.wakeup_gaps_s or ()),
+            wakeup_n=load.wakeup_n,
         )
 
     def locust_args(self) -> list[str]:
-        """The locustfile's own options for this load."""
+        """The locustfile's own options for this load: an open loop is one Locust user, the
+        dispatcher of its arrivals, with ``users`` its cap."""
+        spawned = 1 if self.rate else self.users
         args = [
             "-u",
-            str(self.users),
+            str(spawned),
             "-r",
-            str(self.users),
+            str(spawned),
             "--run-time",
             f"{self.duration_s}s",
             "--stop-timeout",
@@ -105,7 +156,17 @@ class LoadSpec:
             str(self.probe_n if self.probe else 0),
             "--probe-tokens",
             str(self.probe_tokens),
+            "--shape-seed",
+            str(self.shape_seed),
         ]
+        if self.rate:
+            args += ["--rate", repr(float(self.rate)), "--burstiness", repr(float(self.burstiness))]
+            args += ["--max-inflight", str(self.users)]
+        if self.think_s:
+            args += ["--think-s", repr(float(self.think_s))]
+        if self.wakeup_gaps_s:
+            args += ["--wakeup-gaps", ",".join(repr(float(gap)) for gap in self.wakeup_gaps_s)]
+            args += ["--wakeup-n", str(self.wakeup_n)]
         if self.model:
             args.append(f"--model={self.model}")  # one word: a name starting with '-' is no option
         if self.probe_at_s is not None:
@@ -190,7 +251,7 @@ def run_load(
     # of the same phase, from sharing prefixes with the last; the level first, so that it
     # falls in the prompt's first 16-token cache block (after the chat template and the
     # user's number: the clock's minutes may not, and two windows share one minute).
-    tag_prefix = f"u{spec.users}-{time.strftime('%H%M%S')}-{order}-rep{rep}-{arm}"
+    tag_prefix = f"{spec.level.slug}-{time.strftime('%H%M%S')}-{order}-rep{rep}-{arm}"
     files.extra_body.write_text(json.dumps(spec.extra_body or {}, allow_nan=False) + "\n")
     command = locust_command(url, records_path, events_path, spec, tag_prefix, locustfile, files.extra_body)
     tail = JsonlTail(records_path)
@@ -198,7 +259,7 @@ def run_load(
     exit_code, aborted = _supervise(
         command,
         log_path,
-        duration_s + spec.stop_timeout_s + LOCUST_GRACE_S,
+        duration_s + spec.stop_timeout_s + LOCUST_GRACE_S + spec.wakeup_s,
         lambda elapsed: progress(progress_line(tail.poll(), elapsed, duration_s, time.time(), _hint(status_hint))),
         progress_every_s,
         interlock,
@@ -210,14 +271,16 @@ def run_load(
             f"locust exited with code {exit_code} and recorded nothing; see {log_path}:\n" + _log_tail(log_path)
         )
 
-    frame = to_frame(records, order=order, rep=rep, arm=arm, users=spec.users)
-    frame.to_parquet(out_parquet, engine="pyarrow", index=False)
+    frame = to_frame(records, order=order, rep=rep, arm=arm, users=spec.users, load_level=spec.level.label)
+    with atomic.replacing(out_parquet) as temporary:
+        frame.to_parquet(temporary, engine="pyarrow", index=False)
     report: PhaseValidity = {
         "order": order,
         "rep": rep,
         "arm": arm,
-        "url": url,
+        "url": redact_url(url),
         "users": spec.users,
+        "load_level": spec.level.label,
         "duration_s": duration_s,
         "locust_exit_code": exit_code,
         "events": events,
@@ -229,13 +292,16 @@ def run_load(
             prompt_tokens=spec.prompt_tokens,
             probe_n=spec.probe_n if spec.probe else 0,
             stall_gap_s=spec.stall_gap_s,
+            shape=spec.shape,
         ),
     }
     if aborted:
         report["aborted"] = aborted
         report["warnings"].append(f"load aborted: {aborted}")
-    elif exit_code != 0:
-        report["warnings"].append(f"locust exited with code {exit_code}; see {log_path}")
+    elif exit_code != 0 or not report["requests"]["load"]:
+        # the cause is in Locust's own output: its last error line is shown here too
+        what = f"locust exited with code {exit_code}" if exit_code else "no load request was recorded"
+        report["warnings"].append(f"{what}: {_log_cause(log_path)} (see {log_path})")
     write_validity(files.validity, report)
     progress(summary_line(report))
     for warning in report["warnings"]:
@@ -257,7 +323,7 @@ def _supervise(command, log_path, limit_s, tick, every_s, interlock=None, interl
     started = time.monotonic()
     poll_s = min(every_s, interlock_every_s) if interlock else every_s
     next_tick = started + every_s
-    with open(log_path, "w") as log:
+    with _open_log(log_path) as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             while True:
@@ -268,7 +334,8 @@ def _supervise(command, log_path, limit_s, tick, every_s, interlock=None, interl
                     if elapsed > limit_s:
                         raise StageFailed(
                             f"locust (pid {process.pid}) still running after {elapsed:.0f} s, "
-                            f"past its {limit_s:.0f} s bound; stopped it. See {log_path}"
+                            f"past its {limit_s:.0f} s bound; stopped it: {_log_cause(log_path)} "
+                            f"(see {log_path})"
                         ) from None
                     reason = interlock() if interlock else None
                     if reason:
@@ -307,9 +374,35 @@ def _hint(status_hint):
 
 def _log_tail(path, lines=20):
     try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+        return redact_url("\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:]))
     except OSError as exc:
         return f"(log unreadable: {exc})"
+
+
+# an exception's line in a log: its class (dotted, ending Error, Exception or Exit) and message
+EXCEPTION_LINE = re.compile(r"\s*(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Failure)\b.*")
+
+
+def _log_cause(path) -> str:
+    """The last exception line of a log, else its last line, one line and at most 300
+    characters, a URL's password hidden."""
+    lines = [line.strip() for line in _log_tail(path, 200).splitlines() if line.strip()]
+    causes = [line for line in lines if EXCEPTION_LINE.fullmatch(line)]
+    cause = (causes or lines or ["the log is empty"])[-1]
+    return cause if len(cause) <= 300 else cause[:299] + "…"
+
+
+def _open_log(path: Path):
+    """``path`` opened for Locust's output, or a UserError naming it: opened without
+    blocking (a FIFO with no reader would wait forever), and only a regular file taken."""
+    if os.path.lexists(path):
+        check_file(path, sys.maxsize)  # a FIFO, a device, a directory: named
+    try:  # and one made meanwhile cannot block the open
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_NOCTTY, 0o644)
+    except OSError as error:
+        raise UserError(f"{path}: cannot write the load's log: {error.strerror}") from None
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "w")
 
 
 def _extra_body_arg(text):
@@ -355,36 +448,64 @@ def _seconds(text):
     return value
 
 
+def _gaps(text):
+    """An argparse type: ``0.001,0.1,1`` as ``load.wakeup_gaps_s`` takes it."""
+    gaps = [_number(part.strip(), float) for part in text.split(",")]
+    problem = key_problem(("load", "wakeup_gaps_s"), gaps)
+    if problem or any(later <= earlier for earlier, later in zip(gaps, gaps[1:], strict=False)):
+        raise argparse.ArgumentTypeError(f"{problem or 'not strictly ascending'} (as config key 'load.wakeup_gaps_s')")
+    return tuple(gaps)
+
+
 def main(argv=None):
     defaults = LoadSpec(duration_s=0)
-    parser = argparse.ArgumentParser(
-        prog="thermab load",
-        description="Closed-loop streaming load on an OpenAI-compatible server: requests.parquet and validity.json.",
+    parser = cli.parser(
+        "load",
+        "Streaming load (closed loop, think-time loop or open-loop arrivals) on an OpenAI-compatible\n"
+        "server: writes requests.parquet and validity.json (and the raw records, load events and\n"
+        "Locust's log beside them).",
     )
     parser.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--out", type=Path, required=True, help="requests.parquet to write (the rest goes beside it)")
-    parser.add_argument("--order", type=_as_key("order", parse=str), default="AB")
-    parser.add_argument("--rep", type=_as_key("repeats"), default=1)
-    parser.add_argument("--arm", type=_as_key("order", parse=str), default="A")
+    parser.add_argument("--order", type=_as_key("order", parse=str), default="AB", help="the run's order, recorded")
+    parser.add_argument("--rep", type=_as_key("repeats"), default=1, help="the repeat, recorded")
+    parser.add_argument("--arm", type=_as_key("order", parse=str), default="A", help="the arm letter, recorded")
     parser.add_argument(
         "--users",
         type=_as_key("load", "users"),
         default=defaults.users,
-        help="closed-loop slots (requests always in flight)",
+        help="closed-loop slots (requests always in flight); with --rate the cap on requests in flight",
     )
     parser.add_argument("--duration", type=_as_key("timings", "load_s"), required=True, help="load seconds")
-    parser.add_argument("--max-tokens", type=_as_key("load", "max_tokens"), default=defaults.max_tokens)
-    parser.add_argument("--prompt-tokens", type=_as_key("load", "prompt_tokens"), default=defaults.prompt_tokens)
-    parser.add_argument("--model", help="default: the first id of /v1/models")
+    parser.add_argument(
+        "--max-tokens", type=_as_key("load", "max_tokens"), default=defaults.max_tokens, help="tokens per response"
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=_as_key("load", "prompt_tokens"),
+        default=defaults.prompt_tokens,
+        help="tokens per prompt",
+    )
+    parser.add_argument("--model", help="the model to ask (default: the first id of /v1/models)")
     parser.add_argument(
         "--extra-body", type=_extra_body_arg, default={}, help='JSON object, e.g. \'{"reasoning_effort": "low"}\''
     )
     parser.add_argument("--no-probe", action="store_true", help="no single-stream probe (single-stream mode)")
     parser.add_argument("--probe-at", type=_seconds, help="seconds from the start (default: 60%% of the duration)")
-    parser.add_argument("--probe-n", type=_as_key("load", "probe_n"), default=defaults.probe_n)
-    parser.add_argument("--probe-tokens", type=_as_key("load", "probe_tokens"), default=defaults.probe_tokens)
     parser.add_argument(
-        "--stall-gap-s", type=_as_key("analysis", "stall_gap_s", parse=float), default=defaults.stall_gap_s
+        "--probe-n", type=_as_key("load", "probe_n"), default=defaults.probe_n, help="single-stream probe requests"
+    )
+    parser.add_argument(
+        "--probe-tokens",
+        type=_as_key("load", "probe_tokens"),
+        default=defaults.probe_tokens,
+        help="tokens per probe response",
+    )
+    parser.add_argument(
+        "--stall-gap-s",
+        type=_as_key("analysis", "stall_gap_s", parse=float),
+        default=defaults.stall_gap_s,
+        help="an inter-token gap at least this long counts as a stall",
     )
     parser.add_argument(
         "--stop-timeout",
@@ -392,9 +513,40 @@ def main(argv=None):
         default=defaults.stop_timeout_s,
         help="seconds in-flight requests get to finish",
     )
+    parser.add_argument(
+        "--rate",
+        type=_as_key("load", "rate", parse=float),
+        help="an open loop: requests per second (Poisson, or gamma with --burstiness); --users is its cap in flight",
+    )
+    parser.add_argument(
+        "--burstiness",
+        type=_as_key("load", "burstiness", parse=float),
+        default=defaults.burstiness,
+        help="the gamma shape of the arrival gaps with --rate (1: Poisson; below 1 burstier)",
+    )
+    parser.add_argument(
+        "--think-s", type=_as_key("load", "think_s", parse=float), help="mean think time of each user (exponential)"
+    )
+    parser.add_argument(
+        "--shape-seed",
+        type=_as_key("load", "shape_seed"),
+        default=defaults.shape_seed,
+        help="the seed of the drawn arrivals and think times (the same in every arm)",
+    )
+    parser.add_argument(
+        "--wakeup-gaps",
+        type=_gaps,
+        default=(),
+        help="wake-up probes after the load: idle gaps in seconds, comma-separated, ascending",
+    )
+    parser.add_argument(
+        "--wakeup-n", type=_as_key("load", "wakeup_n"), default=defaults.wakeup_n, help="probes per wake-up gap"
+    )
     parser.add_argument("--log", type=Path, help="Locust's output (default: locust.log beside --out)")
-    parser.add_argument("--locustfile", type=Path, help=f"default: {LOCUSTFILE}")
+    parser.add_argument("--locustfile", type=Path, help=f"the Locust file to run (default: {LOCUSTFILE})")
     args = parser.parse_args(argv)
+    if args.rate is not None and args.think_s is not None:
+        parser.error("--think-s belongs to a loop of users, --rate makes an open loop: give one")
     spec = LoadSpec(
         duration_s=args.duration,
         users=args.users,
@@ -408,6 +560,12 @@ def main(argv=None):
         probe_tokens=args.probe_tokens,
         stall_gap_s=args.stall_gap_s,
         stop_timeout_s=args.stop_timeout,
+        rate=args.rate,
+        burstiness=args.burstiness,
+        think_s=args.think_s,
+        shape_seed=args.shape_seed,
+        wakeup_gaps_s=args.wakeup_gaps,
+        wakeup_n=args.wakeup_n,
     )
     report = run_load(
         args.url,

@@ -19,6 +19,10 @@ ARRIVAL_GAP_S = 0.001
 TEXT_FIELDS = ("content", "reasoning_content", "reasoning")
 
 
+# A token count past this is no request's (and no int32 column's): a server's number, refused
+MAX_TOKEN_COUNT = 2**31 - 1
+
+
 class StreamFailure(HostError):
     """A request the server did not deliver a complete stream for; its text is the record's
     error (it never leaves the load)."""
@@ -31,6 +35,7 @@ class StreamReader:
         self.stall_gap_s = stall_gap_s
         self.t_start = time.time()
         self.t_first_token = None
+        self.first_step_s = None  # the first decode step: the second token chunk after the first
         self.t_last_token = None
         self.t_end = None
         self.responded = False
@@ -59,14 +64,11 @@ class StreamReader:
         if not isinstance(event, dict):
             raise ValueError(f"an event that is not a JSON object: {payload[:100]!r}")
         if event.get("error"):
-            raise StreamFailure(f"server error in stream: {event['error']}")
-        if event.get("usage"):
-            self.usage = event["usage"]
-        for choice in event.get("choices") or ():
-            delta = choice.get("delta")
-            if delta and any(delta.get(field) for field in TEXT_FIELDS):
-                self._token_chunk(now)
-                return
+            raise StreamFailure(f"server error in stream: {_shown(event['error'])}")
+        if event.get("usage") not in (None, {}):  # vLLM sends "usage": null on every text chunk
+            self.usage = usage_counts(event["usage"])
+        if any([_text_of(choice) for choice in _choices(event)]):  # every choice read, none skipped
+            self._token_chunk(now)
 
     def end(self):
         """The body has ended: without ``[DONE]`` the stream was cut short."""
@@ -79,6 +81,8 @@ class StreamReader:
         if self.t_first_token is None:
             self.t_first_token = now
         else:
+            if self.first_step_s is None:
+                self.first_step_s = now - self.t_first_token
             gap = now - self.t_last_token
             self.max_gap_s = gap if self.max_gap_s is None else max(self.max_gap_s, gap)
             if gap >= self.stall_gap_s:
@@ -103,7 +107,7 @@ class StreamReader:
             "t_end": self.t_end,
             "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": usage["completion_tokens"] if self.usage else self.token_chunks,
-            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+            "cached_tokens": usage.get("cached_tokens"),
             "ok": not self.error,
             "error": self.error,
             "max_gap_s": self.max_gap_s,
@@ -111,4 +115,63 @@ class StreamReader:
             "usage_source": "usage" if self.usage else "chunks",
             "token_arrivals": self.token_arrivals,
             "token_span_s": None if self.t_first_token is None else self.t_last_token - self.t_first_token,
+            "first_step_s": self.first_step_s,
         }
+
+
+def _shown(value) -> str:
+    text = str(value)
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def _choices(event: dict) -> list:
+    """The event's choices, each a JSON object; any other shape is a ValueError (a request
+    whose reply cannot be read is no ok request)."""
+    choices = event.get("choices")
+    if choices is None:
+        return []
+    if not isinstance(choices, list) or not all(isinstance(choice, dict) for choice in choices):
+        raise ValueError(f"'choices' is not a list of JSON objects: {_shown(choices)}")
+    return choices
+
+
+def _text_of(choice: dict) -> bool:
+    """Whether a choice's delta carries generated text; a delta or text field of another
+    shape is a ValueError."""
+    delta = choice.get("delta")
+    if delta is None:
+        return False
+    if not isinstance(delta, dict):
+        raise ValueError(f"'delta' is not a JSON object: {_shown(delta)}")
+    texts = [delta.get(name) for name in TEXT_FIELDS]
+    if not all(text is None or isinstance(text, str) for text in texts):
+        raise ValueError(f"a text field of 'delta' is not text: {_shown(delta)}")
+    return any(texts)
+
+
+def _count(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKEN_COUNT:
+        raise ValueError(f"usage {name} {_shown(value)[:40]} is not a token count (a whole number 0–{MAX_TOKEN_COUNT})")
+    return value
+
+
+def usage_counts(usage) -> dict:
+    """The server's ``usage`` as counts: ``completion_tokens`` (required), ``prompt_tokens``
+    and ``cached_tokens`` (None when not given), each a whole number from 0 to
+    MAX_TOKEN_COUNT; anything else is a ValueError naming the field."""
+    if not isinstance(usage, dict):
+        raise ValueError(f"'usage' is not a JSON object: {_shown(usage)}")
+    if "completion_tokens" not in usage:
+        raise ValueError(f"'usage' without completion_tokens: {_shown(usage)}")
+    details = usage.get("prompt_tokens_details")
+    if details is not None and not isinstance(details, dict):
+        raise ValueError(f"usage prompt_tokens_details is not a JSON object: {_shown(details)}")
+    given = {
+        "completion_tokens": usage["completion_tokens"],
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "cached_tokens": (details or {}).get("cached_tokens"),
+    }
+    return {
+        name: None if value is None and name != "completion_tokens" else _count(name, value)
+        for name, value in given.items()
+    }

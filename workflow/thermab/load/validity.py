@@ -11,6 +11,8 @@ import numpy as np
 import pandas as pd
 
 from thermab.contracts import REQUEST_COLUMNS, Validity
+from thermab.load.shapes import LATE_S, MAX_LATE_SHARE, WAKEUP, Shape, tolerance
+from thermab.load_levels import CLOSED, RATE
 
 PROMPT_TOLERANCE = 0.10  # measured prompt size this far from the target is reported
 # The load fell short of the configuration (docs/design.md, "Load validity") when:
@@ -22,8 +24,8 @@ MIN_TOKEN_ARRIVALS = 8  # separate arrivals of tokens
 MIN_ARRIVAL_SPAN_SHARE = 0.8  # whose first-to-last span covers this share of t_end - t_first_token
 
 
-def to_frame(records, *, order, rep, arm, users=None):
-    keys = {"order": order, "rep": rep, "arm": arm, "users": users}
+def to_frame(records, *, order, rep, arm, users=None, load_level=None):
+    keys = {"order": order, "rep": rep, "arm": arm, "users": users, "load_level": load_level}
     frame = pd.DataFrame.from_records(records, columns=[c for c in REQUEST_COLUMNS if c not in keys])
     for position, (name, value) in enumerate(keys.items()):
         frame.insert(position, name, value)
@@ -90,7 +92,7 @@ def bursts(arrivals):
 
 def _number(value, digits=3):
     """A JSON-friendly number: None for NaN/NA, plain int or rounded float otherwise."""
-    if value is None or pd.isna(value):
+    if value is None or pd.isna(value) or not np.isfinite(float(value)):
         return None
     if float(value).is_integer():
         return int(value)
@@ -106,8 +108,14 @@ def error_category(error):
     return error.split(": ", 1)[0]
 
 
-def validity_report(frame, window, *, users, max_tokens, prompt_tokens, probe_n, stall_gap_s) -> Validity:
-    """Was this the load intended? Facts with their n, then ``warnings`` in words."""
+def validity_report(
+    frame, window, *, users, max_tokens, prompt_tokens, probe_n, stall_gap_s, shape: Shape | None = None
+) -> Validity:
+    """Was this the load intended? Facts with their n, then ``warnings`` in words;
+    ``shape`` (default: a closed loop of ``users``) says by which rule."""
+    shape = shape or Shape(users)
+    wakeups = frame[frame["kind"] == WAKEUP]  # after the load: judged on their own
+    frame = frame[frame["kind"] != WAKEUP]
     start, end = window
     length = end - start
     load = frame[frame["kind"] == "load"]
@@ -175,6 +183,13 @@ def validity_report(frame, window, *, users, max_tokens, prompt_tokens, probe_n,
             "token_arrivals": [int(n) for n in ok_probe["token_arrivals"].dropna()],
             "decode_tok_s_median": _number(decode.median()),
         },
+        "shape": shape_report(frame, window, shape),
+        "wakeup": {
+            "n": int(wakeups["gap_s"].notna().sum()),
+            "ok": int((wakeups["ok"] & wakeups["gap_s"].notna()).sum()),
+            "gaps_s": sorted(float(gap) for gap in wakeups["gap_s"].dropna().unique()),
+            "first_error": wakeups.loc[~wakeups["ok"], "error"].iloc[0] if (~wakeups["ok"]).any() else None,
+        },
         "warnings": [],
     }
     report["warnings"] = warnings(report, probe_n)
@@ -206,7 +221,11 @@ def warnings(report: Validity, probe_n):
             f"{report['cached']['load_with_cached_tokens']} load requests hit the prefix cache: "
             "the prompts are not unique from their first tokens"
         )
-    if conc["inflight_mean"] is not None and conc["inflight_mean"] < conc["users"] - INFLIGHT_SLACK:
+    if (
+        closed_loop(report)
+        and conc["inflight_mean"] is not None
+        and conc["inflight_mean"] < conc["users"] - INFLIGHT_SLACK
+    ):
         out.append(
             f"mean in-flight requests {conc['inflight_mean']} for {conc['users']} users: "
             "the closed loop was not saturated (failures and their back-off, or a slow client)"
@@ -242,21 +261,35 @@ def warnings(report: Validity, probe_n):
         )
     if req["started_after_end"]:
         out.append(f"{req['started_after_end']} requests started after the load window ended")
-    return out
+    wakeup = report.get("wakeup", {})
+    if wakeup.get("first_error"):
+        out.append(
+            f"wake-up probes: {wakeup['ok']} of {wakeup['n']} after a gap succeeded; "
+            f"first error: {wakeup['first_error']}"
+        )
+    return out + shape_shortfalls(report.get("shape", {}))
+
+
+def closed_loop(report: Validity) -> bool:
+    """Whether the phase's load was a closed loop without think time (a report written
+    without a shape was): only then are ``users`` requests always in flight."""
+    return report.get("shape", {}).get("kind", CLOSED) == CLOSED
 
 
 def shortfalls(report: Validity):
     """How the load of a phase fell short of its configuration, in words (empty when it did
     not), from a validity report (``validity.json``): the closed loop not closed, requests
     shorter than max_tokens, prefix-cache hits or an aborted load. Any of them changes what
-    the server was asked to do, so the phase's numbers are not those of the configured load."""
+    the server was asked to do, so the phase's numbers are not those of the configured load.
+    A think-time loop or an arrival rate is judged by its shape's rule instead of the
+    closed loop's (``shapes.shape_shortfalls``)."""
     out = []
     if report.get("aborted"):
         out.append(f"load aborted: {report['aborted']}")
     conc = report["concurrency"]
     if conc["inflight_mean"] is None:
         out.append("no load window to measure requests in flight over")
-    elif conc["inflight_mean"] < conc["users"] - INFLIGHT_SLACK:
+    elif closed_loop(report) and conc["inflight_mean"] < conc["users"] - INFLIGHT_SLACK:
         out.append(f"{conc['inflight_mean']:.2f} of {conc['users']} requests in flight")
     share = report["full_length"]["share_of_ok_load"]
     if share is None:
@@ -265,7 +298,7 @@ def shortfalls(report: Validity):
         out.append(f"{share:.1%} of ok load requests at max_tokens={report['full_length']['max_tokens']}")
     if report["cached"]["load_with_cached_tokens"]:
         out.append(f"{report['cached']['load_with_cached_tokens']} load requests hit the prefix cache")
-    return out
+    return out + shape_shortfalls(report.get("shape", {}))
 
 
 def summary_line(report):
@@ -281,3 +314,84 @@ def summary_line(report):
         f"in flight {report['concurrency']['inflight_mean']}, probe {speed}, "
         f"{len(report['warnings'])} warnings"
     )
+
+
+def client_delay(load: pd.DataFrame) -> pd.Series:
+    """Seconds each request left after it was due, not counting a wait for a slot."""
+    return load["t_start"] - load["t_due"] - load["slot_wait_s"].fillna(0.0)
+
+
+def shape_report(frame: pd.DataFrame, window: tuple[float, float], shape: Shape) -> dict:
+    """The facts by which ``shape``'s rule judges a phase's load requests (``frame``, the
+    columns of requests.parquet) over the load ``window``."""
+    start, end = window
+    length = end - start
+    load = frame[frame["kind"] == "load"]
+    report = {"kind": shape.kind, "users": shape.users}
+    if shape.kind == CLOSED:
+        return report
+    due = load[load["t_due"].notna()] if "t_due" in load else load.iloc[:0]
+    delay = client_delay(due) if len(due) else pd.Series(dtype="float64")
+    report["client_delay_s"] = {
+        "n": len(delay),
+        "median": _number(delay.median(), 4),
+        "p99": _number(delay.quantile(0.99), 4) if len(delay) else None,
+        "late": int((delay > LATE_S).sum()),
+        "late_s": LATE_S,
+    }
+    if shape.kind == RATE:
+        started = int(((load["t_start"] >= start) & (load["t_start"] < end)).sum()) if length > 0 else 0
+        achieved = started / length if length > 0 else np.nan
+        report.update(
+            rate=shape.rate,
+            burstiness=shape.burstiness,
+            started=started,
+            achieved_rate=_number(achieved, 4),
+            rate_ratio=_number(achieved / shape.rate, 4),
+            tolerance=_number(tolerance(shape.rate * length, shape.burstiness**-0.5), 4),
+            delayed_by_cap=int((due["slot_wait_s"].fillna(0) > 0).sum()) if len(due) else 0,
+        )
+    else:
+        drawn = due["think_s"].dropna() if len(due) else pd.Series(dtype="float64")
+        report.update(
+            think_s=shape.think_s,
+            thinks=len(drawn),
+            drawn_mean_s=_number(drawn.mean(), 4),
+            think_ratio=_number(drawn.mean() / shape.think_s, 4) if len(drawn) else None,
+            tolerance=_number(tolerance(len(drawn), 1.0), 4),
+        )
+    return report
+
+
+def shape_shortfalls(report: dict) -> list[str]:
+    """How a phase's load fell short of its shape's rule, in words (empty when it did not)."""
+    kind = report.get("kind", CLOSED)
+    if kind == CLOSED:
+        return []
+    out = []
+    delay = report["client_delay_s"]
+    if delay["n"] and delay["late"] > MAX_LATE_SHARE * delay["n"]:
+        out.append(
+            f"{delay['late']} of {delay['n']} requests left more than {delay['late_s']:g} s after they were due "
+            f"(p99 {delay['p99']} s): the client fell behind its schedule"
+        )
+    if kind == RATE:
+        tolerated = report["tolerance"]
+        if report["rate_ratio"] is None or (tolerated is not None and abs(report["rate_ratio"] - 1) > tolerated):
+            out.append(
+                f"{report['achieved_rate']} requests/s started against the configured {report['rate']:g} "
+                f"(tolerance {report['tolerance']:.1%})"
+            )
+        if report["delayed_by_cap"] > MAX_LATE_SHARE * max(report["started"], 1):
+            out.append(
+                f"{report['delayed_by_cap']} of {report['started']} arrivals waited for one of the "
+                f"{report['users']} slots: the cap, not the rate, set the load"
+            )
+    elif report["think_ratio"] is None:
+        out.append("no think time was drawn")
+    elif report["tolerance"] is not None and abs(report["think_ratio"] - 1) > report["tolerance"]:
+        out.append(
+            f"think times drawn {report['drawn_mean_s']} s on average against the configured "
+            f"{report['think_s']:g} s (tolerance {report['tolerance']:.1%})"
+        )
+    return out

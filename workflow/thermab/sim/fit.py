@@ -328,10 +328,7 @@ def report(calibration: dict, data: dict) -> str:
 
 
 def figure(calibration: dict, data: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from thermab.headless import plt  # the Agg backend, literal text; only when a figure is drawn
 
     curves = expected_curves(calibration, data)
     colours = {"TSOC": "tab:red", "TUNC": "tab:blue", "TGPU": "tab:green", "TS0P": "black"}

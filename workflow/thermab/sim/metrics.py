@@ -85,6 +85,8 @@ E2E_BUCKETS = (
     1920.0,
     7680.0,
 )
+# vLLM's are its CUDA-graph capture sizes and max_num_batched_tokens; these span the same range
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -123,6 +125,22 @@ class ServerMetrics:
             "Histogram of e2e request latency in seconds.",
             buckets=E2E_BUCKETS,
         )
+        # speculative decoding and the engine's steps (vllm/v1/spec_decode/metrics.py, loggers.py)
+        self.drafts = made(Counter, "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self.draft_tokens = made(Counter, "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self.accepted_tokens = made(Counter, "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        self.accepted_per_position = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            labels + ["position"],
+            registry=self.registry,
+        )
+        self.iteration_tokens = made(
+            Histogram,
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            buckets=ITERATION_TOKENS_BUCKETS,
+        )
         self.success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -132,9 +150,19 @@ class ServerMetrics:
         self.labels = values
 
     def engine_state(self, state: dict) -> None:
+        """The scheduler's state after a step, and the step's own figures (``iteration``)."""
         self.running.set(state["running"])
         self.waiting.set(state["waiting"])
         self.kv_cache_usage.set(state["kv_cache_usage"])
+        iteration = state["iteration"]
+        self.iteration_tokens.observe(iteration["tokens"])
+        if iteration["drafts"]:
+            per_position = iteration["accepted_per_position"]
+            self.drafts.inc(iteration["drafts"])
+            self.draft_tokens.inc(iteration["drafts"] * len(per_position))
+            self.accepted_tokens.inc(sum(per_position))
+            for position, accepted in enumerate(per_position):
+                self.accepted_per_position.labels(position=str(position), **self.labels).inc(accepted)
 
     def track(self, outputs, prompt_tokens: int, finish_reason: str):
         """Pass the (emitted, finished) outputs of one request through, observing them."""

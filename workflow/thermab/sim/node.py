@@ -1,6 +1,7 @@
 """A simulated GB10 node: the files a real node has, under one root directory.
 
     python -m thermab.sim.node create ROOT --role head|worker [--cores 20] [--lost-wakeup]
+                                      [--no-restart-variance]
 
 creates (or completes, see :func:`create_node`) this tree::
 
@@ -19,7 +20,8 @@ creates (or completes, see :func:`create_node`) this tree::
     ROOT/sim.json                                             role, process pattern,
                                                               clocks, zone and power
                                                               model, time compression,
-                                                              placement, lost_wakeup
+                                                              placement, lost_wakeup,
+                                                              restart_variance
     ROOT/run/                                                 pid files, logs, gpu_busy_s
 
 The telemetry agent reads it with ``sys_root=ROOT`` and ``proc_root=ROOT/proc``; the
@@ -154,11 +156,14 @@ def _write_missing(path: Path, text: str) -> None:
         write_atomic(path, text)
 
 
-def create_node(root: Path, role: str, cores: int = 20, lost_wakeup: bool = False) -> None:
+def create_node(
+    root: Path, role: str, cores: int = 20, lost_wakeup: bool = False, restart_variance: bool = True
+) -> None:
     """Create or complete a node tree.  Idempotent: existing files are kept (the
     shm_broadcast.py may carry a patch, temperatures may be live); sim.json is rewritten.
     ``lost_wakeup``: the node's shared-memory readers can miss a notification after a
-    short spin (thermab.sim.shm)."""
+    short spin (thermab.sim.shm).  ``restart_variance``: each server start draws the
+    drafter's acceptance and a step-time factor (thermab.sim.restart)."""
     if role not in ROLES:
         raise ValueError("role must be one of %s, not %r" % (ROLES, role))
     root = Path(root).resolve()
@@ -204,6 +209,7 @@ def create_node(root: Path, role: str, cores: int = 20, lost_wakeup: bool = Fals
         "thermal": {"tick_s": THERMAL_TICK_S, "noise_c": CALIBRATION["noise_c"][role], "zones": zones},
         "placement": {key: CALIBRATION["placement"][key] for key in ("cluster1_share", "dwell_s")},
         "lost_wakeup": lost_wakeup,
+        "restart_variance": restart_variance,
         "power": power.power_model(role),
     }
     write_atomic(root / "sim.json", json.dumps(settings, indent=1) + "\n")
@@ -329,8 +335,14 @@ def main(argv=None) -> int:
     create.add_argument(
         "--lost-wakeup", action="store_true", help="readers may miss a notification after a short spin (off by default)"
     )
+    create.add_argument(
+        "--no-restart-variance",
+        dest="restart_variance",
+        action="store_false",
+        help="every server start runs the same drafter acceptance and step time (drawn per start by default)",
+    )
     args = parser.parse_args(argv)
-    create_node(args.root, args.role, args.cores, args.lost_wakeup)
+    create_node(args.root, args.role, args.cores, args.lost_wakeup, args.restart_variance)
     return 0
 
 

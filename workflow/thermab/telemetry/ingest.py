@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from thermab import jsonl
+from thermab import atomic, jsonl
 from thermab.contracts import Preflight
 from thermab.layout import PhaseDir, RunDir
 from thermab.telemetry import power, server_metrics
@@ -302,15 +302,18 @@ def write_telemetry(parts, path: Path) -> int:
     )
     sorting = [pq.SortingColumn(TELEMETRY_COLUMNS.index(c)) for c in SERIES_KEYS + ["t"]]
     rows = 0
-    with pq.ParquetWriter(
-        path,
-        schema,
-        store_schema=False,
-        sorting_columns=sorting,
-        compression="lz4",
-        use_dictionary=SERIES_KEYS + ["value"],
-        use_byte_stream_split=["t"],
-    ) as writer:
+    with (
+        atomic.replacing(path) as temporary,
+        pq.ParquetWriter(
+            temporary,
+            schema,
+            store_schema=False,
+            sorting_columns=sorting,
+            compression="lz4",
+            use_dictionary=SERIES_KEYS + ["value"],
+            use_byte_stream_split=["t"],
+        ) as writer,
+    ):
         for host, kind, readings in parts:
             for sensor, t, value in sorted_series(readings):
                 zeros = pa.array(np.zeros(len(t), np.int32))
@@ -430,7 +433,8 @@ def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, 
     out_telemetry.parent.mkdir(parents=True, exist_ok=True)
     merged = heapq.merge(parts(), frame_parts(server), key=lambda part: (part[0], part[1]))
     rows = write_telemetry(merged, out_telemetry)
-    requests(phase_request_files).to_parquet(out_requests, index=False)
+    with atomic.replacing(out_requests) as temporary:
+        requests(phase_request_files).to_parquet(temporary, index=False)
     _records, event_problems = jsonl.read_checked(files.events, "t", ("event",))
     report = {
         "telemetry_rows": rows,
@@ -439,5 +443,5 @@ def ingest(run_dir: Path, phase_request_files: list[Path], out_telemetry: Path, 
         "clock_offsets_s": {host: clock.record() for host, clock in offsets.items()},
         "sources": sources,
     }
-    files.ingest_report.write_text(json.dumps(report, indent=1))
+    atomic.write_text(files.ingest_report, json.dumps(report, indent=1))
     return report

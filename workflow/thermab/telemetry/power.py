@@ -9,9 +9,12 @@ that interval is skipped and counted) where it has none.  Where a domain has bot
 and readings, the counter is used: it holds all the energy between samples, a reading only
 the moment it was taken.  Pure functions on frames; ingest does the I/O.
 
-A host's total power sums its ``node`` domain where it has one, else its top-level domains
-(``package-N``, ``dram-N``, ``package-N-die-D``, ``gpuN``), never a sub-domain or another
-reading that overlaps them (``host_total_domains``; analysis/energy.py explains the choice).
+Each domain has a scope (``thermab.telemetry.agent.domain_scope``: node, module, cpu, gpu,
+dram, rail, part, other).  A host's total power sums its ``node`` domain where it has one,
+else its module meters where it has any (a Grace Hopper module holds its Grace socket and
+its GPU, so those are contained, never added to it), else its cpu, dram and gpu domains;
+never a rail, a sub-domain or another reading that overlaps them (``host_total_domains``;
+analysis/energy.py explains the choice, docs/power.md the sources).
 """
 
 from __future__ import annotations
@@ -21,13 +24,19 @@ import re
 import numpy as np
 import pandas as pd
 
-from thermab.telemetry.agent import POWER_UNITS
+from thermab.telemetry.agent import POWER_UNITS, domain_scope
 
 JOULES_PER_UNIT = {"uJ": 1e-6, "mJ": 1e-3}
 NODE_DOMAIN = "node"
-# packages, DRAM and GPUs as the agent names them (package-0, dram-0, gpu0; each die of a
-# multi-die package its own counter, package-0-die-1), and as other importers may (gpu-0, package)
-TOP_LEVEL_DOMAIN = re.compile(r"^(package|dram|gpu)(-?\d+)?(-die-\d+)?$")
+SUMMED_SCOPES = ("cpu", "dram", "gpu")  # disjoint parts of a node without a node or module meter
+# the parts of a node each scope holds: a total whose domains hold no "cpu" leaves the CPU out
+SCOPE_HOLDS = {
+    "node": ("cpu", "gpu", "memory", "the rest of the node"),
+    "module": ("cpu", "gpu", "memory"),
+    "cpu": ("cpu",),
+    "gpu": ("gpu",),
+    "dram": ("memory",),
+}
 IDLE_BEFORE_S = 10.0  # a host's idle power before a restart: its total over this long
 SENSOR = re.compile(r"^(?P<domain>.+) (?P<unit>{})(?::max=(?P<max>\d+))?$".format("|".join(POWER_UNITS)))
 
@@ -103,7 +112,39 @@ def host_total_domains(domains) -> list[str]:
     """The domains whose sum is a host's total power (see the module docstring)."""
     if NODE_DOMAIN in domains:
         return [NODE_DOMAIN]
-    return sorted(d for d in domains if TOP_LEVEL_DOMAIN.match(d))
+    scopes = {domain: domain_scope(domain)[0] for domain in domains}
+    modules = sorted(domain for domain, scope in scopes.items() if scope == "module")
+    return modules or sorted(domain for domain, scope in scopes.items() if scope in SUMMED_SCOPES)
+
+
+def container(domain: str, domains) -> str | None:
+    """The domain of ``domains`` whose reading holds ``domain``'s, None where none does: the
+    node holds every other; a Grace socket its rails; a module its Grace socket, rails, DRAM
+    and GPUs (the module of the same number, else the first); a RAPL package its sub-domains
+    (``package-0/core``)."""
+    scope, socket = domain_scope(domain)
+    if domain == NODE_DOMAIN:
+        return None
+    if NODE_DOMAIN in domains:
+        return NODE_DOMAIN
+    if scope == "part" and domain.split("/")[0] in domains:
+        return domain.split("/")[0]
+    if scope not in ("cpu", "gpu", "dram", "rail"):
+        return None
+    holders = [d for d in sorted(domains) if d != domain and domain_scope(d) == ("cpu", socket)]
+    holders = (holders if scope == "rail" and socket is not None else []) + [
+        d for d in sorted(domains) if domain_scope(d)[0] == "module"
+    ]
+    same_socket = [d for d in holders if domain_scope(d)[1] == socket]
+    return (same_socket or holders or [None])[0]
+
+
+def total_scope(domains) -> tuple[list[str], list[str], list[str]]:
+    """(the domains of a host's total, their scopes, the parts of the node they hold)."""
+    summed = host_total_domains(domains)
+    scopes = sorted({domain_scope(domain)[0] for domain in summed})
+    holds = sorted({part for scope in scopes for part in SCOPE_HOLDS.get(scope, ())})
+    return summed, scopes, holds
 
 
 def time_weighted_mean(t: np.ndarray, value: np.ndarray) -> float:

@@ -7,15 +7,23 @@ controller's clock.  What is kept, summed over the series' labels (one per engin
 
 - gauges: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
   ``vllm:kv_cache_usage_perc`` (older vLLM: ``vllm:gpu_cache_usage_perc``);
-- counters, raw: ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, and the
-  ``_sum`` and ``_count`` of the TTFT and inter-token-latency histograms.
+- counters, raw: ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, the
+  ``_count`` of ``vllm:iteration_tokens_total`` (the engine's steps), speculative
+  decoding's ``vllm:spec_decode_num_drafts_total``, ``…_num_draft_tokens_total`` and
+  ``…_num_accepted_tokens_total``, and the ``_sum`` and ``_count`` of the TTFT and
+  inter-token-latency histograms.
 
 Ingest (:func:`server_rows`) passes the gauges through under short names (``running``,
 ``waiting``, ``kv_cache_usage``) and turns the counters into rates over each pair of
 consecutive scrapes, at the pair's midpoint, as energy counters become watts:
 ``prompt_tok_s``, ``generation_tok_s``, and the mean TTFT and inter-token latency of the
-interval (Δsum / Δcount, none where no request finished its first token or step).  A
-counter that went down (the server restarted) skips that interval, counted.
+interval (Δsum / Δcount, none where no request finished its first token or step),
+``engine_steps_s``, and ``spec_drafts_s``, ``spec_draft_tokens_s``, ``spec_accepted_s``.  A
+counter that went down (the server restarted) skips that interval, counted; the
+spec-decode counters are read together, and where one of them went back within the phase
+or more tokens were accepted than drafted, none of their rates is made: one
+``spec_decode_fault`` row says which (``SPEC_FAULTS``), so that the phase's acceptance is
+empty with that reason (analysis/speed.py), never a number.
 
 The body is cut to the lines of the kept samples before prometheus_client's parser reads
 it (:func:`kept_lines`): the parser's cost is per line, and most of vLLM's lines are
@@ -56,17 +64,34 @@ GAUGES = {
     "vllm:kv_cache_usage_perc": "kv_cache_usage",
     "vllm:gpu_cache_usage_perc": "kv_cache_usage",
 }
-COUNTERS = {"vllm:prompt_tokens_total": "prompt_tok_s", "vllm:generation_tokens_total": "generation_tok_s"}
+COUNTERS = {
+    "vllm:prompt_tokens_total": "prompt_tok_s",
+    "vllm:generation_tokens_total": "generation_tok_s",
+    "vllm:iteration_tokens_total_count": "engine_steps_s",  # one observation per engine step
+}
+# speculative decoding's counters, checked together (spec_decode_faults) before their rates are made
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts_total": "spec_drafts_s",
+    "vllm:spec_decode_num_draft_tokens_total": "spec_draft_tokens_s",
+    "vllm:spec_decode_num_accepted_tokens_total": "spec_accepted_s",
+}
+# a phase whose spec-decode counters cannot be read as rates gets this sensor at the fault's
+# time, its value the fault's code, in place of their rates (analysis/speed.py says why)
+SPEC_FAULT = "spec_decode_fault"
+SPEC_FAULTS = {1: "went back within the phase", 2: "count more accepted than drafted tokens"}
 # histograms: (sum, count) -> the mean of the observations made in each interval
 HISTOGRAMS = {
     "ttft_mean_s": ("vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count"),
     "itl_mean_s": ("vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count"),
 }
-KEPT = set(GAUGES) | set(COUNTERS) | {name for pair in HISTOGRAMS.values() for name in pair}
+# the histograms' means have a value only for an interval in which the server observed one
+# (a request's first token, a decode step): no value there is no missing scrape
+EVENT_MEANS = frozenset(HISTOGRAMS)
+KEPT = set(GAUGES) | set(COUNTERS) | set(SPEC_COUNTERS) | {name for pair in HISTOGRAMS.values() for name in pair}
 MEAN_GAUGES = {"kv_cache_usage"}  # a share: averaged over engines, not summed
 # a line that is a kept sample: its name (the parser strips the line), then labels or the value
 KEPT_LINE = re.compile(r"^[ \t]*(?:{})[{{ \t].*$".format("|".join(map(re.escape, sorted(KEPT)))), re.MULTILINE)
-# a series per engine (vLLM labels each engine's): 1024 is 11 kept names of 93 engines; more
+# a series per engine (vLLM labels each engine's): 1024 is 15 kept names of 68 engines; more
 # is no vLLM server's, and what MAX_BYTES alone allows would cost the parser seconds (160 µs
 # a line measured on 2 busy cores: 0.7 s for 4096 lines, 13 s for a whole 3-MiB body)
 MAX_SERIES = 1024
@@ -91,10 +116,16 @@ def parse(text: str) -> dict[str, float]:
     KV-cache share averaged); raises ScrapeError on kept lines the parser rejects (what
     thermab does not read is not judged)."""
     totals: dict[str, list[float]] = {}
+    seen: set[tuple] = set()
     try:
         for family in text_string_to_metric_families(kept_lines(text)):
             for sample in family.samples:
-                if sample.name in KEPT and math.isfinite(sample.value):
+                series = (sample.name, tuple(sorted(sample.labels.items())))
+                if sample.name not in KEPT or series in seen:
+                    continue  # a series given twice is one series: its first sample
+                seen.add(series)
+                # every kept metric counts or measures something: a negative one is no reading
+                if math.isfinite(sample.value) and sample.value >= 0:
                     totals.setdefault(sample.name, []).append(sample.value)
     except (ValueError, TypeError, IndexError) as error:
         raise ScrapeError(f"malformed /metrics: {str(error)[:200]}") from None
@@ -266,9 +297,53 @@ def _rates(t: np.ndarray, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return (t[:-1] + t[1:])[keep] / 2, delta[keep], dt[keep], int((delta < 0).sum())
 
 
+def spec_decode_fault(wide: pd.DataFrame) -> int:
+    """The code (SPEC_FAULTS) of what makes one phase's spec-decode counters unreadable, 0
+    when nothing does: ``wide`` has a column per counter, a row per scrape in time order."""
+    values = wide.to_numpy(float)
+    if (np.diff(values, axis=0) < 0).any():
+        return 1
+    accepted, drafted = "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total"
+    if accepted in wide and drafted in wide and (wide[accepted] > wide[drafted]).any():
+        return 2
+    return 0
+
+
+def _spec_rows(frame: pd.DataFrame, notes: dict) -> list[pd.DataFrame]:
+    """The spec-decode counters of one phase as rates, or, where they went back or disagree,
+    one SPEC_FAULT row and none of their rates: a number made of them would be wrong."""
+    parts = []
+    for host, rows in frame[frame["sensor"].isin(list(SPEC_COUNTERS))].groupby("host", sort=True):
+        wide = rows.pivot_table(index="t", columns="sensor", values="value", aggfunc="last").sort_index()
+        fault = spec_decode_fault(wide)
+        if fault:
+            t = float(wide.index[-1])
+            parts.append(pd.DataFrame({"t": [t], "host": host, "sensor": SPEC_FAULT, "value": float(fault)}))
+            notes[f"{host}/server: spec-decode counters {SPEC_FAULTS[fault]}: their rates left out"] = 1
+            continue
+        for name, sensor in SPEC_COUNTERS.items():
+            if name in wide:
+                series = wide[name].dropna()
+                middle, delta, dt, _ = _rates(series.index.to_numpy(float), series.to_numpy(float))
+                parts.append(pd.DataFrame({"t": middle, "host": host, "sensor": sensor, "value": delta / dt}))
+    return parts
+
+
+def _readings(part: pd.DataFrame, host: str, notes: dict) -> pd.DataFrame:
+    """``part``'s rows whose value is a reading (finite, not negative: a counter that jumped
+    by more than a float holds gives an inf rate), the others counted in ``notes``."""
+    bad = ~(np.isfinite(part["value"]) & (part["value"] >= 0))
+    for sensor, n in part.loc[bad, "sensor"].value_counts().items():
+        key = f"{host}/server: {sensor} not a finite reading of at least 0, dropped"
+        notes[key] = notes.get(key, 0) + int(n)
+    return part[~bad]
+
+
+@np.errstate(over="ignore", invalid="ignore", divide="ignore")  # such values are dropped, counted
 def server_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     """Tidy rows of scraped samples (t, host, kind, sensor = the metric's name, value) ->
-    server telemetry (gauges under short names, counters as rates), and what was left out."""
+    server telemetry (gauges under short names, counters as rates), and what was left out:
+    a value that is no reading (non-finite or negative, docs/design.md) is dropped, counted."""
     notes: dict[str, int] = {}
     parts = []
     for (host, name), series in frame.sort_values("t", kind="stable").groupby(["host", "sensor"], sort=True):
@@ -280,6 +355,7 @@ def server_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
             parts.append(pd.DataFrame({"t": middle, "host": host, "sensor": COUNTERS[name], "value": delta / dt}))
             if resets:
                 notes[f"{host}/server: {name} went back (server restarted), interval skipped"] = resets
+    parts += _spec_rows(frame, notes)
     for sensor, (sum_name, count_name) in HISTOGRAMS.items():
         for host, rows in frame[frame["sensor"].isin([sum_name, count_name])].groupby("host", sort=True):
             wide = rows.pivot_table(index="t", columns="sensor", values="value", aggfunc="last").dropna()
@@ -294,6 +370,7 @@ def server_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
                     {"t": middle[observed], "host": host, "sensor": sensor, "value": total[observed] / count[observed]}
                 )
             )
+    parts = [_readings(part, part["host"].iloc[0], notes) for part in parts if len(part)]
     if not parts:
         return pd.DataFrame({"t": [], "host": [], "kind": [], "sensor": [], "value": []}), notes
     rows = pd.concat(parts, ignore_index=True).assign(kind="server")

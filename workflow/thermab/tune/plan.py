@@ -19,13 +19,13 @@ interval is the objective's.  After each look the tuner judges the trial:
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, field
 
+from thermab import load_levels
 from thermab.analysis.questions import NO, UNDECIDED, YES
 from thermab.analysis.sequential import look_alphas, looks
-from thermab.config import ConfigError
+from thermab.config import Config, ConfigError, Tune, thaw
 from thermab.experiment import plan as experiment_plan
 
 ORDER = "AB"  # A: the reference arm, B: the candidate
@@ -39,19 +39,19 @@ def rounded(value: float, digits: int) -> float:
     return float(f"{value:.{digits}g}")
 
 
-def initial_values(tune: dict, reference: float) -> list[float]:
+def initial_values(tune: Tune, reference: float) -> list[float]:
     """The search's initial design: ``startup_trials`` values evenly spaced on the scale
     across the range, both ends included (one: the middle), rounded as tried, the
     reference's own value left out (a trial of the reference against itself measures
     nothing).  A grid, not random draws: the first trials span the range whatever the seed."""
-    low, high, count, log = tune["min"], tune["max"], tune["startup_trials"], tune["scale"] == "log"
+    low, high, count, log = tune.min, tune.max, tune.startup_trials, tune.scale == "log"
     ends = (math.log(low), math.log(high)) if log else (low, high)
     points = (
         [ends[0] + (ends[1] - ends[0]) * i / (count - 1) for i in range(count)]
         if count > 1
         else [(ends[0] + ends[1]) / 2]
     )
-    values = [min(high, max(low, rounded(math.exp(p) if log else p, tune["digits"]))) for p in points]
+    values = [min(high, max(low, rounded(math.exp(p) if log else p, tune.digits))) for p in points]
     return [value for value in dict.fromkeys(values) if value != reference]
 
 
@@ -60,45 +60,47 @@ def literal(value: float) -> str:
     return repr(float(value))
 
 
-def objective_question(tune: dict, users=None) -> dict:
+def objective_question(tune: Tune, load: dict) -> dict:
     """The objective as a superiority question; in a run of levels (``load.users`` a list)
-    asked at the highest level only, so that a trial has one objective."""
-    question = {"metric": tune["objective"], "kind": tune["better"]}
-    levels = experiment_plan.levels(users)
-    return {**question, "users": [max(levels)]} if levels else question
+    asked at the last level the run's order reaches (the highest users) only, so that a
+    trial has one objective."""
+    question = {"metric": tune.objective, "kind": tune.better}
+    levels = experiment_plan.levels(load)
+    return {**question, load_levels.NAMES: [load_levels.ascending(levels)[-1].label]} if levels else question
 
 
-def trial_questions(tune: dict, users=None) -> list[dict]:
+def trial_questions(tune: Tune, load: dict) -> list[dict]:
     """The trial's questions: the constraints (each at the levels it names, or every level),
     then the objective (last)."""
-    return [*copy.deepcopy(tune["constraints"]), objective_question(tune, users)]
+    return [*thaw(tune.constraints), objective_question(tune, load)]
 
 
-def answer_keys(tune: dict, users=None) -> list[tuple[int, int | None]]:
-    """(index in ``trial_questions``, level) of each of the candidate's rows of
-    questions.csv, in its order: level by level, ascending (analysis.levels), each level's
-    questions in the order asked; the level None where ``load.users`` is a number."""
-    questions = trial_questions(tune, users)
-    levels = experiment_plan.levels(users) or [None]
+def answer_keys(tune: Tune, load: dict) -> list[tuple[int, str | None]]:
+    """(index in ``trial_questions``, the level's label) of each of the candidate's rows of
+    questions.csv, in its order: level by level in the run's order (analysis.levels), each
+    level's questions in the order asked; the level None where ``load.users`` is a number."""
+    questions = trial_questions(tune, load)
+    every = experiment_plan.levels(load)
     return [
-        (index, level)
-        for level in levels
+        (index, None if level is None else level.label)
+        for level in (load_levels.ascending(every) if every else [None])
         for index, question in enumerate(questions)
-        if level is None or level in question.get("users", [level])
+        if level is None or level in load_levels.asked_levels(question, every)
     ]
 
 
-def trial_config(config: dict, value: float) -> dict:
-    """The config a trial runs: the reference arm against ``value``, until decided."""
-    trial = copy.deepcopy(config)
-    tune = trial.pop("tune")
-    reference = next(iter(config["arms"].values()))
+def trial_config(config: Config, value: float) -> dict:
+    """The config a trial runs (a dict to write out): the reference arm against ``value``,
+    until decided."""
+    trial = thaw(config)
+    del trial["tune"]
+    reference = thaw(next(iter(config.arms.values())))
     trial.update(
         order=ORDER,
         repeats=1,
         until="decided",
-        questions=trial_questions(tune, config["load"]["users"]),
-        arms={REFERENCE: copy.deepcopy(reference), CANDIDATE: {"label": f"try-{value:g}", "value": literal(value)}},
+        questions=trial_questions(config.tune, trial["load"]),
+        arms={REFERENCE: reference, CANDIDATE: {"label": f"try-{value:g}", "value": literal(value)}},
     )
     return trial
 
@@ -109,15 +111,15 @@ def decision_phases(max_repeats: int) -> int:
     return len(ORDER) * min(r for r, alpha in alphas.items() if alpha > 0)
 
 
-def check_budget(config: dict) -> None:
+def check_budget(config: Config) -> None:
     """A budget below one decision is a config error, naming the key."""
-    needed = decision_phases(config["max_repeats"])
-    budget = config["tune"]["budget_phases"]
+    needed = decision_phases(config.max_repeats)
+    budget = config.tune.budget_phases
     if budget < needed:
         raise ConfigError(
             f"config key 'tune.budget_phases': {budget} phases is below what one decision needs "
             f"({needed}: both arms up to the first look that spends alpha, with max_repeats "
-            f"{config['max_repeats']})"
+            f"{config.max_repeats})"
         )
 
 
@@ -147,12 +149,12 @@ class Look:
         return self.rows[-1]
 
 
-def of_answers(repeats: int, rows: list[dict], keys: list[tuple[int, int | None]]) -> Look:
+def of_answers(repeats: int, rows: list[dict], keys: list[tuple[int, str | None]]) -> Look:
     """The look from the candidate's rows of questions.csv (``answer_keys`` names each): the
     objective's row last, each constraint's row at a level named with that level."""
     objective = max(index for index, _level in keys)
     constraints = [
-        {**row, "question": row["question"] + (f" at {level} users" if level is not None else "")}
+        {**row, "question": row["question"] + (f" at {level}" if level is not None else "")}
         for row, (index, level) in zip(rows, keys, strict=False)
         if index != objective
     ]

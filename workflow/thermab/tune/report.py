@@ -15,6 +15,7 @@ import pandas as pd
 
 from thermab import layout
 from thermab.analysis.questions import YES
+from thermab.config import Config
 from thermab.tune import plan
 
 TRIAL_COLUMNS = [
@@ -58,9 +59,9 @@ def trials_table(trials: list[plan.Trial]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=TRIAL_COLUMNS)
 
 
-def verdict_line(trials: list[plan.Trial], chosen: plan.Trial | None, config: dict) -> str:
+def verdict_line(trials: list[plan.Trial], chosen: plan.Trial | None, config: Config) -> str:
     """What the search found, said plainly."""
-    tune, name = config["tune"], config["setting"]["name"]
+    tune, name = config.tune, config.setting.name
     ran_out = [t for t in trials if t.action == plan.BUDGET]
     lines = []
     if not trials:
@@ -73,14 +74,14 @@ def verdict_line(trials: list[plan.Trial], chosen: plan.Trial | None, config: di
     elif chosen.beats_reference != YES:
         lines.append(
             f"No candidate beat the reference: the best feasible trial, {name} = {chosen.value:g}, has "
-            f"{tune['objective']} {chosen.objective:+.4g} against it (interval {chosen.ci_low:+.4g} to "
+            f"{tune.objective} {chosen.objective:+.4g} against it (interval {chosen.ci_low:+.4g} to "
             f"{chosen.ci_high:+.4g}), which does not tell it from the reference "
-            f"({tune['better']} was asked: {chosen.beats_reference})."
+            f"({tune.better} was asked: {chosen.beats_reference})."
         )
     else:
         lines.append(
-            f"Best: {name} = {chosen.value:g}, {tune['objective']} {chosen.objective:+.4g} against the "
-            f"reference (interval {chosen.ci_low:+.4g} to {chosen.ci_high:+.4g}, {tune['better']}: yes), "
+            f"Best: {name} = {chosen.value:g}, {tune.objective} {chosen.objective:+.4g} against the "
+            f"reference (interval {chosen.ci_low:+.4g} to {chosen.ci_high:+.4g}, {tune.better}: yes), "
             "every constraint yes."
         )
     if ran_out:
@@ -92,15 +93,15 @@ def verdict_line(trials: list[plan.Trial], chosen: plan.Trial | None, config: di
     return " ".join(lines)
 
 
-def best_record(trials: list[plan.Trial], chosen: plan.Trial | None, config: dict) -> dict:
-    tune = config["tune"]
+def best_record(trials: list[plan.Trial], chosen: plan.Trial | None, config: Config) -> dict:
+    tune = config.tune
     record = {
-        "setting": config["setting"]["name"],
-        "reference_value": next(iter(config["arms"].values()))["value"],
-        "objective_metric": tune["objective"],
-        "better": tune["better"],
+        "setting": config.setting.name,
+        "reference_value": next(iter(config.arms.values())).value,
+        "objective_metric": tune.objective,
+        "better": tune.better,
         "phases_used": sum(t.phases for t in trials),
-        "budget_phases": tune["budget_phases"],
+        "budget_phases": tune.budget_phases,
         "trials": len(trials),
         "budget_ran_out": any(t.action == plan.BUDGET for t in trials),
         "verdict": verdict_line(trials, chosen, config),
@@ -136,15 +137,12 @@ def best_record(trials: list[plan.Trial], chosen: plan.Trial | None, config: dic
     }
 
 
-def figure(path: Path, trials: list[plan.Trial], chosen: plan.Trial | None, config: dict) -> None:
+def figure(path: Path, trials: list[plan.Trial], chosen: plan.Trial | None, config: Config) -> None:
     """Objective (against the reference) over value: each trial with its interval; hollow
     red where infeasible, the chosen one starred."""
-    import matplotlib
+    from thermab.headless import plt  # the Agg backend, literal text; only when a figure is drawn
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tune = config["tune"]
+    tune = config.tune
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.axhline(0, color="0.4", lw=1, ls="--", label="reference arm")
     for feasible, style in (
@@ -168,14 +166,14 @@ def figure(path: Path, trials: list[plan.Trial], chosen: plan.Trial | None, conf
             ls="none",
             label=f"chosen ({chosen.value:g})",
         )
-    if tune["scale"] == "log":
+    if tune.scale == "log":
         ax.set_xscale("log")
-    ax.set_xlim(tune["min"], tune["max"])
-    ax.set_xlabel(config["setting"]["name"])
-    ax.set_ylabel(f"{tune['objective']}\n(candidate − reference; {tune['better']} is better)")
+    ax.set_xlim(tune.min, tune.max)
+    ax.set_xlabel(config.setting.name)
+    ax.set_ylabel(f"{tune.objective}\n(candidate − reference; {tune.better} is better)")
     ax.set_title(
         f"tune: {len(trials)} trial{'' if len(trials) == 1 else 's'}, "
-        f"{sum(t.phases for t in trials)} of {tune['budget_phases']} phases"
+        f"{sum(t.phases for t in trials)} of {tune.budget_phases} phases"
     )
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
@@ -183,17 +181,17 @@ def figure(path: Path, trials: list[plan.Trial], chosen: plan.Trial | None, conf
     plt.close(fig)
 
 
-def summary(trials: list[plan.Trial], chosen: plan.Trial | None, config: dict) -> str:
-    tune = config["tune"]
+def summary(trials: list[plan.Trial], chosen: plan.Trial | None, config: Config) -> str:
+    tune = config.tune
+    name, reference = config.setting.name, next(iter(config.arms.values())).value
     lines = [
-        f"# Tune of {config['setting']['name']} in [{tune['min']:g}, {tune['max']:g}] ({tune['scale']})",
+        f"# Tune of {name} in [{tune.min:g}, {tune.max:g}] ({tune.scale})",
         "",
         verdict_line(trials, chosen, config),
         "",
-        f"Objective: {tune['objective']} ({tune['better']} is better), each trial's candidate against the "
-        f"reference arm ({config['setting']['name']} = {next(iter(config['arms'].values()))['value']}) of its "
-        f"own trial. Phases: {sum(t.phases for t in trials)} of a budget of {tune['budget_phases']}; "
-        f"sampler {tune['sampler']}, trials racing (docs/tune.md).",
+        f"Objective: {tune.objective} ({tune.better} is better), each trial's candidate against the "
+        f"reference arm ({name} = {reference}) of its own trial. Phases: {sum(t.phases for t in trials)} "
+        f"of a budget of {tune.budget_phases}; sampler {tune.sampler}, trials racing (docs/tune.md).",
         "",
     ]
     if chosen is not None:
@@ -219,8 +217,8 @@ def summary(trials: list[plan.Trial], chosen: plan.Trial | None, config: dict) -
     return "\n".join(lines)
 
 
-def write(tune_dir: layout.TuneDir, config: dict, trials: list[plan.Trial]) -> None:
-    chosen = plan.best(trials, config["tune"]["better"])
+def write(tune_dir: layout.TuneDir, config: Config, trials: list[plan.Trial]) -> None:
+    chosen = plan.best(trials, config.tune.better)
     tune_dir.path.mkdir(parents=True, exist_ok=True)
     tune_dir.best.write_text(json.dumps(best_record(trials, chosen, config), indent=2, allow_nan=False) + "\n")
     trials_table(trials).to_csv(tune_dir.trials, index=False)

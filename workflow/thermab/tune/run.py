@@ -1,14 +1,19 @@
-"""``python -m thermab tune CONFIG [CONFIG ...]``: search ``tune``'s range for the setting's
-best value, each trial a real run of the workflow (docs/tune.md).
+"""Search the tune range for the setting's best value, each trial a real run of the
+workflow (docs/tune.md).
 
-Why a command and not a Snakemake target: the search is sequential and adaptive (the next
-value depends on every result so far, and a trial's next look on its last), while
-Snakemake's DAG is fixed when it starts.  So the tuner is the loop and Snakemake the
-experiment: each look of each trial is one invocation of the workflow in the trial's own
-directory (``layout.TrialDir``), with ``until: decided`` reaching one look at a time
-(``ONE_LOOK_ENV``), and everything a run does (patch, restart, load, cool down, restore,
-the guardian) happens as in any run.  Interrupted and run again, it opens its study,
-finishes the trial that was running (that run resumes at its look) and goes on."""
+    python -m thermab tune CONFIG [CONFIG ...] [--cores N]
+
+Interrupted and run again, it opens its study, finishes the trial that was running (that run
+resumes at its look) and goes on.
+"""
+
+# Why a command and not a Snakemake target: the search is sequential and adaptive (the next
+# value depends on every result so far, and a trial's next look on its last), while
+# Snakemake's DAG is fixed when it starts. So the tuner is the loop and Snakemake the
+# experiment: each look of each trial is one invocation of the workflow in the trial's own
+# directory (layout.TrialDir), with `until: decided` reaching one look at a time
+# (ONE_LOOK_ENV), and everything a run does (patch, restart, load, cool down, restore, the
+# guardian) happens as in any run.
 
 from __future__ import annotations
 
@@ -18,54 +23,46 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import yaml
 
-import thermab
-from thermab import config as thermab_config, layout
-from thermab.analysis.sequential import completed_repeats, looks
+from thermab import cli, config as thermab_config, layout
+from thermab.analysis.sequential import completed_repeats, looks, read_answers
 from thermab.errors import StageFailed, UserError
 from thermab.experiment import plan as experiment_plan
+from thermab.experiment.launch import SNAKEFILE
 from thermab.tune import ONE_LOOK_ENV, plan, report, study as tune_study
 
-SNAKEFILE = Path(thermab.__file__).resolve().parents[2] / "Snakefile"  # the checkout's (an editable install)
 
-
-def read_config(paths: list[str]) -> dict:
-    """The files merged as Snakemake merges several ``--configfile``s, then validated."""
-    from snakemake.utils import update_config
-
-    merged: dict = {}
-    for path in paths:
-        update_config(merged, thermab_config.read_file(path))
-    try:
-        config = thermab_config.validate(merged)
-    except thermab_config.ConfigError as error:
-        raise thermab_config.ConfigError(f"{paths[-1]}: {error}") from None
+def read_config(paths: list[str]) -> thermab_config.Config:
+    """The files merged as Snakemake merges several ``--configfile``s, validated, and the
+    view the tune reads them through."""
+    config = thermab_config.view(thermab_config.load(paths))
     if "tune" not in config:
         raise UserError(f"{paths[-1]}: no 'tune' section (config/README.md, 'tune')")
     plan.check_budget(config)
     return config
 
 
-def phases_run(trial: layout.TrialDir, cluster: str, users=None) -> int:
+def phases_run(trial: layout.TrialDir, cluster: str, load: dict) -> int:
     """Phase jobs the trial has run (in a run of levels each a restart and a window per level)."""
     return len(plan.ORDER) * completed_repeats(
-        trial.run(cluster, plan.ORDER).path, plan.ORDER, experiment_plan.levels(users)
+        trial.run(cluster, plan.ORDER).path, plan.ORDER, experiment_plan.levels(load)
     )
 
 
 def finished_look(
-    trial: layout.TrialDir, cluster: str, max_repeats: int, keys: list[tuple[int, int | None]], users=None
+    trial: layout.TrialDir, cluster: str, max_repeats: int, keys: list[tuple[int, str | None]], load: dict
 ) -> plan.Look | None:
     """The trial's last look, where its questions.csv answers the repeats on disk (``keys``:
-    ``plan.answer_keys``; ``users``: load.users)."""
+    ``plan.answer_keys``; ``load``: the config's load)."""
     run = trial.run(cluster, plan.ORDER)
-    done = completed_repeats(run.path, plan.ORDER, experiment_plan.levels(users))
+    done = completed_repeats(run.path, plan.ORDER, experiment_plan.levels(load))
     answers_path = run.table("questions")
     if done not in looks(plan.ORDER, max_repeats) or not answers_path.exists():
         return None
-    answers = pd.read_csv(answers_path)
+    answers = read_answers(answers_path)
+    if "arm" not in answers.columns:
+        raise UserError(f"{answers_path}: missing column(s) arm")
     answers = answers[answers["arm"] == plan.CANDIDATE]
     if len(answers) != len(keys) or answers["phases_per_arm"].max() < done:
         return None  # written by an earlier look
@@ -100,7 +97,7 @@ def snakemake_look(trial: layout.TrialDir, cluster: str, cores: int, snakefile: 
 
 
 def run_trial(
-    config: dict,
+    config: thermab_config.Config,
     tune_dir: layout.TuneDir,
     number: int,
     value: float,
@@ -110,25 +107,27 @@ def run_trial(
     snakefile: Path,
 ) -> plan.Trial:
     """A trial's looks, until racing stops it (``plan.judge``)."""
-    cluster = next(iter(config["clusters"]))
-    tune, max_repeats = config["tune"], config["max_repeats"]
+    cluster = next(iter(config.clusters))
+    tune, max_repeats = config.tune, config.max_repeats
+    # the experiment's functions take load as the config writes it (users a number or a list)
+    load = thermab_config.thaw(config.load)
     trial = tune_dir.trial(number)
     trial.path.mkdir(parents=True, exist_ok=True)
     trial.config.write_text(yaml.safe_dump(plan.trial_config(config, value), sort_keys=False))
-    keys = plan.answer_keys(tune, config["load"]["users"])
+    keys = plan.answer_keys(tune, load)
     while True:
-        left = tune["budget_phases"] - used_elsewhere - phases_run(trial, cluster, config["load"]["users"])
-        look = finished_look(trial, cluster, max_repeats, keys, config["load"]["users"])
+        left = tune.budget_phases - used_elsewhere - phases_run(trial, cluster, load)
+        look = finished_look(trial, cluster, max_repeats, keys, load)
         if look is not None:
-            action, why = plan.judge(look, tune["better"], best_estimate, max_repeats, left)
+            action, why = plan.judge(look, tune.better, best_estimate, max_repeats, left)
             say(
-                f"{trial.path.name} ({config['setting']['name']} = {value:g}): look at {look.phases} phases: "
+                f"{trial.path.name} ({config.setting.name} = {value:g}): look at {look.phases} phases: "
                 f"{action}{': ' + why if why else ''}"
             )
             if action != plan.CONTINUE:
                 return plan.trial_from_look(number, value, look, action, why)
         say(
-            f"{trial.path.name} ({config['setting']['name']} = {value:g}): running to its next look "
+            f"{trial.path.name} ({config.setting.name} = {value:g}): running to its next look "
             f"({left} phases of the budget left)"
         )
         snakemake_look(trial, cluster, cores, snakefile)
@@ -138,16 +137,17 @@ def say(text: str) -> None:
     print(f"thermab tune: {text}", file=sys.stderr, flush=True)
 
 
-def tune(config: dict, cores: int = 1, snakefile: Path = SNAKEFILE) -> layout.TuneDir:
+def tune(config: thermab_config.Config, cores: int = 1, snakefile: Path = SNAKEFILE) -> layout.TuneDir:
     """The whole search: trials while the budget holds a decision, then the report."""
-    cluster = next(iter(config["clusters"]))
-    tune_cfg = config["tune"]
+    cluster = next(iter(config.clusters))
+    tune_cfg = config.tune
     tune_dir = layout.tune_dir(cluster)
-    study = tune_study.open_study(tune_cfg, tune_dir.study, float(next(iter(config["arms"].values()))["value"]))
-    budget, needed = tune_cfg["budget_phases"], plan.decision_phases(config["max_repeats"])
+    reference = thermab_config.literal_number(next(iter(config.arms.values())).value)
+    study = tune_study.open_study(tune_cfg, tune_dir.study, reference)
+    budget, needed = tune_cfg.budget_phases, plan.decision_phases(config.max_repeats)
     pending = tune_study.interrupted(study)
     while True:
-        told = tune_study.results(study)
+        told = tune_study.results(study, tune_dir.study)
         used = sum(t.phases for t in told)
         if pending:
             number, value = pending.pop(0)
@@ -155,24 +155,42 @@ def tune(config: dict, cores: int = 1, snakefile: Path = SNAKEFILE) -> layout.Tu
             break  # no room left for one more decision
         else:
             number, value = tune_study.ask(study, tune_cfg)
+            left_over(tune_dir.trial(number), tune_dir.study)
         result = run_trial(
-            config, tune_dir, number, value, used, plan.best_estimate(told, tune_cfg["better"]), cores, snakefile
+            config, tune_dir, number, value, used, plan.best_estimate(told, tune_cfg.better), cores, snakefile
         )
         tune_study.tell(study, result)
-        report.write(tune_dir, config, tune_study.results(study))  # the answer so far, after every trial
-    report.write(tune_dir, config, tune_study.results(study))
+        report.write(tune_dir, config, tune_study.results(study, tune_dir.study))  # the answer so far
+    report.write(tune_dir, config, tune_study.results(study, tune_dir.study))
     return tune_dir
 
 
+def left_over(trial: layout.TrialDir, storage: Path) -> None:
+    """A trial the study has just asked for has no directory yet: one that is there was left
+    by another search (its study moved or deleted), and its looks are not this trial's."""
+    if os.path.lexists(trial.path):
+        raise UserError(
+            f"{trial.path}: left from another search ({storage} has just asked for this trial); "
+            "move the tune directory away to start a new search"
+        )
+
+
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (Snakemake waits for ever on 0 cores)."""
+    if not (text.isascii() and text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="thermab tune", description=__doc__.splitlines()[0])
+    parser = cli.parser("tune", __doc__)
     parser.add_argument(
         "configs",
         nargs="+",
         metavar="CONFIG",
         help="config files, merged in order as Snakemake's --configfile merges them",
     )
-    parser.add_argument("--cores", type=int, default=1, help="Snakemake's --cores for each look (default 1)")
+    parser.add_argument("--cores", type=at_least_one, default=1, help="Snakemake's --cores for each look (default 1)")
     parser.add_argument("--snakefile", type=Path, default=SNAKEFILE, help="the workflow (default: this checkout's)")
     args = parser.parse_args(argv)
     if not args.snakefile.is_file():  # a non-editable install has no checkout beside it

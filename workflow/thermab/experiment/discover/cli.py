@@ -1,26 +1,25 @@
-"""``thermab discover``: point it at real nodes, get a checked config.
+"""Point it at real nodes, get a checked config.
 
     python -m thermab discover NAME=URL [NAME=URL ...] [--head NAME] [--jump USER@HOST:PORT]
         [--key-file FILE] [--known-hosts FILE] [--container [HOST=]NAME|auto|none]
         [--endpoint URL] [--cluster NAME] [--setting-from CONFIG] [-o FILE]
 
-``URL`` is ``ssh://[user@]host[:port]`` (the transport of a run, host keys pinned in
-``--known-hosts``) or ``local://`` (this machine).  Nothing on a host changes: every command
-only reads (``/proc``, ``docker``/``podman ps`` and ``inspect``, the setting's file, ``import
-vllm`` with ``-B`` so no bytecode is written), and the agent's own discovery reaches the
-host's Python on its stdin.
+URL is ssh://[user@]host[:port] (the transport of a run, host keys pinned in
+--known-hosts) or local:// (this machine). Nothing on a host changes: every command only
+reads (/proc, docker or podman ps and inspect, the setting's file, import vllm with -B so no
+bytecode is written), and the agent's own discovery reaches the host's Python on its stdin.
 
 Per host it finds the running vLLM server (on the host or in a container), the Python that
 imports vllm and its version, the setting's file with its anchor count and current value,
 the serve command line, thermal zones with trip points, cpufreq policies, GPUs, whatever
-else the agent's sources report (power, ...), the clock offset, and whether ``/v1/models``
-answers.  It prints each fact with its source, and what it could not find with why; then
-writes a commented config (to ``-o FILE``, else stdout) with the lifecycle preset that fits,
-which passes ``check-config``.
+else the agent's sources report (power, ...), the clock offset, and whether /v1/models
+answers. It prints each fact with its source, and what it could not find with why; then
+writes a commented config (to -o FILE, else stdout) with the lifecycle preset that fits,
+which passes check-config.
 
 Exit 2: a user error, or a choice only the user can make (several servers or containers:
-the message names them and the flag that picks one).  Exit 1: something a run needs is
-missing (the table says what); nothing is written.  Exit 0: the config is written.
+the message names them and the flag that picks one). Exit 1: something a run needs is
+missing (the table says what); nothing is written. Exit 0: the config is written.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from thermab import config as thermab_config
+from thermab import cli, config as thermab_config
 from thermab.config import endpoint_problem, redact_url
 from thermab.experiment.discover.errors import Question, UsageError
 from thermab.experiment.discover.facts import render_table
@@ -47,12 +46,7 @@ from thermab.hosts.transport import TransportError
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="thermab discover",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.splitlines()[1:5]),
-    )
+    parser = cli.parser("discover", __doc__)
     parser.add_argument("hosts", nargs="+", metavar="NAME=URL", help="ssh://[user@]host[:port] or local://")
     parser.add_argument(
         "--head",
@@ -60,7 +54,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--jump", help="jump host for every SSH host, user@host:port")
     parser.add_argument("--key-file", help="private key for SSH (default: the ssh-agent)")
-    parser.add_argument("--known-hosts", help="pinned host keys (default ~/.ssh/known_hosts)")
+    parser.add_argument("--known-hosts", help="pinned host keys (default: ~/.ssh/known_hosts)")
     parser.add_argument(
         "--container",
         action="append",
@@ -74,7 +68,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="the OpenAI base URL (default: the head's address and its server's "
         "--port); its port also picks the head's server among several",
     )
-    parser.add_argument("--cluster", default=CLUSTER, help=f"the cluster's name in the config (default {CLUSTER})")
+    parser.add_argument("--cluster", default=CLUSTER, help="the cluster's name in the config")
     parser.add_argument(
         "--setting-from",
         type=Path,

@@ -7,6 +7,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from thermab.experiment.discover.power_domains import POWER_SOURCES, power_facts
 from thermab.hosts.transport import Result
 from thermab.telemetry import deploy
 from thermab.telemetry.agent import CpuFrequency
@@ -42,6 +43,8 @@ def summarize_agent(found: dict) -> tuple[list[tuple[str, str]], list[tuple[str,
     for name, facts in sorted(found.items()):
         if name == "gpu":
             continue  # GPUs are listed from nvidia-smi itself, with their names
+        if name in POWER_SOURCES and isinstance(facts, dict) and "error" not in facts:
+            continue  # every power domain is listed below, with its scope, whichever source it is from
         if facts is None:
             absent.append((name, "not on this host (the agent's source finds nothing to read)"))
         elif isinstance(facts, dict) and "error" in facts:
@@ -92,6 +95,10 @@ def summarize_agent(found: dict) -> tuple[list[tuple[str, str]], list[tuple[str,
             present.append((name, "available (read when sampling)"))
         else:
             present.append((name, json.dumps(facts, sort_keys=True)[:300]))
+    if any(name in found for name in POWER_SOURCES):
+        power_present, power_absent = power_facts(found)
+        present += power_present
+        absent += power_absent
     return present, absent
 
 

@@ -16,7 +16,7 @@ from thermab.experiment.discover.errors import UsageError
 from thermab.experiment.patch import anchor_matches, original_value
 
 # the study's setting and arms, shipped with the package so an installed thermab needs no
-# checkout; config/config.yaml states the same (tests/test_discover.py holds them equal)
+# checkout; config/config.yaml states the same (tests/integration/test_discover.py holds them equal)
 STOCK_SETTING = "stock-setting.yaml"
 VLLM_PACKAGE = re.compile(r"/(?:site|dist)-packages/vllm/(?P<rel>.+)$")
 

@@ -1,0 +1,137 @@
+"""evidence.md, the answer a reviewer pastes: one sentence per question with its verdict,
+estimate and interval in units, the design, the environment with the file's sha256 before
+and after, a link-free table of key numbers and collapsed details; summary.md and
+report.html open with the same headline; a simulated cluster is named in the first lines;
+an undecided question says what would decide it and the command."""
+
+import json
+import re
+
+import pandas as pd
+
+from support.synthetic_run import write_synthetic_run
+from thermab.analysis import questions
+from thermab.analysis.model import Plan
+from thermab.report import evidence
+from thermab.report.analyze import analyze
+from thermab.report.html_report import write_report
+
+SHA_BEFORE = "ab" * 32
+
+
+def _with_hosts(run_dir, simulated: bool, restored_sha: str = SHA_BEFORE):
+    """The preflight.json and restored events a run writes, for the synthetic run."""
+    facts = {
+        "transport": "local",
+        "uname": "Linux 6.8.0 aarch64",
+        "file": "/venv/vllm/distributed/device_communicators/shm_broadcast.py",
+        "sha256": SHA_BEFORE,
+        "vllm_version": None if simulated else "0.11.0",
+        "zones": [{"name": "TSOC"}, {"name": "TS1P"}],
+    }
+    if simulated:
+        facts["simulated"] = True
+    preflight = {"hosts": {"head": facts, "worker": dict(facts)}, "endpoint": {"url": "http://x:8000", "model": "m"}}
+    (run_dir / "preflight.json").write_text(json.dumps(preflight))
+    events = (run_dir / "events.jsonl").read_text().splitlines()
+    end = json.loads(events[-1])["t"]
+    for host in ("worker", "head"):
+        detail = {"file": facts["file"], "sha256": restored_sha if host == "head" else SHA_BEFORE}
+        events.append(json.dumps({"t": end + 1, "event": "restored", "host": host, "detail": detail}))
+    (run_dir / "events.jsonl").write_text("\n".join(events) + "\n")
+    return run_dir
+
+
+def _answer_block(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = lines.index("## Answer")
+    end = next(i for i in range(start + 2, len(lines)) if not lines[i].startswith(("- ", "  ")))
+    return lines[start:end]
+
+
+def test_the_headline_states_each_verdict_estimate_and_interval_in_units(tmp_path):
+    run_dir = _with_hosts(write_synthetic_run(tmp_path / "AB", reps=3, tok_s={"A": 85.0, "B": 60.0}), False)
+    answers = analyze(run_dir)["questions"]
+    text = (run_dir / "evidence.md").read_text()
+    block = _answer_block(text)
+    bullets = [line for line in block if line.startswith("- ")]
+    assert len(bullets) == len(answers) == 6
+    temperature = next(b for b in bullets if "head TSOC mean lower" in b)
+    assert re.search(
+        r"\*\*YES\*\*: .*patched vs stock\): −\d+\.\d °C \(90 % interval −[\d.]+ °C to −[\d.]+ °C;", temperature
+    )
+    throughput = next(b for b in bullets if b.startswith("- **NO**: output throughput"))
+    assert re.search(r"−\d+\.\d tok/s \(90 % interval .* tok/s; margin −4\.\d tok/s; 3 phases per arm\)", throughput)
+    assert "% CPU" in next(b for b in bullets if "vLLM CPU" in b)
+    assert "margin +0.5 gaps" in next(b for b in bullets if "stall gaps" in b)
+    assert "Simulated" not in text
+    design = text[text.index("### Design") : text.index("### Environment")]
+    assert "A = stock (busy_loop_s = 1, reference), 3 phase(s)" in design and "closed loop of" in design
+    environment = text[text.index("### Environment") : text.index("### Key numbers")]
+    assert "vLLM 0.11.0" in environment and f"`{SHA_BEFORE[:16]}` (same)" in environment
+    assert "shm_broadcast.py" in environment and "2 thermal zones" in environment
+    key = text[text.index("### Key numbers") : text.index("<details>")]
+    assert "](" not in key and "http" not in key
+    assert re.search(
+        r"\| output throughput \| 8\d\.\d tok/s \| patched \| 6\d\.\d tok/s \| −2\d\.\d tok/s \| −2\d\.\d % \|", key
+    )
+    assert text.index("<details>") < text.index("</details>") and text.rstrip().endswith("</details>")
+
+
+def test_summary_and_report_open_with_the_same_headline(tmp_path):
+    run_dir = _with_hosts(write_synthetic_run(tmp_path / "AB", reps=3), False)
+    analyze(run_dir)
+    summary = (run_dir / "summary.md").read_text()
+    assert _answer_block(summary) == _answer_block((run_dir / "evidence.md").read_text())
+    assert summary.startswith("# thermab: synthetic") and summary.index("## Answer") < summary.index("## Questions")
+    write_report(run_dir, run_dir / "report.html")
+    page = (run_dir / "report.html").read_text()
+    assert page.index("<h2>Answer</h2>") < page.index("<h2>Questions</h2>")
+
+
+def test_a_simulated_cluster_is_named_in_the_first_lines_of_each(tmp_path):
+    run_dir = _with_hosts(write_synthetic_run(tmp_path / "AB", reps=2), True, restored_sha="cd" * 32)
+    analyze(run_dir)
+    write_report(run_dir, run_dir / "report.html")
+    for name in ("evidence.md", "summary.md"):
+        first = (run_dir / name).read_text().splitlines()[:4]
+        assert any("**Simulated cluster.** head, worker are thermab's embedded simulation" in line for line in first)
+    page = (run_dir / "report.html").read_text()
+    assert page.index("Simulated cluster.") < page.index("<h2>Answer</h2>")
+    environment = (run_dir / "evidence.md").read_text()
+    assert "head (simulated)" in environment and "thermab's simulated vLLM" in environment
+    assert f"`{'cd' * 8}` (**differs**)" in environment  # the head's file came back otherwise
+
+
+def test_an_undecided_question_says_what_would_decide_it_and_the_command(tmp_path):
+    run_dir = _with_hosts(write_synthetic_run(tmp_path / "AB"), False)
+    analyze(run_dir, configfiles=["config/my-cluster.yaml"])
+    bullets = [b for b in _answer_block((run_dir / "evidence.md").read_text()) if b.startswith("- ")]
+    measured = [b for b in bullets if "not measured in this run" not in b]  # no power: no repeat can help
+    assert len(measured) == 5 and all(b.startswith("- **UNDECIDED**") for b in bullets)
+    command = "`snakemake --cores 1 all --configfile config/my-cluster.yaml --config until=decided max_repeats=8`"
+    assert all(b.endswith(command + ".") for b in measured), measured
+    assert all(
+        "(no interval; " in b and "1 phase per arm)" in b and "at least two phases per arm" in b for b in measured
+    )
+    ba = _with_hosts(write_synthetic_run(tmp_path / "BA", order="BA"), False)
+    analyze(ba)  # the command line is unknown from here: the reader is told to add the configfile
+    text = (ba / "evidence.md").read_text()
+    assert "--config order=BA until=decided max_repeats=8`" in text and "Add the `--configfile`" in text
+
+
+def test_the_command_asks_for_the_phases_the_open_questions_need_in_pairs():
+    def frame(needed, ran=3, verdict=questions.UNDECIDED):
+        return pd.DataFrame(
+            {"verdict": [verdict, questions.YES], "phases_needed": [needed, 99.0], "phases_per_arm": ran}
+        )
+
+    plan = Plan({"order": "AB"})
+    assert evidence.decide_repeats(frame(13.0), plan) == 14  # pairs: AB then BA
+    assert evidence.decide_repeats(frame(14.0), plan) == 14
+    assert evidence.decide_repeats(frame(2.0, ran=3), plan) == 6  # never fewer than one more pair
+    assert evidence.decide_repeats(frame(float("nan"), ran=1), plan) == 8  # no spread yet: the default cap
+    assert evidence.decide_repeats(frame(500.0), plan) == 100  # the schema's bound
+    assert evidence.decide_command(frame(13.0), Plan({"order": "BA"}), []) == (
+        "snakemake --cores 1 all --config order=BA until=decided max_repeats=14"
+    )

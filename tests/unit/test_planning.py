@@ -1,0 +1,178 @@
+"""Planning a study from a run (``python -m thermab plan``), its cluster-time budget and the
+throughput counted in the window: what a run says it would take to decide its questions,
+checked against the run it is read from (the power, against simulated studies:
+integration/test_planning_runs.py)."""
+
+import copy
+import json
+import math
+
+import pandas as pd
+import pytest
+import yaml
+from hypothesis import given, settings, strategies as st
+
+from support.paths import REPO as ROOT, default_config
+from support.synthetic_run import PHASE_S, write_synthetic_run
+from thermab.__main__ import main
+from thermab.analysis import metrics, planning, questions, sequential
+from thermab.analysis.model import Plan, load_run, read_events
+from thermab.config import ConfigError, validate
+from thermab.report import analyze
+
+DEFAULT = default_config()
+
+
+@pytest.fixture
+def raw():
+    return copy.deepcopy(DEFAULT)
+
+
+def test_timings_are_the_runs_own_and_cluster_hours_scale_them(tmp_path):
+    run = load_run(write_synthetic_run(tmp_path / "AB", reps=2))
+    timings = planning.measured_timings(run.events, time_scale=30)
+    # each synthetic job: restart_start, 15 s to load_start, PHASE_S of load, 120 s of cooldown
+    assert timings.job_s == pytest.approx(15 + PHASE_S + 120) and timings.jobs == 4
+    assert timings.baseline_s == pytest.approx(50)
+    assert timings.hours(4, 2) == pytest.approx((50 + 8 * 435) * 30 / 3600)
+    # a budget buys whole crossover blocks: 2 repeats of 2 arms at 435 s (×30) is 14.5 h
+    assert timings.repeats_within(14.0, 2, 2) == 0
+    assert timings.repeats_within(20.0, 2, 2) == 2
+    assert timings.repeats_within(45.0, 2, 2) == 6
+    assert planning.measured_timings(run.events.iloc[:0]) is None
+
+
+def test_throughput_in_the_window_counts_each_requests_share(tmp_path):
+    run = load_run(write_synthetic_run(tmp_path / "AB", tok_s={"A": 85.0, "B": 92.0}))
+    windows = metrics.load_windows(run.events)
+    performance = metrics.performance(run.requests, windows).set_index("arm")
+    # a closed loop at 85 and 92 tok/s (the fixture's first request of each user is shorter
+    # than the others but as long in tokens: a few % more in the window's first seconds)
+    in_window = performance["output_tok_s_in_window"]
+    assert in_window.to_dict() == pytest.approx({"A": 85.0, "B": 92.0}, rel=0.04)
+    assert in_window["B"] / in_window["A"] == pytest.approx(92 / 85, rel=0.005)
+    pooled = analyze.run_metrics(run, analyze.phase_tables(run))
+    throughput = pooled[pooled["metric"] == "output throughput"].set_index("arm")["value"]
+    assert throughput.to_dict() == pytest.approx(performance["output_tok_s_in_window"].to_dict())
+
+
+def test_one_phase_per_arm_says_what_it_cannot_estimate_and_what_one_more_pair_gives(tmp_path, capsys):
+    path = write_synthetic_run(tmp_path / "AB", reps=1)
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "One phase per arm: the spread between restarts cannot be estimated" in out
+    assert "2 phases per arm" in out and "1 residual df" in out and "5 residual df" in out
+    # throughput has a within-phase spread: its plan is a lower bound, and says so
+    assert "within a phase only, a lower bound" in out and "At least (the restart spread unknown)" in out
+
+
+def test_a_restart_cv_plans_speed_questions_and_a_budget_names_what_is_out_of_reach(tmp_path, capsys):
+    path = write_synthetic_run(tmp_path / "AB", reps=1, tok_s={"A": 85.0, "B": 85.0})
+    assert main(["plan", str(path), "--restart-cv", "7", "--hours", "0.6"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("- output throughput"))
+    # 5 % margin at 7 % restart CV (within-phase spread added): d ≈ 0.7, about 26 phases per arm
+    assert "restart CV 7 % assumed" in line
+    needed = int(line.split("by ")[1].split(" phases per arm")[0])
+    assert 24 <= needed <= 30
+    assert "out of reach in the budget" in line and "the smallest margin decided at this estimate is" in line
+
+
+def test_bad_hours_are_refused_in_one_line():
+    for bad in ("nan", "inf", "0", "-1", "x"):
+        with pytest.raises(SystemExit) as stop:
+            main(["plan", "somewhere", "--hours", bad])
+        assert stop.value.code == 2
+
+
+def test_the_smallest_margin_a_budget_decides_is_the_one_it_needs():
+    question = {"metric": "m", "kind": "non_inferior", "better": "higher", "margin": 0.0}
+    for repeats in (4, 8, 16):
+        distance = planning.smallest_effect(repeats)
+        margin = planning.smallest_margin(question, -0.3, distance)
+        needed = questions.phases_needed(questions.decisive_distance("non_inferior", 1, margin, -0.3), 1.0)
+        assert needed == pytest.approx(repeats, abs=1)
+    equivalence = {"metric": "m", "kind": "equivalent", "margin": 0.0}
+    assert planning.smallest_margin(equivalence, -0.3, 1.0) == pytest.approx(1.3)
+
+
+def test_an_estimate_on_the_margin_is_out_of_reach():
+    effect = {"diff": -1.0, "se": 0.5, "df": 5, "n": 4, "ref_n": 4, "ref": {"mean": 20.0, "sd": 1.0, "n": 4}}
+    run = Plan({"reference_arm": "A", "arms": {"A": {}, "B": {}}, "order": "AB"})
+    question = {"metric": "m", "kind": "non_inferior", "better": "higher", "margin": 1.0}
+    rows = planning.plan_rows([question], {("m", "B"): effect}, run, planning.Timings(0, 3600, 4), hours=100)
+    assert rows.loc[0, "reach"].startswith("out of reach: the estimate lies on the margin")
+    assert math.isnan(rows.loc[0, "phases_needed"])
+
+
+def test_the_budget_stops_when_the_next_look_cannot_fit(tmp_path):
+    path = tmp_path / "AB"
+    events = [{"t": 0.0, "event": "baseline_start"}, {"t": 100.0, "event": "baseline_end"}]
+    t = 100.0
+    for rep in range(1, 5):
+        for arm in sequential.order_of_repeat("AB", rep):
+            (path / "phases" / f"rep{rep}-{arm}").mkdir(parents=True)
+            (path / "phases" / f"rep{rep}-{arm}" / "phase.json").write_text("{}")
+            keys = {"order": "AB", "rep": rep, "arm": arm}
+            events += [{"t": t, "event": "restart_start", **keys}, {"t": t + 900, "event": "cooldown_end", **keys}]
+            t += 900
+    (path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    (path / "tables").mkdir()
+    pd.DataFrame({"phases_per_arm": [4], "verdict": ["undecided"]}).to_csv(path / "tables" / "questions.csv")
+    # 4 repeats took 8 × 900 s + 100 s = 2.03 h; the next look (2 repeats) needs 1 h more
+    assert planning.resume_within_budget(path, "AB", 8) == 6
+    assert planning.resume_within_budget(path, "AB", 8, budget_hours=3.1) == 6
+    assert planning.resume_within_budget(path, "AB", 8, budget_hours=2.9) == 4
+    fits, sentence = planning.budget_check(read_events(path / "events.jsonl"), 2, 4, 6, 2.9)
+    assert not fits and "does not fit" in sentence and "2.03 used" in sentence
+
+
+@pytest.mark.parametrize(
+    "budget, fragment",
+    [
+        (float("nan"), "not a finite number"),
+        (float("inf"), "not a finite number"),
+        (0, "budget_hours"),
+        (-1.0, "budget_hours"),
+        (0.5, "less than one pair of phases"),
+    ],
+)
+def test_a_bad_budget_is_a_one_line_config_error(raw, budget, fragment):
+    bad = copy.deepcopy(raw)
+    bad.update(until="decided", budget_hours=budget)
+    with pytest.raises(ConfigError) as error:
+        validate(bad, ROOT)
+    assert "budget_hours" in str(error.value) and fragment in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_a_budget_without_until_decided_is_refused(raw):
+    with pytest.raises(ConfigError, match="budget_hours"):
+        validate({**raw, "budget_hours": 8}, ROOT)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True, width=64))
+def test_budget_hours_is_accepted_exactly_when_it_fits_one_pair(budget):
+    config = {**copy.deepcopy(DEFAULT), "until": "decided", "budget_hours": budget}
+    timings = DEFAULT["timings"]
+    floor = (timings["baseline_s"] + 2 * timings["load_s"]) * timings["time_scale"] / 3600
+    fits = math.isfinite(budget) and 0 < budget <= 1e6 and budget >= floor
+    try:
+        validate(config, ROOT)
+        accepted = True
+    except ConfigError as error:
+        assert "budget_hours" in str(error) and "\n" not in str(error)
+        accepted = False
+    assert accepted == fits
+
+
+def test_plan_of_a_directory_that_is_no_run_is_one_line(tmp_path, capsys):
+    assert main(["plan", str(tmp_path / "nothing-here")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "nothing-here" in error
+
+
+def test_the_plans_repeats_bound_is_the_schemas():
+    schema = yaml.safe_load((ROOT / "workflow" / "thermab" / "config.schema.yaml").read_text())
+    assert planning.MAX_REPEATS == schema["properties"]["max_repeats"]["maximum"]

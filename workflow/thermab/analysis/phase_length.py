@@ -1,0 +1,176 @@
+"""The load window of each phase of ``until: decided`` (docs/planning.md, "The window the
+open questions need"): the run's full window, ``timings.load_s``, while any question outside
+``metric_names.BETWEEN_RESTARTS`` is open; once a look leaves only questions of speed and
+energy per token open, the next crossover block runs the window they need.
+
+Their spread is between restarts (a CV of 7–15 %, docs/simulation.md), the noise of a
+phase's own window a small part of it, so a window only long enough that its noise stays
+small beside the restart spread decides them almost as fast and takes less cluster time.
+The rule: the within-phase standard error of the throughput (``metrics.in_window_se``)
+scales as 1/√window; the next block runs the shortest window at which it is at most
+``WITHIN_SHARE`` of the spread between restarts seen so far, not below ``timings.min_load_s``
+and never above ``timings.load_s``.  Every phase of a block, so both arms of each pair, runs
+the same window.  The other speed and per-token metrics follow the throughput: J/token is
+the window's energy over its tokens, whose relative error is the throughput's (the power
+moves far less), and the probes' decode speed does not depend on the window at all.
+
+Every other metric pools only the phases of the run's full window (``full_window_only``):
+a heat metric's phase is one climb up a heat-up ramp, whose mean depends on how long it
+climbed, and a count of stall gaps on how long it counted.  They are decided on the full
+windows before any shorter one runs, and stay decided on them.
+
+Pure functions over the run's tables; ``job_windows`` reads them from the run directory for
+the workflow's rules.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from thermab.analysis import sequential, stats
+from thermab.analysis.levels import LEVEL
+from thermab.analysis.metrics import PHASE_KEYS, long
+from thermab.analysis.planning import restart_spread
+from thermab.analysis.questions import UNDECIDED
+from thermab.config import read_bounded
+from thermab.errors import UserError
+from thermab.experiment import plan
+from thermab.layout import RunDir
+from thermab.load_levels import Level
+from thermab.metric_names import BETWEEN_RESTARTS, OUTPUT_THROUGHPUT
+
+WITHIN_SHARE = 1 / 3  # the within-phase standard error's most, as a share of the restart spread
+NUMBERS = ["rep", "window_s", "output_tok_s_in_window", "output_tok_s_se"]  # what it reads of performance.csv
+MAX_TABLE_BYTES = 64 * 2**20  # a performance.csv of 100 repeats at 32 levels is far less
+
+
+def next_window_s(open_metrics, within_se_1s: float, restart_sd: float, load_s: int, min_load_s: int) -> int:
+    """The load window of the next block of phases: ``load_s`` unless every open metric is one
+    of BETWEEN_RESTARTS, a spread between restarts was seen and a within-phase error measured;
+    then the shortest whole seconds w at which ``within_se_1s`` / √w is at most WITHIN_SHARE ×
+    ``restart_sd``, not below ``min_load_s`` and never above ``load_s``."""
+    open_metrics = set(open_metrics)
+    if not open_metrics or not open_metrics <= BETWEEN_RESTARTS:
+        return int(load_s)
+    if not (restart_sd > 0 and math.isfinite(restart_sd) and math.isfinite(within_se_1s)):
+        return int(load_s)  # no restart spread seen: the window's own noise is all there is
+    needed = math.ceil((within_se_1s / (WITHIN_SHARE * restart_sd)) ** 2)
+    return int(min(load_s, max(min_load_s, needed)))
+
+
+def within_se_1s(performance: pd.DataFrame) -> float:
+    """The within-phase standard error of the throughput of a 1-s window: se × √window of
+    each phase, their root mean square; NaN without one."""
+    se, window = performance["output_tok_s_se"].astype(float), performance["window_s"].astype(float)
+    known = se.notna() & (window > 0)
+    return float(np.sqrt(np.mean(se[known] ** 2 * window[known]))) if known.any() else math.nan
+
+
+def restart_sd(performance: pd.DataFrame, order: str, reference: str) -> float:
+    """The throughput's spread between restarts seen in a crossover run's phases: the residual
+    sd of its arm effect (OLS arm + position, ``stats.arm_effects``) less the phases' own
+    noise (``planning.restart_spread``); the smallest over the arms.  NaN where it cannot be
+    estimated (one phase per arm)."""
+    values = long(performance, "output_tok_s_in_window", OUTPUT_THROUGHPUT, "tok/s").dropna(subset=["value"])
+    values["order"] = [plan.order_of_repeat(order, int(rep)) for rep in values["rep"]]
+    within = performance["output_tok_s_se"].astype(float).dropna()
+    within_sd = float(np.sqrt(np.mean(within**2))) if len(within) else math.nan
+    spreads = [
+        restart_spread(effect["se"] / math.sqrt(1 / effect["n"] + 1 / effect["ref_n"]), within_sd)
+        for effect in stats.arm_effects(values, reference).values()
+    ]
+    spreads = [spread for spread in spreads if not math.isnan(spread)]
+    return min(spreads) if spreads else math.nan
+
+
+def look_window_s(
+    performance: pd.DataFrame, answers: pd.DataFrame, order: str, reference: str, load_s: int, min_load_s: int
+) -> int:
+    """The window of the block after a look, from its performance.csv and questions.csv: at
+    each level of load (a run of levels) ``next_window_s`` of that level, the longest of them."""
+    open_metrics = answers.loc[answers["verdict"] == UNDECIDED, "metric"]
+    if LEVEL in performance and performance[LEVEL].notna().any():
+        levels = [level for _label, level in performance.groupby(LEVEL, sort=False)]
+    else:
+        levels = [performance]
+    return max(
+        next_window_s(open_metrics, within_se_1s(level), restart_sd(level, order, reference), load_s, min_load_s)
+        for level in levels
+    )
+
+
+def job_windows(
+    run_dir: Path,
+    order: str,
+    reference: str,
+    repeats: int,
+    max_repeats: int,
+    every: list[Level] | None,
+    load_s: int,
+    min_load_s: int,
+) -> dict[int, int]:
+    """rep → the load window of that repeat's phases in an ``until: decided`` run reaching
+    ``repeats``: a repeat with a phase.json keeps the window it ran (so its job is never
+    redone for a new one), the rest of its look's block takes the same, and a block not yet
+    begun the window the latest look's tables give (``look_window_s``; ``load_s`` before the
+    first look)."""
+    recorded = plan.recorded_windows(run_dir, order, repeats, crossover=True, every=every)
+    windows, start, upcoming = {}, 1, None
+    for look in sequential.looks(order, max(max_repeats, repeats)):
+        block, start = range(start, look + 1), look + 1
+        if block.start > repeats:
+            break
+        ran = [recorded[rep] for rep in block if rep in recorded]
+        if not ran and upcoming is None:
+            upcoming = _latest_look_window(run_dir, order, reference, load_s, min_load_s)
+        for rep in block:
+            windows[rep] = recorded.get(rep, ran[0] if ran else upcoming)
+    return {rep: window for rep, window in windows.items() if rep <= repeats}
+
+
+def _latest_look_window(run_dir: Path, order: str, reference: str, load_s: int, min_load_s: int) -> int:
+    files = RunDir(run_dir)
+    questions, performance = files.table("questions"), files.table("performance")
+    if not (questions.is_file() and performance.is_file()):
+        return int(load_s)
+    answers, table = sequential.read_answers(questions), _read_performance(performance)
+    if "metric" not in answers or table is None:
+        return int(load_s)  # tables without what the rule reads: the full window
+    return look_window_s(table, answers, order, reference, load_s, min_load_s)
+
+
+def _read_performance(path: Path) -> pd.DataFrame | None:
+    """performance.csv with its numbers as numbers; None where it lacks a column the rule
+    reads; a file that is not such a table is a UserError naming it."""
+    try:
+        table = pd.read_csv(io.BytesIO(read_bounded(path, MAX_TABLE_BYTES)), encoding="utf-8")
+    except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise UserError(f"{path}: not a performance table: {' '.join(str(error).split())[:200]}") from None
+    if any(column not in table for column in [*PHASE_KEYS, *NUMBERS]):
+        return None
+    numbers = table[NUMBERS].apply(pd.to_numeric, errors="coerce")
+    rep = numbers["rep"]
+    if (numbers.isna() & table[NUMBERS].notna()).any().any() or rep.isna().any() or (rep != rep.round()).any():
+        raise UserError(f"{path}: a column of {', '.join(NUMBERS)} holds a value that is not a number (rep: whole)")
+    return table.assign(
+        **numbers.astype({"rep": "int64"}), order=table["order"].astype(str), arm=table["arm"].astype(str)
+    )
+
+
+def full_window_only(values: pd.DataFrame, validity: pd.DataFrame) -> pd.DataFrame:
+    """The per-phase metrics of one run (``analyze.run_metrics``'s rows, keyed by the run's
+    own order) without the phases of a shorter window than the run's longest for every
+    metric outside BETWEEN_RESTARTS; a phase whose window is not recorded counts as full."""
+    if "load_s" not in validity or validity["load_s"].isna().all() or values.empty:
+        return values
+    phases = validity.assign(rep=validity["rep"].astype("int64"), load_s=validity["load_s"].astype("float64"))
+    lengths = phases.set_index(PHASE_KEYS)["load_s"]
+    keys = pd.MultiIndex.from_frame(values[PHASE_KEYS].astype({"rep": "int64"}))
+    asked = pd.Series(lengths.reindex(keys).to_numpy(), index=values.index)
+    keep = values["metric"].isin(BETWEEN_RESTARTS) | ~(asked < lengths.max())
+    return values[keep].reset_index(drop=True)

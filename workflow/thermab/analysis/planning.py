@@ -1,0 +1,504 @@
+"""Time to a decision: what a run says about the study that would decide its questions, as
+pure functions (``python -m thermab plan RUN_DIR``, the open questions' paragraph of
+summary.md, and the cluster-time budget of ``until: decided``; docs/planning.md).
+
+**The spread.**  Per question, the spread *between phases* is the residual sd of the arm
+effect the question is tested on (``stats.arm_effects``: se / √(1/n + 1/n_ref)); each phase
+restarts the server, so it holds the spread between restarts and what is left of the noise
+within a phase.  The spread *within a phase* is measured where a phase's value is a rate over
+its window (the in-window throughput): ``performance.csv``'s ``output_tok_s_se``, the
+standard error of the phase's rate from ``metrics.BATCHES`` equal parts of its window
+(batch means, ``metrics.in_window_se``).  The spread between restarts is then
+√(between² − within²), or zero where the phases spread no more than their windows explain.
+A heat metric's phase is one trajectory up a heat-up ramp: its parts are not exchangeable,
+so it has no within-phase figure.
+
+**The power solver.**  statsmodels' ``TTestIndPower``, one-sided at α, for the distance
+between the estimate and the bound that would decide the question (``questions``), with
+``n`` phases in each arm.  Independent samples, not ``TTestPower`` on pair differences:
+every phase restarts the server, so the restart spread enters each phase on its own and no
+pair of phases shares it (a paired test gains only where a pair shares a random effect); the
+drift along a pair is the position term of the OLS fit, not a pairing.  The solver's t has
+2n − 2 df where the fit has 2n − 3: tests/unit/test_planning.py simulates a planned study and
+measures the power it reaches.
+
+**Cluster time.**  A phase job (patch, restart, load window(s), cooldown) takes what the
+run's events measured (the median job, from its first ``patch_applied`` or ``restart_start``
+to its last ``cooldown_end``), the baseline once; ``time_scale`` study seconds stand for one
+second of the run (30 on the simulated cluster, ``timings.time_scale``).  A plan is whole
+crossover blocks of repeats (``sequential.pair_size``), as ``until: decided`` runs them.
+
+**A restart CV to plan for** (``restart_cv_pct``): for the metrics restarts move (speed and
+energy per token, ``metric_names.BETWEEN_RESTARTS``) the planned sd becomes
+√(within² + (CV × mean)²) in place of the measured between-phase spread: a plan for a
+cluster whose restart spread the run could not see (one phase per arm) or did not have.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from thermab.analysis import sequential
+from thermab.analysis.metrics import PHASE_KEYS
+from thermab.analysis.model import Plan, read_events
+from thermab.analysis.questions import (
+    ALPHA,
+    POWER,
+    UNDECIDED,
+    decisive_distance,
+    gain_sign,
+    margin_in_unit,
+    phases_needed as solve_phases,
+)
+from thermab.config import question_words
+from thermab.layout import RunDir
+from thermab.metric_names import BETWEEN_RESTARTS, OUTPUT_THROUGHPUT
+
+PLAN_COLUMNS = [
+    "question",
+    "metric",
+    "arm",
+    "kind",
+    "verdict",
+    "phases_per_arm",
+    "estimate",
+    "between_sd",
+    "within_sd",
+    "restart_sd",
+    "planned_sd",
+    "sd_from",
+    "distance",
+    "phases_needed",
+    "repeats_needed",
+    "hours_needed",
+    "budget_repeats",
+    "budget_distance",
+    "smallest_margin",
+    "smallest_margin_pct",
+    "reach",
+]
+MAX_REPEATS = 100  # max_repeats' bound in config.schema.yaml (tests/unit/test_planning.py holds them equal)
+MAX_PLANNED_REPEATS = 10_000  # beyond this a margin is out of reach whatever the budget
+
+
+@dataclass(frozen=True)
+class Timings:
+    """What a run's clock measured: seconds of the baseline and of one phase job (median),
+    and ``time_scale`` study seconds per second of the run."""
+
+    baseline_s: float
+    job_s: float
+    jobs: int
+    time_scale: float = 1.0
+
+    def hours(self, repeats: int, arms: int) -> float:
+        """Cluster-hours of a study of ``repeats`` repeats of ``arms`` arms, baseline included."""
+        return (self.baseline_s + repeats * arms * self.job_s) * self.time_scale / 3600
+
+    def repeats_within(self, hours: float, arms: int, block: int) -> int:
+        """The most repeats, in whole blocks, whose study fits in ``hours`` (0: not one block)."""
+        per_block = block * arms * self.job_s * self.time_scale / 3600
+        room = hours - self.baseline_s * self.time_scale / 3600
+        if per_block <= 0 or room < per_block:
+            return 0
+        return int(min(MAX_PLANNED_REPEATS, math.floor(room / per_block + 1e-9) * block))
+
+
+def study_plan(
+    run,
+    performance: pd.DataFrame,
+    pooled: pd.DataFrame,
+    answers: pd.DataFrame | None,
+    *,
+    hours: float | None = None,
+    restart_cv_pct: float | None = None,
+    time_scale: float | None = None,
+) -> tuple[Timings | None, pd.DataFrame]:
+    """The plan of one run (a model.RunData at one level) from its performance table, pooled
+    per-phase metrics and questions.csv: (its timings, ``plan_rows``).  ``time_scale``:
+    in place of run.json's (1 where it has none)."""
+    from thermab.analysis import stats
+
+    config = run.plan
+    scale = time_scale if time_scale is not None else float(config.get("time_scale", 1.0))
+    timings = measured_timings(run.events, scale)
+    se = performance["output_tok_s_se"].dropna()
+    within = {OUTPUT_THROUGHPUT: float(np.sqrt(np.mean(se**2)))} if len(se) else {}
+    effects = stats.arm_effects(pooled, config.reference_arm) if len(pooled) else {}
+    rows = plan_rows(
+        config.questions,  # a level's plan holds the questions asked at it (levels.plan_at)
+        effects,
+        config,
+        timings,
+        answers=answers,
+        within=within,
+        restart_cv_pct=restart_cv_pct,
+        hours=hours,
+    )
+    return timings, rows
+
+
+def measured_timings(events: pd.DataFrame, time_scale: float = 1.0) -> Timings | None:
+    """The run's timings from its events; None where no phase job ran from its restart to
+    its cooldown's end (an imported run)."""
+    if events.empty or "event" not in events:
+        return None
+    marks = events[events["event"].isin(["patch_applied", "restart_start", "cooldown_end"])].dropna(subset=["rep"])
+    jobs = []
+    for _keys, job in marks.groupby(PHASE_KEYS, sort=False):
+        begun = job.loc[job["event"] != "cooldown_end", "t"]
+        ended = job.loc[job["event"] == "cooldown_end", "t"]
+        if len(begun) and len(ended) and ended.max() > begun.min():
+            jobs.append(float(ended.max() - begun.min()))
+    if not jobs:
+        return None
+    starts = events.loc[events["event"] == "baseline_start", "t"]
+    ends = events.loc[events["event"] == "baseline_end", "t"]
+    baseline = float(ends.max() - starts.max()) if len(starts) and len(ends) and ends.max() > starts.max() else 0.0
+    return Timings(baseline, float(np.median(jobs)), len(jobs), time_scale)
+
+
+def elapsed_hours(events: pd.DataFrame, time_scale: float = 1.0) -> float:
+    """Cluster-hours a run has taken so far: from its baseline (its first event without one)
+    to its last ``cooldown_end``, the analyses between looks included."""
+    if events.empty or "event" not in events:
+        return 0.0
+    starts = events.loc[events["event"] == "baseline_start", "t"]
+    ends = events.loc[events["event"] == "cooldown_end", "t"]
+    begun = starts.min() if len(starts) else events["t"].min()
+    return float(max(0.0, ends.max() - begun)) * time_scale / 3600 if len(ends) else 0.0
+
+
+def budget_check(
+    events: pd.DataFrame, arms: int, repeats: int, target: int, budget_hours: float, time_scale: float = 1.0
+) -> tuple[bool, str]:
+    """Whether the look at ``target`` repeats fits in what is left of ``budget_hours`` after
+    ``repeats``, at the run's measured phase jobs; (fits, the sentence that says so).  Before
+    any job was measured the look runs (the config check keeps a budget of less than one
+    pair of phases out)."""
+    timings = measured_timings(events, time_scale)
+    if timings is None or target <= repeats:
+        return True, ""
+    used = elapsed_hours(events, time_scale)
+    need = (target - repeats) * arms * timings.job_s * time_scale / 3600
+    fits = used + need <= budget_hours
+    sentence = (
+        f"Budget {budget_hours:g} cluster-hours: {used:.2f} used after {repeats} repeats; the next look"
+        f" ({target - repeats} more repeats, {need:.2f} h at the measured {timings.job_s:.0f} s per phase job)"
+        + (" fits." if fits else " does not fit, so the run stopped here.")
+    )
+    return fits, sentence
+
+
+def resume_within_budget(
+    run_dir,
+    order: str,
+    max_repeats: int,
+    every: list | None = None,
+    budget_hours: float | None = None,
+    time_scale: float = 1.0,
+) -> int:
+    """``sequential.resume_repeats``, stopped at the repeats done when the look it asks for
+    does not fit in what is left of ``budget_hours`` (``budget_check``)."""
+    wanted = sequential.resume_repeats(run_dir, order, max_repeats, every)
+    if budget_hours is None:
+        return wanted
+    done = sequential.completed_repeats(run_dir, order, every)
+    if done == 0 or wanted <= done:
+        return wanted
+    events = read_events(RunDir(run_dir).events)
+    return wanted if budget_check(events, len(order), done, wanted, budget_hours, time_scale)[0] else done
+
+
+def smallest_effect(repeats: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest distance, in sd of a phase, that ``repeats`` phases per arm decide with
+    ``power`` (TTestIndPower, one-sided at ``alpha``); NaN below 2."""
+    if repeats < 2:
+        return math.nan
+    from statsmodels.stats.power import TTestIndPower
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        effect = TTestIndPower().solve_power(nobs1=repeats, alpha=alpha, power=power, alternative="larger")
+    return float(np.asarray(effect).item())
+
+
+def smallest_margin(question: dict, estimate: float, distance: float) -> float:
+    """The smallest margin (or ``by``) a study deciding ``distance`` from the bound decides,
+    at the estimate seen: non-inferiority and superiority reach a ``yes`` beyond it (0: even
+    no loss at all), equivalence a ``yes`` within ± it."""
+    if question["kind"] == "equivalent":
+        return abs(estimate) + distance
+    gain = gain_sign(question) * estimate
+    if question["kind"] == "non_inferior":
+        return max(0.0, distance - gain)
+    return max(0.0, gain - distance)  # the largest ``by`` a yes clears: reported as the reach
+
+
+def restart_spread(between: float, within: float) -> float:
+    """√(between² − within²), zero where the phases spread no more than their windows explain."""
+    if math.isnan(between) or math.isnan(within):
+        return math.nan
+    return math.sqrt(max(0.0, between**2 - within**2))
+
+
+def plan_rows(
+    questions: list[dict],
+    effects: dict,
+    run: Plan,
+    timings: Timings | None,
+    *,
+    answers: pd.DataFrame | None = None,
+    within: dict | None = None,
+    restart_cv_pct: float | None = None,
+    hours: float | None = None,
+    alpha: float = ALPHA,
+    power: float = POWER,
+) -> pd.DataFrame:
+    """One row per question and arm: the spread seen, the phases per arm and cluster-hours
+    that decide it at ``power``, and with ``hours`` the most repeats that budget runs and the
+    smallest margin they decide.  ``effects``: ``stats.arm_effects``; ``answers``:
+    questions.csv (for the verdict); ``within``: metric → the root mean square of its
+    phases' within-phase standard errors."""
+    from thermab.analysis.questions import resolve_metric
+
+    reference = run.reference_arm
+    arms = [a for a in run.arms if a != reference]
+    block = sequential.pair_size(run.order)
+    verdicts = {}
+    if answers is not None and len(answers):
+        verdicts = {(m, a): v for m, a, v in zip(answers["metric"], answers["arm"], answers["verdict"], strict=False)}
+    budget_repeats = timings.repeats_within(hours, len(run.arms), block) if hours and timings else None
+    rows = []
+    for question in questions:
+        metric = resolve_metric(question["metric"], run)
+        for arm in arms:
+            effect = effects.get((metric, arm))
+            row = dict.fromkeys(PLAN_COLUMNS, math.nan)
+            row.update(question=question_words(question), metric=metric, arm=arm, kind=question["kind"])
+            row["verdict"] = verdicts.get((metric, arm), UNDECIDED)
+            if effect is None:
+                rows.append({**row, "phases_per_arm": 0, "sd_from": "no data", "reach": "no data in this run"})
+                continue
+            inside = (within or {}).get(metric, math.nan)
+            rows.append(
+                {**row, **_planned(question, metric, effect, run, timings, inside, restart_cv_pct, block, alpha, power)}
+            )
+            if budget_repeats is not None:
+                rows[-1].update(_within_budget(question, effect, rows[-1], budget_repeats, alpha, power))
+    return pd.DataFrame(rows).reindex(columns=PLAN_COLUMNS)
+
+
+def _planned(question, metric, effect, run, timings, inside, restart_cv_pct, block, alpha, power) -> dict:
+    n = min(effect["n"], effect["ref_n"])
+    between = effect["se"] / math.sqrt(1 / effect["n"] + 1 / effect["ref_n"]) if effect["n"] else math.nan
+    planned, sd_from = between, "measured between phases"
+    if restart_cv_pct is not None and metric in BETWEEN_RESTARTS:
+        assumed = restart_cv_pct / 100 * abs(effect["ref"]["mean"])
+        planned = math.hypot(0.0 if math.isnan(inside) else inside, assumed)
+        sd_from = f"restart CV {restart_cv_pct:g} % assumed" + ("" if math.isnan(inside) else " + within phase")
+    elif math.isnan(between) and not math.isnan(inside):
+        planned, sd_from = inside, "within a phase only, a lower bound: one phase per arm"
+    elif math.isnan(between):
+        sd_from = "unknown: one phase per arm"
+    margin = margin_in_unit(question, effect["ref"])
+    distance = decisive_distance(question["kind"], gain_sign(question), margin, effect["diff"])
+    needed = 2.0 if planned == 0 and distance > 0 else solve_phases(distance, planned, alpha, power)
+    repeats = math.ceil(needed / block) * block if math.isfinite(needed) else math.nan
+    hours = timings.hours(repeats, len(run.arms)) if timings and math.isfinite(repeats) else math.nan
+    return {
+        "phases_per_arm": n,
+        "estimate": effect["diff"],
+        "between_sd": between,
+        "within_sd": inside,
+        "restart_sd": restart_spread(between, inside),
+        "planned_sd": planned,
+        "sd_from": sd_from,
+        "distance": distance,
+        "phases_needed": needed,
+        "repeats_needed": repeats,
+        "hours_needed": hours,
+        "reach": _reach(margin, distance, planned, needed),
+    }
+
+
+def _reach(margin: float, distance: float, sd: float, needed: float) -> str:
+    if math.isnan(margin):
+        return "no margin to plan for: it is in % of a reference mean that cannot be told from zero"
+    if math.isnan(sd):
+        return "no spread to plan on"
+    if math.isnan(distance) or distance <= 0 or math.isnan(needed):
+        return "out of reach: the estimate lies on the margin, no number of phases decides it at this estimate"
+    return "reachable"
+
+
+def _within_budget(question, effect, row, budget_repeats, alpha, power) -> dict:
+    if budget_repeats == 0:
+        return {"budget_repeats": 0, "reach": "out of reach: the budget does not fit one crossover block"}
+    if math.isnan(row["planned_sd"]):
+        return {"budget_repeats": budget_repeats}
+    distance = smallest_effect(budget_repeats, alpha, power) * row["planned_sd"]
+    margin = smallest_margin(question, effect["diff"], distance)
+    if question["kind"] in ("lower", "higher") and gain_sign(question) * effect["diff"] < distance:
+        margin = math.nan  # no ``by`` at all is cleared at this estimate
+    mean = abs(effect["ref"]["mean"])
+    if math.isfinite(row["repeats_needed"]) and row["repeats_needed"] <= budget_repeats:
+        reach = "reachable in the budget"
+    elif row["reach"] == "reachable":
+        reach = f"out of reach in the budget: it needs {row['repeats_needed']:.0f} repeats"
+    else:
+        reach = row["reach"]
+    return {
+        "budget_repeats": budget_repeats,
+        "budget_distance": distance,
+        "smallest_margin": margin,
+        "smallest_margin_pct": margin / mean * 100 if mean and not math.isnan(margin) else math.nan,
+        "reach": reach,
+    }
+
+
+def first_testing_look(arms: int, block: int) -> int:
+    """The repeats of the first look of ``until: decided`` that tests (``sequential.MIN_DF``)."""
+    repeats = block
+    while sequential.residual_df(arms, repeats) < sequential.MIN_DF:
+        repeats += block
+    return repeats
+
+
+def one_more_pair(arms: int, block: int, timings: Timings | None) -> str:
+    """What a run of one phase per arm cannot estimate, and what more phases would give: the
+    spread between restarts on the residual df of the OLS arm + position fit, and the 80 %
+    upper confidence bound of an sd on those df as a multiple of the estimate."""
+    from scipy import stats as scipy_stats
+
+    def gives(repeats):
+        df = sequential.residual_df(arms, repeats)
+        upper = math.sqrt(df / scipy_stats.chi2.ppf(0.2, df))
+        cost = (
+            f", {timings.hours(repeats - 1, arms) - timings.hours(0, arms):.1f} more cluster-hours" if timings else ""
+        )
+        return (
+            f"{repeats} phases per arm{cost}: the spread on {df} residual df,"
+            f" its 80 % upper bound {upper:.1f}× the estimate"
+        )
+
+    first_look = first_testing_look(arms, block)
+    return (
+        "One phase per arm: the spread between restarts cannot be estimated, so no plan rests on the"
+        f" measured spread. One more pair (the arms in reverse order) gives {gives(2)}; the first look"
+        f" of until: decided that tests gives {gives(first_look)}."
+    )
+
+
+def _num(value: float, digits: int = 3) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}g}"
+
+
+def _budget_words(row) -> str:
+    if row.budget_repeats == 0 or math.isnan(row.budget_distance):
+        return f"{row.reach}."
+    runs = f"{row.budget_repeats:.0f} phases per arm decide {_num(row.budget_distance)} from the bound"
+    pct = f" ({row.smallest_margin_pct:.2g} % of the reference)" if math.isfinite(row.smallest_margin_pct) else ""
+    if row.kind in ("lower", "higher"):
+        cleared = (
+            f"a yes at this estimate clears a `by` up to {_num(row.smallest_margin)}{pct}"
+            if math.isfinite(row.smallest_margin)
+            else "a yes is out of reach at this estimate"
+        )
+    else:
+        cleared = f"the smallest margin decided at this estimate is {_num(row.smallest_margin)}{pct}"
+    return f"{runs}; {cleared}; {row.reach}."
+
+
+def plan_lines(rows: pd.DataFrame, run: Plan, timings: Timings | None, *, hours: float | None = None) -> list[str]:
+    """The plan in words, one item per question and arm (the CLI's output, and summary.md's
+    paragraph for the open questions)."""
+    labels = {a: spec.label for a, spec in run.arms.items()}
+    block = sequential.pair_size(run.order)
+    arms = len(run.arms)
+    lines = [
+        (
+            f"Timings measured in this run: a phase job (restart, load, cooldown) {timings.job_s:.0f} s"
+            f" (median of {timings.jobs}), the baseline {timings.baseline_s:.0f} s; cluster time at"
+            f" {timings.time_scale:g} study seconds per second of the run: a crossover block of {block}"
+            f" repeats ({block * arms} phases) is"
+            f" {timings.hours(block, arms) - timings.hours(0, arms):.2f} cluster-hours."
+        )
+        if timings
+        else "No phase job with its restart and cooldown in this run's events: no cluster-hours."
+    ]
+    lines.append(
+        f"Phases per arm to decide at {POWER * 100:.0f} % power: statsmodels' TTestIndPower, one-sided at"
+        f" {ALPHA:g}, for the distance between the estimate and the decisive bound at the planned sd"
+        " (every phase is a restart of its own, so the arms' phases are independent samples);"
+        f" rounded up to whole blocks of {block} repeats."
+    )
+    if len(rows) and rows["phases_per_arm"].max() <= 1:
+        lines.append(one_more_pair(arms, block, timings))
+    for row in rows.itertuples(index=False):
+        head = f"- {row.question}, {labels.get(row.arm, row.arm)} vs {labels[run.reference_arm]}:"
+        head += f" {str(row.verdict).upper()} after {row.phases_per_arm:.0f} phase(s) per arm."
+        if row.sd_from == "no data":
+            lines.append(f"{head} No data for {row.metric} in this run.")
+            continue
+        spread = (
+            f" Spread between phases {_num(row.between_sd)} (within a phase {_num(row.within_sd)},"
+            f" between restarts {_num(row.restart_sd)}); planned sd {_num(row.planned_sd)} ({row.sd_from});"
+            f" estimate {row.estimate:+.3g}, {_num(row.distance)} from the decisive bound."
+        )
+        if math.isfinite(row.phases_needed):
+            need = (
+                (" At least (the restart spread unknown)" if row.sd_from.startswith("within") else " Decided")
+                + f" at {POWER * 100:.0f} % power by {row.phases_needed:.0f} phases per arm:"
+                f" {row.repeats_needed:.0f} repeats, {row.repeats_needed * arms:.0f} phases"
+                + (f", {row.hours_needed:.1f} cluster-hours." if math.isfinite(row.hours_needed) else ".")
+            )
+        else:
+            need = f" {row.reach[0].upper()}{row.reach[1:]}."
+        budget = "" if hours is None else f" In {hours:g} h: " + _budget_words(row)
+        lines.append(head + spread + need + budget)
+    return lines
+
+
+def open_questions_section(
+    rows: pd.DataFrame, run: Plan, timings: Timings | None, events: pd.DataFrame, run_dir
+) -> list[str]:
+    """summary.md's paragraph for the questions left undecided: the plan of each, the
+    budget's account where ``until: decided`` had one, and the commands that plan and run
+    the study that would decide them; [] when every question is decided."""
+    open_rows = rows[rows["verdict"] == UNDECIDED]
+    if open_rows.empty:
+        return []
+    lines = ["## What would decide the open questions", ""]
+    budget, done = run.get("budget_hours"), int(rows["phases_per_arm"].max())
+    upcoming = sequential.next_repeats(run.order, run.get("max_repeats", 8), done, [UNDECIDED])
+    if run.get("until") == "decided" and budget is not None and upcoming and timings is not None:
+        scale = timings.time_scale
+        lines += [budget_check(events, len(run.arms), done, upcoming, budget, scale)[1], ""]
+    for line in plan_lines(open_rows, run, timings):
+        lines += [line] if line.startswith("- ") else [line, ""]
+    finite = open_rows["repeats_needed"].dropna()
+    command = f"`python -m thermab plan {run_dir} --hours H` gives the smallest margin H cluster-hours decide"
+    if len(finite):
+        first = first_testing_look(len(run.arms), sequential.pair_size(run.order))
+        within = finite[finite <= MAX_REPEATS]
+        beyond = open_rows.loc[finite.index[finite > MAX_REPEATS], "question"]
+        lines.append("")
+        if len(within):
+            lines.append(
+                f"To run it: `snakemake --cores all --config until=decided max_repeats={int(max(first, within.max()))}`"
+                f" (the run resumes from the phases on disk; `budget_hours=H` caps its cluster time); {command}."
+            )
+        if len(beyond):
+            lines.append(
+                f"Beyond the {MAX_REPEATS} repeats `max_repeats` allows: {'; '.join(dict.fromkeys(beyond))}"
+                f" (out of reach of one study at the spread seen); {command}."
+            )
+    else:
+        lines += ["", f"No number of repeats decides these at the estimates seen; {command}."]
+    return lines + [""]

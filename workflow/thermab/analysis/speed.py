@@ -1,0 +1,251 @@
+"""Speed taken apart: per phase, the drafter's acceptance, the engine's steps and the tokens
+each step yields, from the server's own ``/metrics`` (telemetry kind ``server``, the rates
+ingest made: telemetry/server_metrics.py).
+
+- ``acceptance length``: 1 + Δaccepted / Δdrafts, the tokens a drafting step yields for a
+  request (vLLM's mean acceptance length);
+- ``engine steps per second``: Δ``vllm:iteration_tokens_total_count`` / Δt;
+- ``tokens per step``: Δ``vllm:generation_tokens_total`` / Δsteps, over the whole batch.
+
+Output throughput is steps per second times tokens per step.  A server restart moves the
+acceptance (docs/design.md, restart variance), so the acceptance is a balance check between
+the arms (:func:`acceptance_balance`, TOST within ``analysis.acceptance_margin_pct``), and a
+throughput question may be answered on the steps alone (:func:`decomposed_effects`) where
+that check is decided balanced.  Where the server exports none of these (no speculative
+decoding, an older vLLM), or its counters went back or disagree within a phase, or a
+metric is measured in some phases only, the values are empty with the reason, never a
+number.  Pure functions over frames and dicts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from thermab import metric_names as names
+from thermab.analysis import stats
+from thermab.analysis.model import as_telemetry
+from thermab.telemetry import server_metrics
+
+PHASE_KEYS = ["order", "rep", "arm"]
+VALUES = {  # column of the speed table -> (metric of variance.csv, unit)
+    "acceptance_length": (names.ACCEPTANCE_LENGTH, "tokens/draft"),
+    "engine_steps_s": (names.ENGINE_STEPS, "steps/s"),
+    "tokens_per_step": (names.TOKENS_PER_STEP, "tokens/step"),
+}
+SPEED_COLUMNS = PHASE_KEYS + list(VALUES) + ["reason"]
+SENSORS = ("spec_drafts_s", "spec_accepted_s", "engine_steps_s", "generation_tok_s", server_metrics.SPEC_FAULT)
+NO_SPEC = "no spec-decode counters on the server's /metrics (no speculative decoding, or an older vLLM)"
+NO_STEPS = "no vllm:iteration_tokens_total on the server's /metrics"
+NO_SCRAPE = "no scrape of the server's /metrics in the load window"
+BALANCED, UNBALANCED, UNDECIDED = "balanced", "unbalanced", "undecided"
+
+
+def _phase(inside: pd.DataFrame) -> tuple[dict, list[str]]:
+    """One window's values from its server rows (sensor → values), and why any is empty."""
+
+    def mean(sensor):
+        values = inside.loc[inside["sensor"] == sensor, "value"]
+        return float(values.mean()) if len(values) else math.nan
+
+    why = []
+    values = dict.fromkeys(VALUES, math.nan)
+    faults = inside.loc[inside["sensor"] == server_metrics.SPEC_FAULT, "value"]
+    drafts, accepted = mean("spec_drafts_s"), mean("spec_accepted_s")
+    if inside.empty:
+        why.append(NO_SCRAPE)
+    elif len(faults):
+        codes = sorted({int(code) for code in faults})
+        why.append("the spec-decode counters " + " and ".join(server_metrics.SPEC_FAULTS.get(c, "?") for c in codes))
+    elif math.isnan(drafts) or math.isnan(accepted):
+        why.append(NO_SPEC)
+    elif drafts <= 0:
+        why.append("no drafts in the load window")
+    else:
+        values["acceptance_length"] = 1 + accepted / drafts
+    steps, generated = mean("engine_steps_s"), mean("generation_tok_s")
+    if not inside.empty and math.isnan(steps):
+        why.append(NO_STEPS)
+    elif steps > 0:
+        values["engine_steps_s"] = steps
+        values["tokens_per_step"] = generated / steps
+    return values, why
+
+
+def phase_speed(telemetry, windows: pd.DataFrame, host: str | None = None) -> pd.DataFrame:
+    """The speed table: one row per load window, the three values and ``reason`` (why any
+    is empty).  A value measured in some phases only is emptied in all, said in each."""
+    frame = as_telemetry(telemetry).frame(kind="server", host=host)
+    frame = frame[frame["sensor"].isin(SENSORS)]
+    rows = []
+    for window in windows.itertuples(index=False):
+        inside = frame[(frame["t"] >= window.load_start) & (frame["t"] < window.load_end)]
+        values, why = _phase(inside)
+        rows.append({"order": window.order, "rep": window.rep, "arm": window.arm, **values, "reason": why})
+    table = pd.DataFrame(rows, columns=SPEED_COLUMNS)
+    for column in VALUES:
+        measured = table[column].notna()
+        if measured.any() and not measured.all():
+            missing = ", ".join(f"rep{int(r.rep)}-{r.arm}" for r in table[~measured].itertuples())
+            table[column] = math.nan
+            for reasons in table["reason"]:
+                reasons.append(f"{column.replace('_', ' ')} not measured in {missing}: no comparison")
+    table["reason"] = ["; ".join(dict.fromkeys(reasons)) for reasons in table["reason"]]
+    return table
+
+
+def phase_metrics(speed: pd.DataFrame) -> pd.DataFrame:
+    """The speed table as rows of the per-phase metrics (order, rep, arm, metric, unit, value)."""
+    parts = [
+        speed[PHASE_KEYS].assign(metric=metric, unit=unit, value=speed[column].astype(float))
+        for column, (metric, unit) in VALUES.items()
+    ]
+    return pd.concat(parts, ignore_index=True).dropna(subset=["value"]).reset_index(drop=True)
+
+
+def not_measured(speed: pd.DataFrame, arms: dict) -> pd.DataFrame:
+    """Rows of variance.csv for the speed metrics no phase has, where the server was
+    scraped: empty values, the reason in ``verdict``.  A run without any scrape (imported,
+    or made before the scrape) has speed.csv's reasons alone."""
+    rows = []
+    scraped = not speed.empty and not (speed["reason"] == NO_SCRAPE).all()
+    for column, (metric, unit) in VALUES.items():
+        if not scraped or speed[column].notna().any():
+            continue
+        reasons = "; ".join(r for r in pd.unique(speed["reason"]) if r) or "not measured"
+        for arm, spec in arms.items():
+            rows.append(
+                {
+                    "metric": metric,
+                    "unit": unit,
+                    "arm": arm,
+                    "label": spec.get("label", arm),
+                    "n": 0,
+                    "verdict": f"not measured: {reasons}",
+                }
+            )
+    return pd.DataFrame(rows, columns=stats.VARIANCE_COLUMNS + ["verdict"])
+
+
+def tost(low: float, high: float, margin: float) -> str:
+    """An equivalence test's state from the 1 − 2α interval of a difference: balanced when
+    it lies inside ± margin (both one-sided tests reject), unbalanced when wholly outside."""
+    if math.isnan(low) or math.isnan(high):
+        return UNDECIDED
+    if -margin < low and high < margin:
+        return BALANCED
+    return UNBALANCED if low >= margin or high <= -margin else UNDECIDED
+
+
+def acceptance_balance(effects: dict, margin_pct: float, alpha: float) -> dict:
+    """arm → {state, low_pct, high_pct, margin_pct, n}: TOST of the arm's mean acceptance
+    length against the reference's, within ± ``margin_pct`` % of the reference mean, on the
+    arm effect ``stats.arm_effects`` gives (its t interval at 1 − 2α)."""
+    from thermab.analysis.questions import interval
+
+    balance = {}
+    for (metric, arm), effect in effects.items():
+        if metric != names.ACCEPTANCE_LENGTH:
+            continue
+        scale = stats.per_cent_of(effect["ref"])
+        low, high = interval(effect["diff"], effect["se"], effect["df"], alpha)
+        low_pct, high_pct = low * scale, high * scale
+        balance[arm] = {
+            "state": tost(low_pct, high_pct, margin_pct),
+            "low_pct": low_pct,
+            "high_pct": high_pct,
+            "margin_pct": margin_pct,
+            "n": min(effect["n"], effect["ref_n"]),
+        }
+    return balance
+
+
+def balance_words(arm: str, reference: str, check: dict) -> str:
+    """One arm's acceptance check in words."""
+    span = f"{check['low_pct']:+.1f} % to {check['high_pct']:+.1f} %"
+    if math.isnan(check["low_pct"]):
+        span = "no interval"
+    return (
+        f"acceptance length of {arm} vs {reference}: {span} (TOST at ± {check['margin_pct']:g} %, "
+        f"{check['n']} phases per arm): {check['state']}"
+    )
+
+
+def decomposed_effects(effects: dict, pooled: pd.DataFrame, reference: str, balance: dict) -> dict:
+    """(output throughput, arm) → the arm effect answered on the decomposition, for each arm
+    whose acceptance is decided balanced; the raw effect with why it stays raw otherwise.
+
+    Method: the arm effect on engine steps per second (``stats.arm_effects``: OLS arm +
+    position where orders are pooled, Welch otherwise) times the pooled mean tokens per
+    step of both arms, with its interval widened on each side by the acceptance margin of
+    the reference's mean throughput: the TOST bounds how far the arms' acceptance, and so
+    their tokens per step, may differ."""
+    metric = names.OUTPUT_THROUGHPUT
+    per_step = pooled.loc[pooled["metric"] == names.TOKENS_PER_STEP, "value"]
+    result = {}
+    for (name, arm), raw in effects.items():
+        if name != metric:
+            continue
+        check = balance.get(arm)
+        steps = effects.get((names.ENGINE_STEPS, arm))
+        if check is None or steps is None or per_step.empty:
+            continue  # no acceptance measured: the raw answer, nothing to say
+        if check["state"] != BALANCED:
+            result[(name, arm)] = {**raw, "why": f"raw throughput: {balance_words(arm, reference, check)}"}
+            continue
+        tokens = float(np.mean(per_step))
+        slack = check["margin_pct"] / 100 * raw["ref"]["mean"]
+        result[(name, arm)] = {
+            **raw,
+            "diff": steps["diff"] * tokens,
+            "se": steps["se"] * tokens,
+            "df": steps["df"],
+            "slack": slack,
+            "method": f"decomposed: steps/s ({steps['method']}) x pooled {tokens:.2f} tokens/step, "
+            f"± {check['margin_pct']:g} % for acceptance",
+            "why": f"decomposed: {balance_words(arm, reference, check)}",
+        }
+    return result
+
+
+BALANCE_COLUMNS = ["arm", "reference", "state", "low_pct", "high_pct", "margin_pct", "n"]
+
+
+def balance_frame(balance: dict, reference: str) -> pd.DataFrame:
+    """``acceptance_balance`` as rows, one per arm."""
+    rows = [{"arm": arm, "reference": reference, **check} for arm, check in balance.items()]
+    return pd.DataFrame(rows, columns=BALANCE_COLUMNS)
+
+
+def balance_section(balance: pd.DataFrame | None, answers: pd.DataFrame | None, run: dict) -> list[str]:
+    """The summary's "Balanced acceptance" section: each arm's check, and what a decomposed
+    answer is, in a sentence; nothing where no phase measured the acceptance."""
+    if balance is None or balance.empty:
+        return []
+    labels = {a: spec["label"] for a, spec in run["arms"].items()}
+    lines = ["## Balanced acceptance", ""]
+    for row in balance.itertuples(index=False):
+        mark = row.state if row.state == BALANCED else f"**{row.state}**"
+        span = "no interval" if math.isnan(row.low_pct) else f"{row.low_pct:+.1f} % to {row.high_pct:+.1f} %"
+        lines.append(
+            f"- {row.arm} ({labels.get(row.arm, row.arm)}) vs {row.reference}: mean acceptance length {span}"
+            f" of the reference's ({row.n} phases per arm): {mark}"
+        )
+    margin = float(balance["margin_pct"].iloc[0])
+    lines += [
+        "",
+        f"Acceptance length is 1 + accepted / drafted tokens from the server's /metrics; arms are balanced"
+        f" when its interval lies inside ± {margin:g} % (TOST, analysis.acceptance_margin_pct), unbalanced"
+        " when wholly outside.  A restart moves it, a setting may too (docs/design.md).",
+    ]
+    if answers is not None and answers["method"].astype(str).str.startswith("decomposed").any():
+        lines.append(
+            "A throughput question marked *decomposed* was answered on the engine's steps per second, which"
+            " acceptance does not move, times the tokens per step of both arms pooled, its interval widened by"
+            f" ± {margin:g} % of the reference's throughput for what the balance check still allows."
+        )
+    else:
+        lines.append("Throughput questions were answered on the raw throughput, none on the decomposition.")
+    return lines + ["Per phase in tables/speed.csv.", ""]

@@ -1,0 +1,83 @@
+"""Wake-up after idle (docs/design.md, "Wake-up probes"): ``tables/wakeup.csv`` from the
+requests of kind ``wakeup``, single requests each sent ``gap_s`` after the server's last
+one ended, at the end of a phase's load.  Per arm and gap: the median time to first token
+and the median first decode step (second token − first), each with its distribution-free
+95 % interval (binomial order statistics; none for fewer than 6 probes, where no pair of
+order statistics covers 95 %).  Pure functions over tidy/requests.parquet; plots.wakeup_png
+draws the table."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from thermab import metric_names as names
+from thermab.analysis.metrics import no_metrics
+from thermab.load.shapes import WAKEUP
+
+LEVEL = 0.95
+COLUMNS = [
+    "arm",
+    "gap_s",
+    "n",
+    "ttft_s",
+    "ttft_ci_low",
+    "ttft_ci_high",
+    "first_step_s",
+    "first_step_ci_low",
+    "first_step_ci_high",
+]
+
+
+def median_interval(values) -> tuple[float, float, float]:
+    """The median of ``values`` and the narrowest symmetric pair of order statistics
+    (x₍ₖ₎, x₍ₙ₋ₖ₊₁₎) that covers the median with at least LEVEL (the sign test's
+    interval); NaN bounds where even (x₍₁₎, x₍ₙ₎) covers less."""
+    values = np.sort(np.asarray(values, dtype=float))
+    values = values[np.isfinite(values)]
+    n = len(values)
+    if n == 0:
+        return np.nan, np.nan, np.nan
+    median = float(np.median(values))
+    k = order_statistic(n)
+    if k < 1:
+        return median, np.nan, np.nan
+    return median, float(values[k - 1]), float(values[n - k])
+
+
+@functools.cache
+def order_statistic(n: int) -> int:
+    """The largest k with P(x₍ₖ₎ ≤ m ≤ x₍ₙ₋ₖ₊₁₎) = 1 − 2·P(Binom(n, ½) ≤ k − 1) ≥ LEVEL; 0: none."""
+    k = int(stats.binom.ppf((1 - LEVEL) / 2, n, 0.5)) + 1  # at most one above it
+    while k >= 1 and 1 - 2 * stats.binom.cdf(k - 1, n, 0.5) < LEVEL:
+        k -= 1
+    return k
+
+
+def wakeup_table(requests: pd.DataFrame | None) -> pd.DataFrame:
+    """One row per arm and gap of the run's successful wake-up probes."""
+    if requests is None or requests.empty or "gap_s" not in requests:
+        return pd.DataFrame(columns=COLUMNS)
+    probes = requests[(requests["kind"] == WAKEUP) & requests["ok"] & requests["gap_s"].notna()]
+    rows = []
+    for (arm, gap), group in probes.groupby(["arm", "gap_s"], sort=True):
+        ttft = median_interval(group["t_first_token"] - group["t_start"])
+        step = median_interval(group["first_step_s"]) if "first_step_s" in group else (np.nan,) * 3
+        rows.append([arm, float(gap), len(group), *ttft, *step])
+    return pd.DataFrame(rows, columns=COLUMNS).astype({"n": "int64"})
+
+
+def phase_metrics(requests: pd.DataFrame | None) -> pd.DataFrame:
+    """Per phase and gap, the median time to first token of its wake-up probes, in the long
+    format of metrics.phase_metrics (metric ``metric_names.ttft_after(gap)``, in s): what a
+    question naming a gap tests."""
+    columns = ["order", "rep", "arm", "metric", "unit", "value"]
+    if requests is None or requests.empty or "gap_s" not in requests:
+        return no_metrics()
+    probes = requests[(requests["kind"] == WAKEUP) & requests["ok"] & requests["gap_s"].notna()]
+    ttft = (probes["t_first_token"] - probes["t_start"]).rename("value")
+    medians = ttft.groupby([probes["order"], probes["rep"], probes["arm"], probes["gap_s"]]).median().reset_index()
+    return medians.assign(metric=[names.ttft_after(gap) for gap in medians["gap_s"]], unit="s")[columns]

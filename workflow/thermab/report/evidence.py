@@ -1,0 +1,336 @@
+"""``evidence.md``: a run's answer as GitHub Markdown for a pull request comment.
+
+It opens with the headline (one sentence per question and arm: verdict, estimate and
+interval in the metric's unit, and for an undecided one what would decide it and the
+command that runs it), then the design, the environment (from ``preflight.json`` and the
+``restored`` events), a table of the key numbers, and the details in a collapsed section.
+A run whose hosts are thermab's simulation says so in its first lines.  ``summary.md``
+and ``report.html`` open with the same lines (``opening``).
+
+Pure text rendering of frames and dicts; ``analyze`` reads the files and writes this one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from thermab.analysis import levels, questions
+from thermab.analysis.model import Plan
+from thermab.load.shapes import Shape
+from thermab.load_levels import CLOSED
+from thermab.report.summary import DIGITS, fmt, fmt_duration, markdown_table
+
+DEFAULT_MAX_REPEATS = 8  # config.schema.yaml's default for max_repeats
+MAX_REPEATS_BOUND = 100  # the schema's bound on max_repeats
+
+
+def simulated_hosts(preflight: dict | None) -> list[str]:
+    """The hosts preflight found to be thermab's simulated nodes."""
+    hosts = (preflight or {}).get("hosts", {})
+    return [name for name, facts in hosts.items() if isinstance(facts, dict) and facts.get("simulated")]
+
+
+def simulated_note(preflight: dict | None) -> list[str]:
+    """A quoted warning that the numbers come from a model, where any host is simulated."""
+    hosts = simulated_hosts(preflight)
+    if not hosts:
+        return []
+    return [
+        f"> **Simulated cluster.** {', '.join(hosts)} {'is' if len(hosts) == 1 else 'are'} thermab's embedded"
+        " simulation (real processes and files; temperatures and power from a model fitted to the"
+        " spin-wait study, docs/simulation.md): these numbers describe the model, not hardware.",
+        "",
+    ]
+
+
+def _level(row, plan: Plan) -> str | None:
+    """The load level (its label) of a row of a run of levels, None in a run of one."""
+    label = getattr(row, levels.LEVEL, None)
+    if not isinstance(plan.get("users"), tuple) or label is None or pd.isna(label):
+        return None
+    return str(label)
+
+
+def load_shape(plan: Plan) -> str:
+    """The load in words: a run of levels' labels, or its one level's shape."""
+    every = levels.of_run(plan)
+    if every == [None]:
+        return "a load whose users run.json does not name"
+    if isinstance(plan.get("users"), tuple):
+        return "levels of load, one window each after each restart: " + "; ".join(one.label for one in every)
+    one = every[0]
+    if one.kind == CLOSED:
+        return f"closed loop of {one.users} users (zero think time)"
+    return Shape(one.users, **one.shape).describe()
+
+
+def _exact(value: float, unit: str) -> str:
+    """A margin with the digits it was given in (0.5 gaps, not 0 gaps)."""
+    digits = DIGITS.get(unit, 2)
+    exact = next((d for d in range(digits, 4) if round(value, d) == round(value, 6)), digits)
+    return fmt(value, unit, exact, sign=True)
+
+
+def _units(variance: pd.DataFrame) -> dict:
+    return dict(zip(variance["metric"], variance["unit"], strict=False))
+
+
+def _question(plan: Plan, metric: str, kind: str) -> dict | None:
+    """The declared question a row of questions.csv answers (for its decisive bounds)."""
+    for question in plan.questions:
+        if questions.resolve_metric(question["metric"], plan) == metric and question["kind"] == kind:
+            return question
+    return None
+
+
+def _interval(row, unit: str) -> str:
+    if pd.isna(row.ci_low):
+        return "no interval"
+    return f"{row.level * 100:.0f} % interval {fmt(row.ci_low, unit, sign=True)} to {fmt(row.ci_high, unit, sign=True)}"
+
+
+def _margin(row, plan: Plan, unit: str) -> str:
+    question = _question(plan, row.metric, row.kind)
+    if question is None or pd.isna(row.margin):
+        return ""
+    bounds = questions.decisive_bounds(question, row.margin)
+    return "; margin " + " and ".join(_exact(b, unit) for b in bounds)
+
+
+def decide_repeats(answers: pd.DataFrame, plan: Plan) -> int:
+    """``max_repeats`` for a run until decided that would settle the open questions: the
+    phases per arm they need at the observed spread, in crossover pairs, above what ran."""
+    open_ = answers[answers["verdict"] == questions.UNDECIDED]
+    ran = int(answers["phases_per_arm"].max()) if len(answers) else 0
+    needed = open_["phases_needed"].max() if len(open_) else math.nan
+    if math.isnan(needed):  # no spread yet (one phase per arm): the schema's default cap
+        wanted = max(DEFAULT_MAX_REPEATS, ran + 2)
+    else:
+        wanted = max(int(needed), ran + 2)
+    wanted += wanted % 2
+    return min(wanted, MAX_REPEATS_BOUND)
+
+
+def decide_command(answers: pd.DataFrame, plan: Plan, configfiles: list[str] | None) -> str:
+    """The command that runs the same study until its questions are decided."""
+    files = "" if not configfiles else " --configfile " + " ".join(configfiles)
+    order = "" if plan.order == "AB" else f" order={plan.order}"
+    return f"snakemake --cores 1 all{files} --config{order} until=decided max_repeats={decide_repeats(answers, plan)}"
+
+
+def headline(
+    answers: pd.DataFrame, variance: pd.DataFrame, plan: Plan, configfiles: list[str] | None = None
+) -> list[str]:
+    """One Markdown bullet per question and arm: verdict, estimate and interval in units;
+    an undecided one says what would decide it.  ``configfiles``: the run's --configfile
+    (None where unknown)."""
+    if answers.empty:
+        return ["No question was declared (`questions` is empty): the tables below carry the numbers."]
+    units, labels = _units(variance), {a: spec.label for a, spec in plan.arms.items()}
+    command = decide_command(answers, plan, configfiles)
+    lines = []
+    for row in answers.itertuples(index=False):
+        unit = units.get(row.metric, "")
+        at = f" at {_level(row, plan)}" if _level(row, plan) is not None else ""
+        who = f"{labels.get(row.arm, row.arm)} vs {labels.get(row.reference, row.reference)}{at}"
+        if pd.isna(row.estimate):
+            lines.append(f"- **{row.verdict.upper()}**: {row.question} ({who}): not measured in this run.")
+            continue
+        text = (
+            f"- **{row.verdict.upper()}**: {row.question} ({who}): {fmt(row.estimate, unit, sign=True)}"
+            f" ({_interval(row, unit)}{_margin(row, plan, unit)};"
+            f" {row.phases_per_arm:.0f} phase{'' if row.phases_per_arm == 1 else 's'} per arm)."
+        )
+        if row.verdict == questions.UNDECIDED:
+            if pd.isna(row.phases_needed):
+                need = "a spread between phases needs at least two phases per arm"
+            else:
+                need = f"about {row.phases_needed:.0f} phases per arm would decide it at the observed spread"
+            text += f" To decide: {need}: `{command}`."
+        lines.append(text)
+    if configfiles is None and (answers["verdict"] == questions.UNDECIDED).any():
+        lines.append("  (Add the `--configfile` the run was made with.)")
+    return lines
+
+
+def opening(
+    answers: pd.DataFrame,
+    variance: pd.DataFrame,
+    plan: Plan,
+    preflight: dict | None,
+    configfiles: list[str] | None = None,
+) -> list[str]:
+    """What summary.md, report.html and evidence.md open with: the simulation named where
+    there is one, then the headline."""
+    return [*simulated_note(preflight), "## Answer", "", *headline(answers, variance, plan, configfiles), ""]
+
+
+def _design(plan: Plan, windows: pd.DataFrame, asked_s: pd.Series | None = None) -> list[str]:
+    """The design in words; ``asked_s``: each phase's window as asked (validity.csv's
+    ``load_s``), which tells a run that shortened its windows from the jitter of the measured."""
+    arms, reference, setting = plan.arms, plan.reference_arm, plan.setting
+    phases = windows.groupby("arm").size() if len(windows) else pd.Series(dtype=int)
+    arm_text = "; ".join(
+        f"{a} = {spec.label} ({setting} = {spec.value}{', reference' if a == reference else ''}),"
+        f" {int(phases.get(a, 0))} phase(s)"
+        for a, spec in arms.items()
+    )
+    orders = ", ".join(pd.unique(windows["order"])) if len(windows) else plan.order
+    window = fmt_duration(float(windows["window_s"].median())) if len(windows) else "–"
+    asked = pd.Series(dtype="float64") if asked_s is None else asked_s.dropna().astype(float)
+    if asked.nunique() > 1 and plan.get("until") == "decided":
+        window = (
+            f"{fmt_duration(asked.max())}, {fmt_duration(asked.min())} once only questions of speed and"
+            " energy per token were open (docs/planning.md)"
+        )
+    design = "until decided" if plan.get("until") == "decided" else "a fixed number of repeats"
+    load = (
+        f"{load_shape(plan)}, prompts of {plan.get('prompt_tokens', '?')}"
+        f" tokens, {plan.get('max_tokens', '?')} output tokens each"
+    )
+    if plan.get("probe_n"):
+        load += f", {plan.probe_n} single-stream probes per phase"
+    return [
+        "### Design",
+        "",
+        f"- Arms: {arm_text}.",
+        f"- Orders: {orders}; {design} (each phase restarts the server, then loads it for {window}, then cools down).",
+        f"- Load: {load}.",
+        "- Tests: each question on the arm effect (Welch t, or OLS arm + position where orders are pooled),"
+        " each bound of its interval a one-sided test (docs/statistics.md).",
+        "",
+    ]
+
+
+def _restored(events: pd.DataFrame) -> dict:
+    """host → the sha256 of its file as restored at the end (the ``restored`` events)."""
+    if events is None or "event" not in events or "detail" not in events:
+        return {}
+    rows = events[events["event"] == "restored"]
+    return {
+        row.host: row.detail.get("sha256")
+        for row in rows.itertuples(index=False)
+        if isinstance(getattr(row, "detail", None), dict)
+    }
+
+
+def _host_hardware(facts: dict, sources: dict) -> str:
+    parts = [facts.get("uname") or "kernel not recorded"]
+    zones = facts.get("zones") or []
+    if zones:
+        parts.append(f"{len(zones)} thermal zones")
+    for kind, what in (("freq", "cpufreq policies"), ("power", "power domains"), ("gpu", "GPU sensors")):
+        count = len(sources.get(kind, {}))
+        if count:
+            parts.append(f"{count} {what}")
+    return ", ".join(parts)
+
+
+def _environment(plan: Plan, preflight: dict | None, events: pd.DataFrame, sources: dict) -> list[str]:
+    lines = ["### Environment", ""]
+    if not preflight:
+        return lines + ["No preflight.json in this run (an imported run): hosts and files are not recorded.", ""]
+    simulated = set(simulated_hosts(preflight))
+    restored = _restored(events)
+    rows = []
+    for name, facts in preflight.get("hosts", {}).items():
+        before, after = facts.get("sha256"), restored.get(name)
+        server = (
+            "thermab's simulated vLLM"
+            if name in simulated
+            else (f"vLLM {facts['vllm_version']}" if facts.get("vllm_version") else "vLLM (version not recorded)")
+        )
+        rows.append(
+            {
+                "host": name + (" (simulated)" if name in simulated else ""),
+                "hardware": _host_hardware(facts, sources.get(name, {})),
+                "server": server + (f" in container {facts['container']}" if facts.get("container") else ""),
+                "setting's file": facts.get("file", "–"),
+                "sha256 before": f"`{before[:16]}`" if before else "–",
+                "sha256 after": (f"`{after[:16]}`" + (" (same)" if after == before else " (**differs**)"))
+                if after
+                else "–",
+            }
+        )
+    lines.append(markdown_table(pd.DataFrame(rows)))
+    endpoint = preflight.get("endpoint") or {}
+    model = plan.get("model") or endpoint.get("model")
+    lines += [
+        f"- Endpoint: {endpoint.get('url', '–')}; model: {model or 'not recorded at preflight (the server was down)'}.",
+        "- sha256 after: the file as each host's restore wrote it back at the end of the run.",
+        "",
+    ]
+    return lines
+
+
+def key_numbers(answers: pd.DataFrame, variance: pd.DataFrame, plan: Plan) -> pd.DataFrame:
+    """Per question and arm: the reference's and the arm's means, the difference, in % of the
+    reference, and the question's interval, every number with its unit."""
+    labels = {a: spec.label for a, spec in plan.arms.items()}
+    rows = []
+    for row in answers.itertuples(index=False):
+        selected = variance[variance["metric"] == row.metric]
+        level = _level(row, plan)
+        if level is not None and levels.LEVEL in selected:
+            selected = selected[selected[levels.LEVEL] == level]
+        arm = selected[selected["arm"] == row.arm]
+        ref = selected[selected["arm"] == row.reference]
+        unit = selected["unit"].iloc[0] if len(selected) else ""
+        pct = arm["diff_pct"].iloc[0] if len(arm) else math.nan
+        rows.append(
+            {
+                "metric": row.metric + (f" ({level})" if level is not None else ""),
+                labels.get(row.reference, row.reference): fmt(ref["mean"].iloc[0], unit) if len(ref) else "–",
+                "arm": labels.get(row.arm, row.arm),
+                "arm mean": fmt(arm["mean"].iloc[0], unit) if len(arm) else "–",
+                "difference": fmt(row.estimate, unit, sign=True),
+                "% of reference": fmt(pct, "%", 1, sign=True),
+                "interval": (
+                    f"{fmt(row.ci_low, unit, sign=True)} to {fmt(row.ci_high, unit, sign=True)}"
+                    if not pd.isna(row.ci_low)
+                    else "–"
+                ),
+                "verdict": row.verdict,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def evidence_markdown(
+    plan: Plan,
+    answers: pd.DataFrame,
+    variance: pd.DataFrame,
+    windows: pd.DataFrame,
+    *,
+    preflight: dict | None,
+    events: pd.DataFrame | None,
+    sources: dict,
+    configfiles: list[str] | None = None,
+    asked_s: pd.Series | None = None,
+) -> str:
+    """evidence.md: the headline, design, environment, key numbers and collapsed details;
+    ``asked_s``: each phase's window as asked (validity.csv's ``load_s``)."""
+    present = list(plan.arms)
+    title = f"# thermab: {plan.cluster} — {plan.setting}, " + " vs ".join(
+        f"{plan.arms[a].label} ({plan.arms[a].value})" for a in present
+    )
+    parts = [title, "", *opening(answers, variance, plan, preflight, configfiles)]
+    parts += _design(plan, windows, asked_s)
+    parts += _environment(plan, preflight, events, sources)
+    parts += ["### Key numbers", ""]
+    parts += [markdown_table(key_numbers(answers, variance, plan)) if len(answers) else "No question declared.", ""]
+    differences = variance[variance["reference"].notna()] if "verdict" in variance else variance.iloc[:0]
+    details = [f"- {v}" for v in differences["verdict"].dropna()]
+    parts += [
+        "<details><summary>Details: every verdict and question</summary>",
+        "",
+        *(details or ["- no arm to compare"]),
+        "",
+        markdown_table(answers) if len(answers) else "",
+        "Full tables, figures and definitions: summary.md, report.html and tables/ in the run directory.",
+        "",
+        "</details>",
+    ]
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,75 @@
+"""The study that would decide a run's questions, from any run (a pilot, or a finished study).
+
+Per question: the spread seen (between restarts and within phases), the phases per arm and
+the cluster-hours that decide it at 80 % power (one-sided 5 %), and with --hours the
+smallest margin that budget decides. docs/planning.md explains the plan."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pandas as pd
+
+from thermab import cli
+from thermab.analysis import levels, planning
+from thermab.report.analyze import compute
+
+
+def positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
+    return value
+
+
+def at_level(frame: pd.DataFrame, label: str | None) -> pd.DataFrame:
+    """The rows of a table at the level of this label (every row for None)."""
+    if label is None or levels.LEVEL not in frame:
+        return frame
+    return frame[frame[levels.LEVEL] == label].reset_index(drop=True)
+
+
+def plan_text(run_dir, *, hours=None, restart_cv_pct=None, time_scale=None) -> str:
+    result = compute(run_dir)
+    every = levels.of_run(result.run.plan)
+    out = []
+    for level in every:
+        run = levels.at_level(result.run, level)
+        label = None if level is None else level.label
+        timings, rows = planning.study_plan(
+            run,
+            at_level(result.tables["performance"], label),
+            at_level(result.pooled, label),
+            at_level(result.tables["questions"], label),
+            hours=hours,
+            restart_cv_pct=restart_cv_pct,
+            time_scale=time_scale,
+        )
+        title = f"Plan for {run_dir}" + (f" at {label}" if len(every) > 1 else "")
+        out += [title, "", *planning.plan_lines(rows, run.plan, timings, hours=hours), ""]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    parser = cli.parser("plan", __doc__)
+    parser.add_argument("run_dir", help="a run directory (results/{cluster}/{order}, a pilot or a finished study)")
+    parser.add_argument("--hours", type=positive, help="a cluster-time budget: the smallest margin it decides")
+    parser.add_argument(
+        "--restart-cv",
+        type=positive,
+        dest="restart_cv_pct",
+        metavar="PCT",
+        help="plan speed and per-token questions for this restart CV (%%) instead of the spread measured",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=positive,
+        help="study seconds per second of the run, in place of run.json's time_scale (30 on the simulated cluster)",
+    )
+    args = parser.parse_args(argv)
+    print(plan_text(args.run_dir, hours=args.hours, restart_cv_pct=args.restart_cv_pct, time_scale=args.time_scale))
+    return 0

@@ -1,0 +1,131 @@
+"""Where a run stands, read from its files alone, so it answers from another terminal while
+the run goes on, and after it.
+
+    python -m thermab status [RUN_DIR]
+
+RUN_DIR defaults to the run under results/ whose events.jsonl changed last. It prints
+whether the run is going (its status.json is rewritten every few seconds of a load), the
+phase of how many with the time left for the phase, the look and the run, the latest
+thermal readings per host, the phases done, the answers to its questions so far (as the
+last analysis wrote them) and where its summary is. It changes nothing and exits 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+from thermab import cli, layout
+from thermab.errors import UserError
+from thermab.experiment import events, progress
+
+STALE_S = 60  # a status.json older than this: no load is running now
+ENDS = ("run_end", "abort", "restored")  # the events after which nothing more runs
+
+
+def newest_run(results: Path) -> Path | None:
+    """The run directory under ``results`` (results/{cluster}/{order}) whose events.jsonl
+    changed last."""
+    found = sorted(results.glob("*/*/events.jsonl"), key=lambda path: path.stat().st_mtime)
+    return found[-1].parent if found else None
+
+
+def _number(text: str) -> str:
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return f"{value:.3g}" if math.isfinite(value) else "?"
+
+
+def answers(run_dir: Path) -> list[str]:
+    """One line per question of the run's questions.csv: its verdict, estimate and 95 %
+    interval; [] where the run has not been analysed yet."""
+    path = layout.RunDir(run_dir).table("questions")
+    if not path.is_file():
+        return []
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    return [
+        f"{row['question']} ({row['arm']} vs {row['reference']}): {row['verdict'].upper()}, {_estimate(row)}"
+        for row in rows
+    ]
+
+
+def _estimate(row: dict) -> str:
+    if not row["estimate"]:
+        return "no estimate"
+    if not (row["ci_low"] and row["ci_high"]):
+        return f"estimate {_number(row['estimate'])} (no interval)"
+    return f"estimate {_number(row['estimate'])}, 95 % interval [{_number(row['ci_low'])}, {_number(row['ci_high'])}]"
+
+
+def closing_lines(run_dir: Path) -> list[str]:
+    """The end of a run: its answers and the paths of what to read."""
+    files = layout.RunDir(run_dir)
+    lines = [f"{run_dir}: the answers" if answers(run_dir) else f"{run_dir}: no questions answered"]
+    lines += [f"  {answer}" for answer in answers(run_dir)]
+    evidence = files.path / "evidence.md"
+    for name, path in (("summary", files.summary), ("evidence", evidence), ("report", files.report)):
+        if path.is_file():
+            lines.append(f"  {name}: {path}")
+    return lines
+
+
+def _ago(seconds: float) -> str:
+    return f"{progress.duration(seconds)} ago"
+
+
+def status_lines(run_dir: Path, now: float | None = None) -> list[str]:
+    now = time.time() if now is None else now
+    files = layout.RunDir(run_dir)
+    history = events.read(run_dir) if files.events.is_file() else []
+    lines = []
+    ended = bool(history) and history[-1]["event"] in ENDS
+    if not history:
+        lines.append(f"{run_dir}: no events yet (preflight not done)")
+    elif ended:
+        lines.append(f"{run_dir}: ended ({history[-1]['event']}, {_ago(now - history[-1]['t'])})")
+    else:
+        lines.append(f"{run_dir}: last event {history[-1]['event']}, {_ago(now - history[-1]['t'])}")
+    if files.status.is_file() and not ended:
+        try:
+            state = json.loads(files.status.read_text())
+        except (OSError, ValueError):
+            state = None
+        if state:
+            age = now - state["t"]
+            going = "now" if age < STALE_S else f"as of {_ago(age)} (no load running since)"
+            lines.append(
+                f"  phase {state['k']} of {state['n']} ({state['phase']}) {going}: "
+                f"{progress.duration(state['elapsed_s'])} into its load and cooldown; ETA then: phase "
+                f"{progress.duration(state['phase_left_s'])}, look {progress.duration(state['look_left_s'])}, "
+                f"run {'≤ ' if state['run_bounded'] else ''}{progress.duration(state['run_left_s'])}"
+            )
+            for host, readings in state["readings"].items():
+                lines.append(f"  {host}: {progress.hottest(readings)} ({len(readings)} zones)")
+    done = sorted(path.parent.name for path in files.phases.glob("*/phase.json") if path.parent.name != "baseline")
+    lines.append(f"  phases done: {len(done)}" + (f" ({', '.join(done)})" if done else ""))
+    found = answers(run_dir)
+    lines.append("  questions so far:" if found else "  questions: not analysed yet")
+    lines += [f"    {answer}" for answer in found]
+    if files.summary.is_file():
+        lines.append(f"  summary: {files.summary}")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = cli.parser("status", __doc__)
+    parser.add_argument("run_dir", nargs="?", type=Path, help="the run directory (default: the newest under results/)")
+    args = parser.parse_args(argv)
+    run_dir = args.run_dir or newest_run(Path(layout.RESULTS))
+    if run_dir is None:
+        print(f"no run under {layout.RESULTS}/ yet")
+        return 0
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: not a directory (a run directory: results/CLUSTER/ORDER)")
+    print("\n".join(status_lines(run_dir)))
+    return 0
