@@ -236,7 +236,9 @@ def test_patched_arm_stalls_in_the_tables_and_verdict(run_dir):
     summary = (run_dir / "summary.md").read_text().split(f"## At {max(LEVELS)} users", 1)[1]
     verdicts = summary.split("### Verdicts", 1)[1].split("\n### ", 1)[0]
     line = next(v for v in verdicts.splitlines() if v.startswith("- stall gaps:"))
-    assert f"patched vs stock +{performance.loc['B', 'stall_gaps']:.0f} gaps" in line
+    # the verdict's estimate is the difference: stock stalls too, now and then, on a busy machine
+    more = performance.loc["B", "stall_gaps"] - performance.loc["A", "stall_gaps"]
+    assert f"patched vs stock +{more:.0f} gaps" in line, line
 
 
 def test_summary_has_load_validity_and_decode_speed_only_where_measured(run_dir):
