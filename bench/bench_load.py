@@ -43,6 +43,7 @@ of the top functions; py-spy takes CPU of its own, so compare clients on runs wi
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -365,7 +366,7 @@ def reference_worker(url: str, spec: dict, out: str) -> None:
     async def loop_user(user: int, session: aiohttp.ClientSession, end: float) -> None:
         thinks = think_stream(spec["think_s"], SHAPE_SEED, user) if spec["think_s"] else None
         timing = {}
-        for sequence in range(1_000_000_000):
+        for sequence in itertools.count():
             if time.time() >= end:
                 return
             await request(session, f"u{user} #{sequence}", timing)
