@@ -41,9 +41,16 @@ def snakemake(workdir: Path, *args: str, timeout: float = 1200) -> subprocess.Co
 # ---- the default config ------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("default")
+# The simulated GPU keeps its schedule (a step every 40 ms, times the start's step factor,
+# sd 2.5 %: 23.3-25.0 steps/s measured, beside whole runs, CPU burners or a real vLLM) through
+# host lags of up to 0.5 s. Where this machine itself stops for longer (a hypervisor's steal,
+# measured as a freezer cgroup stopping the run 0.7 s in every 3.2 s: 19.5-20.6 steps/s, both
+# nodes' zones 5-7 °C cooler), the twin runs slower and cooler than the cluster it stands for,
+# and its run is no test of the calibration: the run is made again, once.
+STARVED_STEPS_S = 0.85 * 1000 / 40
+
+
+def default_tables(workdir: Path) -> dict:
     result = snakemake(workdir, "all")
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = workdir / "results/sim/AB"
@@ -52,6 +59,16 @@ def default_run(tmp_path_factory):
         for name in ("zones", "cpu", "performance", "thresholds", "speed")
     }
     return {**tables, "run_dir": run_dir}
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    run = default_tables(tmp_path_factory.mktemp("default"))
+    steps = run["speed"].set_index("arm")["engine_steps_s"]
+    if (steps < STARVED_STEPS_S).any():
+        print(f"the machine held the simulated engine back ({steps.round(1).to_dict()} steps/s): run again")
+        run = default_tables(tmp_path_factory.mktemp("default-again"))
+    return run
 
 
 def zone_means(run, host):
