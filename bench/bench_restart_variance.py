@@ -31,7 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from thermab.sim import node, restart
+from thermab.sim import node, restart, vllm
 from thermab.telemetry import server_metrics
 
 
@@ -41,9 +41,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(root: Path, *args) -> None:
-    command = [sys.executable, "-m", "thermab.sim.vllm", "serve", "--node", str(root), *map(str, args), "--detach"]
-    subprocess.run(command, check=True, capture_output=True, timeout=60)
+def serve(root: Path, port: int, *args) -> None:
+    subprocess.run(vllm.serve_command(root, port, *args), check=True, capture_output=True, timeout=60)
 
 
 def wait_healthy(port: int, timeout: float = 90.0) -> None:
@@ -83,8 +82,8 @@ def closed_loop(port: int, users: int, max_tokens: int, stop: threading.Event) -
 
 def one_restart(head: Path, worker: Path, args) -> dict[str, float]:
     head_port, worker_port = free_port(), free_port()
-    serve(worker, "--role", "worker", "--port", worker_port, "--model", "sim")
-    serve(head, "--role", "head", "--port", head_port, "--peer-port", worker_port, "--model", "sim")
+    serve(worker, worker_port, "--role", "worker", "--model", "sim")
+    serve(head, head_port, "--role", "head", "--peer-port", worker_port, "--model", "sim")
     stop = threading.Event()
     try:
         wait_healthy(head_port)

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "workflow"))  # the bench runs from a checkout, installed or not
 
 from thermab.load import runner  # noqa: E402
-from thermab.sim import node  # noqa: E402
+from thermab.sim import node, vllm  # noqa: E402
 from thermab.telemetry import server_metrics  # noqa: E402
 
 STUDY = runner.LoadSpec(duration_s=1)  # the schema's load: 4 users, 1400-token prompts, 400 out
@@ -58,23 +58,7 @@ def start_sim(root: Path, step_ms: int) -> tuple[str, int]:
     node.create_node(root, "head")
     port = free_port()
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "thermab.sim.vllm",
-            "serve",
-            "--node",
-            str(root),
-            "--port",
-            str(port),
-            "--model",
-            "sim",
-            "--role",
-            "head",
-            "--step-ms",
-            str(step_ms),
-            "--detach",
-        ],
+        vllm.serve_command(root, port, "--model", "sim", "--role", "head", "--step-ms", step_ms),
         check=True,
         capture_output=True,
         timeout=60,

@@ -62,7 +62,7 @@ SHARED = {
     "e2e/test_e2e_sim.py": WHOLE_RUNS[0],
     "e2e/test_fleet.py": WHOLE_RUNS[0],
     "real/test_slurm.py": WHOLE_RUNS[0],  # the fleet's run through SLURM, beside local_fleet's
-    "e2e/test_fail_safe.py": WHOLE_RUNS[0],
+    "e2e/test_fail_safe.py": WHOLE_RUNS[1],
     "e2e/test_sim_calibration.py": WHOLE_RUNS[1],
     "e2e/test_faults.py": WHOLE_RUNS[1],
     "e2e/test_tune_sim.py": WHOLE_RUNS[1],
@@ -124,13 +124,31 @@ def pytest_configure(config):
         )
 
 
-# The real vLLM's AB run has the cores to itself (support/cores.py): first in its lane, so it
-# runs while the light tiers do, and the whole simulated runs wait for it.
-ALONE = "real/test_vllm_cpu.py"
+# The measurements held to the study's numbers have the cores to themselves (support/cores.py):
+# the real vLLM's AB run, and the default simulated run that the calibration compares with the
+# study's published heat (its tests read that run: the fixture's name below). They come first
+# in their lanes, one after the other, while the light tiers run; the whole runs wait for them.
+ALONE = {"real/test_vllm_cpu.py": None, "e2e/test_sim_calibration.py": "default_run"}
+# Discover's AB run on the real vLLM is a whole run too: beside the others, never beside those
+# alone (it loads both cores).
+WHOLE_RUN_TESTS = {"integration/test_discover.py::test_vllm_cpu_discover_check_dry_run_and_an_ab_run"}
 
 
 def _module(item) -> str:
     return item.path.relative_to(TESTS).as_posix()
+
+
+def _alone(item) -> bool:
+    module = _module(item)
+    return module in ALONE and (ALONE[module] is None or ALONE[module] in item.fixturenames)
+
+
+def _whole_run(item) -> bool:
+    return (
+        tier_of(item.path) == "e2e"
+        or SHARED.get(_module(item)) in WHOLE_RUNS
+        or f"{_module(item)}::{item.name}" in WHOLE_RUN_TESTS
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -139,25 +157,25 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(getattr(pytest.mark, tier_of(item.path)))
     for item, group in xdist_groups(items).items():
         item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: _module(item) != ALONE)  # stable: the rest keep their order
+    items.sort(key=lambda item: not _alone(item))  # stable: the rest keep their order
 
 
-_alone = cores.Alone()
+_cores_alone = cores.Alone()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Each test of a whole simulated run (e2e, and the fleet through SLURM; a module's run
-    is made in the setup of its first test) shares the cores; the real vLLM holds them alone
-    from its module's first test to its last."""
-    if _module(item) == ALONE:
-        _alone.take()
+    """Each test of a whole run (e2e, the fleet through SLURM, discover's real-vLLM run; a
+    module's run is made in the setup of its first test) shares the cores; the measurements
+    of ``ALONE`` hold them alone from their first test to their last."""
+    if _alone(item):
+        _cores_alone.take()
         try:
             yield
         finally:
-            if nextitem is None or _module(nextitem) != ALONE:
-                _alone.give_back()
-    elif tier_of(item.path) == "e2e" or SHARED.get(_module(item)) in WHOLE_RUNS:
+            if nextitem is None or not _alone(nextitem):
+                _cores_alone.give_back()
+    elif _whole_run(item):
         with cores.shared():
             yield
     else:

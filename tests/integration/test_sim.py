@@ -380,13 +380,8 @@ def test_completion_length_is_deterministic_and_bounded():
 # ---- the server --------------------------------------------------------------------
 
 
-def start(*args):
-    subprocess.run(
-        [sys.executable, "-m", "thermab.sim.vllm", "serve", *map(str, args), "--detach"],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
+def start(root, port, *args):
+    subprocess.run(vllm.serve_command(root, port, *args), check=True, capture_output=True, timeout=30)
 
 
 def wait_healthy(port, timeout=20.0):
@@ -415,11 +410,9 @@ def running_cluster(tmp_path):
     node.create_node(worker, "worker")
     head_port, worker_port = free_port(), free_port()
     try:
-        start("--node", worker, "--port", worker_port, "--model", "sim", "--role", "worker")
+        start(worker, worker_port, "--model", "sim", "--role", "worker")
         start(
-            "--node",
             head,
-            "--port",
             head_port,
             "--model",
             "sim",
@@ -829,7 +822,7 @@ def decode_speeds(tmp_path, busy_loop_s, users, max_tokens=300, attempt=0):
     root = tmp_path / ("head-%g-%d-%d" % (busy_loop_s, users, attempt))
     spin_node(root, busy_loop_s)
     port = free_port()
-    start("--node", root, "--port", port, "--model", "sim", "--role", "head", "--seed", 7)
+    start(root, port, "--model", "sim", "--role", "head", "--seed", 7)
     try:
         wait_healthy(port)
         ready = threading.Barrier(users)

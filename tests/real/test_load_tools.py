@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -36,7 +35,7 @@ from support.real_vllm import MAKE_MODEL, VENV
 from thermab.analysis.load_validity import SERVER_SLACK
 from thermab.load import runner
 from thermab.load.validity import inflight
-from thermab.sim import node
+from thermab.sim import node, vllm
 from thermab.telemetry import server_metrics
 
 SCRAPE_INTERVAL_S = 1.0  # as a run scrapes by default (monitor.intervals.server)
@@ -81,23 +80,7 @@ def simulated_head(tmp_path_factory, step_ms: int):
     node.create_node(root, "head")
     port = free_port()
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "thermab.sim.vllm",
-            "serve",
-            "--node",
-            str(root),
-            "--port",
-            str(port),
-            "--model",
-            "sim",
-            "--role",
-            "head",
-            "--step-ms",
-            str(step_ms),
-            "--detach",
-        ],
+        vllm.serve_command(root, port, "--model", "sim", "--role", "head", "--step-ms", step_ms),
         check=True,
         capture_output=True,
         timeout=60,

@@ -1,9 +1,12 @@
-"""The cores to itself: the real vLLM's AB run measures CPU shares and a throughput
-difference between arms minutes apart, so no whole simulated run may run beside it (their
-servers add load that moves from arm to arm, and the default process pattern counts their
-``thermab.sim.vllm serve`` as vLLM, by design: discover finds them). Whole runs share the
-cores with each other; the real vLLM waits for the ones running to end and keeps new ones
-waiting until it is done (a turnstile, so a stream of whole runs cannot starve it).
+"""The cores to itself, for a measurement held to the study's numbers (tests/conftest.py's
+``ALONE``). The real vLLM's AB run measures CPU shares and a throughput difference between
+arms minutes apart, so no whole run may run beside it (their servers add load that moves from
+arm to arm, and the default process pattern counts their ``thermab.sim.vllm serve`` as vLLM,
+by design: discover finds them). The default simulated run is compared with the study's
+published heat within a degree or so, and a busy machine cools its twin by about that much
+(docs/simulation.md). Whole runs share the cores with each other; one alone waits for the
+whole runs running to end and keeps new ones waiting until it is done (a turnstile, so a
+stream of whole runs cannot starve it).
 
 Two lock files in the temporary directory, taken with ``flock``, so pytest-xdist's workers
 (and another test session on this machine) agree; the kernel drops a lock whose holder dies."""
@@ -24,7 +27,7 @@ def _open(path: Path) -> int:
 
 @contextmanager
 def shared():
-    """A whole simulated run: beside other whole runs, never beside the real vLLM."""
+    """A whole run: beside other whole runs, never beside one alone."""
     turnstile, room = _open(TURNSTILE), _open(ROOM)
     try:
         fcntl.flock(turnstile, fcntl.LOCK_EX)  # waits while the real vLLM is waiting or running
@@ -37,7 +40,7 @@ def shared():
 
 
 class Alone:
-    """The real vLLM's hold on the cores, from its first test's setup to its last's teardown."""
+    """A hold on the cores alone, from its first test's setup to its last's teardown."""
 
     def __init__(self):
         self.room = None

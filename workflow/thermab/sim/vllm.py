@@ -103,6 +103,7 @@ from thermab.sim.cpu import Account, Thread
 from thermab.sim.metrics import CONTENT_TYPE, ServerMetrics
 from thermab.sim.shm import ShmQueue, stall_probability
 
+MODULE = "thermab.sim.vllm"  # what python -m runs
 BLOCK_TOKENS = 16
 MAX_MODEL_LEN = 8192
 VLLM_VERSION = "0.32.0+thermab.sim"  # the vLLM whose API and metrics this server speaks
@@ -907,7 +908,7 @@ def main(argv=None) -> int:
         parser.error("a server is already running on %s (pid %d): stop it first" % (args.node, running))
     if args.detach:
         argv.remove("--detach")
-        print(node.start_detached(args.node, "vllm", "thermab.sim.vllm", argv))
+        print(node.start_detached(args.node, "vllm", MODULE, argv))
         return 0
 
     busy_loop_s = node.read_busy_loop_s(args.node)
@@ -928,6 +929,15 @@ def main(argv=None) -> int:
         return serve_worker(args)
     finally:
         node.release_pid_file(args.node, "vllm")
+
+
+def serve_command(root: Path, port: int, *options) -> list[str]:
+    """The command that starts the simulated server of the node at ``root`` on ``port`` with
+    ``options`` (``--role``, ``--model``, ``--step-ms`` ...), detached: it returns once the
+    server runs, which answers ``/health`` when it is ready (the way tests and benches start
+    one of their own; a cluster's config spells its own start command)."""
+    node_and_port = ["--node", str(root), "--port", str(port)]
+    return [sys.executable, "-m", MODULE, "serve", *node_and_port, *map(str, options), "--detach"]
 
 
 if __name__ == "__main__":
