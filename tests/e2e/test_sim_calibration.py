@@ -45,7 +45,7 @@ def snakemake(workdir: Path, *args: str, timeout: float = 1200) -> subprocess.Co
 # sd 2.5 %: 23.3-25.0 steps/s measured, beside whole runs, CPU burners or a real vLLM) through
 # host lags of up to 0.5 s. Where this machine itself stops for longer (a hypervisor's steal,
 # measured as a freezer cgroup stopping the run 0.7 s in every 3.2 s: 19.5-20.6 steps/s, both
-# nodes' zones 5-7 °C cooler), the twin runs slower and cooler than the cluster it stands for,
+# nodes' TSOC 6.5-7.1 °C cooler), the twin runs slower and cooler than the cluster it stands for,
 # and its run is no test of the calibration: the run is made again, once.
 STARVED_STEPS_S = 0.85 * 1000 / 40
 
