@@ -711,9 +711,11 @@ def test_processes_are_matched_when_they_appear_take_a_title_or_exec(tmp_path):
 
 
 def test_census_lists_the_matched_processes_with_titles_and_cpu(tmp_path):
-    """A busy process titled as vLLM titles its engine: ``--discover --process-pattern``
-    lists it, and describe_processes says so in a line."""
-    marker = f"VLLM::EngineCore_{os.getpid()}"
+    """A busy process that retitled itself, as vLLM titles its engine: ``--discover
+    --process-pattern`` lists it by its title, and describe_processes says so in a line."""
+    # not ``VLLM::…``: the real-vLLM tier, running beside this one, would count a burner so
+    # titled as its server's CPU
+    marker = f"thermab-test-EngineCore_{os.getpid()}"
     burner = subprocess.Popen(["bash", "-c", f'exec -a {marker} {sys.executable} -c "while True: pass"'])
     try:
         assert wait_until(lambda: ProcessCpu(marker).matching_pids(), timeout=10)
