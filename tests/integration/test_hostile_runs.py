@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from support.command_line import run_thermab
 from support.paths import REPO
 from support.synthetic_run import write_synthetic_run
-from thermab import atomic, config
+from thermab import atomic, config, load_levels
 from thermab.analysis import chart_import, model
+from thermab.config.schema import level_bounds
 from thermab.errors import UserError
 from thermab.experiment import plan as plan_module
 from thermab.jsonl import read_checked
@@ -328,7 +329,7 @@ JSON_VALUES = st.recursive(
 )
 # run.json keys whose check is the config key's alone (the others add the config's checks
 # across keys: arms in order, a reference arm, levels, thresholds ascending)
-PLAIN_KEYS = sorted(set(plan_module.CONFIG_KEYS) - {"order", "arms", "questions", "thresholds_c", "probe_n"})
+PLAIN_KEYS = sorted(set(plan_module.CONFIG_KEYS) - {"order", "arms", "questions", "thresholds_c", "probe_n", "users"})
 
 
 @PROFILE
@@ -342,6 +343,11 @@ def test_run_json_takes_what_the_config_takes(run_dir, key, value, data):
     assert all(f"key '{key}" in problem and "\n" not in problem for problem in problems), problems
     if key in PLAIN_KEYS:
         assert bool(problems) == bool(config_problems)
+    elif key == "users":  # the schema's check, then the levels' (a mapping without users, a level twice)
+        level_problems = (
+            load_levels.problems({**plan, "users": value}, bounds=level_bounds()) if not config_problems else []
+        )
+        assert bool(problems) == bool(config_problems or level_problems), (problems, config_problems)
     elif config_problems and not (key == "probe_n" and value == 0):
         assert problems
 

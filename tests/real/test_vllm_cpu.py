@@ -245,8 +245,10 @@ def test_patched_arm_stalls_in_the_tables_and_verdict(run_dir):
     }
     level = max(LEVELS, key=more.get)
     assert more[level] >= 1, performance["stall_gaps"].to_dict()
-    assert performance.loc[(level.label, "B"), "output_tok_s"] < performance.loc[(level.label, "A"), "output_tok_s"]
-    # each stalled stream waits out the re-check: gaps of 5 s (10 s when it is missed twice)
+    # each stalled stream waits out the re-check: gaps of 5 s (10 s when it is missed twice).
+    # The arms' throughputs are not compared: on this shared machine the stock server's spin
+    # competes with the load generator for 2 cores, by how much depends on what runs beside
+    # (one suite's run: patched 369 tok/s with 8 stalls, stock 362 with one gap of 3.4 s)
     requests = pd.read_parquet(run_dir / "tidy/requests.parquet")
     stalled = requests[(requests["arm"] == "B") & (requests["stall_gaps"] > 0)]
     assert 4.5 <= stalled["max_gap_s"].median() <= 5.5, stalled["max_gap_s"].tolist()
