@@ -855,19 +855,22 @@ def test_single_stream_pays_the_parked_readers_wake_up_and_four_streams_hide_it(
     throughput 92.1 vs 85.8 tok/s, probes 17.8 vs 18.1 tok/s).  The same seeded draws in
     both arms, so only the step cadence differs: 40 ms stock, 41.6 ms patched for one stream
     (docs/simulation.md)."""
-    speeds = {(spin, users): decode_speeds(tmp_path, spin, users) for spin in (1.0, 0.002) for users in (1, 4)}
-    print({key: "%.1f / %.1f tok/s" % value for key, value in speeds.items()})
     # The single stream's 4 % is a cadence of 41.6 against 40 ms, and a busy machine (the
-    # suite's other workers) stretched one arm's steps by a millisecond in some runs: the
-    # ratio is the median of three pairs, each a server of each arm, one after the other.
-    ratios = [speeds[0.002, 1][0] / speeds[1.0, 1][0]]
-    for attempt in (1, 2):
-        stock, patched = (decode_speeds(tmp_path, spin, 1, attempt=attempt)[0] for spin in (1.0, 0.002))
-        ratios.append(patched / stock)
-    single = statistics.median(ratios)
-    assert 0.94 <= single <= 0.98, ratios
-    four = speeds[0.002, 4][1] / speeds[1.0, 4][1]
-    assert 0.98 <= four <= 1.02, four
+    # suite's other workers) stretched one arm's steps by a millisecond or more in some runs,
+    # at one stream or four: each ratio is the median of three pairs, each a server of each
+    # arm, one after the other.
+    speeds = {
+        (spin, users, attempt): decode_speeds(tmp_path, spin, users, attempt=attempt)
+        for attempt in range(3)
+        for users in (1, 4)
+        for spin in (1.0, 0.002)
+    }
+    print({key: "%.1f / %.1f tok/s" % value for key, value in speeds.items()})
+    singles = [speeds[0.002, 1, attempt][0] / speeds[1.0, 1, attempt][0] for attempt in range(3)]
+    fours = [speeds[0.002, 4, attempt][1] / speeds[1.0, 4, attempt][1] for attempt in range(3)]
+    assert 0.94 <= statistics.median(singles) <= 0.98, singles
+    four = statistics.median(fours)
+    assert 0.98 <= four <= 1.02, fours
 
 
 def test_the_gpu_schedule_goes_on_through_a_host_lag_and_starts_again_after_an_idle():
