@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from support.openai_test_servers import CHARS_PER_TOKEN, WORDS  # noqa: E402  (after the path above)
+from support.openai_test_servers import WORDS, count_prompt_tokens, tokens_to_generate  # noqa: E402  (after the path above)
 
 MODEL = "test-model"
 BACKLOG = 2048
@@ -45,8 +44,12 @@ class PacedServer:
         self.token_interval_s = token_interval_s
         self.prefill_s = prefill_s
         self.lateness: list[float] = []
-        base = {"id": "chatcmpl-paced", "object": "chat.completion.chunk", "created": int(time.time()), "model": MODEL}
-        self.base = base
+        self.base = base = {
+            "id": "chatcmpl-paced",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": MODEL,
+        }
         self.role = event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
         self.tokens = [event({**base, "choices": [{"index": 0, "delta": {"content": f" {w}"}}]}) for w in WORDS]
 
@@ -80,9 +83,8 @@ class PacedServer:
         if not body.get("stream"):
             return web.json_response({"error": {"message": "the paced server only streams"}}, status=400)
         prompt = "".join(m.get("content", "") for m in body.get("messages", []))
-        prompt_tokens = math.ceil(len(prompt) / CHARS_PER_TOKEN) + 5  # + chat template, as the test server
-        max_tokens = int(body.get("max_tokens", 16))
-        n_tokens = max_tokens if body.get("ignore_eos") else max(1, max_tokens // 2)
+        prompt_tokens = count_prompt_tokens(prompt)
+        max_tokens, n_tokens = tokens_to_generate(body)
 
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         response.enable_chunked_encoding()

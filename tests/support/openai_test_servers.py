@@ -62,6 +62,17 @@ class PrefixCache:
         return hits * BLOCK_TOKENS
 
 
+def count_prompt_tokens(prompt: str) -> int:
+    return math.ceil(len(prompt) / CHARS_PER_TOKEN) + 5  # + chat template
+
+
+def tokens_to_generate(body: dict) -> tuple[int, int]:
+    """(max_tokens, how many to stream): all of them with ``ignore_eos``, else half, as if
+    the model stopped early."""
+    max_tokens = int(body.get("max_tokens", 16))
+    return max_tokens, max_tokens if body.get("ignore_eos") else max(1, max_tokens // 2)
+
+
 class MisbehavingServer:
     """One misbehaving OpenAI-compatible server; use as a context manager."""
 
@@ -185,10 +196,9 @@ class MisbehavingServer:
                 prompt = "".join(m.get("content", "") for m in body.get("messages", []))
                 peer.prompts.append(prompt)
                 peer.extra_fields.append({k: v for k, v in body.items() if k not in CHAT_FIELDS})
-                prompt_tokens = math.ceil(len(prompt) / CHARS_PER_TOKEN) + 5  # + chat template
+                prompt_tokens = count_prompt_tokens(prompt)
                 cached_tokens = peer.cache.lookup_and_store(prompt)
-                max_tokens = int(body.get("max_tokens", 16))
-                n_tokens = max_tokens if body.get("ignore_eos") else max(1, max_tokens // 2)
+                max_tokens, n_tokens = tokens_to_generate(body)
                 include_usage = (body.get("stream_options") or {}).get("include_usage", False)
                 base = {
                     "id": "chatcmpl-test",
