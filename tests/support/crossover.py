@@ -27,3 +27,16 @@ def least_squares(y: np.ndarray, is_b: np.ndarray, position: np.ndarray):
     df = len(is_b) - x.shape[1]
     se = np.sqrt((residual**2).sum(axis=1) / df * inverse[1, 1])
     return beta[:, 1], se, df
+
+
+def adjusted_least_squares(y: np.ndarray, is_b: np.ndarray, position: np.ndarray, covariate: np.ndarray):
+    """B − A of ``value ~ arm + position + covariate`` for every row of ``y``, each row with
+    its own ``covariate`` (what stats.covariate_effects fits): (estimates, se, residual df)."""
+    ones = np.ones_like(covariate)
+    x = np.stack([ones, ones * is_b, ones * position, covariate], axis=2)
+    gram_inverse = np.linalg.inv(np.einsum("npk,npl->nkl", x, x))
+    beta = np.einsum("nkl,npl,np->nk", gram_inverse, x, y)
+    residual = y - np.einsum("npk,nk->np", x, beta)
+    df = x.shape[1] - x.shape[2]
+    se = np.sqrt((residual**2).sum(axis=1) / df * gram_inverse[:, 1, 1])
+    return beta[:, 1], se, df

@@ -34,6 +34,10 @@ RUN_METRICS = (
 BETWEEN_RESTARTS = frozenset(
     {OUTPUT_THROUGHPUT, PROBE_DECODE_SPEED, CLUSTER_ENERGY_PER_TOKEN, ACCEPTANCE_LENGTH, ENGINE_STEPS, TOKENS_PER_STEP}
 )
+# What a server start draws moves these three through the drafter's acceptance, which a
+# setting that leaves the model's numerics alone cannot move: their arm effect is adjusted
+# for the per-phase covariates of ``analysis.covariates`` (analysis/speed.py, ANCOVA).
+ADJUSTED = (OUTPUT_THROUGHPUT, PROBE_DECODE_SPEED, CLUSTER_ENERGY_PER_TOKEN)
 CPU_MEDIAN = "vLLM CPU median"
 
 

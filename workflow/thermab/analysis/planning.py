@@ -82,6 +82,10 @@ PLAN_COLUMNS = [
     "smallest_margin_pct",
     "reach",
 ]
+# The restart CV a plan assumes for speed and energy per token until the run has measured
+# its own (one phase per arm): vLLM's throughput at 4 streams across restarts, driven by the
+# drafter's acceptance (docs/simulation.md, "Restart variance"); ``--restart-cv`` wins.
+FIELD_RESTART_CV_PCT = 7.5
 MAX_REPEATS = 100  # max_repeats' bound in config.schema.yaml (tests/unit/test_planning.py holds them equal)
 MAX_PLANNED_REPEATS = 10_000  # beyond this a margin is out of reach whatever the budget
 
@@ -122,7 +126,7 @@ def study_plan(
     """The plan of one run (a model.RunData at one level) from its performance table, pooled
     per-phase metrics and questions.csv: (its timings, ``plan_rows``).  ``time_scale``:
     in place of run.json's (1 where it has none)."""
-    from thermab.analysis import stats
+    from thermab.analysis import speed, stats
 
     config = run.plan
     scale = time_scale if time_scale is not None else float(config.get("time_scale", 1.0))
@@ -130,6 +134,8 @@ def study_plan(
     se = performance["output_tok_s_se"].dropna()
     within = {OUTPUT_THROUGHPUT: float(np.sqrt(np.mean(se**2)))} if len(se) else {}
     effects = stats.arm_effects(pooled, config.reference_arm) if len(pooled) else {}
+    # the effects the questions are answered on: speed and energy per token adjusted (analysis/speed.py)
+    effects.update(speed.adjusted_effects(effects, pooled, config.reference_arm, config.covariates, ALPHA))
     rows = plan_rows(
         config.questions,  # a level's plan holds the questions asked at it (levels.plan_at)
         effects,
@@ -298,12 +304,15 @@ def _planned(question, metric, effect, run, timings, inside, restart_cv_pct, blo
     n = min(effect["n"], effect["ref_n"])
     between = effect["se"] / math.sqrt(1 / effect["n"] + 1 / effect["ref_n"]) if effect["n"] else math.nan
     planned, sd_from = between, "measured between phases"
-    if restart_cv_pct is not None and metric in BETWEEN_RESTARTS:
-        assumed = restart_cv_pct / 100 * abs(effect["ref"]["mean"])
+    if metric in BETWEEN_RESTARTS and (restart_cv_pct is not None or math.isnan(between)):
+        cv = FIELD_RESTART_CV_PCT if restart_cv_pct is None else restart_cv_pct
+        assumed = cv / 100 * abs(effect["ref"]["mean"])
         planned = math.hypot(0.0 if math.isnan(inside) else inside, assumed)
-        sd_from = f"restart CV {restart_cv_pct:g} % assumed" + ("" if math.isnan(inside) else " + within phase")
-    elif math.isnan(between) and not math.isnan(inside):
-        planned, sd_from = inside, "within a phase only, a lower bound: one phase per arm"
+        sd_from = (
+            f"restart CV {cv:g} % assumed"
+            + (" (vLLM's at 4 streams; --restart-cv to change)" if restart_cv_pct is None else "")
+            + ("" if math.isnan(inside) else " + within phase")
+        )
     elif math.isnan(between):
         sd_from = "unknown: one phase per arm"
     margin = margin_in_unit(question, effect["ref"])
@@ -323,15 +332,20 @@ def _planned(question, metric, effect, run, timings, inside, restart_cv_pct, blo
         "phases_needed": needed,
         "repeats_needed": repeats,
         "hours_needed": hours,
-        "reach": _reach(margin, distance, planned, needed),
+        "reach": _reach(margin, distance, planned, needed, run, timings),
     }
 
 
-def _reach(margin: float, distance: float, sd: float, needed: float) -> str:
+def _reach(margin: float, distance: float, sd: float, needed: float, run: Plan, timings: Timings | None) -> str:
     if math.isnan(margin):
         return "no margin to plan for: it is in % of a reference mean that cannot be told from zero"
     if math.isnan(sd):
-        return "no spread to plan on"
+        first = first_testing_look(len(run.arms), sequential.pair_size(run.order))
+        cost = f", {timings.hours(first, len(run.arms)):.1f} cluster-hours" if timings else ""
+        return (
+            f"its spread between restarts is measured at the first look of until: decided that tests"
+            f" ({first} repeats{cost}), where it may already decide"
+        )
     if math.isnan(distance) or distance <= 0 or math.isnan(needed):
         return "out of reach: the estimate lies on the margin, no number of phases decides it at this estimate"
     return "reachable"
@@ -453,8 +467,7 @@ def plan_lines(rows: pd.DataFrame, run: Plan, timings: Timings | None, *, hours:
         )
         if math.isfinite(row.phases_needed):
             need = (
-                (" At least (the restart spread unknown)" if row.sd_from.startswith("within") else " Decided")
-                + f" at {POWER * 100:.0f} % power by {row.phases_needed:.0f} phases per arm:"
+                f" Decided at {POWER * 100:.0f} % power by {row.phases_needed:.0f} phases per arm:"
                 f" {row.repeats_needed:.0f} repeats, {row.repeats_needed * arms:.0f} phases"
                 + (f", {row.hours_needed:.1f} cluster-hours." if math.isfinite(row.hours_needed) else ".")
             )

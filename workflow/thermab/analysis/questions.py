@@ -18,10 +18,10 @@ observed distance between the estimate and the decisive bound).  A ``yes`` built
 whose load was not the configured one, or (for a question in °C) on arms whose starts were
 not balanced, is withheld: the question stays ``undecided`` and says why.
 
-A throughput question is answered on speed taken apart (analysis/speed.py) where the
-arms' acceptance is decided balanced: ``effects`` then carries the decomposed effect, with
-``slack`` (its interval widened by that much on each side) and ``why``, which the
-question's words repeat.
+Output throughput, probe decode speed and energy per token are answered on their arm effect
+adjusted for what each restart draws (analysis/speed.py, ``adjusted_effects``): ``effects``
+then carries the adjusted effect with ``raw`` beside it and ``adjustment`` in words, which
+fill the ``adjustment`` and ``raw_*`` columns.
 
 A sequential run (``sequential``) calls ``answer`` at each look with that look's α.
 Pure functions over frames and dicts.
@@ -53,6 +53,10 @@ QUESTION_COLUMNS = [
     "phases_per_arm",
     "verdict",
     "phases_needed",
+    "adjustment",
+    "raw_estimate",
+    "raw_ci_low",
+    "raw_ci_high",
 ]
 YES, NO, UNDECIDED = "yes", "no", "undecided"
 ALPHA = 0.05
@@ -96,12 +100,8 @@ def interval(estimate: float, se: float, df: float, alpha: float) -> tuple[float
 
 
 def effect_interval(effect: dict, alpha: float) -> tuple[float, float]:
-    """The 1 − 2α interval of an arm effect (``stats.arm_effects``), widened by its
-    ``slack`` where it has one: a decomposed answer's room for the arms' acceptance
-    (analysis/speed.py)."""
-    low, high = interval(effect["diff"], effect["se"], effect["df"], alpha)
-    slack = effect.get("slack", 0.0)
-    return low - slack, high + slack
+    """The 1 − 2α interval of an arm effect (``stats.arm_effects``)."""
+    return interval(effect["diff"], effect["se"], effect["df"], alpha)
 
 
 def verdict(kind: str, sign: int, margin: float, low: float, high: float) -> str:
@@ -199,11 +199,17 @@ def _tested(question: dict, effect: dict, alpha: float, withheld: str | None) ->
     margin = margin_in_unit(question, effect["ref"])
     low, high = effect_interval(effect, alpha)
     decided = verdict(kind, sign, margin, low, high)
-    notes = [effect["why"]] if effect.get("why") else []
+    notes = []
     if math.isnan(margin):
         notes.append("margin in % of a reference mean that cannot be told from zero")
     elif math.isnan(low):
         notes.append("one phase in an arm: no interval")
+    if (
+        decided == YES
+        and "confirm" in effect
+        and verdict(kind, sign, margin, *effect_interval(effect["confirm"], alpha)) != YES
+    ):
+        decided = UNDECIDED  # a raw yes where the arm's acceptance differs: the adjusted must agree
     if decided == YES and withheld:
         decided = UNDECIDED
         notes.append(f"not yes: {withheld}")
@@ -212,8 +218,14 @@ def _tested(question: dict, effect: dict, alpha: float, withheld: str | None) ->
         spread = effect["se"] / math.sqrt(1 / effect["n"] + 1 / effect["ref_n"])
         # a fixed design's answer at the usual α (a look of until: decided may spend less)
         needed = phases_needed(decisive_distance(kind, sign, margin, effect["diff"]), spread)
+    raw = effect.get("raw", effect)
+    raw_low, raw_high = effect_interval(raw, alpha)
     return {
         "question": question_words(question) + "".join(f" ({note})" for note in notes),
+        "adjustment": effect.get("adjustment", ""),
+        "raw_estimate": raw["diff"],
+        "raw_ci_low": raw_low,
+        "raw_ci_high": raw_high,
         "margin": margin if kind in ("non_inferior", "equivalent") or question.get("by") else math.nan,
         "estimate": effect["diff"],
         "ci_low": low,

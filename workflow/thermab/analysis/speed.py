@@ -7,21 +7,23 @@ ingest made: telemetry/server_metrics.py).
 - ``engine steps per second``: Δ``vllm:iteration_tokens_total_count`` / Δt;
 - ``tokens per step``: Δ``vllm:generation_tokens_total`` / Δsteps, over the whole batch.
 
-Output throughput is steps per second times tokens per step.  A server restart moves the
-acceptance (docs/design.md, restart variance), so the acceptance is a balance check between
-the arms (:func:`acceptance_balance`, TOST within ``analysis.acceptance_margin_pct``), and a
-throughput question may be answered on the steps alone (:func:`decomposed_effects`) where
-that check is decided balanced.  Where the server exports none of these (no speculative
-decoding, an older vLLM), or its counters went back or disagree within a phase, or a
-metric is measured in some phases only, the values are empty with the reason, never a
-number.  Pure functions over frames and dicts.
+Output throughput is steps per second times tokens per step.  A server restart draws the
+drafter's acceptance (docs/design.md, restart variance), which moves throughput, the probes'
+decode speed and energy per token from one start to the next; a setting that leaves the
+model's numerics alone cannot move it.  So those three are answered on their arm effect
+adjusted for the phase's acceptance length (:func:`adjusted_effects`, ANCOVA: the fit
+``metric ~ arm + position + acceptance length``), unless the arm is seen to move the
+acceptance, and the arms' acceptance is reported as a balance check
+(:func:`acceptance_balance`, TOST within ``analysis.acceptance_margin_pct``).  Where the
+server exports none of these (no speculative decoding, an older vLLM), or its counters
+went back or disagree within a phase, or a metric is measured in some phases only, the
+values are empty with the reason, never a number.  Pure functions over frames and dicts.
 """
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 
 from thermab import metric_names as names
@@ -173,41 +175,77 @@ def balance_words(arm: str, reference: str, check: dict) -> str:
     )
 
 
-def decomposed_effects(effects: dict, pooled: pd.DataFrame, reference: str, balance: dict) -> dict:
-    """(output throughput, arm) → the arm effect answered on the decomposition, for each arm
-    whose acceptance is decided balanced; the raw effect with why it stays raw otherwise.
+def adjusted_effects(effects: dict, pooled: pd.DataFrame, reference: str, covariates, alpha: float) -> dict:
+    """(metric, arm) → the effect a question on ``metric_names.ADJUSTED`` is answered on:
+    adjusted for ``covariates`` (``stats.covariate_effects``, ANCOVA) where the arm is not
+    seen to move any of them, else the raw effect; each with ``raw`` (the raw effect) and
+    ``adjustment`` (which, and why, in words).
 
-    Method: the arm effect on engine steps per second (``stats.arm_effects``: OLS arm +
-    position where orders are pooled, Welch otherwise) times the pooled mean tokens per
-    step of both arms, with its interval widened on each side by the acceptance margin of
-    the reference's mean throughput: the TOST bounds how far the arms' acceptance, and so
-    their tokens per step, may differ."""
-    metric = names.OUTPUT_THROUGHPUT
-    per_step = pooled.loc[pooled["metric"] == names.TOKENS_PER_STEP, "value"]
+    The arm's effect on a covariate is tested two-sided at ``alpha`` on the covariate's own
+    arm effect (``stats.arm_effects``): a setting that moves the drafter's acceptance would
+    have part of its effect on speed taken away by the adjustment, so then the raw answer
+    stands, with the adjusted effect as ``confirm``: a yes needs both (``questions``).  The
+    test also flags α of the arms whose acceptance differs by the restarts' chance alone,
+    and there the raw effect carries that chance imbalance: a raw yes alone would let
+    through more than α wrong ones (tests/integration/test_speed.py simulates it).  The raw
+    answer stands alone where a covariate was not measured (no spec-decode counters),
+    could not be tested (one phase per arm) or ``covariates`` is empty (the user says the
+    setting may move them)."""
+    wanted = [(metric, arm) for (metric, arm) in effects if metric in names.ADJUSTED]
+    if not wanted:
+        return {}
+    adjusted = stats.covariate_effects(pooled, reference, names.ADJUSTED, covariates) if covariates else {}
     result = {}
-    for (name, arm), raw in effects.items():
-        if name != metric:
-            continue
-        check = balance.get(arm)
-        steps = effects.get((names.ENGINE_STEPS, arm))
-        if check is None or steps is None or per_step.empty:
-            continue  # no acceptance measured: the raw answer, nothing to say
-        if check["state"] != BALANCED:
-            result[(name, arm)] = {**raw, "why": f"raw throughput: {balance_words(arm, reference, check)}"}
-            continue
-        tokens = float(np.mean(per_step))
-        slack = check["margin_pct"] / 100 * raw["ref"]["mean"]
-        result[(name, arm)] = {
-            **raw,
-            "diff": steps["diff"] * tokens,
-            "se": steps["se"] * tokens,
-            "df": steps["df"],
-            "slack": slack,
-            "method": f"decomposed: steps/s ({steps['method']}) x pooled {tokens:.2f} tokens/step, "
-            f"± {check['margin_pct']:g} % for acceptance",
-            "why": f"decomposed: {balance_words(arm, reference, check)}",
-        }
+    for metric, arm in wanted:
+        raw = effects[(metric, arm)]
+        fitted = adjusted.get((metric, arm))
+        why = _not_adjusted(effects, arm, covariates, alpha)
+        if why is None and fitted is None:
+            why = "raw: no covariate in every phase of the fit"
+        if why is None:
+            adjustment = "adjusted for " + " + ".join(covariates)
+            result[(metric, arm)] = {**fitted, "raw": raw, "adjustment": adjustment}
+        elif why.startswith(MOVED) and fitted is not None:
+            result[(metric, arm)] = {
+                **raw,
+                "raw": raw,
+                "confirm": fitted,
+                "adjustment": why + "; a yes needs the adjusted too",
+            }
+        else:
+            result[(metric, arm)] = {**raw, "raw": raw, "adjustment": why}
     return result
+
+
+MOVED = "raw: the arm moves"
+
+
+def _not_adjusted(effects: dict, arm: str, covariates, alpha: float) -> str | None:
+    """Why ``arm``'s speed may not be adjusted for ``covariates``, or None where it may."""
+    if not covariates:
+        return "raw: analysis.covariates is empty (the setting may move what a restart draws)"
+    for covariate in covariates:
+        effect = effects.get((covariate, arm))
+        if effect is None:
+            return f"raw: no {covariate} measured"
+        p = two_sided_p(effect)
+        if math.isnan(p):
+            return f"raw: the arm's effect on {covariate} cannot be tested ({effect['method']})"
+        if p < alpha:
+            return f"{MOVED} {covariate} (two-sided t, p = {p:.2g} < {alpha:g})"
+    return None
+
+
+def two_sided_p(effect: dict) -> float:
+    """The two-sided p of an arm effect's t statistic (diff / se on its df); NaN without se."""
+    se, df = effect["se"], effect["df"]
+    if math.isnan(se) or math.isnan(df):
+        return math.nan
+    if se == 0:
+        return 1.0 if effect["diff"] == 0 else 0.0
+    from scipy import stats as scipy_stats
+
+    return float(2 * scipy_stats.t.sf(abs(effect["diff"]) / se, df))
 
 
 BALANCE_COLUMNS = ["arm", "reference", "state", "low_pct", "high_pct", "margin_pct", "n"]
@@ -219,9 +257,9 @@ def balance_frame(balance: dict, reference: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=BALANCE_COLUMNS)
 
 
-def balance_section(balance: pd.DataFrame | None, answers: pd.DataFrame | None, run: dict) -> list[str]:
-    """The summary's "Balanced acceptance" section: each arm's check, and what a decomposed
-    answer is, in a sentence; nothing where no phase measured the acceptance."""
+def balance_section(balance: pd.DataFrame | None, run: dict) -> list[str]:
+    """The summary's "Balanced acceptance" section: each arm's check, and what it is for, in a
+    sentence; nothing where no phase measured the acceptance."""
     if balance is None or balance.empty:
         return []
     labels = {a: spec["label"] for a, spec in run["arms"].items()}
@@ -238,14 +276,8 @@ def balance_section(balance: pd.DataFrame | None, answers: pd.DataFrame | None, 
         "",
         f"Acceptance length is 1 + accepted / drafted tokens from the server's /metrics; arms are balanced"
         f" when its interval lies inside ± {margin:g} % (TOST, analysis.acceptance_margin_pct), unbalanced"
-        " when wholly outside.  A restart moves it, a setting may too (docs/design.md).",
+        " when wholly outside.  A restart moves it, a setting may too (docs/design.md).  The check is"
+        " reported, not a gate: speed and energy per token are adjusted for it unless the arm moves it"
+        " (two-sided t; the questions' adjustment column says which).",
     ]
-    if answers is not None and answers["method"].astype(str).str.startswith("decomposed").any():
-        lines.append(
-            "A throughput question marked *decomposed* was answered on the engine's steps per second, which"
-            " acceptance does not move, times the tokens per step of both arms pooled, its interval widened by"
-            f" ± {margin:g} % of the reference's throughput for what the balance check still allows."
-        )
-    else:
-        lines.append("Throughput questions were answered on the raw throughput, none on the decomposition.")
     return lines + ["Per phase in tables/speed.csv.", ""]

@@ -179,6 +179,63 @@ def arm_effects(long: pd.DataFrame, reference: str) -> dict:
     return effects
 
 
+def covariate_effects(long: pd.DataFrame, reference: str, metrics, covariates) -> dict:
+    """``arm_effects`` of ``metrics`` adjusted for per-phase ``covariates`` (metrics of the same
+    phases in ``long``): the OLS fit ``value ~ arm + position + covariates`` (ANCOVA; position
+    only where orders are pooled, as ``arm_period_fit``), its arm coefficient, standard error
+    and residual df.  A metric is left out where a phase lacks a covariate or the fit has no
+    residual degree of freedom: its raw effect stands."""
+    keys = ["order", "rep", "arm"]
+    covariate_values = {}
+    for index, name in enumerate(covariates):
+        values = long.loc[long["metric"] == name, [*keys, "value"]]
+        if values.empty or values.duplicated(keys).any():
+            return {}
+        covariate_values[f"covariate{index}"] = values.set_index(keys)["value"]
+    if not covariate_values:
+        return {}
+    effects = {}
+    for metric in metrics:
+        data = long[long["metric"] == metric].join(pd.DataFrame(covariate_values), on=keys)
+        data = data.dropna(subset=["value", *covariate_values])
+        for arm, effect in _covariate_fit(data, reference, list(covariate_values)).items():
+            effects[(metric, arm)] = effect
+    return effects
+
+
+def _covariate_fit(data: pd.DataFrame, reference: str, covariates: list[str]) -> dict:
+    """arm → the arm effect of one metric's OLS fit with ``covariates``; {} where it cannot be fitted."""
+    if data.empty or not (data["arm"] == reference).any() or data["arm"].nunique() < 2:
+        return {}
+    from statsmodels.formula.api import ols
+
+    terms = [f"C(arm, Treatment(reference={reference!r}))", *covariates]
+    if data["order"].nunique() > 1:
+        terms.append("position")
+        data = data.assign(position=[o.index(a) for o, a in zip(data["order"], data["arm"], strict=True)])
+    model = ols("value ~ " + " + ".join(terms), data)
+    if model.df_resid < 1 or model.rank < model.exog.shape[1]:
+        return {}
+    fit = model.fit()
+    ref = describe(data.loc[data["arm"] == reference, "value"])
+    effects = {}
+    for arm in pd.unique(data["arm"]):
+        if arm == reference:
+            continue
+        name = f"{terms[0]}[T.{arm}]"
+        effects[arm] = {
+            "diff": float(fit.params[name]),
+            "se": float(fit.bse[name]),
+            "df": float(fit.df_resid),
+            "method": "ANCOVA arm + " + ("position + " if "position" in terms else "") + "covariates",
+            "n": int((data["arm"] == arm).sum()),
+            "ref_n": ref["n"],
+            "ref": ref,
+            "unit": data["unit"].iloc[0],
+        }
+    return effects
+
+
 def repeats_needed(sd: float, difference: float, alpha: float = 0.05, power: float = 0.8) -> float:
     """Phases per arm to detect ``difference`` with a two-sided test at ``alpha`` and ``power``
     (normal approximation, equal n): 2 (z₁₋α/₂ + z_power)² sd² / difference², at least 2 so

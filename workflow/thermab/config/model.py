@@ -298,6 +298,7 @@ class Analysis(Section):
     timeline_zone: str
     start_balance_c: float
     acceptance_margin_pct: float
+    covariates: tuple[str, ...]
 
 
 class Server(Section):

@@ -67,7 +67,27 @@ def _question_problems(config: dict, problems: list[str]) -> None:
                 f"config key 'max_repeats': {config['max_repeats']} is below 'repeats' "
                 f"({config['repeats']}) or one crossover pair (2)"
             )
+    _covariate_problems(config, problems)
     _budget_problems(config, problems)
+
+
+def _covariate_problems(config: dict, problems: list[str]) -> None:
+    """``analysis.covariates``: per-phase metrics of the run that no question asks about and
+    that are not themselves adjusted (an effect adjusted for a metric the arm moves through
+    it would hide that effect)."""
+    asked = {question["metric"] for question in config["questions"]}
+    for index, metric in enumerate(config["analysis"]["covariates"]):
+        key = f"config key 'analysis.covariates.{index}'"
+        if not known_metric(config, metric):
+            problems.append(
+                f"{key}: {_short(metric)!r} is no per-phase metric of tables/variance.csv"
+                f" (e.g. {names.ACCEPTANCE_LENGTH!r})"
+            )
+        elif metric in asked or metric in names.ADJUSTED:
+            problems.append(
+                f"{key}: {_short(metric)!r} is itself a question's or an adjusted metric, not a covariate"
+                " the setting leaves alone"
+            )
 
 
 def _budget_problems(config: dict, problems: list[str]) -> None:

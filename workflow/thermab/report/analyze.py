@@ -191,13 +191,13 @@ def compute_level(runs: list[RunData], detect_pct: float = 5.0) -> tuple[dict, p
 
 def answer_questions(config: Plan, pooled: pd.DataFrame, validity: pd.DataFrame, alpha: float = questions.ALPHA):
     """questions.csv from the pooled per-phase metrics: a yes is withheld where a load fell
-    short or, for a temperature, where the arms' starts were not balanced; throughput is
-    answered on the decomposition where the arms' acceptance is decided balanced.  Also the
-    acceptance check per arm (``speed.balance_frame``), for the summary."""
+    short or, for a temperature, where the arms' starts were not balanced; speed and energy
+    per token are answered adjusted for what each restart draws (``speed.adjusted_effects``).
+    Also the acceptance check per arm (``speed.balance_frame``), for the summary."""
     unbalanced = washout.unbalanced(validity, config.reference_arm, config.start_balance_c)
     effects = stats.arm_effects(pooled, config.reference_arm)
     balance = speed.acceptance_balance(effects, config.acceptance_margin_pct, alpha)
-    effects.update(speed.decomposed_effects(effects, pooled, config.reference_arm, balance))
+    effects.update(speed.adjusted_effects(effects, pooled, config.reference_arm, config.covariates, questions.ALPHA))
     answers = questions.answer(
         config.questions,
         effects,

@@ -228,7 +228,7 @@ def summary_markdown(
     parts += open_plan or []
     parts += load_validity_section(tables["validity"], run)
     parts += start_balance_section(tables["validity"], run)
-    parts += speed.balance_section(tables.get("acceptance"), tables.get("questions"), run)
+    parts += speed.balance_section(tables.get("acceptance"), run)
     short_arms = set(tables["validity"].loc[load_validity.is_short(tables["validity"]), "arm"])
     marked = {a: labels[a] + (SHORT_MARK if a in short_arms else "") for a in present}
     if tables["zones"].empty:
@@ -331,6 +331,7 @@ def questions_section(answers: pd.DataFrame, run: dict) -> list[str]:
         "",
         *lines,
         markdown_table(rows),
+        *adjustment_lines(answers, labels),
         (
             f"Each question is tested on the arm effect of the verdicts below (arm − reference, in the metric's"
             f" unit), with its {level.iloc[0] * 100:.1f} % interval (each bound a one-sided test at"
@@ -342,6 +343,28 @@ def questions_section(answers: pd.DataFrame, run: dict) -> list[str]:
         ' claimed way; NO: it rules the claim out; UNDECIDED: neither, and "phases needed" is how many phases'
         " per arm would decide it at the observed spread.",
         "",
+    ]
+
+
+def adjustment_lines(answers: pd.DataFrame, labels: dict) -> list[str]:
+    """Under the questions' table: each answer on speed or energy per token, what it was
+    adjusted for (or why it stayed raw), and the raw effect beside it."""
+    if "adjustment" not in answers:
+        return []
+    lines = []
+    for row in answers[answers["adjustment"].fillna("").astype(str) != ""].itertuples(index=False):
+        raw = f"raw {fmt(row.raw_estimate, sign=True)}"
+        if pd.notna(row.raw_ci_low):
+            raw += f" [{fmt(row.raw_ci_low, sign=True)}, {fmt(row.raw_ci_high, sign=True)}]"
+        lines.append(f"- {row.metric}, {labels.get(row.arm, row.arm)}: {row.adjustment} ({raw})")
+    if not lines:
+        return []
+    return [
+        "",
+        "Speed and energy per token move with what each server start draws (the drafter's acceptance);"
+        " where the arm does not move it, they are answered adjusted for it (ANCOVA, the fit's own"
+        " standard error):",
+        *lines,
     ]
 
 
