@@ -503,9 +503,11 @@ def open_questions_section(
         beyond = open_rows.loc[finite.index[finite > MAX_REPEATS], "question"]
         lines.append("")
         if len(within):
+            repeats = int(max(first, within.max()))
+            cost = f", at most {timings.hours(repeats, len(run.arms)):.1f} cluster-hours" if timings else ""
             lines.append(
-                f"To run it: `snakemake --cores all --config until=decided max_repeats={int(max(first, within.max()))}`"
-                f" (the run resumes from the phases on disk; `budget_hours=H` caps its cluster time); {command}."
+                f"To run it: `snakemake --cores all --config until=decided max_repeats={repeats}`"
+                f" (the run resumes from the phases on disk{cost}; `budget_hours=H` caps its cluster time); {command}."
             )
         if len(beyond):
             lines.append(

@@ -232,7 +232,7 @@ def write_outputs(result: Analysis, configfiles: list[str] | None = None) -> dic
         text = levels_summary.markdown(run.plan, result.tables, result.pooled, texts)
     preflight = read_preflight(files.preflight)
     tables = result.tables
-    opening = evidence.opening(tables["questions"], tables["variance"], run.plan, preflight, configfiles)
+    opening = evidence.opening(tables["questions"], tables["variance"], run.plan, preflight, configfiles, run.events)
     title, _, rest = text.partition("\n")  # the answer first, under the title
     atomic.write_text(files.summary, "\n".join([title, "", *opening, rest.lstrip("\n")]))
     atomic.write_text(

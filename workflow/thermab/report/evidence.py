@@ -16,7 +16,7 @@ import math
 
 import pandas as pd
 
-from thermab.analysis import levels, questions
+from thermab.analysis import levels, planning, questions
 from thermab.analysis.model import Plan
 from thermab.load.shapes import Shape
 from thermab.load_levels import CLOSED
@@ -120,16 +120,34 @@ def decide_command(answers: pd.DataFrame, plan: Plan, configfiles: list[str] | N
     return f"snakemake --cores 1 all{files} --config{order} until=decided max_repeats={decide_repeats(answers, plan)}"
 
 
+def decide_cost(answers: pd.DataFrame, plan: Plan, events: pd.DataFrame | None) -> str:
+    """What the command that decides would cost: the whole study's cluster-hours at this
+    run's measured phase jobs, × its time scale; "" where no job was measured."""
+    timings = None if events is None else planning.measured_timings(events, float(plan.get("time_scale", 1.0)))
+    if timings is None:
+        return ""
+    hours = timings.hours(decide_repeats(answers, plan), len(plan.arms))
+    return (
+        f" (at most {hours:.1f} cluster-hours: this run's median phase job of {timings.job_s:.0f} s"
+        f" × {timings.time_scale:g} study seconds per second)"
+    )
+
+
 def headline(
-    answers: pd.DataFrame, variance: pd.DataFrame, plan: Plan, configfiles: list[str] | None = None
+    answers: pd.DataFrame,
+    variance: pd.DataFrame,
+    plan: Plan,
+    configfiles: list[str] | None = None,
+    events: pd.DataFrame | None = None,
 ) -> list[str]:
     """One Markdown bullet per question and arm: verdict, estimate and interval in units;
-    an undecided one says what would decide it.  ``configfiles``: the run's --configfile
-    (None where unknown)."""
+    an undecided one says what would decide it and what that costs.  ``configfiles``: the
+    run's --configfile (None where unknown); ``events``: the run's, for the cost."""
     if answers.empty:
         return ["No question was declared (`questions` is empty): the tables below carry the numbers."]
     units, labels = _units(variance), {a: spec.label for a, spec in plan.arms.items()}
     command = decide_command(answers, plan, configfiles)
+    cost = decide_cost(answers, plan, events)
     lines = []
     for row in answers.itertuples(index=False):
         unit = units.get(row.metric, "")
@@ -148,7 +166,7 @@ def headline(
                 need = "a spread between phases needs at least two phases per arm"
             else:
                 need = f"about {row.phases_needed:.0f} phases per arm would decide it at the observed spread"
-            text += f" To decide: {need}: `{command}`."
+            text += f" To decide: {need}: `{command}`{cost}."
         lines.append(text)
     if configfiles is None and (answers["verdict"] == questions.UNDECIDED).any():
         lines.append("  (Add the `--configfile` the run was made with.)")
@@ -161,10 +179,11 @@ def opening(
     plan: Plan,
     preflight: dict | None,
     configfiles: list[str] | None = None,
+    events: pd.DataFrame | None = None,
 ) -> list[str]:
     """What summary.md, report.html and evidence.md open with: the simulation named where
     there is one, then the headline."""
-    return [*simulated_note(preflight), "## Answer", "", *headline(answers, variance, plan, configfiles), ""]
+    return [*simulated_note(preflight), "## Answer", "", *headline(answers, variance, plan, configfiles, events), ""]
 
 
 def _design(plan: Plan, windows: pd.DataFrame, asked_s: pd.Series | None = None) -> list[str]:
@@ -316,7 +335,7 @@ def evidence_markdown(
     title = f"# thermab: {plan.cluster} — {plan.setting}, " + " vs ".join(
         f"{plan.arms[a].label} ({plan.arms[a].value})" for a in present
     )
-    parts = [title, "", *opening(answers, variance, plan, preflight, configfiles)]
+    parts = [title, "", *opening(answers, variance, plan, preflight, configfiles, events)]
     parts += _design(plan, windows, asked_s)
     parts += _environment(plan, preflight, events, sources)
     parts += ["### Key numbers", ""]
