@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from statsmodels.stats.proportion import proportion_confint
 
-from support.crossover import PERIOD, design, least_squares
+from support.crossover import PERIOD, adjusted_least_squares, design, least_squares
 from support.paths import default_config
 from thermab import metric_names as names
 from thermab.analysis import metrics, phase_length, planning, questions, sequential
@@ -169,7 +169,15 @@ def _margin(question: dict) -> float:
     return question["margin_pct"] / 100 if "margin_pct" in question else question.get("margin", 0.0)
 
 
-def six_questions(seed, n, max_repeats, effects, restart_cv, min_load_s=MIN_LOAD_S):
+ACCEPTANCE_SHARE = 0.064 / 0.073  # of the restart CV, the simulated server's draw (docs/simulation.md)
+
+
+SPEED_ONLY_PROBES_ENDED = 6  # of the 3 × 3 a speed-only phase asks, the ones a 40-s window lets end
+
+
+def six_questions(
+    seed, n, max_repeats, effects, restart_cv, min_load_s=MIN_LOAD_S, adjusted=False, cheaper_speed=False
+):
     """``n`` runs of ``until: decided`` (AB, BA, … to ``max_repeats``) of the six questions, each
     block of phases at the window ``phase_length.next_window_s`` gives at the look before it
     (``min_load_s`` ≥ LOAD_S: the full window always).  A phase: the metric's level + effect
@@ -177,13 +185,21 @@ def six_questions(seed, n, max_repeats, effects, restart_cv, min_load_s=MIN_LOAD
     ``restart_cv``) + the window's noise (WITHIN_CV at LOAD_S, × √(LOAD_S / window)), whose
     batch-means estimate has 5 df; energy per token the same draws with the opposite sign plus
     the power's; the probes' speed the restart draw plus their own.  Heat, CPU and gaps are
-    tested on the full-window phases only.  Returns (final verdicts, a yes at any look:
-    both (n, 6), repeats run, cluster-hours)."""
+    tested on the full-window phases only.  ``adjusted``: the restart draw is the drafter's
+    acceptance (ACCEPTANCE_SHARE of its variance) and the step time's, the phase's measured
+    acceptance the covariate of the speed questions (analysis/speed.py; the arms draw it
+    alike, so the rule adjusts).  ``cheaper_speed``: a speed-only phase (its window below
+    LOAD_S) has no cooldown and its probes' median is over SPEED_ONLY_PROBES_ENDED (their
+    spread × √(probe_n / that)).  Returns (final verdicts, a yes at any look: both (n, 6),
+    repeats run, cluster-hours)."""
     is_b, position = design(max_repeats)
     phases = len(is_b)
     rng = np.random.default_rng(seed)
     draws = {q["metric"]: rng.standard_normal((n, phases)) for q in SIX}
-    restart = restart_cv * rng.standard_normal((n, phases))
+    acceptance = restart_cv * math.sqrt(ACCEPTANCE_SHARE) * rng.standard_normal((n, phases))
+    steps = restart_cv * math.sqrt(1 - ACCEPTANCE_SHARE) * rng.standard_normal((n, phases))
+    restart = acceptance + steps
+    measured = acceptance + 0.002 * rng.standard_normal((n, phases))  # the counters' own noise
     power = POWER_CV * rng.standard_normal((n, phases))
     se_draw = np.sqrt(rng.chisquare(metrics.BATCHES - 1, (n, phases)) / (metrics.BATCHES - 1))
     window = np.full((n, phases), float(LOAD_S))
@@ -196,6 +212,8 @@ def six_questions(seed, n, max_repeats, effects, restart_cv, min_load_s=MIN_LOAD
         seen = 2 * look
         repeats[open_] = look
         within = WITHIN_CV * np.sqrt(LOAD_S / window[:, :seen])
+        speed_only = cheaper_speed & (window < LOAD_S)
+        probe_scale = np.where(speed_only, math.sqrt(DEFAULT["load"]["probe_n"] / SPEED_ONLY_PROBES_ENDED), 1.0)
         drift = PERIOD * position[:seen]
         throughput = 1 + restart[:, :seen] + within * draws[names.OUTPUT_THROUGHPUT][:, :seen]
         values = {
@@ -203,7 +221,7 @@ def six_questions(seed, n, max_repeats, effects, restart_cv, min_load_s=MIN_LOAD
             names.CLUSTER_ENERGY_PER_TOKEN: 2 - throughput + power[:, :seen] + speed_sd * drift,
             names.PROBE_DECODE_SPEED: 1
             + restart[:, :seen]
-            + PROBE_CV * draws[names.PROBE_DECODE_SPEED][:, :seen]
+            + PROBE_CV * probe_scale[:, :seen] * draws[names.PROBE_DECODE_SPEED][:, :seen]
             + math.hypot(PROBE_CV, restart_cv) * drift,
             **{metric: level + sd * (draws[metric][:, :seen] + drift) for metric, (level, sd) in LEVEL.items()},
         }
@@ -218,7 +236,17 @@ def six_questions(seed, n, max_repeats, effects, restart_cv, min_load_s=MIN_LOAD
                     rows = open_ if every else open_ & (full == mask).all(axis=1)
                     if not rows.any() or mask.sum() - 3 < sequential.MIN_DF:
                         continue
-                    estimate, se, df = least_squares(y[rows][:, mask], is_b[:seen][mask], position[:seen][mask])
+                    if adjusted and metric in names.ADJUSTED:
+                        estimate, se, df = adjusted_least_squares(
+                            y[rows][:, mask],
+                            is_b[:seen][mask],
+                            position[:seen][mask],
+                            measured[rows][:, :seen][:, mask],
+                        )
+                    else:
+                        estimate, se, df = least_squares(y[rows][:, mask], is_b[:seen][mask], position[:seen][mask])
+                    if df < sequential.MIN_DF:
+                        continue
                     half = questions.interval(0.0, 1.0, df, alpha)[1]
                     sign, margin = questions.gain_sign(question), _margin(question)
                     verdicts[rows, column] = [
@@ -241,7 +269,10 @@ def six_questions(seed, n, max_repeats, effects, restart_cv, min_load_s=MIN_LOAD
             window[row, seen:following] = phase_length.next_window_s(
                 undecided, within_1s[row], restart_seen[row], LOAD_S, min_load_s
             )
-    run_s = TIMINGS["baseline_s"] + np.array([np.sum(window[row, : 2 * repeats[row]] + COOLDOWN_S) for row in range(n)])
+    cooldown = np.where(cheaper_speed & (window < LOAD_S), 0.0, COOLDOWN_S)
+    run_s = TIMINGS["baseline_s"] + np.array(
+        [np.sum(window[row, : 2 * repeats[row]] + cooldown[row, : 2 * repeats[row]]) for row in range(n)]
+    )
     return verdicts, ever_yes, repeats, run_s * TIMINGS["time_scale"] / 3600
 
 
@@ -296,3 +327,34 @@ def test_the_window_chosen_per_look_takes_fewer_cluster_hours_at_equal_power():
         )
     assert power_per_look >= power - 0.02
     assert np.median(hours_per_look) < np.median(hours)
+
+
+def test_speed_adjusted_for_acceptance_decides_the_six_in_fewer_cluster_hours():
+    """The six questions at the study's effects, restart CV 7 % (the acceptance carrying most
+    of it), the window per look, ``max_repeats`` 16: all six yes more often and sooner with
+    the speed questions adjusted for the acceptance than raw, and sooner still with cheaper
+    speed-only phases (cluster-hours printed with quartiles, docs/benchmarks.md); and at each
+    speed question's null the whole rule's wrong yes stays at α."""
+    n, cap = 2000, 16
+    results = {}
+    for adjusted, cheaper in ((False, False), (True, False), (True, True)):
+        verdicts, _ever, repeats, hours = six_questions(
+            5, n, cap, STUDY_EFFECTS, 0.07, adjusted=adjusted, cheaper_speed=cheaper
+        )
+        results[adjusted, cheaper] = (_power(verdicts), np.median(hours))
+        what = ("adjusted" if adjusted else "raw") + (", cheaper speed-only phases" if cheaper else "")
+        print(
+            f"{what}: all six yes {_power(verdicts):.3f}, median {np.median(repeats):.0f}"
+            f" repeats, {np.median(hours):.1f} cluster-hours (quartiles {np.quantile(hours, 0.25):.1f}–"
+            f"{np.quantile(hours, 0.75):.1f})"
+        )
+    raw, adjusted, cheaper = results[False, False], results[True, False], results[True, True]
+    assert adjusted[0] > raw[0] and adjusted[1] < raw[1]
+    assert cheaper[0] >= adjusted[0] - 0.02 and cheaper[1] < adjusted[1]
+    verdicts, _ever, _repeats, _hours = six_questions(13, n, cap, NULL_EFFECTS, 0.07, adjusted=True, cheaper_speed=True)
+    for column, question in enumerate(SIX):
+        if question["metric"] in names.ADJUSTED:
+            wrong = int((verdicts[:, column] == questions.YES).sum())
+            low, _high = proportion_confint(wrong, n, method="wilson")
+            print(f"adjusted, {question_words(question)} at its null: wrong yes {wrong / n:.4f} of {n}")
+            assert low < questions.ALPHA

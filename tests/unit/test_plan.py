@@ -1,5 +1,14 @@
 from thermab.config import thaw, view
-from thermab.experiment.plan import BASELINE, levels, phases, previous, with_load_s
+from thermab.experiment.plan import (
+    BASELINE,
+    SPEED_ONLY_PROBE_AT,
+    SPEED_ONLY_PROBES,
+    levels,
+    phases,
+    previous,
+    speed_only,
+    with_load_s,
+)
 from thermab.load_levels import Level
 
 
@@ -26,8 +35,38 @@ def test_a_views_levels_are_the_dicts():
 
 
 def test_a_phase_jobs_window_is_a_new_view_the_configs_left_as_it_was():
-    config = view({"timings": {"load_s": 600, "baseline_s": 60}, "order": "AB"})
+    load = {"probe": True, "probe_n": 3, "probe_at": 0.6}
+    config = view({"timings": {"load_s": 600, "baseline_s": 60}, "order": "AB", "load": load})
+    assert with_load_s(config, 600) == config and not speed_only(config, 600)
     job = with_load_s(config, 150.0)
     assert job.timings.load_s == 150 and isinstance(job.timings.load_s, int)
-    assert thaw(job) == {"timings": {"load_s": 150, "baseline_s": 60}, "order": "AB"}
-    assert config.timings.load_s == 600
+    # a shorter window is speed-only: more probes, from early in the window
+    assert speed_only(config, 150)
+    assert thaw(job) == {
+        "timings": {"load_s": 150, "baseline_s": 60},
+        "order": "AB",
+        "load": {"probe": True, "probe_n": 3 * SPEED_ONLY_PROBES, "probe_at": SPEED_ONLY_PROBE_AT},
+    }
+    assert config.timings.load_s == 600 and config.load.probe_n == 3
+    many = view({"timings": {"load_s": 600}, "load": {**load, "probe_n": 90}})
+    assert with_load_s(many, 150).load.probe_n == 100  # the schema's most
+    unprobed = view({"timings": {"load_s": 600}, "load": {**load, "probe": False}})
+    assert with_load_s(unprobed, 150).load.probe_n == 3
+
+
+def test_a_speed_only_phase_cools_only_until_nothing_throttles(tmp_path):
+    from support.paths import default_config
+    from thermab.config import validate
+    from thermab.contracts import Preflight, Safety
+    from thermab.experiment.cluster import ClusterRun
+    from thermab.experiment.phase import THROTTLE_MARGIN_C, cooldown_target
+
+    config = view(validate(default_config()))
+    heat = ClusterRun(config, "sim", "AB", tmp_path, tmp_path)
+    speed = ClusterRun(config, "sim", "AB", tmp_path, tmp_path, speed_only=True)
+    Preflight(safety=Safety(lowest_trip_point_c=104.8)).write(speed.files.preflight)
+    assert cooldown_target(heat) == (config.timings.cooldown_below_c, "")
+    target, why = cooldown_target(speed)
+    assert target == 104.8 - THROTTLE_MARGIN_C and "speed-only phase" in why
+    Preflight(safety=Safety()).write(speed.files.preflight)  # no trip point found: the heat cooldown
+    assert cooldown_target(speed) == (config.timings.cooldown_below_c, "")

@@ -99,7 +99,8 @@ def check_checkout() -> None:
 def run_for(snakemake, load_s: int | None = None) -> ClusterRun:
     """The cluster run of this job's ``{cluster}`` and ``{order}`` wildcards; its progress
     lines name the run, since several clusters may print at once.  ``load_s``: a phase
-    job's load window (the rule's params), its config's ``timings.load_s`` for the job."""
+    job's load window (the rule's params), its config's ``timings.load_s`` for the job (one
+    shorter than the config's makes the job speed-only: ``plan.speed_only``)."""
     wildcards = snakemake.wildcards
     run_dir = layout.run_dir(wildcards.cluster, wildcards.order).path
     where = f"[{wildcards.cluster}/{wildcards.order}] "
@@ -111,6 +112,7 @@ def run_for(snakemake, load_s: int | None = None) -> ClusterRun:
         run_dir,
         Path.cwd(),
         lambda message: progress(message, where),
+        speed_only=load_s is not None and plan.speed_only(config, load_s),
     )
 
 

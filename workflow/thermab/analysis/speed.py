@@ -230,7 +230,7 @@ def _not_adjusted(effects: dict, arm: str, covariates, alpha: float) -> str | No
             return f"raw: no {covariate} measured"
         p = two_sided_p(effect)
         if math.isnan(p):
-            return f"raw: the arm's effect on {covariate} cannot be tested ({effect['method']})"
+            return f"raw: one phase in an arm, the arm's effect on {covariate} cannot be tested"
         if p < alpha:
             return f"{MOVED} {covariate} (two-sided t, p = {p:.2g} < {alpha:g})"
     return None

@@ -43,6 +43,7 @@ from thermab.config.schema import (
     key_problems,
     level_bounds,
     load_schema,
+    maximum,
     typed_overrides,
 )
 from thermab.config.setting import literal_kind, literal_number
@@ -73,6 +74,7 @@ __all__ = [
     "key_problems",
     "known_metric",
     "level_bounds",
+    "maximum",
     "literal_kind",
     "literal_number",
     "load",

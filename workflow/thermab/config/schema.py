@@ -203,5 +203,9 @@ def question_kinds() -> tuple[str, ...]:
 
 def level_bounds() -> dict:
     """The most each key of a level may be: the schema's maximum of load's key of that name."""
-    load = _validator().schema["properties"]["load"]["properties"]
-    return {name: load[name].get("maximum") for name in load_levels.LEVEL_KEYS}
+    return {name: maximum("load", name) for name in load_levels.LEVEL_KEYS}
+
+
+def maximum(section: str, key: str):
+    """The schema's maximum of ``section.key`` (None where it sets none)."""
+    return _validator().schema["properties"][section]["properties"][key].get("maximum")

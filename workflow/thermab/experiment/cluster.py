@@ -35,8 +35,10 @@ class ClusterRun:
         run_dir: Path,
         workdir: Path | None = None,
         progress: Callable[[str], None] = print,
+        speed_only: bool = False,
     ):
         self.config = config  # the validated config's read-only view (config.view), built by the caller
+        self.speed_only = speed_only  # a phase job with only speed questions open (plan.speed_only)
         self.cluster: ClusterSpec = cluster_spec(config, cluster, workdir)
         self.order = order
         self.run_dir = Path(run_dir)

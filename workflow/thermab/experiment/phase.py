@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from thermab.contracts import BaselineRecord, PhaseRecord, PhaseValidity
+from thermab.contracts import BaselineRecord, PhaseRecord, PhaseValidity, Preflight
 from thermab.errors import StageFailed
 from thermab.experiment import events, guardian, plan, progress, server
 from thermab.experiment.cluster import ClusterRun
@@ -87,10 +87,28 @@ def _restart(run: ClusterRun, rep: int, arm: str) -> str:
     return server.wait_ready(run.cluster.endpoint, run.config.timings.startup_timeout_s, progress=run.progress)
 
 
+# Below the platform's lowest trip point by this much, a zone is taken not to throttle: what
+# a speed-only phase waits for, where the hosts report trip points.
+THROTTLE_MARGIN_C = 5.0
+
+
+def cooldown_target(run: ClusterRun) -> tuple[float, str]:
+    """The head zones' temperature a cooldown waits for, and why: ``timings.cooldown_below_c``,
+    which equalises the arms' start temperatures for the heat questions; in a speed-only
+    phase (no heat question open) only what speed needs, no throttling: THROTTLE_MARGIN_C
+    under the lowest trip point preflight found (the heat cooldown where it found none)."""
+    if run.speed_only:
+        trip = Preflight.read(run.files.preflight).safety.lowest_trip_point_c
+        if trip is not None:
+            target = trip - THROTTLE_MARGIN_C
+            return target, f"speed-only phase: under the lowest trip point {trip:g} °C − {THROTTLE_MARGIN_C:g}"
+    return run.config.timings.cooldown_below_c, ""
+
+
 def _cooldown(run: ClusterRun, rep: int, arm: str, level: dict, status: Callable[[], str]) -> dict:
     """``level``: the window's level as its events carry it (``_level_marks``)."""
-    timings = run.config.timings
-    below, cap = timings.cooldown_below_c, timings.cooldown_max_s
+    below, why = cooldown_target(run)
+    cap = run.config.timings.cooldown_max_s
     start = time.monotonic()
     interval = float(run.config.monitor.intervals.thermal)
     while True:
@@ -99,7 +117,7 @@ def _cooldown(run: ClusterRun, rep: int, arm: str, level: dict, status: Callable
         waited = time.monotonic() - start
         hottest = max(zones.values()) if zones else float("nan")
         if zones and hottest < below:
-            reason = f"every head zone below {below} °C"
+            reason = f"every head zone below {below:g} °C" + (f" ({why})" if why else "")
             break
         if waited >= cap:
             reason = f"time cap {cap:.0f} s reached " + (

@@ -19,6 +19,7 @@ from thermab.config import (
     defaults as schema_defaults,
     key_problems,
     level_bounds,
+    maximum,
     order_problems,
     questions_problems,
     thaw,
@@ -97,11 +98,30 @@ def job_phases(rep: int, arm: str, every: list[Level] | None = None) -> list[Pha
     return [Phase(rep, arm, level) for level in level_order(every, rep)]
 
 
+# A speed-only phase (``speed_only``) probes this many times ``load.probe_n`` from this share
+# of its window: the probes' own spread (each draws its drafts) is much of probe decode
+# speed's noise, and with no heat question open nothing asks them to wait for the heat-up
+# ramp; probes the window's end cuts are not counted (analysis/metrics.py).
+SPEED_ONLY_PROBES = 3
+SPEED_ONLY_PROBE_AT = 0.1
+
+
+def speed_only(config: Config, load_s: int) -> bool:
+    """Whether a phase job of window ``load_s`` is speed-only: shorter than the run's
+    ``timings.load_s``, which ``until: decided`` asks for only once every open question is
+    one of speed or energy per token (analysis/phase_length.py)."""
+    return int(load_s) < config.timings.load_s
+
+
 def with_load_s(config: Config, load_s: int) -> Config:
     """``config`` for a phase job whose load window is ``load_s``: as its ``timings.load_s``,
-    so that the load, its probe (``load.probe_at`` of it) and the progress line follow it."""
+    so that the load, its probe (``load.probe_at`` of it) and the progress line follow it;
+    a speed-only job's probes as SPEED_ONLY_PROBES and SPEED_ONLY_PROBE_AT say."""
     changed = thaw(config)
     changed["timings"]["load_s"] = int(load_s)
+    if speed_only(config, load_s) and config.load.probe:
+        changed["load"]["probe_n"] = min(maximum("load", "probe_n"), SPEED_ONLY_PROBES * config.load.probe_n)
+        changed["load"]["probe_at"] = SPEED_ONLY_PROBE_AT
     return view(changed)
 
 

@@ -365,6 +365,7 @@ def adjustment_lines(answers: pd.DataFrame, labels: dict) -> list[str]:
         " where the arm does not move it, they are answered adjusted for it (ANCOVA, the fit's own"
         " standard error):",
         *lines,
+        "",
     ]
 
 
