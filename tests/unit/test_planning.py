@@ -180,3 +180,35 @@ def test_plan_of_a_directory_that_is_no_run_is_one_line(tmp_path, capsys):
 def test_the_plans_repeats_bound_is_the_schemas():
     schema = yaml.safe_load((ROOT / "workflow" / "thermab" / "config.schema.yaml").read_text())
     assert planning.MAX_REPEATS == schema["properties"]["max_repeats"]["maximum"]
+
+
+def test_a_budget_never_offers_a_margin_of_zero_and_says_out_of_reach_once(tmp_path, capsys):
+    path = write_synthetic_run(tmp_path / "AB", reps=4)
+    assert main(["plan", str(path), "--hours", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "is 0 (" not in out and "any margin above 0 is decided" in out
+    assert main(["plan", str(path), "--hours", "0.1"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("- ") and "No data" not in line]
+    assert lines and all(line.lower().count("out of reach") == 1 for line in lines), lines
+    # an estimate on the margin: out of reach at any number of phases, said once, the budget's reach beside it
+    plan = Plan({"order": "AB", "arms": {"A": {"label": "stock"}, "B": {"label": "patched"}}, "reference_arm": "A"})
+    row = dict.fromkeys(planning.PLAN_COLUMNS, math.nan)
+    row.update(
+        question="output throughput no worse than 5 %",
+        metric="output throughput",
+        arm="B",
+        kind="non_inferior",
+        verdict="undecided",
+        phases_per_arm=4,
+        sd_from="measured between phases",
+        planned_sd=1.0,
+        estimate=-5.0,
+        distance=0.0,
+        reach="out of reach: the estimate lies on the margin, no number of phases decides it at this estimate",
+        budget_repeats=8,
+        budget_distance=1.2,
+        smallest_margin=6.2,
+        smallest_margin_pct=6.2,
+    )
+    line = planning.plan_lines(pd.DataFrame([row]), plan, None, hours=8)[-1]
+    assert line.lower().count("out of reach") == 1 and "the smallest margin decided at this estimate is 6.2" in line

@@ -413,9 +413,12 @@ def _num(value: float, digits: int = 3) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}g}"
 
 
-def _budget_words(row) -> str:
+def _budget_words(row, said: bool) -> str:
+    """What the budget decides, in words; ``said``: the line has stated the reach already,
+    so it is not said twice."""
+    reach = "" if said else f"; {row.reach}"
     if row.budget_repeats == 0 or math.isnan(row.budget_distance):
-        return f"{row.reach}."
+        return f"{row.reach}." if not said else "no plan within it."
     runs = f"{row.budget_repeats:.0f} phases per arm decide {_num(row.budget_distance)} from the bound"
     pct = f" ({row.smallest_margin_pct:.2g} % of the reference)" if math.isfinite(row.smallest_margin_pct) else ""
     if row.kind in ("lower", "higher"):
@@ -424,9 +427,11 @@ def _budget_words(row) -> str:
             if math.isfinite(row.smallest_margin)
             else "a yes is out of reach at this estimate"
         )
+    elif row.smallest_margin == 0:
+        cleared = "at this estimate any margin above 0 is decided (the gain seen clears the bound)"
     else:
         cleared = f"the smallest margin decided at this estimate is {_num(row.smallest_margin)}{pct}"
-    return f"{runs}; {cleared}; {row.reach}."
+    return f"{runs}; {cleared}{reach}."
 
 
 def plan_lines(rows: pd.DataFrame, run: Plan, timings: Timings | None, *, hours: float | None = None) -> list[str]:
@@ -473,7 +478,8 @@ def plan_lines(rows: pd.DataFrame, run: Plan, timings: Timings | None, *, hours:
             )
         else:
             need = f" {row.reach[0].upper()}{row.reach[1:]}."
-        budget = "" if hours is None else f" In {hours:g} h: " + _budget_words(row)
+        said = not math.isfinite(row.phases_needed)
+        budget = "" if hours is None else f" In {hours:g} h: " + _budget_words(row, said)
         lines.append(head + spread + need + budget)
     return lines
 
