@@ -23,7 +23,8 @@ spread of the energy itself.
 
 A domain with no samples in a window has empty values there, never zero; a phase without
 tokens has no J/token.  The rows with host ``all``, domain ``total`` sum each host's total:
-its ``node`` domain where it has one, else its module meters (a Grace Hopper module holds its
+its meters at the wall where it has any (``wall-N``, polled by the controller), else its
+``node`` domain where it has one, else its module meters (a Grace Hopper module holds its
 GPU and Grace socket), else its cpu, dram and gpu domains (``package-N``, ``dram-N``, ``gpuN``,
 a Grace or Altra socket's meter), never a rail, a sub-domain (``package-0/core``) or another
 reading (``psys``, ``hwmon/...``) that overlaps them (thermab.telemetry.power).  ``scope``
@@ -31,7 +32,10 @@ says what each row covers: a domain's scope (``module``, ``cpu``, ``gpu``, ``rai
 domain holding it where one does (``gpu in <module>``); on the total row each host's scopes.
 A host without such domains is left out of the sum (the summary names the hosts it covers);
 a host total with a domain empty in a phase makes that phase's total empty, as a partial sum
-would read as less energy.  Pure functions.
+would read as less energy.  Where a host has meters at the wall, rows with domain
+``onboard`` beside the total sum the same hosts' totals without them (what the boards'
+own meters see), so J/token is reported at the wall and on board side by side.  Pure
+functions.
 """
 
 from __future__ import annotations
@@ -43,7 +47,13 @@ from thermab import metric_names as names
 from thermab.analysis.metrics import PHASE_KEYS, PHASE_METRIC_COLUMNS, tokens_in_window
 from thermab.analysis.model import as_telemetry
 from thermab.telemetry.agent import domain_scope
-from thermab.telemetry.power import container, host_total_domains, time_weighted_mean, total_scope
+from thermab.telemetry.power import (
+    WALL_SCOPE,
+    container,
+    host_total_domains,
+    time_weighted_mean,
+    total_scope,
+)
 
 ENERGY_COLUMNS = PHASE_KEYS + [
     "host",
@@ -59,6 +69,8 @@ ENERGY_COLUMNS = PHASE_KEYS + [
     "scope",
 ]
 TOTAL_HOST, TOTAL_DOMAIN = "all", "total"
+# beside a total held by meters at the wall: the same sum of the meters on the boards alone
+ONBOARD_DOMAIN = "onboard"
 METRIC = names.CLUSTER_ENERGY_PER_TOKEN
 METRIC_UNIT = "J/token"
 
@@ -118,6 +130,13 @@ def energy_table(
         for host in host_order
         if host_total_domains(domains[host])
     )
+    onboard = {host: on_board(domains[host]) for host in host_order}
+    onboard_text = "; ".join(
+        f"{host}: {' + '.join(total_scope(summed)[1])}"
+        for host, summed in onboard.items()
+        if host_total_domains(summed)
+    )
+    walled = any(onboard[host] != domains[host] for host in host_order)
     baseline = baseline_window(events)
     idle = {key: _mean_in(s, *baseline) if baseline else np.nan for key, s in series.items()}
     measured = requests is not None and not requests.empty
@@ -138,7 +157,15 @@ def energy_table(
         total = _total(phase, domains)
         if total is not None:
             rows.append(_row(keys, TOTAL_HOST, TOTAL_DOMAIN, window.window_s, *total, output_tokens, total_text))
+        total = _total(phase, onboard) if walled else None
+        if total is not None:
+            rows.append(_row(keys, TOTAL_HOST, ONBOARD_DOMAIN, window.window_s, *total, output_tokens, onboard_text))
     return pd.DataFrame(rows, columns=ENERGY_COLUMNS)
+
+
+def on_board(domains: list[str]) -> list[str]:
+    """A host's domains less its meters at the wall: what its own boards measure."""
+    return [domain for domain in domains if domain_scope(domain)[0] != WALL_SCOPE]
 
 
 def domain_scope_text(domain: str, domains: list[str]) -> str:

@@ -247,6 +247,7 @@ def write_outputs(result: Analysis, configfiles: list[str] | None = None) -> dic
             sources=run.sources,
             configfiles=configfiles,
             asked_s=tables["validity"]["load_s"],
+            energy=tables.get("energy"),
         ),
     )
     return result.tables
