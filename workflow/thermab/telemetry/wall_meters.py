@@ -457,7 +457,7 @@ class SnmpReader:
             self.engine,
             self.auth,
             target,
-            snmp.ContextData(),
+            snmp.ContextData(contextName=settings.get("context", "")),
             *(snmp.ObjectType(snmp.ObjectIdentity(oid)) for oid in self.oids),
         )
 
@@ -483,7 +483,13 @@ class SnmpReader:
         return Reading(watts, energy)
 
     def close(self) -> None:
+        import asyncio
+
         self.engine.close_dispatcher()
+        pending = asyncio.all_tasks(self.loop)  # the dispatcher's timer, cancelled: ended before the loop
+        for task in pending:
+            task.cancel()
+        self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self.loop.close()
 
 
