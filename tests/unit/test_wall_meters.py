@@ -7,11 +7,13 @@ import csv
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
+from thermab.analysis import energy, wall_gaps
 from thermab.config import ConfigError, load
-from thermab.sim import node, plug
-from thermab.sim import power as sim_power
+from thermab.report import evidence
+from thermab.sim import node, plug, power as sim_power
 from thermab.telemetry import ingest, power, wall_meters, wall_poll
 from thermab.telemetry.wall_meters import Meter, MeterError, Reading
 
@@ -176,3 +178,52 @@ def test_the_simulated_plug_answers_as_a_shelly_and_its_counter_integrates_to_it
     steps = np.diff(counters)
     expected = steps[0] / 2 + steps[1:-1].sum() + steps[-1] / 2
     assert integrated == pytest.approx(expected, rel=0.01)
+
+
+def power_rows(host, domain, times, watts):
+    return pd.DataFrame(
+        {"t": np.asarray(times, float), "host": host, "kind": "power", "sensor": domain, "value": watts}
+    )
+
+
+WINDOWS = pd.DataFrame(
+    {"order": "AB", "rep": [1, 1], "arm": ["A", "B"], "load_start": [100.0, 300.0], "load_end": [160.0, 360.0]}
+).assign(window_s=60.0)
+
+
+def test_energy_per_token_at_the_wall_and_on_board_side_by_side():
+    seconds = np.arange(0.0, 400.0, 1.0)
+    telemetry = pd.concat(
+        [
+            power_rows("head", "wall-0", seconds, 200.0),
+            power_rows("head", "gpu0", seconds, 120.0),  # a GB10: its GPU alone on board
+            power_rows("worker", "wall-0", seconds, 150.0),
+            power_rows("worker", "package-0", seconds, 60.0),
+            power_rows("worker", "dram-0", seconds, 10.0),
+        ],
+        ignore_index=True,
+    )
+    table = energy.energy_table(telemetry, WINDOWS, pd.DataFrame(), None, ["head", "worker"])
+    rows = table.set_index(["arm", "host", "domain"])
+    assert rows.loc[("A", "all", "total"), "mean_w"] == pytest.approx(350.0), "the walls, never the boards beside"
+    assert rows.loc[("A", "all", "onboard"), "mean_w"] == pytest.approx(190.0)
+    assert rows.loc[("A", "all", "total"), "scope"] == "head: wall; worker: wall"
+    assert rows.loc[("A", "all", "onboard"), "scope"] == "head: gpu; worker: cpu + dram"
+    assert rows.loc[("A", "head", "gpu0"), "scope"] == "gpu in wall-0"
+    said = "\n".join(evidence.energy_scope(table))
+    assert "head: at the wall (wall-0), on board gpu" in said and "leaves out the CPU" not in said
+    recomputed = energy.energy_table(
+        telemetry[telemetry["sensor"] != "wall-0"], WINDOWS, pd.DataFrame(), None, ["head", "worker"]
+    )
+    assert "onboard" not in set(recomputed["domain"]), "no wall meter: one total, as before"
+    assert "**Energy per token leaves out the CPU of head (gpu)**" in "\n".join(evidence.energy_scope(recomputed))
+
+
+def test_a_wall_meter_silent_in_a_window_is_named_in_that_phases_validity():
+    seconds = np.arange(0.0, 400.0, 1.0)
+    silent = seconds[(seconds < 320.0) | (seconds >= 335.0)]  # 15 s without a reading in phase B
+    telemetry = pd.concat([power_rows("head", "wall-0", silent, 200.0), power_rows("head", "gpu0", seconds, 9.0)])
+    gaps = wall_gaps.wall_gaps(telemetry, WINDOWS)
+    assert gaps == ["", "head wall-0: no reading for 16.0 s from 19.0 s into the load window"]
+    validity = pd.DataFrame({"warnings": ["", "short"]})
+    assert wall_gaps.with_wall_gaps(validity, telemetry, WINDOWS)["warnings"].tolist() == ["", "short; " + gaps[1]]

@@ -33,6 +33,7 @@ from thermab.analysis import (
     speed,
     stats,
     wakeup,
+    wall_gaps,
     washout,
 )
 from thermab.analysis.chart_import import finite_number
@@ -64,7 +65,11 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
         **run.validity,
     }
     validity = washout.with_starts(
-        load_validity.server_view(load_validity.validity_table(reports, windows), run.telemetry, windows),
+        wall_gaps.with_wall_gaps(
+            load_validity.server_view(load_validity.validity_table(reports, windows), run.telemetry, windows),
+            run.telemetry,
+            windows,
+        ),
         windows,
         run.telemetry,
         run.events,
