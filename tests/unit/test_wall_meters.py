@@ -227,3 +227,24 @@ def test_a_wall_meter_silent_in_a_window_is_named_in_that_phases_validity():
     assert gaps == ["", "head wall-0: no reading for 16.0 s from 19.0 s into the load window"]
     validity = pd.DataFrame({"warnings": ["", "short"]})
     assert wall_gaps.with_wall_gaps(validity, telemetry, WINDOWS)["warnings"].tolist() == ["", "short; " + gaps[1]]
+
+
+def test_a_meter_feeding_two_hosts_is_their_total_and_neither_board_is_added_to_it():
+    preflight = {"hosts": {"head": {"wall_meters": [{"feeds": ["head", "worker"]}]}, "worker": {}}}
+    fed = energy.fed_hosts(preflight)
+    assert fed == {"worker": "head"}
+    seconds = np.arange(0.0, 400.0, 1.0)
+    telemetry = pd.concat(
+        [
+            power_rows("head", "wall-0", seconds, 300.0),
+            power_rows("head", "gpu0", seconds, 100.0),
+            power_rows("worker", "gpu0", seconds, 90.0),
+        ],
+        ignore_index=True,
+    )
+    table = energy.energy_table(telemetry, WINDOWS, pd.DataFrame(), None, ["head", "worker"], fed)
+    rows = table.set_index(["arm", "host", "domain"])
+    assert rows.loc[("B", "all", "total"), "mean_w"] == pytest.approx(300.0)
+    assert rows.loc[("B", "all", "total"), "scope"] == "head: wall; worker: in the wall meter of head"
+    assert rows.loc[("B", "all", "onboard"), "mean_w"] == pytest.approx(190.0)
+    assert energy.total_hosts(table) == {"head": ["wall-0"]}

@@ -71,6 +71,7 @@ ENERGY_COLUMNS = PHASE_KEYS + [
 TOTAL_HOST, TOTAL_DOMAIN = "all", "total"
 # beside a total held by meters at the wall: the same sum of the meters on the boards alone
 ONBOARD_DOMAIN = "onboard"
+FED = "in the wall meter of"  # a total row's scope of a host another host's meter feeds too
 METRIC = names.CLUSTER_ENERGY_PER_TOKEN
 METRIC_UNIT = "J/token"
 
@@ -112,11 +113,15 @@ def energy_table(
     events: pd.DataFrame,
     requests: pd.DataFrame | None,
     hosts: list[str] | None = None,
+    fed: dict[str, str] | None = None,
 ) -> pd.DataFrame:
     """energy.csv: one row per phase, host and power domain seen in the run, then the
     ``all``/``total`` row of the phase; phases in time order, hosts in the order of ``hosts``
     (others after them, sorted).  ``telemetry``: a model.Telemetry or the tidy frame;
-    ``requests``: the run's (tidy/requests.parquet), None when it has none."""
+    ``requests``: the run's (tidy/requests.parquet), None when it has none; ``fed``: the hosts
+    a meter at the wall of another host feeds too, each to that host (:func:`fed_hosts`),
+    whose own totals are inside that meter's and never added to it."""
+    fed = {host: holder for host, holder in (fed or {}).items() if host != holder}
     power = as_telemetry(telemetry).frame(kind="power")
     if power.empty or windows.empty:
         return pd.DataFrame(columns=ENERGY_COLUMNS)
@@ -126,7 +131,9 @@ def energy_table(
     domains = {host: sorted(d for h, d in series if h == host) for host in host_order}
     scopes = {(host, d): domain_scope_text(d, domains[host]) for host in host_order for d in domains[host]}
     total_text = "; ".join(
-        f"{host}: {' + '.join(total_scope(domains[host])[1])}"
+        f"{host}: in the wall meter of {fed[host]}"
+        if host in fed
+        else f"{host}: {' + '.join(total_scope(domains[host])[1])}"
         for host in host_order
         if host_total_domains(domains[host])
     )
@@ -136,7 +143,7 @@ def energy_table(
         for host, summed in onboard.items()
         if host_total_domains(summed)
     )
-    walled = any(onboard[host] != domains[host] for host in host_order)
+    walled = any(onboard[host] != domains[host] for host in host_order) or bool(fed)
     baseline = baseline_window(events)
     idle = {key: _mean_in(s, *baseline) if baseline else np.nan for key, s in series.items()}
     measured = requests is not None and not requests.empty
@@ -154,13 +161,23 @@ def energy_table(
                     _row(keys, host, domain, window.window_s, mean_w, idle_w, output_tokens, scopes[(host, domain)])
                 )
         rows += phase
-        total = _total(phase, domains)
+        total = _total([row for row in phase if row["host"] not in fed], domains)
         if total is not None:
             rows.append(_row(keys, TOTAL_HOST, TOTAL_DOMAIN, window.window_s, *total, output_tokens, total_text))
         total = _total(phase, onboard) if walled else None
         if total is not None:
             rows.append(_row(keys, TOTAL_HOST, ONBOARD_DOMAIN, window.window_s, *total, output_tokens, onboard_text))
     return pd.DataFrame(rows, columns=ENERGY_COLUMNS)
+
+
+def fed_hosts(preflight: dict | None) -> dict[str, str]:
+    """Each host a meter at the wall of another host feeds too (``feeds``, as preflight.json
+    keeps each host's ``wall_meters``), to that host."""
+    fed = {}
+    for host, facts in ((preflight or {}).get("hosts") or {}).items():
+        for meter in facts.get("wall_meters") or []:
+            fed.update({other: host for other in meter.get("feeds") or [] if other != host})
+    return fed
 
 
 def on_board(domains: list[str]) -> list[str]:
@@ -206,7 +223,11 @@ def total_hosts(energy: pd.DataFrame) -> dict[str, list[str]]:
     """Host -> the domains its total sums, for the hosts the ``all``/``total`` rows cover."""
     hosts = energy.loc[energy["host"] != TOTAL_HOST, ["host", "domain"]].drop_duplicates()
     covered = {host: host_total_domains(rows["domain"].tolist()) for host, rows in hosts.groupby("host", sort=False)}
-    return {host: summed for host, summed in covered.items() if summed}
+    scopes = energy.loc[(energy["host"] == TOTAL_HOST) & (energy["domain"] == TOTAL_DOMAIN), "scope"]
+    inside = {
+        part.split(":")[0] for text in scopes.dropna().unique() for part in text.split("; ") if f": {FED} " in part
+    }
+    return {host: summed for host, summed in covered.items() if summed and host not in inside}
 
 
 def host_scopes(energy: pd.DataFrame) -> dict[str, tuple[list[str], list[str]]]:

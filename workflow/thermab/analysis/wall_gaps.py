@@ -32,6 +32,8 @@ def wall_gaps(telemetry, windows: pd.DataFrame) -> list[str]:
     """Per window (in the windows' order), what the wall meters left out: ``head wall-0: no
     reading for 12.0 s from 31.0 s into the load window`` (``; ``-joined), empty where none."""
     power = as_telemetry(telemetry).frame(kind="power")
+    if power.empty:
+        return [""] * len(windows)
     walls = power[[domain_scope(str(sensor))[0] == WALL_SCOPE for sensor in power["sensor"]]]
     series = {key: np.sort(rows["t"].to_numpy(float)) for key, rows in walls.groupby(["host", "sensor"], sort=True)}
     said = []

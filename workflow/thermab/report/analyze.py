@@ -83,7 +83,14 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
         "zones": metrics.zone_stats(run.telemetry, windows),
         "cpu": metrics.cpu_stats(run.telemetry, windows),
         "performance": performance,
-        "energy": energy.energy_table(run.telemetry, windows, run.events, run.requests, ordered_hosts(run.plan)),
+        "energy": energy.energy_table(
+            run.telemetry,
+            windows,
+            run.events,
+            run.requests,
+            ordered_hosts(run.plan),
+            energy.fed_hosts(read_preflight(RunDir(run.path).preflight)),
+        ),
         "speed": speed.phase_speed(run.telemetry, windows, run.plan.head),
     }
     # energy.csv keeps docs/design.md's columns exactly; a short phase's energy rows are
