@@ -381,13 +381,14 @@ class RedfishReader:
 
     def close(self) -> None:
         if self.token and self.session:
-            path = urllib.parse.urlsplit(self.session).path
-            try:
+            base = urllib.parse.urlsplit(self.meter.url())
+            try:  # the session's Location, from the BMC's root
                 request(
                     self.meter,
                     "DELETE",
-                    path[len(urllib.parse.urlsplit(self.meter.url()).path.rstrip("/")) :],
+                    urllib.parse.urlsplit(self.session).path,
                     {"X-Auth-Token": self.token},
+                    url=f"{base.scheme}://{base.netloc}",
                 )
             except MeterError:
                 pass  # the BMC ends an unused session itself

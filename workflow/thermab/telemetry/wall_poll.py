@@ -91,7 +91,8 @@ def poll_once(meter: Meter, meter_reader, clock=time.time) -> tuple[float, list[
     try:
         reading = meter_reader.read()
     except MeterError as error:
-        return (before + clock()) / 2, failed_rows(meter, (before + clock()) / 2, str(error))
+        t = (before + clock()) / 2
+        return t, failed_rows(meter, t, str(error))
     t = (before + clock()) / 2
     reading, reasons = checked(meter, reading)
     return t, reading_rows(meter, t, reading, reasons)
@@ -195,6 +196,9 @@ def start(run_dir: Path, meters: list[Meter]) -> int | None:
             start_new_session=True,
         )
     pid_path(run_dir).write_text(str(process.pid))
+    deadline = time.monotonic() + STOP_WAIT_S  # until it runs as the poller (exec done), so it is seen as running
+    while running_pid(run_dir) != process.pid and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     return process.pid
 
 
