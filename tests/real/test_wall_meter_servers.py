@@ -140,10 +140,10 @@ def test_snmp_v2c_and_v3_read_a_pdu_outlet(pdu, monkeypatch):
     ):
         snmp = wall_meters.reader(meter)
         try:
-            watts, energy = snmp.read()
+            watts, energy, wrap = snmp.read()
         finally:
             snmp.close()
-        assert watts == RATE_W and energy >= 1_000_000
+        assert watts == RATE_W and energy >= 1_000_000 and wrap == 2**32, "a Counter32 of J"
     monkeypatch.setenv("THERMAB_TEST_COMMUNITY", "not-the-community")
     problem = wall_meters.probe(snmp_meter(pdu, community_env="THERMAB_TEST_COMMUNITY", timeout_s=0.3))
     assert problem.startswith(f"host head: wall meter snmp snmp://127.0.0.1:{pdu}: does not answer")
@@ -179,7 +179,7 @@ def test_snmp_energy_counter_integrates_to_its_difference(pdu, monkeypatch, tmp_
         for _ in range(6):
             _t, polled = wall_poll.poll_once(meter, snmp)
             rows += polled
-            counters.append(float(next(r for r in polled if r[1] == "wall-0 mJ")[2]) / 1000)
+            counters.append(float(next(r for r in polled if r[1].startswith("wall-0 mJ:max="))[2]) / 1000)
             time.sleep(0.3)
     finally:
         snmp.close()
@@ -282,11 +282,11 @@ def test_redfish_over_tls_checks_the_certificate_before_the_password(bmc, monkey
     login = {"user": "admin", "password_env": "THERMAB_TEST_BMC"}
     port = bmc["port"]
     by_ca = wall_meters.reader(bmc_meter(port, ca_file=str(bmc["cert"]), **login))
-    assert by_ca.read() == (412.0, pytest.approx(3.6e6))
+    assert by_ca.read() == (412.0, pytest.approx(3.6e6), None)
     pinned = wall_meters.reader(bmc_meter(port, fingerprint_sha256=bmc["fingerprint"], **login))
     assert pinned.read().watts == 412.0
     older = wall_meters.reader(bmc_meter(port, chassis="2", fingerprint_sha256=bmc["fingerprint"]))
-    assert older.read() == (344.0, None), "the older Power resource, its first PowerControl"
+    assert older.read() == (344.0, None, None), "the older Power resource, its first PowerControl"
     before = bmc["log"].read_text(errors="replace").count("Authorization")
     wrong = bmc_meter(port, fingerprint_sha256="00" * 32, **login)
     assert "not the pinned fingerprint" in wall_meters.probe(wrong)

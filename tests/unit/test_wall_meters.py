@@ -248,3 +248,14 @@ def test_a_meter_feeding_two_hosts_is_their_total_and_neither_board_is_added_to_
     assert rows.loc[("B", "all", "total"), "scope"] == "head: wall; worker: in the wall meter of head"
     assert rows.loc[("B", "all", "onboard"), "mean_w"] == pytest.approx(190.0)
     assert energy.total_hosts(table) == {"head": ["wall-0"]}
+
+
+def test_a_counter32_that_wraps_is_added_back_not_skipped(tmp_path):
+    meter = Meter("head", 0, {"kind": "snmp", "host": "pdu", "oid_power": "1.3.6.1"})
+    wrap_j = 2.0**32 * 0.1  # a Counter32 of 0.1 J
+    out = wall_poll.HostFile(tmp_path / "monitor/head/wall.csv")
+    for second, joules in enumerate([wrap_j - 250.0, wrap_j - 50.0, 150.0, 350.0]):  # 200 W, across the wrap
+        out.write(wall_poll.reading_rows(meter, 1000.0 + second, Reading(200.0, joules, wrap_j), []))
+    tidy, dropped = ingest.telemetry(tmp_path / "monitor", {"head": 0.0})
+    assert tidy[tidy["sensor"] == "wall-0"]["value"].round(3).tolist() == [200.0] * 3
+    assert not any("reset" in key for key in dropped)

@@ -43,6 +43,7 @@ class MeterError(Exception):
 class Reading(NamedTuple):
     watts: float | None
     energy_j: float | None = None  # the meter's energy counter, where it has one
+    wrap_j: float | None = None  # where the counter wraps to 0 (an SNMP Counter32), else None
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ def checked(meter: Meter, reading: Reading) -> tuple[Reading, list[str]]:
     """The reading with what is no reading left out (negative, not finite, beyond the wall
     scope's bound), and why each value was left out."""
     reasons = []
-    watts, energy = reading
+    watts, energy = reading.watts, reading.energy_j
     if watts is not None:
         if not math.isfinite(watts):
             watts, reason = None, f"not a finite number: {watts}"
@@ -207,7 +208,7 @@ def checked(meter: Meter, reading: Reading) -> tuple[Reading, list[str]]:
     if energy is not None and not (math.isfinite(energy) and energy >= 0):
         reasons.append(f"energy counter not a count: {energy}")
         energy = None
-    return Reading(watts, energy), reasons
+    return reading._replace(watts=watts, energy_j=energy), reasons
 
 
 # -- HTTP, with TLS checked before a credential is sent ----------------------------------------
@@ -471,8 +472,9 @@ class SnmpReader:
             raise MeterError(f"{self.meter.name}: does not answer ({indication})")
         if status:
             raise MeterError(f"{self.meter.name}: {status.prettyPrint()}")
-        values = []
+        values, wraps = [], []
         for oid, value in bindings:
+            wraps.append(2.0**32 if isinstance(value, self.snmp.Counter32) else None)  # 64 bits never wrap
             try:
                 values.append(float(value))
             except (TypeError, ValueError):
@@ -480,8 +482,10 @@ class SnmpReader:
                 raise MeterError(f"{self.meter.name}: {oid.prettyPrint()} is no number ({shown})") from None
         settings = self.meter.settings
         watts = values[0] * float(settings.get("power_scale", 1.0))
-        energy = values[1] * float(settings.get("energy_scale", J_PER_WH)) if len(values) > 1 else None
-        return Reading(watts, energy)
+        if len(values) < 2:
+            return Reading(watts)
+        scale = float(settings.get("energy_scale", J_PER_WH))
+        return Reading(watts, values[1] * scale, None if wraps[1] is None else wraps[1] * scale)
 
     def close(self) -> None:
         import asyncio

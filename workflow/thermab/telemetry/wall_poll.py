@@ -51,14 +51,16 @@ def stop_path(run_dir: Path) -> Path:
 def reading_rows(meter: Meter, t: float, reading, reasons: list[str]) -> list[list]:
     """The CSV rows of one poll: the power reading and the counter (in mJ, the agent's unit),
     each value that is no reading empty with its reason."""
-    watts, energy = reading
+    watts, energy = reading.watts, reading.energy_j
+    # a counter that wraps says where, in the agent's grammar (mJ:max=N counts 0..N), so ingest adds it back
+    counter = power_sensor(meter.domain, "mJ", None if reading.wrap_j is None else round(reading.wrap_j * 1000) - 1)
     rows = [[f"{t:.3f}", power_sensor(meter.domain, "W"), "" if watts is None else f"{watts:.3f}", ""]]
     if watts is None:
         rows[0][3] = "; ".join(reasons) or "no power reading"
     if energy is not None:
-        rows.append([f"{t:.3f}", power_sensor(meter.domain, "mJ"), f"{energy * 1000:.1f}", ""])
+        rows.append([f"{t:.3f}", counter, f"{energy * 1000:.1f}", ""])
     elif reasons and watts is not None:  # the counter was the value left out
-        rows.append([f"{t:.3f}", power_sensor(meter.domain, "mJ"), "", "; ".join(reasons)])
+        rows.append([f"{t:.3f}", counter, "", "; ".join(reasons)])
     return rows
 
 
