@@ -230,9 +230,9 @@ def test_a_wall_meter_silent_in_a_window_is_named_in_that_phases_validity():
 
 
 def test_a_meter_feeding_two_hosts_is_their_total_and_neither_board_is_added_to_it():
-    preflight = {"hosts": {"head": {"wall_meters": [{"feeds": ["head", "worker"]}]}, "worker": {}}}
-    fed = energy.fed_hosts(preflight)
-    assert fed == {"worker": "head"}
+    record = {"host": "head", "domain": "wall-0", "kind": "snmp", "where": "snmp://pdu:161", "update_s": 5}
+    preflight = {"hosts": {"head": {"wall_meters": [{**record, "feeds": ["head", "worker"]}]}, "worker": {}}}
+    meters = energy.wall_meter_records(preflight)
     seconds = np.arange(0.0, 400.0, 1.0)
     telemetry = pd.concat(
         [
@@ -242,12 +242,15 @@ def test_a_meter_feeding_two_hosts_is_their_total_and_neither_board_is_added_to_
         ],
         ignore_index=True,
     )
-    table = energy.energy_table(telemetry, WINDOWS, pd.DataFrame(), None, ["head", "worker"], fed)
+    table = energy.energy_table(telemetry, WINDOWS, pd.DataFrame(), None, ["head", "worker"], meters)
     rows = table.set_index(["arm", "host", "domain"])
     assert rows.loc[("B", "all", "total"), "mean_w"] == pytest.approx(300.0)
     assert rows.loc[("B", "all", "total"), "scope"] == "head: wall; worker: in the wall meter of head"
     assert rows.loc[("B", "all", "onboard"), "mean_w"] == pytest.approx(190.0)
     assert energy.total_hosts(table) == {"head": ["wall-0"]}
+    assert rows.loc[("B", "head", "wall-0"), "scope"] == (
+        "wall (snmp snmp://pdu:161, its reading refreshed every 5 s, feeds head + worker)"
+    )
 
 
 def test_a_counter32_that_wraps_is_added_back_not_skipped(tmp_path):

@@ -113,15 +113,18 @@ def energy_table(
     events: pd.DataFrame,
     requests: pd.DataFrame | None,
     hosts: list[str] | None = None,
-    fed: dict[str, str] | None = None,
+    meters: list[dict] | None = None,
 ) -> pd.DataFrame:
     """energy.csv: one row per phase, host and power domain seen in the run, then the
     ``all``/``total`` row of the phase; phases in time order, hosts in the order of ``hosts``
     (others after them, sorted).  ``telemetry``: a model.Telemetry or the tidy frame;
-    ``requests``: the run's (tidy/requests.parquet), None when it has none; ``fed``: the hosts
-    a meter at the wall of another host feeds too, each to that host (:func:`fed_hosts`),
-    whose own totals are inside that meter's and never added to it."""
-    fed = {host: holder for host, holder in (fed or {}).items() if host != holder}
+    ``requests``: the run's (tidy/requests.parquet), None when it has none; ``meters``: the
+    wall meters' records (:func:`wall_meter_records`), which say what each ``wall-N`` row is
+    and which hosts a meter at the wall of another host feeds too (their own totals are
+    inside that meter's, never added to it)."""
+    meters = meters or []
+    fed = {other: m["host"] for m in meters for other in m.get("feeds") or [] if other != m["host"]}
+    described = {(m["host"], m["domain"]): meter_text(m) for m in meters}
     power = as_telemetry(telemetry).frame(kind="power")
     if power.empty or windows.empty:
         return pd.DataFrame(columns=ENERGY_COLUMNS)
@@ -129,11 +132,14 @@ def energy_table(
     present = sorted({host for host, _ in series})
     host_order = [h for h in (hosts or []) if h in present] + [h for h in present if h not in (hosts or [])]
     domains = {host: sorted(d for h, d in series if h == host) for host in host_order}
-    scopes = {(host, d): domain_scope_text(d, domains[host]) for host in host_order for d in domains[host]}
+    scopes = {
+        (host, d): domain_scope_text(d, domains[host])
+        + (f" ({described[(host, d)]})" if (host, d) in described else "")
+        for host in host_order
+        for d in domains[host]
+    }
     total_text = "; ".join(
-        f"{host}: in the wall meter of {fed[host]}"
-        if host in fed
-        else f"{host}: {' + '.join(total_scope(domains[host])[1])}"
+        f"{host}: {FED} {fed[host]}" if host in fed else f"{host}: {' + '.join(total_scope(domains[host])[1])}"
         for host in host_order
         if host_total_domains(domains[host])
     )
@@ -170,19 +176,28 @@ def energy_table(
     return pd.DataFrame(rows, columns=ENERGY_COLUMNS)
 
 
-def fed_hosts(preflight: dict | None) -> dict[str, str]:
-    """Each host a meter at the wall of another host feeds too (``feeds``, as preflight.json
-    keeps each host's ``wall_meters``), to that host."""
-    fed = {}
-    for host, facts in ((preflight or {}).get("hosts") or {}).items():
-        for meter in facts.get("wall_meters") or []:
-            fed.update({other: host for other in meter.get("feeds") or [] if other != host})
-    return fed
+def wall_meter_records(preflight: dict | None) -> list[dict]:
+    """The wall meters preflight.json keeps with each host's facts (telemetry/wall_meters.py's
+    ``Meter.record``: host, domain, kind, where, feeds, update_s)."""
+    hosts = (preflight or {}).get("hosts") or {}
+    return [meter for facts in hosts.values() for meter in facts.get("wall_meters") or []]
+
+
+def meter_text(meter: dict) -> str:
+    """``shelly http://plug-a, its reading refreshed every 1 s, feeds head + worker``."""
+    update = f", its reading refreshed every {meter['update_s']:g} s" if meter.get("update_s") else ""
+    feeds = meter.get("feeds") or [meter["host"]]
+    return f"{meter['kind']} {meter['where']}{update}" + (f", feeds {' + '.join(feeds)}" if len(feeds) > 1 else "")
 
 
 def on_board(domains: list[str]) -> list[str]:
     """A host's domains less its meters at the wall: what its own boards measure."""
-    return [domain for domain in domains if domain_scope(domain)[0] != WALL_SCOPE]
+    return [domain for domain in domains if not is_wall(domain)]
+
+
+def is_wall(domain: str) -> bool:
+    """A meter outside the host (``wall-N``), read by the controller."""
+    return domain_scope(domain)[0] == WALL_SCOPE
 
 
 def domain_scope_text(domain: str, domains: list[str]) -> str:

@@ -89,7 +89,7 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
             run.events,
             run.requests,
             ordered_hosts(run.plan),
-            energy.fed_hosts(read_preflight(RunDir(run.path).preflight)),
+            energy.wall_meter_records(read_preflight(RunDir(run.path).preflight)),
         ),
         "speed": speed.phase_speed(run.telemetry, windows, run.plan.head),
     }

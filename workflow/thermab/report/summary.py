@@ -678,9 +678,14 @@ def _at_the_wall(table: pd.DataFrame, total: pd.DataFrame, onboard: pd.DataFrame
         if energy.host_total_domains(energy.on_board(rows["domain"].tolist()))
         and "cpu" not in energy.total_scope(energy.on_board(rows["domain"].tolist()))[2]
     ]
+    walls = table.loc[table["domain"].map(lambda domain: energy.is_wall(str(domain)))]
+    listed = "; ".join(
+        f"{host} {domain}: {scope}"
+        for (host, domain), scope in walls.groupby(["host", "domain"], sort=False)["scope"].first().items()
+    )
     return [
         f"Energy per token at the wall (scope: {total['scope'].iloc[0]}) is what the meters outside the hosts"
-        " read: power supplies and everything on the boards. On board (scope:"
+        f" read ({listed}): power supplies and everything on the boards. On board (scope:"
         f" {onboard['scope'].iloc[0]}) is what the hosts' own meters read: no supply loss, and"
         + (f" **not the CPU of {', '.join(blind)}**." if blind else " only the parts they meter."),
         "",
