@@ -7,7 +7,7 @@ import json
 import time
 
 from thermab.sim import node, plug, power as sim_power
-from thermab.telemetry import wall_meters, wall_poll
+from thermab.telemetry import power, wall_meters, wall_poll
 
 
 def rows_of(path):
@@ -28,6 +28,7 @@ def test_the_poller_reads_the_plug_keeps_going_without_it_and_stops(tmp_path):
     root = tmp_path / "node"
     node.create_node(root, "head")
     meter_model = sim_power.PowerMeter(root, node.load_settings(root)["power"], node.write_atomic)
+    meter_model.start()  # the counters advance at the idle node's power, as the thermal daemon makes them
     server = plug.serve(root, meter_model)
     run_dir = tmp_path / "run"
     meter = wall_meters.meters_of("head", {"simulated": "head"}, root)[0]
@@ -52,5 +53,9 @@ def test_the_poller_reads_the_plug_keeps_going_without_it_and_stops(tmp_path):
     )
     times = [float(r["t"]) for r in rows]
     assert times == sorted(times), "stamped on the controller's clock as polled"
+    # what a phase reads of the head's power before its restart: the rows with a value, from the file's end
+    valued = [(float(r["t"]), r["sensor"], float(r["value"])) for r in rows if r["value"]]
+    assert wall_poll.tail_rows(run_dir, "head", 10_000) == valued
+    assert power.recent_total_watts(valued, 60.0) > 0, "the plug's counter, turned into watts"
     record = json.loads((run_dir / "monitor/wall.json").read_text())["meters"]
     assert [(m["host"], m["domain"], m["kind"], m["feeds"]) for m in record] == [("head", "wall-0", "shelly", ["head"])]

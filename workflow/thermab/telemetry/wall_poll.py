@@ -64,6 +64,24 @@ def reading_rows(meter: Meter, t: float, reading, reasons: list[str]) -> list[li
     return rows
 
 
+def tail_rows(run_dir: Path, host: str, lines: int) -> list[tuple[float, str, float]]:
+    """The last ``lines`` rows with a value (controller time, sensor, value) of a host's wall
+    meters, as ``deploy.tail_rows`` gives the agent's: none where the host has no meter."""
+    path = RunDir(run_dir).host_monitor(host) / f"{FILE}.csv"
+    if not path.exists():
+        return []
+    with open(path, "rb") as handle:  # its end only: a week of polls is tens of MB
+        handle.seek(max(0, path.stat().st_size - lines * 160))  # a failed poll's row is the longest
+        text = handle.read().decode(errors="replace")
+    rows = []
+    for row in list(csv.reader(text.splitlines()[1:]))[-lines:]:  # the first line may be cut
+        try:
+            rows.append((float(row[0]), row[1], float(row[2])))
+        except (IndexError, ValueError):
+            continue  # the header, or a poll without a value
+    return rows
+
+
 def failed_rows(meter: Meter, t: float, error: str) -> list[list]:
     return [[f"{t:.3f}", power_sensor(meter.domain, "W"), "", error]]
 
