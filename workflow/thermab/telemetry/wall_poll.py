@@ -132,7 +132,10 @@ def poll(meter: Meter, out: HostFile, stopping: threading.Event) -> None:
                 except MeterError as error:
                     out.write(failed_rows(meter, time.time(), str(error)))
             if meter_reader is not None:
-                out.write(poll_once(meter, meter_reader)[1])
+                try:
+                    out.write(poll_once(meter, meter_reader)[1])
+                except Exception as error:  # a fault of ours must not end the meter's polling; its name only
+                    out.write(failed_rows(meter, time.time(), f"{meter.name}: {type(error).__name__}"))
             next_t += interval
             stopping.wait(max(0.0, next_t - time.monotonic()))
             next_t = max(next_t, time.monotonic() - interval)  # a long stall is not made up in a burst
