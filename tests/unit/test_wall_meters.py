@@ -262,3 +262,15 @@ def test_a_counter32_that_wraps_is_added_back_not_skipped(tmp_path):
     tidy, dropped = ingest.telemetry(tmp_path / "monitor", {"head": 0.0})
     assert tidy[tidy["sensor"] == "wall-0"]["value"].round(3).tolist() == [200.0] * 3
     assert not any("reset" in key for key in dropped)
+
+
+def test_an_snmpv3_key_too_short_for_the_agent_is_named_not_sent(monkeypatch):
+    monkeypatch.setenv("THERMAB_TEST_AUTH", "short")
+    meter = Meter(
+        "head",
+        0,
+        {"kind": "snmp", "host": "127.0.0.1", "version": "3", "user": "u", "auth_key_env": "THERMAB_TEST_AUTH"}
+        | {"oid_power": "1.3.6.1", "timeout_s": 0.3},
+    )
+    problem = wall_meters.probe(meter)
+    assert problem == "host head: wall meter snmp snmp://127.0.0.1:161: the auth_key is shorter than 8 characters"

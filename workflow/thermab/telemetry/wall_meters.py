@@ -396,6 +396,7 @@ class RedfishReader:
         self.token = None
 
 
+SNMP_KEY_MIN = 8
 SNMP_AUTH = {
     "MD5": "usmHMACMD5AuthProtocol",
     "SHA": "usmHMACSHAAuthProtocol",
@@ -433,6 +434,9 @@ class SnmpReader:
             self.auth = snmp.CommunityData(community, mpModel=1)
         else:
             auth_key, priv_key = secret(meter, "auth_key"), secret(meter, "priv_key")
+            for name, key in (("auth_key", auth_key), ("priv_key", priv_key)):
+                if key is not None and len(key) < SNMP_KEY_MIN:  # RFC 3414's passphrases: the agent refuses shorter
+                    raise MeterError(f"{meter.name}: the {name} is shorter than {SNMP_KEY_MIN} characters")
             self.auth = snmp.UsmUserData(
                 settings["user"],
                 authKey=auth_key,
@@ -467,7 +471,7 @@ class SnmpReader:
         try:
             indication, status, _index, bindings = self.loop.run_until_complete(self._get())
         except Exception as error:  # pysnmp raises its own kinds for an unresolvable host, a bad key
-            raise MeterError(f"{self.meter.name}: {type(error).__name__}: {error}") from None
+            raise MeterError(f"{self.meter.name}: {type(error).__name__}: {str(error)[:120]}") from None
         if indication:
             raise MeterError(f"{self.meter.name}: does not answer ({indication})")
         if status:
@@ -494,7 +498,8 @@ class SnmpReader:
         pending = asyncio.all_tasks(self.loop)  # the dispatcher's timer, cancelled: ended before the loop
         for task in pending:
             task.cancel()
-        self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        if pending:
+            self.loop.run_until_complete(asyncio.wait(pending))
         self.loop.close()
 
 
@@ -508,8 +513,14 @@ READERS = {
 
 
 def reader(meter: Meter):
-    """The reader of the meter's kind (credentials read here; MeterError where one is missing)."""
-    return READERS[meter.kind](meter)
+    """The reader of the meter's kind (credentials read here; MeterError where one is missing,
+    or where the library refuses one: an SNMPv3 key shorter than 8 characters)."""
+    try:
+        return READERS[meter.kind](meter)
+    except MeterError:
+        raise
+    except Exception as error:  # pysnmp's own kinds; its messages name no key
+        raise MeterError(f"{meter.name}: {type(error).__name__}: {str(error)[:120]}") from None
 
 
 def probe(meter: Meter) -> str | None:
