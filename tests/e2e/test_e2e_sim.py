@@ -110,16 +110,20 @@ def test_events_and_tidy_telemetry(ab_run):
 
 def test_energy_per_arm_from_the_simulated_power_tree(ab_run):
     energy = pd.read_csv(ab_run / "tables/energy.csv")
-    domains = {"package-0", "package-0/core", "package-0/uncore", "dram-0", "hwmon/power_meter/node"}
+    domains = {"package-0", "package-0/core", "package-0/uncore", "dram-0", "hwmon/power_meter/node", "wall-0"}
     for host in ("head", "worker"):
         assert set(energy[energy["host"] == host]["domain"]) == domains, host
     assert energy.drop(columns=["idle_w", "energy_above_idle_j", "j_per_token_above_idle"]).notna().all().all()
     total = energy[(energy["host"] == "all") & (energy["domain"] == "total")].set_index("arm")
-    assert list(total.index) == ["A", "B"]
+    onboard = energy[(energy["host"] == "all") & (energy["domain"] == "onboard")].set_index("arm")
+    assert list(total.index) == ["A", "B"] == list(onboard.index)
+    walls = energy[energy["domain"] == "wall-0"].groupby("arm")["mean_w"].sum()
     parts = energy[energy["domain"].isin(["package-0", "dram-0"])].groupby("arm")["mean_w"].sum()
     for arm in "AB":
         row = total.loc[arm]
-        assert row["mean_w"] == pytest.approx(parts[arm]), "the total is packages + DRAM, never the core inside"
+        assert row["mean_w"] == pytest.approx(walls[arm]), "the total is the plugs at the wall"
+        assert onboard.loc[arm, "mean_w"] == pytest.approx(parts[arm]), "on board: packages + DRAM, never the core"
+        assert row["j_per_token"] > onboard.loc[arm, "j_per_token"], "the wall holds the supply's loss and more"
         assert row["energy_j"] == pytest.approx(row["mean_w"] * row["window_s"])
         assert 0 < row["idle_w"] < row["mean_w"], "the baseline is idle, the window under load"
         assert row["j_per_token"] == pytest.approx(row["energy_j"] / row["output_tokens"])

@@ -888,5 +888,7 @@ def test_a_gb10_node_lists_its_gpu_alone_and_says_the_total_leaves_out_the_cpu(t
     power_trees.gb10(tmp_path)
     found = dict(agent.discover_all(str(tmp_path)), gpu_power={"sensors": ["gpu0 W", "gpu0 mJ"], "missing": {}})
     present, absent = summarize_agent(found)
-    assert dict(present)["power total"] == "gpu0 (gpu: holds gpu; leaves out the CPU)"
+    assert dict(present)["power total"] == (
+        "gpu0 (gpu: holds gpu; leaves out the CPU: a wall meter (wall_meters: a plug, PDU or BMC) holds it)"
+    )
     assert ("rapl", "not on this host (the agent's source finds nothing to read)") in absent

@@ -23,7 +23,8 @@ spread of the energy itself.
 
 A domain with no samples in a window has empty values there, never zero; a phase without
 tokens has no J/token.  The rows with host ``all``, domain ``total`` sum each host's total:
-its ``node`` domain where it has one, else its module meters (a Grace Hopper module holds its
+its meters at the wall where it has any (``wall-N``, polled by the controller), else its
+``node`` domain where it has one, else its module meters (a Grace Hopper module holds its
 GPU and Grace socket), else its cpu, dram and gpu domains (``package-N``, ``dram-N``, ``gpuN``,
 a Grace or Altra socket's meter), never a rail, a sub-domain (``package-0/core``) or another
 reading (``psys``, ``hwmon/...``) that overlaps them (thermab.telemetry.power).  ``scope``
@@ -31,7 +32,10 @@ says what each row covers: a domain's scope (``module``, ``cpu``, ``gpu``, ``rai
 domain holding it where one does (``gpu in <module>``); on the total row each host's scopes.
 A host without such domains is left out of the sum (the summary names the hosts it covers);
 a host total with a domain empty in a phase makes that phase's total empty, as a partial sum
-would read as less energy.  Pure functions.
+would read as less energy.  Where a host has meters at the wall, rows with domain
+``onboard`` beside the total sum the same hosts' totals without them (what the boards'
+own meters see), so J/token is reported at the wall and on board side by side.  Pure
+functions.
 """
 
 from __future__ import annotations
@@ -43,7 +47,13 @@ from thermab import metric_names as names
 from thermab.analysis.metrics import PHASE_KEYS, PHASE_METRIC_COLUMNS, tokens_in_window
 from thermab.analysis.model import as_telemetry
 from thermab.telemetry.agent import domain_scope
-from thermab.telemetry.power import container, host_total_domains, time_weighted_mean, total_scope
+from thermab.telemetry.power import (
+    WALL_SCOPE,
+    container,
+    host_total_domains,
+    time_weighted_mean,
+    total_scope,
+)
 
 ENERGY_COLUMNS = PHASE_KEYS + [
     "host",
@@ -59,6 +69,9 @@ ENERGY_COLUMNS = PHASE_KEYS + [
     "scope",
 ]
 TOTAL_HOST, TOTAL_DOMAIN = "all", "total"
+# beside a total held by meters at the wall: the same sum of the meters on the boards alone
+ONBOARD_DOMAIN = "onboard"
+FED = "in the wall meter of"  # a total row's scope of a host another host's meter feeds too
 METRIC = names.CLUSTER_ENERGY_PER_TOKEN
 METRIC_UNIT = "J/token"
 
@@ -100,11 +113,18 @@ def energy_table(
     events: pd.DataFrame,
     requests: pd.DataFrame | None,
     hosts: list[str] | None = None,
+    meters: list[dict] | None = None,
 ) -> pd.DataFrame:
     """energy.csv: one row per phase, host and power domain seen in the run, then the
     ``all``/``total`` row of the phase; phases in time order, hosts in the order of ``hosts``
     (others after them, sorted).  ``telemetry``: a model.Telemetry or the tidy frame;
-    ``requests``: the run's (tidy/requests.parquet), None when it has none."""
+    ``requests``: the run's (tidy/requests.parquet), None when it has none; ``meters``: the
+    wall meters' records (:func:`wall_meter_records`), which say what each ``wall-N`` row is
+    and which hosts a meter at the wall of another host feeds too (their own totals are
+    inside that meter's, never added to it)."""
+    meters = meters or []
+    fed = {other: m["host"] for m in meters for other in m.get("feeds") or [] if other != m["host"]}
+    described = {(m["host"], m["domain"]): meter_text(m) for m in meters}
     power = as_telemetry(telemetry).frame(kind="power")
     if power.empty or windows.empty:
         return pd.DataFrame(columns=ENERGY_COLUMNS)
@@ -112,12 +132,24 @@ def energy_table(
     present = sorted({host for host, _ in series})
     host_order = [h for h in (hosts or []) if h in present] + [h for h in present if h not in (hosts or [])]
     domains = {host: sorted(d for h, d in series if h == host) for host in host_order}
-    scopes = {(host, d): domain_scope_text(d, domains[host]) for host in host_order for d in domains[host]}
+    scopes = {
+        (host, d): domain_scope_text(d, domains[host])
+        + (f" ({described[(host, d)]})" if (host, d) in described else "")
+        for host in host_order
+        for d in domains[host]
+    }
     total_text = "; ".join(
-        f"{host}: {' + '.join(total_scope(domains[host])[1])}"
+        f"{host}: {FED} {fed[host]}" if host in fed else f"{host}: {' + '.join(total_scope(domains[host])[1])}"
         for host in host_order
         if host_total_domains(domains[host])
     )
+    onboard = {host: on_board(domains[host]) for host in host_order}
+    onboard_text = "; ".join(
+        f"{host}: {' + '.join(total_scope(summed)[1])}"
+        for host, summed in onboard.items()
+        if host_total_domains(summed)
+    )
+    walled = any(onboard[host] != domains[host] for host in host_order) or bool(fed)
     baseline = baseline_window(events)
     idle = {key: _mean_in(s, *baseline) if baseline else np.nan for key, s in series.items()}
     measured = requests is not None and not requests.empty
@@ -135,10 +167,37 @@ def energy_table(
                     _row(keys, host, domain, window.window_s, mean_w, idle_w, output_tokens, scopes[(host, domain)])
                 )
         rows += phase
-        total = _total(phase, domains)
+        total = _total([row for row in phase if row["host"] not in fed], domains)
         if total is not None:
             rows.append(_row(keys, TOTAL_HOST, TOTAL_DOMAIN, window.window_s, *total, output_tokens, total_text))
+        total = _total(phase, onboard) if walled else None
+        if total is not None:
+            rows.append(_row(keys, TOTAL_HOST, ONBOARD_DOMAIN, window.window_s, *total, output_tokens, onboard_text))
     return pd.DataFrame(rows, columns=ENERGY_COLUMNS)
+
+
+def wall_meter_records(preflight: dict | None) -> list[dict]:
+    """The wall meters preflight.json keeps with each host's facts (telemetry/wall_meters.py's
+    ``Meter.record``: host, domain, kind, where, feeds, update_s)."""
+    hosts = (preflight or {}).get("hosts") or {}
+    return [meter for facts in hosts.values() for meter in facts.get("wall_meters") or []]
+
+
+def meter_text(meter: dict) -> str:
+    """``shelly http://plug-a, its reading refreshed every 1 s, feeds head + worker``."""
+    update = f", its reading refreshed every {meter['update_s']:g} s" if meter.get("update_s") else ""
+    feeds = meter.get("feeds") or [meter["host"]]
+    return f"{meter['kind']} {meter['where']}{update}" + (f", feeds {' + '.join(feeds)}" if len(feeds) > 1 else "")
+
+
+def on_board(domains: list[str]) -> list[str]:
+    """A host's domains less its meters at the wall: what its own boards measure."""
+    return [domain for domain in domains if not is_wall(domain)]
+
+
+def is_wall(domain: str) -> bool:
+    """A meter outside the host (``wall-N``), read by the controller."""
+    return domain_scope(domain)[0] == WALL_SCOPE
 
 
 def domain_scope_text(domain: str, domains: list[str]) -> str:
@@ -179,7 +238,11 @@ def total_hosts(energy: pd.DataFrame) -> dict[str, list[str]]:
     """Host -> the domains its total sums, for the hosts the ``all``/``total`` rows cover."""
     hosts = energy.loc[energy["host"] != TOTAL_HOST, ["host", "domain"]].drop_duplicates()
     covered = {host: host_total_domains(rows["domain"].tolist()) for host, rows in hosts.groupby("host", sort=False)}
-    return {host: summed for host, summed in covered.items() if summed}
+    scopes = energy.loc[(energy["host"] == TOTAL_HOST) & (energy["domain"] == TOTAL_DOMAIN), "scope"]
+    inside = {
+        part.split(":")[0] for text in scopes.dropna().unique() for part in text.split("; ") if f": {FED} " in part
+    }
+    return {host: summed for host, summed in covered.items() if summed and host not in inside}
 
 
 def host_scopes(energy: pd.DataFrame) -> dict[str, tuple[list[str], list[str]]]:

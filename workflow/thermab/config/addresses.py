@@ -152,3 +152,51 @@ def _host_problems(where: str, host: dict, workdir: Path, problems: list[str]) -
         fields = template_fields(f"{where}.server.{which}", template, SERVER_PLACEHOLDERS, problems)
         if fields and "root" in fields and "root" not in host:
             problems.append(f"config key '{where}.server.{which}': uses {{root}}, but the host has no root")
+
+
+# the credentials each kind of wall meter may name, each from a variable or a file
+METER_SECRETS = {"redfish": ("password",), "tasmota": ("password",), "snmp": ("community", "auth_key", "priv_key")}
+
+
+def _wall_meter_problems(where: str, meters: list, hosts: dict, problems: list[str]) -> None:
+    """What the schema cannot say of a host's wall meters (their keys are the schema's): one
+    source per credential, a user with its password, no password over plain HTTP, the
+    version's credentials for SNMP, and the hosts each meter feeds."""
+    for index, meter in enumerate(meters):
+        at = f"{where}.wall_meters.{index}"
+        for name in METER_SECRETS.get(meter["kind"], ()):
+            if f"{name}_env" in meter and f"{name}_file" in meter:
+                problems.append(f"config key '{at}.{name}_file': give {name}_env or {name}_file, not both")
+        has_password = "password_env" in meter or "password_file" in meter
+        if meter["kind"] in ("redfish", "tasmota") and ("user" in meter) != has_password:
+            missing = "password_env or password_file" if "user" in meter else "user"
+            problems.append(f"config key '{at}.{missing.split()[0]}': a user and a password go together")
+        if meter["kind"] == "redfish":
+            if has_password and meter["url"].startswith("http://"):
+                problems.append(f"config key '{at}.url': a BMC's password is not sent over plain http: use https")
+            if "ca_file" in meter and "fingerprint_sha256" in meter:
+                problems.append(f"config key '{at}.fingerprint_sha256': give ca_file or fingerprint_sha256, not both")
+        if meter["kind"] == "snmp":
+            if meter.get("version", "2c") == "2c" and not {"community_env", "community_file"} & set(meter):
+                problems.append(f"config key '{at}.community_env': SNMP v2c needs community_env or community_file")
+            if meter.get("version", "2c") == "3" and "user" not in meter:
+                problems.append(f"config key '{at}.user': SNMP v3 needs a user")
+            if {"priv_key_env", "priv_key_file"} & set(meter) and not {"auth_key_env", "auth_key_file"} & set(meter):
+                problems.append(f"config key '{at}.auth_key_env': SNMP v3 privacy needs an authentication key")
+        for fed in meter.get("feeds", ()):
+            if fed not in hosts:
+                problems.append(f"config key '{at}.feeds': {_short(fed)!r} is not a host of the cluster")
+        if "feeds" in meter and where.rpartition(".")[2] not in meter["feeds"]:
+            problems.append(f"config key '{at}.feeds': names the hosts the meter feeds, its own host among them")
+
+
+def _fed_twice(where: str, hosts: dict, problems: list[str]) -> None:
+    """A host fed by another host's meter and metered at the wall itself would be counted twice."""
+    for name, host in hosts.items():
+        for index, meter in enumerate(host.get("wall_meters", ())):
+            for fed in meter.get("feeds", ()):
+                if fed != name and hosts.get(fed, {}).get("wall_meters"):
+                    problems.append(
+                        f"config key '{where}.{name}.wall_meters.{index}.feeds': host {fed} has wall meters "
+                        "of its own: it would be counted twice"
+                    )

@@ -10,7 +10,14 @@ from pathlib import Path
 import orjson
 
 from thermab import load_levels
-from thermab.config.addresses import _host_problems, _reaches, endpoint_problem, redact_url
+from thermab.config.addresses import (
+    _fed_twice,
+    _host_problems,
+    _reaches,
+    _wall_meter_problems,
+    endpoint_problem,
+    redact_url,
+)
 from thermab.config.patterns import _one_line, _regex
 from thermab.config.problems import ConfigError, _raise, _short
 from thermab.config.questions import _question_problems, _tune_problems, _wakeup_problems
@@ -115,6 +122,8 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
             )
         for host_name, host in hosts.items():
             _host_problems(f"clusters.{name}.hosts.{host_name}", host, workdir, problems)
+            _wall_meter_problems(f"clusters.{name}.hosts.{host_name}", host.get("wall_meters", []), hosts, problems)
+        _fed_twice(f"clusters.{name}.hosts", hosts, problems)
     return problems
 
 

@@ -327,6 +327,7 @@ class Host(Section):
     agent_python: str
     agent_dir: str
     server: Server
+    wall_meters: tuple[Mapping, ...]  # each a meter's keys, by its kind (telemetry/wall_meters.py)
 
 
 class Cluster(Section):

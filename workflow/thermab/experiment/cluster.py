@@ -23,7 +23,7 @@ from thermab.hosts import clock
 from thermab.hosts.host import Host
 from thermab.hosts.transport import TransportError
 from thermab.layout import RunDir
-from thermab.telemetry import deploy
+from thermab.telemetry import deploy, wall_meters, wall_poll
 
 
 class ClusterRun:
@@ -125,14 +125,28 @@ class ClusterRun:
             "intervals": thaw(monitor.intervals),  # written for the agent as JSON
         }
 
+    @cached_property
+    def wall_meters(self) -> list[wall_meters.Meter]:
+        """Every host's meters outside it, which the controller polls (a simulated node's plug)."""
+        return [
+            meter
+            for host in self.hosts
+            for meter in wall_meters.meters_of(
+                host.name, host.spec.settings, host.spec.root if host.spec.simulated else None
+            )
+        ]
+
     def ensure_up(self) -> None:
-        """Simulated hardware on, agents running (the caller has made sure a guardian
-        watches the run first)."""
+        """Simulated hardware on, agents running, the wall meters polled (the caller has made
+        sure a guardian watches the run first)."""
         self.write_session()
         self.power_on_simulated()
         for host in self.hosts:
             pid = deploy.start_agent(host, self.session, self.agent_settings(host))
             self.progress(f"agent on {host.name}: pid {pid}")
+        pid = wall_poll.start(self.run_dir, self.wall_meters)
+        if pid:
+            self.progress(f"wall meters ({len(self.wall_meters)}) polled by the controller: pid {pid}")
 
     # -- putting everything back ---------------------------------------------------------
 
@@ -170,6 +184,7 @@ class ClusterRun:
                 f"pull logs of {host.name}",
                 lambda h=host: deploy.pull(h, self.session, self.files.host_monitor(h.name)),
             )
+        attempt("stop polling the wall meters", lambda: wall_poll.stop(self.run_dir))
         attempt("power off simulated nodes", self.power_off_simulated)
 
         def give_back() -> None:

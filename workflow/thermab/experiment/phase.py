@@ -17,7 +17,7 @@ from thermab.experiment.cluster import ClusterRun
 from thermab.experiment.interlock import Interlock, MarkForwarder, telemetry_holes
 from thermab.experiment.monitor import bring_up
 from thermab.load.runner import LoadAborted, LoadSpec, run_load
-from thermab.telemetry import deploy, power, server_metrics
+from thermab.telemetry import deploy, power, server_metrics, wall_poll
 
 
 def _sleep_with_progress(run: ClusterRun, seconds: float, what: str) -> None:
@@ -62,9 +62,13 @@ POWER_TAIL_ROWS = 2000  # of each of the head's power files: far more than IDLE_
 
 
 def head_power(run: ClusterRun, seconds: float) -> float | None:
-    """W: the head's total power over the last ``seconds`` of its agent's readings (None
-    where it has no total domain or no reading there), read as the run goes."""
-    watts = power.recent_total_watts(deploy.tail_power_rows(run.head, run.session, POWER_TAIL_ROWS), seconds)
+    """W: the head's total power over the last ``seconds`` of its readings (None where it has
+    no total domain or no reading there), read as the run goes: its meters at the wall where
+    it has any (the controller's, on its clock), else its agent's."""
+    rows = wall_poll.tail_rows(run.run_dir, run.head.name, POWER_TAIL_ROWS) or deploy.tail_power_rows(
+        run.head, run.session, POWER_TAIL_ROWS
+    )
+    watts = power.recent_total_watts(rows, seconds)
     return None if math.isnan(watts) else round(watts, 3)
 
 

@@ -20,7 +20,7 @@ from thermab.experiment import lease, plan, server
 from thermab.experiment.cluster import ClusterRun, clock_offsets, offsets_record
 from thermab.experiment.patch import PatchError, anchor_count, patch_problems, sha256
 from thermab.hosts.transport import TransportError
-from thermab.telemetry import agent, deploy
+from thermab.telemetry import agent, deploy, wall_meters
 
 
 class PreflightError(StageFailed):
@@ -129,6 +129,20 @@ def _check_reachable(run: ClusterRun, host, facts: dict, change: bool) -> tuple[
     return facts, problems, advice
 
 
+def _wall_meters(run: ClusterRun, report: Preflight) -> list[str]:
+    """Each configured wall meter read once (a simulated node's plug starts with the node,
+    later); its record kept with its host's facts, a meter that gives no reading a problem
+    naming host, kind and URL."""
+    problems = []
+    for meter in run.wall_meters:
+        report.hosts.setdefault(meter.host, {}).setdefault("wall_meters", []).append(meter.record())
+        problem = None if meter.sim_root is not None else wall_meters.probe(meter)
+        if problem:
+            problems.append(problem)
+        run.progress("  " + (problem or f"{meter.name}: {'starts with the node' if meter.sim_root else 'ok'}"))
+    return problems
+
+
 def _endpoint_model(endpoint: str) -> str | None:
     try:
         return server.models(endpoint)[0]
@@ -179,6 +193,7 @@ def inspect(
             run.progress(f"  restored {host.name}, which an earlier run left patched")
         for line in advice:
             run.progress(f"  {line}")
+    problems += _wall_meters(run, report)
     report.restored_leftovers = [name for name, f in report.hosts.items() if "restored_leftover" in f]
     report.endpoint = {"url": run.cluster.endpoint, "model": _endpoint_model(run.cluster.endpoint)}
     if report.endpoint["model"] is None:

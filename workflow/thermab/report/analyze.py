@@ -33,6 +33,7 @@ from thermab.analysis import (
     speed,
     stats,
     wakeup,
+    wall_gaps,
     washout,
 )
 from thermab.analysis.chart_import import finite_number
@@ -64,7 +65,11 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
         **run.validity,
     }
     validity = washout.with_starts(
-        load_validity.server_view(load_validity.validity_table(reports, windows), run.telemetry, windows),
+        wall_gaps.with_wall_gaps(
+            load_validity.server_view(load_validity.validity_table(reports, windows), run.telemetry, windows),
+            run.telemetry,
+            windows,
+        ),
         windows,
         run.telemetry,
         run.events,
@@ -78,7 +83,14 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
         "zones": metrics.zone_stats(run.telemetry, windows),
         "cpu": metrics.cpu_stats(run.telemetry, windows),
         "performance": performance,
-        "energy": energy.energy_table(run.telemetry, windows, run.events, run.requests, ordered_hosts(run.plan)),
+        "energy": energy.energy_table(
+            run.telemetry,
+            windows,
+            run.events,
+            run.requests,
+            ordered_hosts(run.plan),
+            energy.wall_meter_records(read_preflight(RunDir(run.path).preflight)),
+        ),
         "speed": speed.phase_speed(run.telemetry, windows, run.plan.head),
     }
     # energy.csv keeps docs/design.md's columns exactly; a short phase's energy rows are
@@ -247,6 +259,7 @@ def write_outputs(result: Analysis, configfiles: list[str] | None = None) -> dic
             sources=run.sources,
             configfiles=configfiles,
             asked_s=tables["validity"]["load_s"],
+            energy=tables.get("energy"),
         ),
     )
     return result.tables

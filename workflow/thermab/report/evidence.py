@@ -16,7 +16,7 @@ import math
 
 import pandas as pd
 
-from thermab.analysis import levels, planning, questions
+from thermab.analysis import energy as energy_rows, levels, planning, questions
 from thermab.analysis.model import Plan
 from thermab.load.shapes import Shape
 from thermab.load_levels import CLOSED
@@ -317,6 +317,36 @@ def key_numbers(answers: pd.DataFrame, variance: pd.DataFrame, plan: Plan) -> pd
     return pd.DataFrame(rows)
 
 
+def energy_scope(table: pd.DataFrame | None) -> list[str]:
+    """What the energy per token covers, in words: at the wall and on board where a host has a
+    meter at the wall; in bold, the hosts whose total holds no CPU."""
+    if table is None or table.empty:
+        return []
+    hosts = table.loc[table["host"] != energy_rows.TOTAL_HOST, ["host", "domain"]].drop_duplicates()
+    lines, blind = [], []
+    for host, rows in hosts.groupby("host", sort=False):
+        domains = rows["domain"].tolist()
+        summed, scopes, holds = energy_rows.total_scope(domains)
+        if not summed:
+            continue
+        if "wall" in scopes:
+            board = energy_rows.total_scope(energy_rows.on_board(domains))[1]
+            lines.append(f"{host}: at the wall ({' + '.join(summed)}), on board {' + '.join(board) or 'nothing'}")
+        if "cpu" not in holds:
+            blind.append(f"{host} ({' + '.join(scopes)})")
+    said = (
+        [f"Energy per token covers each host at the wall and on board side by side: {'; '.join(lines)}."]
+        if lines
+        else []
+    )
+    if blind:
+        said.append(
+            f"**Energy per token leaves out the CPU of {', '.join(blind)}**: no meter there sees the CPU, and no"
+            " meter at the wall (`wall_meters`) holds it (docs/power.md)."
+        )
+    return said + [""] if said else []
+
+
 def evidence_markdown(
     plan: Plan,
     answers: pd.DataFrame,
@@ -328,9 +358,11 @@ def evidence_markdown(
     sources: dict,
     configfiles: list[str] | None = None,
     asked_s: pd.Series | None = None,
+    energy: pd.DataFrame | None = None,
 ) -> str:
     """evidence.md: the headline, design, environment, key numbers and collapsed details;
-    ``asked_s``: each phase's window as asked (validity.csv's ``load_s``)."""
+    ``asked_s``: each phase's window as asked (validity.csv's ``load_s``); ``energy``: the
+    energy table, whose scopes the energy per token is said in."""
     present = list(plan.arms)
     title = f"# thermab: {plan.cluster} — {plan.setting}, " + " vs ".join(
         f"{plan.arms[a].label} ({plan.arms[a].value})" for a in present
@@ -340,6 +372,7 @@ def evidence_markdown(
     parts += _environment(plan, preflight, events, sources)
     parts += ["### Key numbers", ""]
     parts += [markdown_table(key_numbers(answers, variance, plan)) if len(answers) else "No question declared.", ""]
+    parts += energy_scope(energy)
     differences = variance[variance["reference"].notna()] if "verdict" in variance else variance.iloc[:0]
     details = [f"- {v}" for v in differences["verdict"].dropna()]
     parts += [

@@ -627,6 +627,19 @@ def _energy_section(tables: dict, run: dict, present: list[str], labels: dict) -
     rows = [
         _energy_row(name, total, column, unit, present, labels, run["reference_arm"]) for name, column, unit in measures
     ]
+    onboard = table[(table["host"] == energy.TOTAL_HOST) & (table["domain"] == energy.ONBOARD_DOMAIN)]
+    if not onboard.empty:  # the total is at the wall: the boards' own meters beside it
+        rows[3:3] = [
+            _energy_row(
+                "cluster energy per output token on board",
+                onboard,
+                "j_per_token",
+                "J/token",
+                present,
+                labels,
+                run["reference_arm"],
+            )
+        ]
     per_host = energy.host_totals(table)
     for host, summed in covered.items():
         rows.append(
@@ -651,17 +664,20 @@ def _energy_section(tables: dict, run: dict, present: list[str], labels: dict) -
         [
             f"**The J/token leaves out the CPU of {', '.join(blind)}**: the total there covers"
             f" {'; '.join(' + '.join(scopes[host][0]) for host in blind)} only: where the arms change"
-            " vLLM's CPU work (its spin), the energy of that change on those CPU cores is not in it"
-            " (docs/power.md).",
+            " vLLM's CPU work (its spin), the energy of that change on those CPU cores is not in it;"
+            " a meter at the wall (`wall_meters`: a plug, PDU outlet or BMC) would hold it (docs/power.md).",
             "",
         ]
         if blind
         else []
     )
+    at_wall = _at_the_wall(table, total, onboard)
     return head + [
         markdown_table(pd.DataFrame(rows).fillna("")),
         *caveat,
-        f"Cluster total = {covers} (each host's node meter where it has one, else its module meters,"
+        *at_wall,
+        f"Cluster total = {covers} (each host's meters at the wall where it has any, else its node meter"
+        " where it has one, else its module meters,"
         " else its CPU sockets or packages, DRAM and GPUs; what a module holds, rails, sub-domains such"
         " as package-0/core and other readings are in tables/energy.csv only). Scope of each host's"
         f" total: {scope_text}."
@@ -670,6 +686,32 @@ def _energy_section(tables: dict, run: dict, present: list[str], labels: dict) -
         " generated inside the load window (each request counts its share of tokens in the window)."
         " With several phases: mean of the phase values ± their sd. Gap = arm"
         " − reference.",
+        "",
+    ]
+
+
+def _at_the_wall(table: pd.DataFrame, total: pd.DataFrame, onboard: pd.DataFrame) -> list[str]:
+    """Where the total is at the wall: the scope of each J/token in words, and the hosts whose
+    boards' own meters leave out the CPU."""
+    if onboard.empty:
+        return []
+    hosts = table.loc[table["host"] != energy.TOTAL_HOST, ["host", "domain"]].drop_duplicates()
+    blind = [
+        str(host)
+        for host, rows in hosts.groupby("host", sort=False)
+        if energy.host_total_domains(energy.on_board(rows["domain"].tolist()))
+        and "cpu" not in energy.total_scope(energy.on_board(rows["domain"].tolist()))[2]
+    ]
+    walls = table.loc[table["domain"].map(lambda domain: energy.is_wall(str(domain)))]
+    listed = "; ".join(
+        f"{host} {domain}: {scope}"
+        for (host, domain), scope in walls.groupby(["host", "domain"], sort=False)["scope"].first().items()
+    )
+    return [
+        f"Energy per token at the wall (scope: {total['scope'].iloc[0]}) is what the meters outside the hosts"
+        f" read ({listed}): power supplies and everything on the boards. On board (scope:"
+        f" {onboard['scope'].iloc[0]}) is what the hosts' own meters read: no supply loss, and"
+        + (f" **not the CPU of {', '.join(blind)}**." if blind else " only the parts they meter."),
         "",
     ]
 

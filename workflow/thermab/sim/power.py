@@ -22,6 +22,7 @@ in the inputs::
     package = core + uncore + package_rest_w
     dram    = dram_idle_w + dram_w_at_gpu_busy * gpu
     node    = package + dram + platform_w
+    wall    = node / PSU_EFFICIENCY + WALL_BASE_W     (the node's plug, thermab.sim.plug)
 
 and each counter advances by its power × dt, wrapping to 0 past ``max_energy_range_uj``.  The
 range is 2³² − 1 µJ (about 4.3 kJ, some 45 s at load), far below a real package's 262 kJ, so
@@ -53,6 +54,11 @@ POWER_MODEL = {
     "dram_w_at_gpu_busy": 6.0,
     "platform_w": 12.0,
 }
+# the node's smart plug (thermab.sim.plug) reads the node through its power supply, which
+# loses a tenth of what it delivers at these loads (80 PLUS Gold is 90 % efficient at half load), and a
+# fixed base the node's own meters do not see (fans, NIC, the BMC)
+PSU_EFFICIENCY = 0.9
+WALL_BASE_W = 8.0
 # zone directory -> RAPL zone name, in the order powercap numbers them
 ZONES = {"intel-rapl:0": "package-0", "intel-rapl:0:0": "core", "intel-rapl:0:1": "uncore", "intel-rapl:0:2": "dram"}
 METER_LABEL = "node"
@@ -84,6 +90,7 @@ def watts(model: dict, cpu_cores: float, gpu_busy: float) -> dict:
         "uncore": uncore,
         "dram": dram,
         "node": package + dram + model["platform_w"],
+        "wall": (package + dram + model["platform_w"]) / PSU_EFFICIENCY + WALL_BASE_W,
     }
 
 
@@ -108,6 +115,9 @@ class PowerMeter:
     def __init__(self, root: Path, model: dict, write_atomic):
         self.root, self.model, self.write_atomic = Path(root), model, write_atomic
         self.inputs = (0.0, 0.0)  # (cpu cores, gpu busy) of the last thermal tick
+        # the plug's reading and its energy counter (from 0 when the daemon starts, as a plug's
+        # after a power cut): what thermab.sim.plug serves
+        self.wall_w, self.wall_wh = watts(model, 0.0, 0.0)["wall"], 0.0
         self.energy_uj = {}
         for zone in ZONES:
             try:
@@ -122,6 +132,7 @@ class PowerMeter:
             self.energy_uj[zone] = (self.energy_uj[zone] + power[name] * dt * 1e6) % (WRAP_UJ + 1)
             self.write_atomic(zone_dir(self.root, zone) / "energy_uj", "%d\n" % self.energy_uj[zone])
         self.write_atomic(meter_dir(self.root) / "power1_input", "%d\n" % round(power["node"] * 1e6))
+        self.wall_w, self.wall_wh = power["wall"], self.wall_wh + power["wall"] * dt / 3600.0
         return power
 
     def follow(self, cpu_cores: float, gpu_busy: float) -> None:

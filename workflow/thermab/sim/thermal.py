@@ -27,7 +27,8 @@ Cpufreq files get ``performance_khz`` on ``performance_policies`` and ``efficien
 elsewhere, ± ``jitter_khz``.  The daemon also removes the /proc views of processes that
 are gone (:func:`thermab.sim.node.prune`).
 
-The same inputs drive the node's power counters and meter (:mod:`thermab.sim.power`).
+The same inputs drive the node's power counters and meter (:mod:`thermab.sim.power`), and
+its smart plug at the wall (:mod:`thermab.sim.plug`).
 
 The zone parameters are the fit of the study's chart data (:mod:`thermab.sim.fit`), in the
 study's seconds; sim.json carries them with the time compression (30: the default
@@ -43,7 +44,7 @@ import sys
 import time
 from pathlib import Path
 
-from thermab.sim import node, power, zones
+from thermab.sim import node, plug, power, zones
 from thermab.telemetry.agent import ProcessCpu
 
 STATUS_EVERY_S = 10.0
@@ -152,6 +153,7 @@ def run(root: Path) -> None:
     states = zones.initial_states(zone_params, read_temps(root, zone_params))
     meter = power.PowerMeter(root, settings["power"], node.write_atomic)
     meter.start()
+    plug.serve(root, meter)  # the node's smart plug reads the same power at the wall
     last = last_status = time.monotonic()
     while True:
         time.sleep(model["tick_s"])

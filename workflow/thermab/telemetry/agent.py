@@ -1162,12 +1162,15 @@ def power_sensor(domain, unit, wrap_max=None):
 
 # What a power domain covers, from its name alone, so the agent, discover and ingest read it
 # alike (docs/power.md has the sources):
-#   node    the whole node (IPMI DCMI)                       module  a CPU-GPU module (superchip)
+#   wall    a meter outside the host (plug, PDU, BMC)       node    the whole node (IPMI DCMI)
+#   module  a CPU-GPU module (superchip)
 #   cpu     a CPU socket or package (RAPL, Grace socket)     gpu     one GPU (nvidia-smi)
 #   dram    a package's memory (RAPL)                        rail    one supply rail of a module
 #   part    a sub-domain inside another (package-0/core)    other   a reading of unknown extent
 DOMAIN_SCOPES = (
     (re.compile(r"^node$"), "node"),
+    # a meter outside the host (plug, PDU outlet, BMC), read by the controller, not the agent
+    (re.compile(r"^wall(?:-(\d+))?$"), "wall"),
     (re.compile(r"^package(?:-?(\d+))?(?:-die-\d+)?$"), "cpu"),
     (re.compile(r"^dram(?:-?(\d+))?(?:-die-\d+)?$"), "dram"),
     (re.compile(r"^gpu-?(\d+)?$"), "gpu"),
@@ -1187,6 +1190,7 @@ DOMAIN_SCOPES = (
 # W: no reading of a scope lies outside [0, bound]; beyond it a value is a fault, never power
 # (DGX B200 draws 14.3 kW at most, a GB300 module is capped at 2.9 kW, a B200 GPU at 1.2 kW)
 PLAUSIBLE_W = {
+    "wall": 50000.0,  # a meter may feed several hosts: a 3-phase 63 A PDU delivers 43.6 kW
     "node": 20000.0,
     "module": 5000.0,
     "cpu": 1500.0,

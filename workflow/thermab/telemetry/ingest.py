@@ -34,12 +34,14 @@ import pyarrow.parquet as pq
 from thermab import atomic, jsonl
 from thermab.contracts import Preflight
 from thermab.layout import PhaseDir, RunDir
-from thermab.telemetry import power, server_metrics
+from thermab.telemetry import power, server_metrics, wall_poll
 from thermab.telemetry.agent import SOURCES
 
 # each agent file (its stem is the source's name) and the kind its rows take: from the
-# agent's own registry, so a source the agent collects is never dropped here
-KIND_OF_FILE = {source.name: source.kind for source in SOURCES}
+# agent's own registry, so a source the agent collects is never dropped here; and the wall
+# meters' file, which the controller writes on its own clock (telemetry/wall_poll.py)
+KIND_OF_FILE = {source.name: source.kind for source in SOURCES} | {wall_poll.FILE: "power"}
+CONTROLLER_CLOCK_FILES = {wall_poll.FILE}
 TELEMETRY_COLUMNS = ["t", "host", "kind", "sensor", "value"]
 SERIES_KEYS = ["host", "kind", "sensor"]
 TELEMETRY_SCHEMA = pa.schema(
@@ -223,8 +225,10 @@ def kind_readings(
             for stem in (stem for stem, of in KIND_OF_FILE.items() if of == kind):
                 path = host_dir / f"{stem}.csv"
                 if path.exists():
-                    clock = as_clock(offsets.get(host_dir.name, 0.0))
+                    clock = as_clock(0.0 if stem in CONTROLLER_CLOCK_FILES else offsets.get(host_dir.name, 0.0))
                     readings, counts = read_agent_csv(path, host_dir.name, kind, clock)
+                    if kind == "power":  # the files of one kind share a clock: the controller's, here (small files)
+                        readings = readings._replace(t=clock.to_controller(readings.t), clock=ClockMap.constant(0.0))
                     pa.default_memory_pool().release_unused()  # the parsed CSV: Arrow's allocator keeps freed pages
                     parts.append(readings)
                     sensors_of[stem] = readings.sensors

@@ -9,8 +9,10 @@ that interval is skipped and counted) where it has none.  Where a domain has bot
 and readings, the counter is used: it holds all the energy between samples, a reading only
 the moment it was taken.  Pure functions on frames; ingest does the I/O.
 
-Each domain has a scope (``thermab.telemetry.agent.domain_scope``: node, module, cpu, gpu,
-dram, rail, part, other).  A host's total power sums its ``node`` domain where it has one,
+Each domain has a scope (``thermab.telemetry.agent.domain_scope``: wall, node, module, cpu,
+gpu, dram, rail, part, other).  A host's total power sums its meters at the wall where it
+has any (``wall-N``: a plug, PDU outlet or BMC, which hold everything on the host, the
+power supply's loss included), else its ``node`` domain where it has one,
 else its module meters where it has any (a Grace Hopper module holds its Grace socket and
 its GPU, so those are contained, never added to it), else its cpu, dram and gpu domains;
 never a rail, a sub-domain or another reading that overlaps them (``host_total_domains``;
@@ -28,9 +30,11 @@ from thermab.telemetry.agent import POWER_UNITS, domain_scope
 
 JOULES_PER_UNIT = {"uJ": 1e-6, "mJ": 1e-3}
 NODE_DOMAIN = "node"
+WALL_SCOPE = "wall"  # meters outside the host (telemetry/wall_meters.py): they hold everything on it
 SUMMED_SCOPES = ("cpu", "dram", "gpu")  # disjoint parts of a node without a node or module meter
 # the parts of a node each scope holds: a total whose domains hold no "cpu" leaves the CPU out
 SCOPE_HOLDS = {
+    "wall": ("cpu", "gpu", "memory", "the rest of the node", "the power supply's loss"),
     "node": ("cpu", "gpu", "memory", "the rest of the node"),
     "module": ("cpu", "gpu", "memory"),
     "cpu": ("cpu",),
@@ -110,6 +114,9 @@ def power_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
 
 def host_total_domains(domains) -> list[str]:
     """The domains whose sum is a host's total power (see the module docstring)."""
+    walls = sorted(domain for domain in domains if domain_scope(domain)[0] == WALL_SCOPE)
+    if walls:
+        return walls
     if NODE_DOMAIN in domains:
         return [NODE_DOMAIN]
     scopes = {domain: domain_scope(domain)[0] for domain in domains}
@@ -123,6 +130,12 @@ def container(domain: str, domains) -> str | None:
     and GPUs (the module of the same number, else the first); a RAPL package its sub-domains
     (``package-0/core``)."""
     scope, socket = domain_scope(domain)
+    if scope == WALL_SCOPE:
+        return None
+    walls = sorted(d for d in domains if domain_scope(d)[0] == WALL_SCOPE)
+    if walls and (scope != "part" or domain.split("/")[0] not in domains):
+        # a host's meters at the wall hold all of it (its own sub-domains stay with their parent)
+        return walls[0] if len(walls) == 1 else " + ".join(walls)
     if domain == NODE_DOMAIN:
         return None
     if NODE_DOMAIN in domains:

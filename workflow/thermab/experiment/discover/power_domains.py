@@ -64,7 +64,10 @@ def power_facts(found: dict) -> tuple[list[tuple[str, str]], list[tuple[str, str
     readable = [domain for domain, _, ok, _ in rows if ok]
     summed, scopes, holds = total_scope(readable)
     if summed:
-        left_out = "" if "cpu" in holds else "; leaves out the CPU"
+        # no board meter sees the CPU here: only a meter outside the host would
+        left_out = (
+            "" if "cpu" in holds else "; leaves out the CPU: a wall meter (wall_meters: a plug, PDU or BMC) holds it"
+        )
         present.append(
             ("power total", f"{' + '.join(summed)} ({' + '.join(scopes)}: holds {', '.join(holds)}{left_out})")
         )
