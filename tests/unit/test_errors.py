@@ -31,6 +31,7 @@ BRANCHES = {
     "thermab.telemetry.deploy.AgentError": HostError,
     "thermab.load.stream.StreamFailure": HostError,
     "thermab.telemetry.server_metrics.ScrapeError": HostError,
+    "thermab.telemetry.wall_meters.MeterError": HostError,
     "thermab.experiment.preflight.PreflightError": StageFailed,
     "thermab.experiment.lease.LeaseError": StageFailed,
     "thermab.experiment.server.NotReady": StageFailed,

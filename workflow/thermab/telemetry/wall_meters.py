@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from thermab.config import thaw
+from thermab.errors import HostError
 from thermab.telemetry.agent import plausible_watts
 
 KINDS = ("redfish", "shelly", "tasmota", "prometheus", "snmp")
@@ -36,7 +37,7 @@ SIM_PLUG_FILE = "run/plug.url"  # where a simulated node's plug writes its URL (
 J_PER_WH = 3600.0
 
 
-class MeterError(Exception):
+class MeterError(HostError):
     """A meter did not give a reading: one line naming the meter, never a credential."""
 
 
