@@ -104,3 +104,56 @@ def test_unknown_command_and_bad_arguments_exit_2(tmp_path):
     assert run_thermab("frobnicate").returncode == 2
     result = run_thermab("import-chart", CHART, tmp_path / "out", "--arm", "stock")
     assert result.returncode == 2 and "LABEL=VALUE" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["plan", "RUN", "--hours", "1e308"], "--hours"),
+        (["plan", "RUN", "--hours", "0"], "--hours"),
+        (["plan", "RUN", "--time-scale", "1e308"], "--time-scale"),
+        (["plan", "RUN", "--time-scale", "nan"], "--time-scale"),
+        (["plan", "RUN", "--time-scale", "1e400"], "--time-scale"),
+        (["plan", "RUN", "--restart-cv", "1e308"], "--restart-cv"),
+        (["plan", "RUN", "--restart-cv", "0"], "--restart-cv"),
+        (["plan", "RUN", "--restart-cv", "inf"], "--restart-cv"),
+        (["tune", "c.yaml", "--cores", "0"], "--cores"),
+        (["tune", "c.yaml", "--cores", "1e9"], "--cores"),
+        (["tune", "c.yaml", "--cores", "99999"], "--cores"),
+        (["load", "http://127.0.0.1:8000", "--out", "o", "--duration", "0"], "--duration"),
+        (["plan", "RUN", "--no-such-flag"], "--no-such-flag"),
+    ],
+)
+def test_numeric_flags_are_bounded_like_their_keys_in_one_line(capsys, args, flag):
+    from thermab.__main__ import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(args)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert caught.value.code == 2 and len(lines) == 1 and flag in lines[0], lines
+    assert lines[0].startswith(f"thermab {args[0]}: ")
+
+
+@pytest.mark.parametrize("cores", ["0", "1", "-3", "20000"])
+def test_a_simulated_node_of_too_few_or_too_many_cores_is_refused_in_one_line(tmp_path, capsys, cores):
+    from thermab.sim import node
+
+    with pytest.raises(SystemExit) as caught:
+        node.main(["create", str(tmp_path / "n"), "--role", "head", "--cores", cores])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert caught.value.code == 2 and len(lines) == 1 and "--cores" in lines[0]
+    assert not (tmp_path / "n").exists(), "nothing made"
+
+
+def test_a_two_core_simulated_node_places_its_threads(tmp_path):
+    from thermab.sim import cpu, node
+
+    node.create_node(tmp_path / "n", "head", cores=2)
+    account = cpu.Account(tmp_path / "n")
+    assert {account.thread(f"t{i}").core for i in range(20)} <= {0, 1}
+
+
+def test_a_budget_plan_at_a_tiny_time_scale_is_capped_not_an_overflow():
+    from thermab.analysis.planning import MAX_PLANNED_REPEATS, Timings
+
+    assert Timings(50.0, 435.0, 2, time_scale=1e-320).repeats_within(1e6, 2, 2) == MAX_PLANNED_REPEATS

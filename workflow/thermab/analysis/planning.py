@@ -106,7 +106,8 @@ class Timings:
         room = hours - self.baseline_s * self.time_scale / 3600
         if per_block <= 0 or room < per_block:
             return 0
-        return int(min(MAX_PLANNED_REPEATS, math.floor(room / per_block + 1e-9) * block))
+        blocks = min(room / per_block, MAX_PLANNED_REPEATS)  # a tiny block would floor an infinity
+        return int(min(MAX_PLANNED_REPEATS, math.floor(blocks + 1e-9) * block))
 
 
 def study_plan(

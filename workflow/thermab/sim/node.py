@@ -34,7 +34,6 @@ fitted to the study (calibration.json); see docs/simulation.md.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import inspect
 import json
@@ -49,6 +48,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from thermab import cli
 from thermab.sim import power
 from thermab.sim.zones import SOC_ZONE
 
@@ -90,6 +90,7 @@ def zone_model(role: str) -> dict:
 
 
 # GB10 CPU: two clusters of ten, each five Cortex-A725 then five Cortex-X925 cores.
+MIN_CORES = 2  # a core in each cluster, where thread placement draws from
 CLOCKS = {"performance_khz": 3900000, "efficiency_khz": 2808000, "jitter_khz": 20000}
 
 
@@ -166,6 +167,11 @@ def create_node(
     drafter's acceptance and a step-time factor (thermab.sim.restart)."""
     if role not in ROLES:
         raise ValueError("role must be one of %s, not %r" % (ROLES, role))
+    if not MIN_CORES <= cores <= cli.MAX_CORES:
+        raise ValueError(
+            "cores must be %d to %d (a core or more in each of the two clusters), not %r"
+            % (MIN_CORES, cli.MAX_CORES, cores)
+        )
     root = Path(root).resolve()
     run_dir(root).mkdir(parents=True, exist_ok=True)
     proc_dir(root).mkdir(exist_ok=True)
@@ -326,12 +332,14 @@ def stop(root: Path, name: str, timeout: float = 10.0) -> bool:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m thermab.sim.node", description=__doc__.splitlines()[0])
+    parser = cli.Parser(prog="python -m thermab.sim.node", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     create = commands.add_parser("create", help="create or complete a node tree")
     create.add_argument("root", type=Path)
     create.add_argument("--role", choices=ROLES, required=True)
-    create.add_argument("--cores", type=int, default=20)
+    create.add_argument(
+        "--cores", type=cli.number(MIN_CORES, cli.MAX_CORES, parse=int), default=20, help="CPUs, two clusters' worth"
+    )
     create.add_argument(
         "--lost-wakeup", action="store_true", help="readers may miss a notification after a short spin (off by default)"
     )
