@@ -134,25 +134,6 @@ def test_numeric_flags_are_bounded_like_their_keys_in_one_line(capsys, args, fla
     assert lines[0].startswith(f"thermab {args[0]}: ")
 
 
-@pytest.mark.parametrize("cores", ["0", "1", "-3", "20000"])
-def test_a_simulated_node_of_too_few_or_too_many_cores_is_refused_in_one_line(tmp_path, capsys, cores):
-    from thermab.sim import node
-
-    with pytest.raises(SystemExit) as caught:
-        node.main(["create", str(tmp_path / "n"), "--role", "head", "--cores", cores])
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert caught.value.code == 2 and len(lines) == 1 and "--cores" in lines[0]
-    assert not (tmp_path / "n").exists(), "nothing made"
-
-
-def test_a_two_core_simulated_node_places_its_threads(tmp_path):
-    from thermab.sim import cpu, node
-
-    node.create_node(tmp_path / "n", "head", cores=2)
-    account = cpu.Account(tmp_path / "n")
-    assert {account.thread(f"t{i}").core for i in range(20)} <= {0, 1}
-
-
 def test_a_budget_plan_at_a_tiny_time_scale_is_capped_not_an_overflow():
     from thermab.analysis.planning import MAX_PLANNED_REPEATS, Timings
 
