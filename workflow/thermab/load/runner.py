@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from thermab import atomic, cli, load_levels
 from thermab.config import (
@@ -43,6 +44,7 @@ from thermab.config import (
     defaults as schema_defaults,
     extra_body_problem,
     key_problem,
+    port_problem,
     redact_url,
     thaw,
 )
@@ -414,6 +416,28 @@ def _extra_body_arg(text):
     return value
 
 
+def _url(text):
+    """An argparse type: a server base URL the load can reach (http(s), a host, a port
+    1-65535); a user and password are allowed (never shown)."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{redact_url(text)!r} is not a URL: {error}") from None
+    problem = (
+        "must start with http:// or https://"
+        if parts.scheme not in ("http", "https")
+        else "has no host"
+        if not parts.hostname
+        else port_problem(port)
+        if port is not None
+        else None
+    )
+    if problem:
+        raise argparse.ArgumentTypeError(f"{redact_url(text)!r}: {problem}")
+    return text
+
+
 def _seconds(text):
     """An argparse type: a finite number of seconds, not negative."""
     value = cli.decimal(text, float)
@@ -439,7 +463,7 @@ def main(argv=None):
         "server: writes requests.parquet and validity.json (and the raw records, load events and\n"
         "Locust's log beside them).",
     )
-    parser.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("url", type=_url, help="server base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--out", type=Path, required=True, help="requests.parquet to write (the rest goes beside it)")
     parser.add_argument("--order", type=cli.as_key("order", parse=str), default="AB", help="the run's order, recorded")
     parser.add_argument("--rep", type=cli.as_key("repeats"), default=1, help="the repeat, recorded")
@@ -521,6 +545,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.rate is not None and args.think_s is not None:
         parser.error("--think-s belongs to a loop of users, --rate makes an open loop: give one")
+    if load_levels.burstiness_problem({"rate": args.rate, "burstiness": args.burstiness}, "load", "the load"):
+        parser.error(f"argument --burstiness: {args.burstiness:g} shapes the gaps between arrivals of --rate: give one")
     spec = LoadSpec(
         duration_s=args.duration,
         users=args.users,
