@@ -57,6 +57,7 @@ from thermab.analysis.questions import (
 )
 from thermab.config import question_words
 from thermab.layout import RunDir
+from thermab.markup import md_text
 from thermab.metric_names import BETWEEN_RESTARTS, OUTPUT_THROUGHPUT
 
 PLAN_COLUMNS = [
@@ -481,8 +482,8 @@ def open_questions_section(
     if run.get("until") == "decided" and budget is not None and upcoming and timings is not None:
         scale = timings.time_scale
         lines += [budget_check(events, len(run.arms), done, upcoming, budget, scale)[1], ""]
-    for line in plan_lines(open_rows, run, timings):
-        lines += [line] if line.startswith("- ") else [line, ""]
+    for line in plan_lines(open_rows, run, timings):  # words of the run's questions and labels: escaped here
+        lines += ["- " + md_text(line[2:])] if line.startswith("- ") else [md_text(line), ""]
     finite = open_rows["repeats_needed"].dropna()
     command = f"`python -m thermab plan {run_dir} --hours H` gives the smallest margin H cluster-hours decide"
     if len(finite):
