@@ -138,3 +138,12 @@ def test_a_budget_plan_at_a_tiny_time_scale_is_capped_not_an_overflow():
     from thermab.analysis.planning import MAX_PLANNED_REPEATS, Timings
 
     assert Timings(50.0, 435.0, 2, time_scale=1e-320).repeats_within(1e6, 2, 2) == MAX_PLANNED_REPEATS
+
+
+@pytest.mark.parametrize("cores", ["--cores 0", "--cores=-2", "-c 99999", "--cores two"])
+def test_thermab_run_bounds_its_cores_before_snakemake_starts(capsys, cores):
+    from thermab.__main__ import main
+
+    assert main(["run", *cores.split(), "-n", "all"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"argument {cores.split()[0].split('=')[0]}: " in lines[0], lines
