@@ -69,6 +69,9 @@ def test_a_phase_record_too_large_or_of_another_shape_is_one_line(tmp_path):
     (phase / "phase.json").write_text("[60]")
     with pytest.raises(UserError, match="not a JSON object"):
         plan.recorded_windows(tmp_path, "AB", 1)
+    (phase / "phase.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(UserError, match="not a phase record"):
+        plan.recorded_windows(tmp_path, "AB", 1)
     with open(phase / "phase.json", "wb") as handle:  # sparse: nothing of it is read
         handle.truncate(700 * 2**20)
     with pytest.raises(UserError, match="bytes, more than"):

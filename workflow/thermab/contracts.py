@@ -306,7 +306,7 @@ class PhaseRecord:
         """The load window the phase was asked for, from a file of any age; None where the
         file holds none (``read`` has refused one no config could ask for)."""
         length = self._window()[1]
-        return int(length) if length is not None and math.isfinite(length) and length > 0 else None
+        return math.ceil(length) if length is not None and math.isfinite(length) and length > 0 else None
 
     def _window(self) -> tuple[str, float | None]:
         """(the key that holds the window, its number or None)."""

@@ -118,7 +118,7 @@ def recorded_windows(
             continue
         try:
             length = PhaseRecord.read(path).window_asked_s
-        except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as error:
+        except (ValueError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as error:
             raise UserError(f"{path}: not a phase record: {' '.join(str(error).split())[:160]}") from None
         if length is not None:
             windows[phase.rep] = length
