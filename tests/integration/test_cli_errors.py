@@ -104,3 +104,46 @@ def test_unknown_command_and_bad_arguments_exit_2(tmp_path):
     assert run_thermab("frobnicate").returncode == 2
     result = run_thermab("import-chart", CHART, tmp_path / "out", "--arm", "stock")
     assert result.returncode == 2 and "LABEL=VALUE" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["plan", "RUN", "--hours", "1e308"], "--hours"),
+        (["plan", "RUN", "--hours", "0"], "--hours"),
+        (["plan", "RUN", "--time-scale", "1e308"], "--time-scale"),
+        (["plan", "RUN", "--time-scale", "nan"], "--time-scale"),
+        (["plan", "RUN", "--time-scale", "1e400"], "--time-scale"),
+        (["plan", "RUN", "--restart-cv", "1e308"], "--restart-cv"),
+        (["plan", "RUN", "--restart-cv", "0"], "--restart-cv"),
+        (["plan", "RUN", "--restart-cv", "inf"], "--restart-cv"),
+        (["tune", "c.yaml", "--cores", "0"], "--cores"),
+        (["tune", "c.yaml", "--cores", "1e9"], "--cores"),
+        (["tune", "c.yaml", "--cores", "99999"], "--cores"),
+        (["load", "http://127.0.0.1:8000", "--out", "o", "--duration", "0"], "--duration"),
+        (["plan", "RUN", "--no-such-flag"], "--no-such-flag"),
+    ],
+)
+def test_numeric_flags_are_bounded_like_their_keys_in_one_line(capsys, args, flag):
+    from thermab.__main__ import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(args)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert caught.value.code == 2 and len(lines) == 1 and flag in lines[0], lines
+    assert lines[0].startswith(f"thermab {args[0]}: ")
+
+
+def test_a_budget_plan_at_a_tiny_time_scale_is_capped_not_an_overflow():
+    from thermab.analysis.planning import MAX_PLANNED_REPEATS, Timings
+
+    assert Timings(50.0, 435.0, 2, time_scale=1e-320).repeats_within(1e6, 2, 2) == MAX_PLANNED_REPEATS
+
+
+@pytest.mark.parametrize("cores", ["--cores 0", "--cores=-2", "-c 99999", "--cores two"])
+def test_thermab_run_bounds_its_cores_before_snakemake_starts(capsys, cores):
+    from thermab.__main__ import main
+
+    assert main(["run", *cores.split(), "-n", "all"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"argument {cores.split()[0].split('=')[0]}: " in lines[0], lines

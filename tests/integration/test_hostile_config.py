@@ -672,3 +672,102 @@ def test_discover_refuses_a_port_outside_1_to_65535(port):
 
     with pytest.raises(UsageError):
         parse_target(f"head=ssh://ubuntu@gx10-a:{port}")
+
+
+# -- layered config: lists that hold themselves, shapes, URLs and the setting's file -------
+
+
+@pytest.mark.parametrize(
+    "document, kind",
+    [
+        ("load:\n  users: &a [*a]\n", "list"),
+        ("x: &a [1, [2, *a]]\n", "list"),
+        ("load: &m\n  users: [4, *m]\n", "mapping"),
+        ("x: &a {b: *a}\n", "mapping"),
+    ],
+)
+def test_a_value_that_contains_itself_is_one_line_naming_the_file(tmp_path, document, kind):
+    with pytest.raises(ConfigError) as caught:
+        read_file(yaml_file(tmp_path, document))
+    message = str(caught.value)
+    assert "\n" not in message and str(tmp_path / "config.yaml") in message, message
+    assert f"a {kind} that contains itself" in message, message
+
+
+def test_an_alias_shared_many_times_is_read_once_each(tmp_path):
+    fanout = "a: &a [1, 2]\n" + "".join(
+        f"l{i}: &l{i} [{', '.join([f'*{prev}'] * 8)}]\n" for i, prev in enumerate(["a", *[f"l{j}" for j in range(19)]])
+    )
+    assert read_file(yaml_file(tmp_path, fanout))["a"] == [1, 2]  # 8^20 paths, 21 nodes
+
+
+@pytest.mark.parametrize(
+    "load, named",
+    [
+        ({"burstiness": 2.0}, "'load.burstiness': 2.0 shapes the gaps between arrivals of a rate"),
+        ({"burstiness": 0.5, "users": [{"users": 4, "rate": 1.0}]}, "'load.burstiness'"),
+        ({"users": [{"users": 4, "burstiness": 2.0}]}, "'load.users.0.burstiness'"),
+    ],
+)
+def test_a_burstiness_without_a_rate_is_refused_at_the_top_as_in_a_level(load, named):
+    refused(lambda config: config.setdefault("load", {}).update(load), named)
+
+
+@pytest.mark.parametrize(
+    "load", [{"burstiness": 1}, {"burstiness": 2.0, "rate": 0.5}, {"users": [{"users": 4, "burstiness": 1}]}]
+)
+def test_a_burstiness_of_one_or_beside_a_rate_is_taken(load):
+    config = copy.deepcopy(RAW)
+    config.setdefault("load", {}).update(load)
+    validate(config, ROOT)
+
+
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("http://127.0.0.1:99999", "Port out of range"),
+        ("http://127.0.0.1:0", "port 0 is outside 1-65535"),
+        ("ftp://127.0.0.1:21", "http:// or https://"),
+        ("http://:8000", "has no host"),
+        ("http://user:secret@127.0.0.1:70000", "'http://user:***@127.0.0.1:70000'"),
+    ],
+)
+def test_thermab_load_refuses_a_url_it_cannot_reach_in_one_line(url, words, capsys):
+    from thermab.load import runner
+
+    with pytest.raises(SystemExit) as exited:
+        runner.main([url, "--out", "/dev/null/r.parquet", "--duration", "5"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and len(lines) == 1 and "argument url" in lines[0] and words in lines[0], lines
+    assert "secret" not in lines[0]
+
+
+def test_thermab_load_refuses_a_burstiness_without_a_rate(capsys):
+    load_refuses("--burstiness", "2", capsys)
+
+
+def test_a_setting_file_that_is_a_directory_is_one_line_naming_the_key(tmp_path):
+    (tmp_path / "node" / "lib" / "shm.py").mkdir(parents=True)
+    host = Host(HostSpec("a", "test", "local", {}, tmp_path / "node"))
+    with pytest.raises(TransportError) as caught:
+        host.read_file("/lib/shm.py")
+    assert str(caught.value) == "host a: /lib/shm.py: a directory, where a regular file is needed"
+    with pytest.raises(TransportError, match="/lib/gone.py: missing, where a regular file is needed"):
+        host.read_file("/lib/gone.py")
+    config = tmp_path / "dir.yaml"
+    config.write_text("setting:\n  file: /usr/local/lib/python3.12/dist-packages/vllm/distributed\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "thermab", "check-config", str(ROOT / "config" / "config.yaml"), str(config), "--hosts"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "workflow")},
+    )
+    problems = [line for line in result.stderr.splitlines() if line.startswith("  host ")]
+    assert result.returncode == 1 and len(problems) == 2, result.stderr
+    for line in problems:
+        assert (
+            "config key 'setting.file': /usr/local/lib/python3.12/dist-packages/vllm/distributed: a directory" in line
+        )
+        assert "if [ -f" not in line

@@ -101,7 +101,10 @@ def _is_level(item) -> bool:
         and (rate is None or positive(rate, BOUNDS["rate"]))
         and (think is None or positive(think, BOUNDS["think_s"]))
         and not (rate is not None and think is not None)
-        and ("burstiness" not in item or (rate is not None and positive(item["burstiness"], BOUNDS["burstiness"])))
+        and (
+            "burstiness" not in item
+            or (positive(item["burstiness"], BOUNDS["burstiness"]) and (rate is not None or item["burstiness"] == 1))
+        )
     )
 
 

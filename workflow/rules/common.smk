@@ -146,17 +146,17 @@ def windows_of(cluster, order, repeats):
     return {rep: recorded.get(rep, load_s) for rep in range(1, repeats + 1)}
 
 
-def windows_reached():
-    """Each cluster's windows for its repeats; an unreadable phase.json or table stops
-    Snakemake in one line naming the file."""
+def windows_reached(clusters, order, repeats_of):
+    """Each cluster's windows for its repeats; an unreadable phase.json or table (a window
+    no config could ask for among them) stops Snakemake in one line naming the file."""
     try:
-        return {cluster: windows_of(cluster, config["order"], REPEATS[cluster]) for cluster in config["clusters"]}
+        return {cluster: windows_of(cluster, order, repeats_of(cluster)) for cluster in clusters}
     except thermab_config.UserError as error:
         print(f"thermab: {error}", file=sys.stderr)
         sys.exit(2)
 
 
-WINDOWS = windows_reached()
+WINDOWS = windows_reached(config["clusters"], config["order"], REPEATS.get)
 
 
 def get_load_s(wildcards):
@@ -164,7 +164,7 @@ def get_load_s(wildcards):
     if wildcards.order == config["order"]:
         windows = WINDOWS.get(wildcards.cluster, {})
     else:
-        windows = windows_of(wildcards.cluster, wildcards.order, int(wildcards.rep))
+        windows = windows_reached([wildcards.cluster], wildcards.order, lambda _: int(wildcards.rep))[wildcards.cluster]
     return windows.get(int(wildcards.rep), config["timings"]["load_s"])
 
 

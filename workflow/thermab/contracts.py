@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
 from thermab import atomic
+from thermab.config import key_problem, read_bounded
 from thermab.errors import UserError
+
+MAX_RECORD_BYTES = 2**20  # a phase.json is a few kB: more is no record of a phase
 
 # --- requests.parquet ------------------------------------------------------------------
 
@@ -300,13 +304,30 @@ class PhaseRecord:
     @property
     def window_asked_s(self) -> int | None:
         """The load window the phase was asked for, from a file of any age; None where the
-        file holds none."""
+        file holds none (``read`` has refused one no config could ask for)."""
+        length = self._window()[1]
+        return math.ceil(length) if length is not None and math.isfinite(length) and length > 0 else None
+
+    def _window(self) -> tuple[str, float | None]:
+        """(the key that holds the window, its number or None)."""
         validity = self.validity if isinstance(self.validity, dict) else {}
-        length = self.load_s if self.load_s is not None else validity.get("duration_s")
-        whole = isinstance(length, (int, float)) and not isinstance(length, bool) and length > 0
-        return int(length) if whole else None
+        key, length = (
+            ("load_s", self.load_s) if self.load_s is not None else ("validity.duration_s", validity.get("duration_s"))
+        )
+        number = isinstance(length, (int, float)) and not isinstance(length, bool)
+        return key, float(length) if number else None
 
     @classmethod
     def read(cls, path: Path) -> PhaseRecord:
-        raw = json.loads(Path(path).read_text())
-        return cls(**{f.name: raw.get(f.name) for f in dataclasses.fields(cls)})
+        """The record, or a UserError naming the file (and the key) where it is none: read
+        bounded, and its window one ``timings.load_s`` could have asked for."""
+        raw = json.loads(read_bounded(path, MAX_RECORD_BYTES))
+        if not isinstance(raw, dict):
+            raise UserError(f"{path}: not a JSON object")
+        record = cls(**{f.name: raw.get(f.name) for f in dataclasses.fields(cls)})
+        key, length = record._window()
+        if length is not None:
+            problem = key_problem(("timings", "load_s"), math.ceil(length)) if math.isfinite(length) else "not finite"
+            if problem:
+                raise UserError(f"{path}: {key} {length:g} is no window the config can ask for: {problem}")
+        return record

@@ -162,17 +162,37 @@ def _mapping_problems(where: str, item: dict, bounds: dict | None) -> list[str]:
             f"config key '{where}.think_s': a think time belongs to a loop of users, and '{where}.rate' "
             "makes this level an open loop; give one of them"
         )
-    if "burstiness" in item and item.get("rate") is None:
-        problems.append(f"config key '{where}.burstiness': the gaps between arrivals of a rate; this level has none")
+    problem = burstiness_problem(item, where, "this level")
+    if problem and not any(p.startswith(f"config key '{where}.burstiness'") for p in problems):
+        problems.append(problem)
     return problems
+
+
+def burstiness_problem(shape: dict, where: str, whose: str) -> str | None:
+    """The one rule of a burstiness, a level's or the run's (``load``): it shapes the gaps
+    between arrivals of a rate, so one other than 1 (Poisson, the default, what it means
+    where unset) without a rate beside it is a mistake, named at ``where.burstiness``."""
+    burstiness = shape.get("burstiness", 1)
+    if shape.get("rate") is None and burstiness != 1:
+        return (
+            f"config key '{where}.burstiness': {burstiness!r} shapes the gaps between arrivals of a rate, "
+            f"and {whose} has none ('{where}.rate')"
+        )
+    return None
 
 
 def problems(load: dict, key: str = "load", bounds: dict | None = None) -> list[str]:
     """Every problem of ``load``'s ``users`` as levels, each a line naming the key at fault
     (``load.users.2.rate``): a number or mapping that is no level (``value_problem``, unknown
-    keys, a rate with a think time, a burstiness without a rate), an empty list, or a level
+    keys, a rate with a think time, a burstiness other than 1 without a rate, the run's own
+    too), an empty list, or a level
     given twice (``4`` and ``{users: 4}`` in a closed-loop run are one level).  [] where
     ``parse`` reads it.  ``bounds``: the most each key may be (the schema's maxima)."""
+    run = burstiness_problem(load, key, "the run")
+    return ([run] if run else []) + _users_problems(load, key, bounds)
+
+
+def _users_problems(load: dict, key: str, bounds: dict | None) -> list[str]:
     users = load.get(USERS)
     base = f"{key}.{USERS}"
     if not isinstance(users, list):

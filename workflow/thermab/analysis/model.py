@@ -355,14 +355,21 @@ def _check_plan(path: Path, config: dict) -> dict:
     )
 
 
+def run_directory(run_dir) -> Path:
+    """``run_dir`` as a Path, or a UserError naming it where it is no directory (missing, a
+    file, a link that loops or dangles)."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise UserError(f"{path}: not a run directory")
+    return path
+
+
 def load_run(run_dir, analysis: dict | None = None) -> RunData:
     """A run directory as the analysis reads it; what is wrong with it is a UserError
     naming the file.  Without run.json the plan is inferred (``inferred_plan``).
     ``analysis``: settings that replace the plan's (the workflow's current config, through
     the rule's params); run.json keeps the values the run was made with."""
-    path = Path(run_dir)
-    if not path.is_dir():
-        raise UserError(f"{path}: not a run directory")
+    path = run_directory(run_dir)
     files = RunDir(path)
     telemetry_path = files.tidy_telemetry
     if not telemetry_path.exists():
@@ -433,7 +440,7 @@ def distinct_runs(run_dirs) -> tuple[list[Path], list[tuple[Path, Path]]]:
     before it (the same directory by another name, link or glob, or a copy of it: two runs
     never share every event's time); returns them and the (dropped, same as) pairs."""
     kept, dropped, seen = [], [], {}
-    for run_dir in map(Path, run_dirs):
+    for run_dir in map(run_directory, run_dirs):
         events = RunDir(run_dir).events
         data = read_bounded(events, MAX_JSONL_BYTES) if events.is_file() else b""
         key = hashlib.sha256(data).hexdigest() if data.strip() else str(run_dir.resolve())

@@ -57,6 +57,7 @@ from thermab.analysis.questions import (
 )
 from thermab.config import question_words
 from thermab.layout import RunDir
+from thermab.markup import md_text
 from thermab.metric_names import BETWEEN_RESTARTS, OUTPUT_THROUGHPUT
 
 PLAN_COLUMNS = [
@@ -110,7 +111,8 @@ class Timings:
         room = hours - self.baseline_s * self.time_scale / 3600
         if per_block <= 0 or room < per_block:
             return 0
-        return int(min(MAX_PLANNED_REPEATS, math.floor(room / per_block + 1e-9) * block))
+        blocks = min(room / per_block, MAX_PLANNED_REPEATS)  # a tiny block would floor an infinity
+        return int(min(MAX_PLANNED_REPEATS, math.floor(blocks + 1e-9) * block))
 
 
 def study_plan(
@@ -499,8 +501,8 @@ def open_questions_section(
     if run.get("until") == "decided" and budget is not None and upcoming and timings is not None:
         scale = timings.time_scale
         lines += [budget_check(events, len(run.arms), done, upcoming, budget, scale)[1], ""]
-    for line in plan_lines(open_rows, run, timings):
-        lines += [line] if line.startswith("- ") else [line, ""]
+    for line in plan_lines(open_rows, run, timings):  # words of the run's questions and labels: escaped here
+        lines += ["- " + md_text(line[2:])] if line.startswith("- ") else [md_text(line), ""]
     finite = open_rows["repeats_needed"].dropna()
     command = f"`python -m thermab plan {run_dir} --hours H` gives the smallest margin H cluster-hours decide"
     if len(finite):

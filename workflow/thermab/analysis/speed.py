@@ -29,6 +29,7 @@ import pandas as pd
 from thermab import metric_names as names
 from thermab.analysis import stats
 from thermab.analysis.model import as_telemetry
+from thermab.markup import md_text
 from thermab.telemetry import server_metrics
 
 PHASE_KEYS = ["order", "rep", "arm"]
@@ -262,7 +263,7 @@ def balance_section(balance: pd.DataFrame | None, run: dict) -> list[str]:
     sentence; nothing where no phase measured the acceptance."""
     if balance is None or balance.empty:
         return []
-    labels = {a: spec["label"] for a, spec in run["arms"].items()}
+    labels = {a: md_text(spec["label"]) for a, spec in run["arms"].items()}
     lines = ["## Balanced acceptance", ""]
     for row in balance.itertuples(index=False):
         mark = row.state if row.state == BALANCED else f"**{row.state}**"

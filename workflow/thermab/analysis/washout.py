@@ -36,7 +36,8 @@ ARM_START_COLUMNS = [
 def start_temperatures(telemetry, windows: pd.DataFrame, host: str, zone: str) -> pd.Series:
     """°C of ``zone`` on ``host`` at each window's ``load_start`` (its last sample before it:
     the first of the load already carries its heat; NaN when there is none), indexed like ``windows``."""
-    series = [arrays for _key, arrays in telemetry.series(kind="thermal", sensor=zone, host=host)]
+    # a zone that never gave a finite reading has a series without samples
+    series = [arrays for _key, arrays in telemetry.series(kind="thermal", sensor=zone, host=host) if len(arrays["t"])]
     if not series or windows.empty:
         return pd.Series(np.nan, index=windows.index, dtype="float64")
     t, value = series[0]["t"], series[0]["value"]

@@ -166,6 +166,29 @@ def _key_paths(node: yaml.Node, path: list, paths: dict | None = None) -> dict:
     return paths
 
 
+def _self_containing(node: yaml.Node, open_: set | None = None, done: set | None = None) -> yaml.Node | None:
+    """The first list or mapping node that holds itself (``&a [*a]``): PyYAML refuses such a
+    mapping, but builds such a list, which no reader of it could ever finish walking.  Each
+    node is walked once (``done``), so aliases shared many times cost nothing more."""
+    open_, done = (set(), set()) if open_ is None else (open_, done)
+    if id(node) in open_:
+        return node
+    if id(node) in done:
+        return None
+    open_.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    else:
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+    for child in children:
+        found = _self_containing(child, open_, done)
+        if found is not None:
+            return found
+    open_.discard(id(node))
+    done.add(id(node))
+    return None
+
+
 def read_file(path: str | Path) -> dict:
     """A config file (YAML or JSON) as a mapping; anything else is a ConfigError naming the file."""
     try:
@@ -182,6 +205,10 @@ def read_file(path: str | Path) -> dict:
         loader.name = str(path)
         node = loader.get_single_node()
         loader.key_paths = _key_paths(node, []) if node is not None else {}
+        recursive = _self_containing(node) if node is not None else None
+        if recursive is not None:
+            kind = "mapping" if isinstance(recursive, yaml.MappingNode) else "list"
+            raise ConfigError(f"{_line(loader, recursive)}: a {kind} that contains itself (an alias of its own anchor)")
         raw = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)

@@ -14,12 +14,14 @@ Snakefile (unless -s or --snakefile names another). Every other argument is Snak
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
 from pathlib import Path
 
 import thermab
+from thermab import cli
 from thermab.config import read_file
 from thermab.errors import UserError
 
@@ -56,9 +58,29 @@ def _config_problem(item: str) -> str | None:
     return f"--config {item}: {key!r} is not a config key (letters, digits and _)"
 
 
-def problems(argv: list[str]) -> list[str]:
-    """What Snakemake would stop on with a traceback, each in one line."""
+CORES_OPTIONS = ("--cores", "-c")  # not --jobs: a cluster's executor may run thousands at once
+
+
+def _cores_problems(argv: list[str]) -> list[str]:
+    """A --cores that is neither ``all`` nor a whole number 1 to cli.MAX_CORES, bounded as
+    every command's --cores (on 0 Snakemake waits for ever)."""
     found = []
+    for at, arg in enumerate(argv):
+        name, equals, value = arg.partition("=")
+        if not equals:
+            following = argv[at + 1] if at + 1 < len(argv) else ""
+            value = following if arg in CORES_OPTIONS and not following.startswith("-") else ""
+        if name in CORES_OPTIONS and value and value != "all":
+            try:
+                cli.number(1, cli.MAX_CORES, parse=int)(value)
+            except argparse.ArgumentTypeError as error:
+                found.append(f"argument {name}: {error}")
+    return found
+
+
+def problems(argv: list[str]) -> list[str]:
+    """What Snakemake would stop on with a traceback or a wait, each in one line."""
+    found = _cores_problems(argv)
     for path in _values(argv, FILE_OPTIONS):
         try:
             read_file(path)

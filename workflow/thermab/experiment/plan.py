@@ -138,7 +138,7 @@ def recorded_windows(
             continue
         try:
             length = PhaseRecord.read(path).window_asked_s
-        except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as error:
+        except (ValueError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as error:
             raise UserError(f"{path}: not a phase record: {' '.join(str(error).split())[:160]}") from None
         if length is not None:
             windows[phase.rep] = length
@@ -248,7 +248,10 @@ def plan_problems(plan: dict) -> list[str]:
         for problem in key_problems(CONFIG_KEYS[key], plan[key])
     ]
     if "users" in plan and not problems:  # its levels as the config's are checked (load_levels)
-        problems += [_as_plan_key(p, "users") for p in load_levels.problems(plan, "load", level_bounds())]
+        problems += [
+            _as_plan_key(p, "burstiness" if p.startswith("config key 'load.burstiness'") else "users")
+            for p in load_levels.problems(plan, "load", level_bounds())
+        ]
     if plan.get("probe_n", 0) != 0:  # 0: the run had no probe
         problems += [_as_plan_key(p, "probe_n") for p in key_problems(CONFIG_KEYS["probe_n"], plan["probe_n"])]
     trip = plan.get("trip_point_c")  # found at preflight, no config key's

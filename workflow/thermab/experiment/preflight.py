@@ -103,7 +103,9 @@ def _check_reachable(run: ClusterRun, host, facts: dict, change: bool) -> tuple[
         try:
             text = patcher.original().decode()
         except (TransportError, PatchError) as error:
-            problems.append(f"host {host.name}: cannot read {setting.file}: {error}")
+            reason = str(error).removeprefix(f"host {host.name}: ")
+            said = reason if reason.startswith(setting.file) else f"cannot read {setting.file}: {reason}"
+            problems.append(f"host {host.name}: config key 'setting.file': {said}")
         else:
             facts.update(
                 file=patcher.file, sha256=sha256(text.encode()), anchor_count=anchor_count(text, setting.anchor)

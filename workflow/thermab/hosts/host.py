@@ -13,8 +13,9 @@ import sys
 from functools import cached_property
 
 from thermab.config import HostSpec
-from thermab.hosts.transport import LocalTransport, Result, Transport, TransportError
+from thermab.hosts.transport import CommandError, LocalTransport, Result, Transport, TransportError
 
+NOT_A_FILE = 66  # read_file's exit status where the path is no regular file (sysexits' EX_NOINPUT)
 MAX_FILE_BYTES = 16 * 2**20  # a file of a host thermab reads (the setting's file): a larger one is not it
 
 
@@ -74,11 +75,19 @@ class Host:
         """A regular file of the host, at most MAX_FILE_BYTES: anything else (a FIFO, which
         would block, a device, a directory, a huge file) is refused naming it."""
         quoted = shlex.quote(self.path(path))
-        # `[ -f ]` first: opening a FIFO to read it would wait for a writer
+        # `[ -f ]` first: opening a FIFO to read it would wait for a writer; what else the
+        # path is comes back as one word on stderr, with an exit status of its own
         result = self.exec(
-            f"if [ -f {quoted} ]; then head -c {MAX_FILE_BYTES + 1} < {quoted} | base64; else "
-            f"echo {shlex.quote(path + ': missing, or not a regular file')} >&2; exit 1; fi"
+            f"if [ -f {quoted} ]; then head -c {MAX_FILE_BYTES + 1} < {quoted} | base64; "
+            f"elif [ -d {quoted} ]; then echo 'a directory' >&2; exit {NOT_A_FILE}; "
+            f"elif [ -e {quoted} ]; then echo 'not a regular file (a FIFO, socket or device)' >&2; exit {NOT_A_FILE}; "
+            f"else echo 'missing' >&2; exit {NOT_A_FILE}; fi",
+            check=False,
         )
+        if result.exited == NOT_A_FILE:
+            raise TransportError(self.name, f"{path}: {result.stderr.strip()[-60:]}, where a regular file is needed")
+        if not result.ok:
+            raise CommandError(self.name, result)
         data = base64.b64decode(result.stdout)
         if len(data) > MAX_FILE_BYTES:
             raise TransportError(self.name, f"{path}: more than {MAX_FILE_BYTES} bytes")

@@ -35,16 +35,16 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from thermab import atomic, cli, load_levels
 from thermab.config import (
-    DECIMAL_FLOAT,
-    DECIMAL_INT,
     Config,
     check_file,
     defaults as schema_defaults,
     extra_body_problem,
     key_problem,
+    port_problem,
     redact_url,
     thaw,
 )
@@ -416,33 +416,31 @@ def _extra_body_arg(text):
     return value
 
 
-def _as_key(*path, parse=int):
-    """An argparse type: the option's text parsed, and taken only where the config key it
-    stands for (``path``) would take it (the schema's bounds, finite)."""
-
-    def convert(text):
-        value = text if parse is str else _number(text, parse)
-        problem = key_problem(path, value)
-        if problem:
-            raise argparse.ArgumentTypeError(f"{problem} (as config key '{'.'.join(path)}')")
-        return value
-
-    return convert
-
-
-def _number(text, parse):
-    """``text`` as a plain decimal number, as the config reads one (not 1_0, 0x10 or nan)."""
+def _url(text):
+    """An argparse type: a server base URL the load can reach (http(s), a host, a port
+    1-65535); a user and password are allowed (never shown)."""
     try:
-        if DECIMAL_INT.fullmatch(text) or (parse is float and DECIMAL_FLOAT.fullmatch(text)):
-            return parse(text)
-    except ValueError:  # YAML's .inf and .nan, which Python does not read
-        pass
-    raise argparse.ArgumentTypeError(f"{text!r} is not a plain decimal {'whole ' if parse is int else ''}number")
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{redact_url(text)!r} is not a URL: {error}") from None
+    problem = (
+        "must start with http:// or https://"
+        if parts.scheme not in ("http", "https")
+        else "has no host"
+        if not parts.hostname
+        else port_problem(port)
+        if port is not None
+        else None
+    )
+    if problem:
+        raise argparse.ArgumentTypeError(f"{redact_url(text)!r}: {problem}")
+    return text
 
 
 def _seconds(text):
     """An argparse type: a finite number of seconds, not negative."""
-    value = _number(text, float)
+    value = cli.decimal(text, float)
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds, at least 0")
     return value
@@ -450,7 +448,7 @@ def _seconds(text):
 
 def _gaps(text):
     """An argparse type: ``0.001,0.1,1`` as ``load.wakeup_gaps_s`` takes it."""
-    gaps = [_number(part.strip(), float) for part in text.split(",")]
+    gaps = [cli.decimal(part.strip(), float) for part in text.split(",")]
     problem = key_problem(("load", "wakeup_gaps_s"), gaps)
     if problem or any(later <= earlier for earlier, later in zip(gaps, gaps[1:], strict=False)):
         raise argparse.ArgumentTypeError(f"{problem or 'not strictly ascending'} (as config key 'load.wakeup_gaps_s')")
@@ -465,24 +463,24 @@ def main(argv=None):
         "server: writes requests.parquet and validity.json (and the raw records, load events and\n"
         "Locust's log beside them).",
     )
-    parser.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("url", type=_url, help="server base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--out", type=Path, required=True, help="requests.parquet to write (the rest goes beside it)")
-    parser.add_argument("--order", type=_as_key("order", parse=str), default="AB", help="the run's order, recorded")
-    parser.add_argument("--rep", type=_as_key("repeats"), default=1, help="the repeat, recorded")
-    parser.add_argument("--arm", type=_as_key("order", parse=str), default="A", help="the arm letter, recorded")
+    parser.add_argument("--order", type=cli.as_key("order", parse=str), default="AB", help="the run's order, recorded")
+    parser.add_argument("--rep", type=cli.as_key("repeats"), default=1, help="the repeat, recorded")
+    parser.add_argument("--arm", type=cli.as_key("order", parse=str), default="A", help="the arm letter, recorded")
     parser.add_argument(
         "--users",
-        type=_as_key("load", "users"),
+        type=cli.as_key("load", "users"),
         default=defaults.users,
         help="closed-loop slots (requests always in flight); with --rate the cap on requests in flight",
     )
-    parser.add_argument("--duration", type=_as_key("timings", "load_s"), required=True, help="load seconds")
+    parser.add_argument("--duration", type=cli.as_key("timings", "load_s"), required=True, help="load seconds")
     parser.add_argument(
-        "--max-tokens", type=_as_key("load", "max_tokens"), default=defaults.max_tokens, help="tokens per response"
+        "--max-tokens", type=cli.as_key("load", "max_tokens"), default=defaults.max_tokens, help="tokens per response"
     )
     parser.add_argument(
         "--prompt-tokens",
-        type=_as_key("load", "prompt_tokens"),
+        type=cli.as_key("load", "prompt_tokens"),
         default=defaults.prompt_tokens,
         help="tokens per prompt",
     )
@@ -493,17 +491,17 @@ def main(argv=None):
     parser.add_argument("--no-probe", action="store_true", help="no single-stream probe (single-stream mode)")
     parser.add_argument("--probe-at", type=_seconds, help="seconds from the start (default: 60%% of the duration)")
     parser.add_argument(
-        "--probe-n", type=_as_key("load", "probe_n"), default=defaults.probe_n, help="single-stream probe requests"
+        "--probe-n", type=cli.as_key("load", "probe_n"), default=defaults.probe_n, help="single-stream probe requests"
     )
     parser.add_argument(
         "--probe-tokens",
-        type=_as_key("load", "probe_tokens"),
+        type=cli.as_key("load", "probe_tokens"),
         default=defaults.probe_tokens,
         help="tokens per probe response",
     )
     parser.add_argument(
         "--stall-gap-s",
-        type=_as_key("analysis", "stall_gap_s", parse=float),
+        type=cli.as_key("analysis", "stall_gap_s", parse=float),
         default=defaults.stall_gap_s,
         help="an inter-token gap at least this long counts as a stall",
     )
@@ -515,21 +513,21 @@ def main(argv=None):
     )
     parser.add_argument(
         "--rate",
-        type=_as_key("load", "rate", parse=float),
+        type=cli.as_key("load", "rate", parse=float),
         help="an open loop: requests per second (Poisson, or gamma with --burstiness); --users is its cap in flight",
     )
     parser.add_argument(
         "--burstiness",
-        type=_as_key("load", "burstiness", parse=float),
+        type=cli.as_key("load", "burstiness", parse=float),
         default=defaults.burstiness,
         help="the gamma shape of the arrival gaps with --rate (1: Poisson; below 1 burstier)",
     )
     parser.add_argument(
-        "--think-s", type=_as_key("load", "think_s", parse=float), help="mean think time of each user (exponential)"
+        "--think-s", type=cli.as_key("load", "think_s", parse=float), help="mean think time of each user (exponential)"
     )
     parser.add_argument(
         "--shape-seed",
-        type=_as_key("load", "shape_seed"),
+        type=cli.as_key("load", "shape_seed"),
         default=defaults.shape_seed,
         help="the seed of the drawn arrivals and think times (the same in every arm)",
     )
@@ -540,13 +538,15 @@ def main(argv=None):
         help="wake-up probes after the load: idle gaps in seconds, comma-separated, ascending",
     )
     parser.add_argument(
-        "--wakeup-n", type=_as_key("load", "wakeup_n"), default=defaults.wakeup_n, help="probes per wake-up gap"
+        "--wakeup-n", type=cli.as_key("load", "wakeup_n"), default=defaults.wakeup_n, help="probes per wake-up gap"
     )
     parser.add_argument("--log", type=Path, help="Locust's output (default: locust.log beside --out)")
     parser.add_argument("--locustfile", type=Path, help=f"the Locust file to run (default: {LOCUSTFILE})")
     args = parser.parse_args(argv)
     if args.rate is not None and args.think_s is not None:
         parser.error("--think-s belongs to a loop of users, --rate makes an open loop: give one")
+    if load_levels.burstiness_problem({"rate": args.rate, "burstiness": args.burstiness}, "load", "the load"):
+        parser.error(f"argument --burstiness: {args.burstiness:g} shapes the gaps between arrivals of --rate: give one")
     spec = LoadSpec(
         duration_s=args.duration,
         users=args.users,

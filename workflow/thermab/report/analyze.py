@@ -51,6 +51,7 @@ from thermab.analysis.model import (
 from thermab.errors import UserError
 from thermab.experiment import plan
 from thermab.layout import RunDir
+from thermab.markup import md_text
 from thermab.report import evidence, levels_summary, summary
 
 log = logging.getLogger(__name__)
@@ -304,14 +305,15 @@ def compare_runs(run_dirs: list[Path], out_dir: Path, analysis: dict | None = No
     _write_tables(out_dir, {"variance": variance})
     orders = sorted(pd.unique(result.pooled["order"]))
     lines = [
-        f"# {result.run.plan.cluster}: every run pooled",
+        f"# {md_text(result.run.plan.cluster)}: every run pooled",
         "",
-        f"Runs: {', '.join(str(p) for p in run_dirs)} (orders {', '.join(orders)}); n = phases per arm across them.",
+        f"Runs: {', '.join(md_text(p) for p in run_dirs)} (orders {', '.join(map(md_text, orders))});"
+        " n = phases per arm across them.",
         "",
         "## Verdicts",
         "",
     ]
-    lines += [f"- {v}" for v in variance["verdict"].dropna() if not v.startswith("reference")]
+    lines += [f"- {md_text(v)}" for v in variance["verdict"].dropna() if not v.startswith("reference")]
     lines += ["", "## Variance per arm", "", summary.markdown_table(variance), ""]
     atomic.write_text(out_dir / "summary.md", "\n".join(lines))
     return variance

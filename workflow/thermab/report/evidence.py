@@ -20,6 +20,7 @@ from thermab.analysis import energy as energy_rows, levels, planning, questions
 from thermab.analysis.model import Plan
 from thermab.load.shapes import Shape
 from thermab.load_levels import CLOSED
+from thermab.markup import Markdown, md_cell, md_text
 from thermab.report.summary import DIGITS, fmt, fmt_duration, markdown_table
 
 DEFAULT_MAX_REPEATS = 8  # config.schema.yaml's default for max_repeats
@@ -38,8 +39,8 @@ def simulated_note(preflight: dict | None) -> list[str]:
     if not hosts:
         return []
     return [
-        f"> **Simulated cluster.** {', '.join(hosts)} {'is' if len(hosts) == 1 else 'are'} thermab's embedded"
-        " simulation (real processes and files; temperatures and power from a model fitted to the"
+        f"> **Simulated cluster.** {', '.join(map(md_text, hosts))} {'is' if len(hosts) == 1 else 'are'}"
+        " thermab's embedded simulation (real processes and files; temperatures and power from a model fitted to the"
         " spin-wait study, docs/simulation.md): these numbers describe the model, not hardware.",
         "",
     ]
@@ -145,19 +146,22 @@ def headline(
     run's --configfile (None where unknown); ``events``: the run's, for the cost."""
     if answers.empty:
         return ["No question was declared (`questions` is empty): the tables below carry the numbers."]
-    units, labels = _units(variance), {a: spec.label for a, spec in plan.arms.items()}
+    units, labels = _units(variance), {a: md_text(spec.label) for a, spec in plan.arms.items()}
     command = decide_command(answers, plan, configfiles)
     cost = decide_cost(answers, plan, events)
     lines = []
     for row in answers.itertuples(index=False):
         unit = units.get(row.metric, "")
-        at = f" at {_level(row, plan)}" if _level(row, plan) is not None else ""
+        at = f" at {md_text(_level(row, plan))}" if _level(row, plan) is not None else ""
         who = f"{labels.get(row.arm, row.arm)} vs {labels.get(row.reference, row.reference)}{at}"
         if pd.isna(row.estimate):
-            lines.append(f"- **{row.verdict.upper()}**: {row.question} ({who}): not measured in this run.")
+            lines.append(
+                f"- **{md_text(row.verdict.upper())}**: {md_text(row.question)} ({who}): not measured in this run."
+            )
             continue
         text = (
-            f"- **{row.verdict.upper()}**: {row.question} ({who}): {fmt(row.estimate, unit, sign=True)}"
+            f"- **{md_text(row.verdict.upper())}**: {md_text(row.question)} ({who}):"
+            f" {fmt(row.estimate, unit, sign=True)}"
             f" ({_interval(row, unit)}{_margin(row, plan, unit)};"
             f" {row.phases_per_arm:.0f} phase{'' if row.phases_per_arm == 1 else 's'} per arm)."
         )
@@ -192,11 +196,12 @@ def _design(plan: Plan, windows: pd.DataFrame, asked_s: pd.Series | None = None)
     arms, reference, setting = plan.arms, plan.reference_arm, plan.setting
     phases = windows.groupby("arm").size() if len(windows) else pd.Series(dtype=int)
     arm_text = "; ".join(
-        f"{a} = {spec.label} ({setting} = {spec.value}{', reference' if a == reference else ''}),"
+        f"{a} = {md_text(spec.label)} ({md_text(setting)} = {md_text(spec.value)}"
+        f"{', reference' if a == reference else ''}),"
         f" {int(phases.get(a, 0))} phase(s)"
         for a, spec in arms.items()
     )
-    orders = ", ".join(pd.unique(windows["order"])) if len(windows) else plan.order
+    orders = ", ".join(map(md_text, pd.unique(windows["order"]))) if len(windows) else plan.order
     window = fmt_duration(float(windows["window_s"].median())) if len(windows) else "–"
     asked = pd.Series(dtype="float64") if asked_s is None else asked_s.dropna().astype(float)
     if asked.nunique() > 1 and plan.get("until") == "decided":
@@ -247,6 +252,13 @@ def _host_hardware(facts: dict, sources: dict) -> str:
     return ", ".join(parts)
 
 
+def _sha(digest) -> str:
+    """The first 16 hex digits of a file's sha256 as code, in Markdown; what is no hex digest
+    is text."""
+    text = str(digest or "")[:16]
+    return f"`{text}`" if text and all(c in "0123456789abcdef" for c in text) else md_cell(text or "–")
+
+
 def _environment(plan: Plan, preflight: dict | None, events: pd.DataFrame, sources: dict) -> list[str]:
     lines = ["### Environment", ""]
     if not preflight:
@@ -267,8 +279,8 @@ def _environment(plan: Plan, preflight: dict | None, events: pd.DataFrame, sourc
                 "hardware": _host_hardware(facts, sources.get(name, {})),
                 "server": server + (f" in container {facts['container']}" if facts.get("container") else ""),
                 "setting's file": facts.get("file", "–"),
-                "sha256 before": f"`{before[:16]}`" if before else "–",
-                "sha256 after": (f"`{after[:16]}`" + (" (same)" if after == before else " (**differs**)"))
+                "sha256 before": Markdown(_sha(before)),
+                "sha256 after": Markdown(_sha(after) + (" (same)" if after == before else " (**differs**)"))
                 if after
                 else "–",
             }
@@ -276,8 +288,9 @@ def _environment(plan: Plan, preflight: dict | None, events: pd.DataFrame, sourc
     lines.append(markdown_table(pd.DataFrame(rows)))
     endpoint = preflight.get("endpoint") or {}
     model = plan.get("model") or endpoint.get("model")
+    model = md_text(model) if model else "not recorded at preflight (the server was down)"
     lines += [
-        f"- Endpoint: {endpoint.get('url', '–')}; model: {model or 'not recorded at preflight (the server was down)'}.",
+        f"- Endpoint: {md_text(endpoint.get('url', '–'))}; model: {model}.",
         "- sha256 after: the file as each host's restore wrote it back at the end of the run.",
         "",
     ]
@@ -287,7 +300,7 @@ def _environment(plan: Plan, preflight: dict | None, events: pd.DataFrame, sourc
 def key_numbers(answers: pd.DataFrame, variance: pd.DataFrame, plan: Plan) -> pd.DataFrame:
     """Per question and arm: the reference's and the arm's means, the difference, in % of the
     reference, and the question's interval, every number with its unit."""
-    labels = {a: spec.label for a, spec in plan.arms.items()}
+    labels = {a: md_text(spec.label) for a, spec in plan.arms.items()}
     rows = []
     for row in answers.itertuples(index=False):
         selected = variance[variance["metric"] == row.metric]
@@ -364,8 +377,8 @@ def evidence_markdown(
     ``asked_s``: each phase's window as asked (validity.csv's ``load_s``); ``energy``: the
     energy table, whose scopes the energy per token is said in."""
     present = list(plan.arms)
-    title = f"# thermab: {plan.cluster} — {plan.setting}, " + " vs ".join(
-        f"{plan.arms[a].label} ({plan.arms[a].value})" for a in present
+    title = f"# thermab: {md_text(plan.cluster)} — {md_text(plan.setting)}, " + " vs ".join(
+        f"{md_text(plan.arms[a].label)} ({md_text(plan.arms[a].value)})" for a in present
     )
     parts = [title, "", *opening(answers, variance, plan, preflight, configfiles, events)]
     parts += _design(plan, windows, asked_s)
@@ -374,7 +387,7 @@ def evidence_markdown(
     parts += [markdown_table(key_numbers(answers, variance, plan)) if len(answers) else "No question declared.", ""]
     parts += energy_scope(energy)
     differences = variance[variance["reference"].notna()] if "verdict" in variance else variance.iloc[:0]
-    details = [f"- {v}" for v in differences["verdict"].dropna()]
+    details = [f"- {md_text(v)}" for v in differences["verdict"].dropna()]
     parts += [
         "<details><summary>Details: every verdict and question</summary>",
         "",

@@ -16,6 +16,7 @@ from thermab import metric_names as names  # noqa: E402
 from thermab.analysis import energy  # noqa: E402
 from thermab.headless import plt  # noqa: E402 (the Agg backend, literal text)
 from thermab.layout import RunDir  # noqa: E402
+from thermab.markup import md_text  # noqa: E402
 from thermab.report.summary import DIGITS, fmt, markdown_table  # noqa: E402
 
 COLUMNS = ["cluster", "arm", "label", "n", "metric", "unit", "mean", "diff_pct", "finding", "verdict"]
@@ -53,7 +54,7 @@ def fleet_markdown(table: pd.DataFrame, order: str) -> str:
         rounded[energy.METRIC] = wide[energy.METRIC].map(lambda v: fmt(v, "", DIGITS["J/token"]))
     wide = rounded.reset_index()
     lines = [
-        f"# thermab fleet report — order {order}, {table['cluster'].nunique()} clusters",
+        f"# thermab fleet report — order {md_text(order)}, {table['cluster'].nunique()} clusters",
         "",
         "Per-arm means over each cluster's phases (n = phases per arm; units: °C, % of one core, tok/s,"
         " J/token; a cluster without power telemetry has no energy per token).",
@@ -64,8 +65,10 @@ def fleet_markdown(table: pd.DataFrame, order: str) -> str:
         "",
     ]
     for cluster, rows in table.groupby("cluster", sort=False):
-        lines.append(f"### {cluster}")
-        lines += [f"- {verdict}" for verdict in rows["verdict"].dropna() if not verdict.startswith("reference")]
+        lines.append(f"### {md_text(cluster)}")
+        lines += [
+            f"- {md_text(verdict)}" for verdict in rows["verdict"].dropna() if not verdict.startswith("reference")
+        ]
         lines.append("")
     return "\n".join(lines)
 

@@ -11,6 +11,7 @@ import pandas as pd
 
 from thermab.analysis import levels
 from thermab.analysis.model import Plan
+from thermab.markup import md_text
 from thermab.report import traffic
 from thermab.report.summary import markdown_table
 
@@ -21,7 +22,7 @@ def markdown(config: Plan, tables: dict[str, pd.DataFrame], pooled: pd.DataFrame
     order = [label for label in traffic.level_order(config) if label in texts]
     shown = ", ".join(order)
     parts = [
-        f"# thermab: {config.cluster} — {config.setting} at {len(order)} levels of load",
+        f"# thermab: {md_text(config.cluster)} — {md_text(config.setting)} at {len(order)} levels of load",
         "",
         f"Levels of load: {shown}. Each repeat of each arm restarted the server once and ran one load"
         " window per level, each after the cooldown (ascending by users in odd repeats, levels of equal"

@@ -6,24 +6,13 @@ smallest margin that budget decides. docs/planning.md explains the plan."""
 
 from __future__ import annotations
 
-import argparse
-import math
-
 import pandas as pd
 
 from thermab import cli
 from thermab.analysis import levels, planning
 from thermab.report.analyze import compute
 
-
-def positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, not {text}")
-    return value
+MAX_RESTART_CV_PCT = 1000  # a spread ten times the mean: past it no plan means anything
 
 
 def at_level(frame: pd.DataFrame, label: str | None) -> pd.DataFrame:
@@ -57,17 +46,21 @@ def plan_text(run_dir, *, hours=None, restart_cv_pct=None, time_scale=None) -> s
 def main(argv=None) -> int:
     parser = cli.parser("plan", __doc__)
     parser.add_argument("run_dir", help="a run directory (results/{cluster}/{order}, a pilot or a finished study)")
-    parser.add_argument("--hours", type=positive, help="a cluster-time budget: the smallest margin it decides")
+    parser.add_argument(
+        "--hours",
+        type=cli.as_key("budget_hours", parse=float),
+        help="a cluster-time budget: the smallest margin it decides",
+    )
     parser.add_argument(
         "--restart-cv",
-        type=positive,
+        type=cli.number(0, MAX_RESTART_CV_PCT, above=True),
         dest="restart_cv_pct",
         metavar="PCT",
         help="plan speed and per-token questions for this restart CV (%%) instead of the spread measured",
     )
     parser.add_argument(
         "--time-scale",
-        type=positive,
+        type=cli.as_key("timings", "time_scale", parse=float),
         help="study seconds per second of the run, in place of run.json's time_scale (30 on the simulated cluster)",
     )
     args = parser.parse_args(argv)

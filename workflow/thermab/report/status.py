@@ -13,12 +13,15 @@ last analysis wrote them) and where its summary is. It changes nothing and exits
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import time
 from pathlib import Path
 
 from thermab import cli, layout
+from thermab.analysis.sequential import MAX_ANSWERS_BYTES
+from thermab.config import read_bounded
 from thermab.errors import UserError
 from thermab.experiment import events, progress
 
@@ -41,16 +44,25 @@ def _number(text: str) -> str:
     return f"{value:.3g}" if math.isfinite(value) else "?"
 
 
+ANSWER_COLUMNS = ("question", "arm", "reference", "verdict", "estimate", "ci_low", "ci_high")
+
+
 def answers(run_dir: Path) -> list[str]:
     """One line per question of the run's questions.csv: its verdict, estimate and 95 %
-    interval; [] where the run has not been analysed yet."""
+    interval; [] where the run has not been analysed yet.  A questions.csv that is not such
+    a table (too large, not UTF-8, a column missing) is a UserError naming it."""
     path = layout.RunDir(run_dir).table("questions")
     if not path.is_file():
         return []
-    with open(path, newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
+    try:
+        rows = list(csv.DictReader(io.StringIO(read_bounded(path, MAX_ANSWERS_BYTES).decode("utf-8"), newline="")))
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise UserError(f"{path}: not a table of answers: {' '.join(str(error).split())[:160]}") from None
+    missing = [column for column in ANSWER_COLUMNS if rows and column not in rows[0]]
+    if missing:
+        raise UserError(f"{path}: missing column(s) {', '.join(missing)}")
     return [
-        f"{row['question']} ({row['arm']} vs {row['reference']}): {row['verdict'].upper()}, {_estimate(row)}"
+        f"{row['question']} ({row['arm']} vs {row['reference']}): {str(row['verdict']).upper()}, {_estimate(row)}"
         for row in rows
     ]
 
@@ -75,6 +87,72 @@ def closing_lines(run_dir: Path) -> list[str]:
     return lines
 
 
+MAX_STATUS_BYTES = 2**20  # status.json holds a phase's position and a reading per zone: a few kB
+STATUS_KEYS = {  # status.json's keys (progress.write_status) and what each must hold
+    "phase": str,
+    "k": int,
+    "n": int,
+    "t": float,
+    "elapsed_s": float,
+    "phase_left_s": float,
+    "look_left_s": float,
+    "run_left_s": float,
+    "run_bounded": bool,
+    "readings": dict,
+}
+
+
+def _kind_problem(value, kind) -> str | None:
+    """Why ``value`` is not of ``kind`` (float: any finite number; int: a whole one)."""
+    shown = str(value)[:40]
+    if kind is bool or isinstance(value, bool):
+        return None if kind is bool and isinstance(value, bool) else f"{shown!r} is not a {kind.__name__}"
+    if kind is int:
+        return None if isinstance(value, int) else f"{shown!r} is not a whole number"
+    if kind is float:
+        number = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+        return None if number else f"{shown!r} is not a finite number"
+    return None if isinstance(value, kind) else f"{shown!r} is not a {'text' if kind is str else 'mapping'}"
+
+
+def read_status(path: Path) -> dict:
+    """status.json, checked (read bounded, every key of the shape this thermab writes, each
+    reading a finite number): a file of another shape (an older thermab's, damaged, huge)
+    is a UserError naming the file and the key."""
+    try:
+        state = json.loads(read_bounded(path, MAX_STATUS_BYTES))
+    except (ValueError, RecursionError) as error:
+        raise UserError(f"{path}: not JSON: {' '.join(str(error).split())[:120]}") from None
+    if not isinstance(state, dict):
+        raise UserError(f"{path}: not a JSON object")
+    for key, kind in STATUS_KEYS.items():
+        problem = "missing" if key not in state else _kind_problem(state[key], kind)
+        if problem:
+            raise UserError(f"{path}: key '{key}': {problem}")
+    for host, readings in state["readings"].items():
+        if not isinstance(readings, dict):
+            raise UserError(f"{path}: key 'readings.{host[:40]}': not a mapping of zones")
+        for zone, value in readings.items():
+            problem = _kind_problem(value, float)
+            if problem:
+                raise UserError(f"{path}: key 'readings.{host[:40]}.{str(zone)[:40]}': {problem}")
+    return state
+
+
+def _position_lines(state: dict, now: float) -> list[str]:
+    age = now - state["t"]
+    going = "now" if age < STALE_S else f"as of {_ago(age)} (no load running since)"
+    lines = [
+        f"  phase {state['k']} of {state['n']} ({state['phase']}) {going}: "
+        f"{progress.duration(state['elapsed_s'])} into its load and cooldown; ETA then: phase "
+        f"{progress.duration(state['phase_left_s'])}, look {progress.duration(state['look_left_s'])}, "
+        f"run {'≤ ' if state['run_bounded'] else ''}{progress.duration(state['run_left_s'])}"
+    ]
+    for host, readings in state["readings"].items():
+        lines.append(f"  {host}: {progress.hottest(readings)} ({len(readings)} zones)")
+    return lines
+
+
 def _ago(seconds: float) -> str:
     return f"{progress.duration(seconds)} ago"
 
@@ -82,7 +160,9 @@ def _ago(seconds: float) -> str:
 def status_lines(run_dir: Path, now: float | None = None) -> list[str]:
     now = time.time() if now is None else now
     files = layout.RunDir(run_dir)
-    history = events.read(run_dir) if files.events.is_file() else []
+    # by time, as every reader takes them: an event appended late with an earlier time
+    # (another writer, a host's clock) does not reopen an ended run
+    history = sorted(events.read(run_dir), key=lambda event: event["t"]) if files.events.is_file() else []
     lines = []
     ended = bool(history) and history[-1]["event"] in ENDS
     if not history:
@@ -93,23 +173,16 @@ def status_lines(run_dir: Path, now: float | None = None) -> list[str]:
         lines.append(f"{run_dir}: last event {history[-1]['event']}, {_ago(now - history[-1]['t'])}")
     if files.status.is_file() and not ended:
         try:
-            state = json.loads(files.status.read_text())
-        except (OSError, ValueError):
-            state = None
-        if state:
-            age = now - state["t"]
-            going = "now" if age < STALE_S else f"as of {_ago(age)} (no load running since)"
-            lines.append(
-                f"  phase {state['k']} of {state['n']} ({state['phase']}) {going}: "
-                f"{progress.duration(state['elapsed_s'])} into its load and cooldown; ETA then: phase "
-                f"{progress.duration(state['phase_left_s'])}, look {progress.duration(state['look_left_s'])}, "
-                f"run {'≤ ' if state['run_bounded'] else ''}{progress.duration(state['run_left_s'])}"
-            )
-            for host, readings in state["readings"].items():
-                lines.append(f"  {host}: {progress.hottest(readings)} ({len(readings)} zones)")
+            lines += _position_lines(read_status(files.status), now)
+        except UserError as error:
+            lines.append(f"  {error}")
     done = sorted(path.parent.name for path in files.phases.glob("*/phase.json") if path.parent.name != "baseline")
     lines.append(f"  phases done: {len(done)}" + (f" ({', '.join(done)})" if done else ""))
-    found = answers(run_dir)
+    try:
+        found = answers(run_dir)
+    except UserError as error:
+        found = []
+        lines.append(f"  {error}")
     lines.append("  questions so far:" if found else "  questions: not analysed yet")
     lines += [f"    {answer}" for answer in found]
     if files.summary.is_file():

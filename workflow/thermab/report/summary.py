@@ -11,6 +11,7 @@ import pandas as pd
 from thermab import metric_names as names
 from thermab.analysis import energy, load_validity, speed, stats, washout
 from thermab.load.validity import FULL_LENGTH_MIN, INFLIGHT_SLACK, MIN_ARRIVAL_SPAN_SHARE, MIN_TOKEN_ARRIVALS, bursts
+from thermab.markup import Markdown, md_cell, md_text
 
 # decimals per unit, chosen so that no printed digit is finer than the measurement
 DIGITS = {
@@ -63,16 +64,17 @@ def fmt_duration(seconds: float) -> str:
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
-    """A GitHub Markdown table; floats rounded to 2 decimals, NaN empty."""
+    """A GitHub Markdown table; floats rounded to 2 decimals, NaN empty; every cell and
+    header through ``markup.md_cell`` (a label, a host's or a zone's name is text)."""
 
     def cell(value):
         if value is pd.NA:
             return ""
         if isinstance(value, float):
             return "" if math.isnan(value) else f"{value:.2f}".rstrip("0").rstrip(".")
-        return str(value).replace("|", "\\|")
+        return md_cell(value)
 
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
+    lines = ["| " + " | ".join(map(md_cell, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
     return "\n".join(lines) + "\n"
 
@@ -202,21 +204,24 @@ def summary_markdown(
     windows = tables["windows"]
     if windows.empty:
         return (
-            f"# thermab: {run.get('cluster', '')}\n\nNo complete load phase in this run: a phase is"
+            f"# thermab: {md_text(run.get('cluster', ''))}\n\nNo complete load phase in this run: a phase is"
             " measured from its last load_start to the first load_end after it, and no phase has a"
             " load_end later than its load_start. Nothing to compare.\n"
         )
     phases = windows.groupby("arm").size()
     present = [a for a in arms if a in phases.index]
-    labels = {a: arms[a]["label"] for a in present}
-    setting = run.get("setting", "setting")
+    # what run.json says is text: escaped once here, for the lines and the tables alike
+    labels = {a: md_text(arms[a]["label"]) for a in present}
+    values = {a: md_text(arms[a].get("value", "")) for a in present}
+    setting = md_text(run.get("setting", "setting"))
+    head_text, zone_text = md_text(head), md_text(zone)
     parts = [
-        f"# thermab: {run.get('cluster', '')} — {setting}, "
-        + " vs ".join(f"{labels[a]} ({arms[a].get('value', '')})" for a in present),
+        f"# thermab: {md_text(run.get('cluster', ''))} — {setting}, "
+        + " vs ".join(f"{labels[a]} ({values[a]})" for a in present),
         "",
         "Arms: "
         + "; ".join(
-            f"{a} = {labels[a]} ({setting} = {arms[a].get('value', '')}"
+            f"{a} = {labels[a]} ({setting} = {values[a]}"
             f"{', reference' if a == reference else ''}), {phases[a]} phase(s)"
             for a in present
         )
@@ -243,7 +248,7 @@ def summary_markdown(
     else:
         zones = tables["zones"]
         head_zones = list(dict.fromkeys(zones.loc[zones["host"] == head, "sensor"]))
-        parts += [f"## Time to reach a temperature after load start ({head} {zone})", ""]
+        parts += [f"## Time to reach a temperature after load start ({head_text} {zone_text})", ""]
         if not run["thresholds_c"]:
             parts.append("No threshold was asked for (`analysis.thresholds_c` is empty).")
         elif zone in head_zones:
@@ -255,8 +260,8 @@ def summary_markdown(
             ]
         else:
             parts.append(
-                f"The head ({head}) has no zone {zone} (`analysis.timeline_zone`), so there are no times"
-                f" to threshold: its zones are {', '.join(head_zones) or 'none'}; set"
+                f"The head ({head_text}) has no zone {zone_text} (`analysis.timeline_zone`), so there are no times"
+                f" to threshold: its zones are {', '.join(map(md_text, head_zones)) or 'none'}; set"
                 " `analysis.timeline_zone` to one of them and run the analysis again."
             )
         parts += [
@@ -278,9 +283,9 @@ def summary_markdown(
         "",
     ]
     differences = variance[variance["reference"].notna()]
-    parts += [f"- {v}" for v in differences["verdict"]] or ["- no arm to compare"]
+    parts += [f"- {md_text(v)}" for v in differences["verdict"]] or ["- no arm to compare"]
     parts.append("")
-    parts.append("Verdicts pool the phases of: " + ", ".join(sources) + ".")
+    parts.append("Verdicts pool the phases of: " + ", ".join(map(md_text, sources)) + ".")
     if best is not None:
         parts += ["", "## Dose response", "", _best_sentence(best, run)]
         saver = stats.best_setting(variance, arms, reference, names.cpu_median(head))
@@ -296,7 +301,7 @@ def questions_section(answers: pd.DataFrame, run: dict) -> list[str]:
     """The answer first: one line per declared question and arm (``tables/questions.csv``)."""
     if answers.empty:
         return ["## Questions", "", "No question was declared (`questions` is empty).", ""]
-    labels = {a: spec["label"] for a, spec in run["arms"].items()}
+    labels = {a: md_text(spec["label"]) for a, spec in run["arms"].items()}
     rows = pd.DataFrame(
         {
             "question": answers["question"],
@@ -323,7 +328,11 @@ def questions_section(answers: pd.DataFrame, run: dict) -> list[str]:
         lines = [
             f"Repeats until decided: {reached} of at most {run.get('max_repeats')} repeats, each look at its"
             " level of O'Brien–Fleming-type alpha spending (docs/statistics.md); "
-            + (f"still open: {'; '.join(dict.fromkeys(open_))}." if len(open_) else "every question is decided."),
+            + (
+                f"still open: {'; '.join(dict.fromkeys(map(md_text, open_)))}."
+                if len(open_)
+                else "every question is decided."
+            ),
             "",
         ]
     return [
@@ -409,7 +418,7 @@ def load_validity_section(validity: pd.DataFrame, run: dict) -> list[str]:
                 "cached tokens": cached,
                 "failed": f"{phase.failed} of {phase.requests}",
                 "usage source": phase.usage_source,
-                "load": "as configured" if phase.load_valid else f"**short**: {phase.shortfalls}",
+                "load": "as configured" if phase.load_valid else Markdown(f"**short**: {md_cell(phase.shortfalls)}"),
                 "warnings": phase.warnings or "none",
             }
         )
@@ -456,7 +465,7 @@ def start_balance_section(validity: pd.DataFrame, run: dict) -> list[str]:
             ],
             "head idle W before": [fmt(w, "", 1) for w in starts["idle_w_before"]],
             "cooldowns at their cap": starts["cooldown_capped"],
-            "starts": ["balanced" if b else "**unbalanced**" for b in starts["balanced"]],
+            "starts": ["balanced" if b else Markdown("**unbalanced**") for b in starts["balanced"]],
         }
     )
     return [
@@ -654,16 +663,17 @@ def _energy_section(tables: dict, run: dict, present: list[str], labels: dict) -
             )
         )
     rows.append({"measure": "n (phases)", **{labels[a]: str(int((total["arm"] == a).sum())) for a in present}})
-    covers = "; ".join(f"{host}: {' + '.join(summed)}" for host, summed in covered.items())
+    covers = "; ".join(f"{md_text(host)}: {md_text(' + '.join(summed))}" for host, summed in covered.items())
     scopes = energy.host_scopes(table)
     scope_text = "; ".join(
-        f"{host}: {' + '.join(scopes[host][0])} (holds {', '.join(scopes[host][1])})" for host in covered
+        f"{md_text(host)}: {md_text(' + '.join(scopes[host][0]))} (holds {', '.join(scopes[host][1])})"
+        for host in covered
     )
     blind = [host for host in covered if "cpu" not in scopes[host][1]]
     caveat = (
         [
-            f"**The J/token leaves out the CPU of {', '.join(blind)}**: the total there covers"
-            f" {'; '.join(' + '.join(scopes[host][0]) for host in blind)} only: where the arms change"
+            f"**The J/token leaves out the CPU of {', '.join(map(md_text, blind))}**: the total there covers"
+            f" {'; '.join(md_text(' + '.join(scopes[host][0])) for host in blind)} only: where the arms change"
             " vLLM's CPU work (its spin), the energy of that change on those CPU cores is not in it;"
             " a meter at the wall (`wall_meters`: a plug, PDU outlet or BMC) would hold it (docs/power.md).",
             "",
@@ -730,18 +740,19 @@ def _energy_row(
 
 
 def _best_sentence(best: dict, run: dict) -> str:
-    excluded = "; ".join(f"{arm}: {why}" for arm, why in best["excluded"].items()) or "none"
+    excluded = "; ".join(f"{arm}: {md_text(why)}" for arm, why in best["excluded"].items()) or "none"
     unchecked = {"stalls", "throughput"} - set(best["checked"])
     caveat = f" Not checked for lack of request data: {', '.join(sorted(unchecked))}." if unchecked else ""
     if best["load_short"]:
         caveat += (
             " Built on phases whose load fell short of the configuration: "
-            f"{', '.join(best['load_short'])} (see Load validity)."
+            f"{', '.join(map(md_text, best['load_short']))} (see Load validity)."
         )
     return (
-        f"Lowest {run['head']} {run['timeline_zone']} mean among the settings without extra stalls or"
-        f" throughput loss beyond variance: {run.get('setting', 'setting')} = {best['value']}"
-        f" ({best['label']}, arm {best['arm']}, {fmt(best['mean'], '°C')}). Excluded: {excluded}.{caveat}"
+        f"Lowest {md_text(run['head'])} {md_text(run['timeline_zone'])} mean among the settings without extra"
+        f" stalls or throughput loss beyond variance: {md_text(run.get('setting', 'setting'))} ="
+        f" {md_text(best['value'])} ({md_text(best['label'])}, arm {best['arm']}, {fmt(best['mean'], '°C')})."
+        f" Excluded: {excluded}.{caveat}"
     )
 
 
@@ -749,12 +760,13 @@ def _cpu_sentence(saver: dict, run: dict, variance: pd.DataFrame) -> str:
     """The setting that saves the most CPU (``stats.best_setting`` on the head's CPU)."""
     reference = run["reference_arm"]
     cpu = variance[variance["metric"] == names.cpu_median(run["head"])].set_index("arm")
-    excluded = "; ".join(f"{arm}: {why}" for arm, why in saver["excluded"].items()) or "none"
+    excluded = "; ".join(f"{arm}: {md_text(why)}" for arm, why in saver["excluded"].items()) or "none"
     return (
         f"Most CPU saved without extra stalls or throughput loss beyond variance:"
-        f" {run.get('setting', 'setting')} = {saver['value']} ({saver['label']}, arm {saver['arm']}),"
-        f" {run['head']} vLLM CPU median {fmt(saver['mean'], '% of one core')} against"
-        f" {fmt(cpu.at[reference, 'mean'], '% of one core')} for {run['arms'][reference]['label']}."
+        f" {md_text(run.get('setting', 'setting'))} = {md_text(saver['value'])} ({md_text(saver['label'])},"
+        f" arm {saver['arm']}), {md_text(run['head'])} vLLM CPU median {fmt(saver['mean'], '% of one core')}"
+        f" against {fmt(cpu.at[reference, 'mean'], '% of one core')} for"
+        f" {md_text(run['arms'][reference]['label'])}."
         f" Excluded: {excluded}."
     )
 
@@ -766,7 +778,7 @@ def _sampling(sample_interval_s: dict, kind: str) -> str:
 
 def _definitions(run: dict, tables: dict, sample_interval_s: dict) -> str:
     windows = tables["windows"]
-    labels = {a: spec["label"] for a, spec in run["arms"].items()}
+    labels = {a: md_text(spec["label"]) for a, spec in run["arms"].items()}
     phase_list = ", ".join(
         f"{o} rep{r}-{a} ({labels.get(a, a)}) {fmt(w / 60, 'min')}"
         for o, r, a, w in windows[["order", "rep", "arm", "window_s"]].itertuples(index=False)

@@ -34,12 +34,12 @@ fitted to the study (calibration.json); see docs/simulation.md.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import inspect
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -49,6 +49,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from thermab import cli
 from thermab.sim import power
 from thermab.sim.zones import SOC_ZONE
 
@@ -90,6 +91,7 @@ def zone_model(role: str) -> dict:
 
 
 # GB10 CPU: two clusters of ten, each five Cortex-A725 then five Cortex-X925 cores.
+MIN_CORES = 2  # a core in each cluster, where thread placement draws from
 CLOCKS = {"performance_khz": 3900000, "efficiency_khz": 2808000, "jitter_khz": 20000}
 
 
@@ -166,6 +168,11 @@ def create_node(
     drafter's acceptance and a step-time factor (thermab.sim.restart)."""
     if role not in ROLES:
         raise ValueError("role must be one of %s, not %r" % (ROLES, role))
+    if not MIN_CORES <= cores <= cli.MAX_CORES:
+        raise ValueError(
+            "cores must be %d to %d (a core or more in each of the two clusters), not %r"
+            % (MIN_CORES, cli.MAX_CORES, cores)
+        )
     root = Path(root).resolve()
     run_dir(root).mkdir(parents=True, exist_ok=True)
     proc_dir(root).mkdir(exist_ok=True)
@@ -255,18 +262,75 @@ def release_pid_file(root: Path, name: str) -> None:
         pass
 
 
-def start_detached(root: Path, name: str, module: str, args: list[str]) -> int:
-    """Run ``python -m module args`` in a new session logging to run/NAME.log; return at once."""
-    with open(run_dir(root) / (name + ".log"), "ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+STARTED_FD_ENV = "THERMAB_SIM_STARTED_FD"  # the pipe a detached daemon says it has started on
+STARTED_WAIT_S = 60.0  # the most a detached start waits to hear; a daemon still silent then is left starting
+
+
+class StartFailed(RuntimeError):
+    """A detached daemon that ended before it said it had started; the message is the last
+    line of its log."""
+
+
+def start_detached(root: Path, name: str, module: str, args: list[str], confirm: bool = False) -> int:
+    """Run ``python -m module args`` in a new session logging to run/NAME.log; return its pid.
+    ``confirm``: wait until the daemon says it has started (:func:`report_started`), and
+    raise StartFailed with its log's last line where it ends before that (a setting it
+    refused), rather than answer with the pid of a process already gone."""
+    log_path = run_dir(root) / (name + ".log")
+    read_end, write_end = os.pipe() if confirm else (None, None)
+    env = dict(os.environ, **({STARTED_FD_ENV: str(write_end)} if confirm else {}))
+    try:
+        with open(log_path, "ab") as log:
+            offset = log.tell()
+            process = subprocess.Popen(
+                [sys.executable, "-m", module, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(write_end,) if confirm else (),
+                env=env,
+            )
+    finally:
+        if confirm:
+            os.close(write_end)
     write_atomic(pid_file(root, name), "%d\n" % process.pid)
+    if confirm:
+        try:
+            said = _read_until(read_end, STARTED_WAIT_S)
+        finally:
+            os.close(read_end)
+        if said is not None and not said:  # the pipe closed unsaid: the daemon has ended
+            code = process.wait(timeout=30)
+            pid_file(root, name).unlink(missing_ok=True)
+            raise StartFailed("exit status %d: %s" % (code, _last_line(log_path, offset) or "no output"))
     return process.pid
+
+
+def _read_until(fd: int, timeout: float) -> bytes | None:
+    """What arrives on ``fd`` before it closes or ``timeout`` passes (None: nothing by then)."""
+    readable, _, _ = select.select([fd], [], [], timeout)
+    return os.read(fd, 64) if readable else None
+
+
+def _last_line(path: Path, offset: int) -> str:
+    with open(path, "rb") as log:
+        log.seek(offset)
+        lines = log.read()[-4096:].decode(errors="replace").strip().splitlines()
+    return lines[-1].strip()[:300] if lines else ""
+
+
+def report_started() -> None:
+    """In a daemon started by ``start_detached(confirm=True)``: its checks have passed, so the
+    start returns (called before it forks, so no child holds the pipe open)."""
+    fd = os.environ.pop(STARTED_FD_ENV, None)
+    if fd is None:
+        return
+    try:
+        os.write(int(fd), b"started\n")
+        os.close(int(fd))
+    except (OSError, ValueError):
+        pass  # the starter has given up waiting
 
 
 def _alive(pid: int) -> bool:
@@ -326,12 +390,14 @@ def stop(root: Path, name: str, timeout: float = 10.0) -> bool:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m thermab.sim.node", description=__doc__.splitlines()[0])
+    parser = cli.Parser(prog="python -m thermab.sim.node", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     create = commands.add_parser("create", help="create or complete a node tree")
     create.add_argument("root", type=Path)
     create.add_argument("--role", choices=ROLES, required=True)
-    create.add_argument("--cores", type=int, default=20)
+    create.add_argument(
+        "--cores", type=cli.number(MIN_CORES, cli.MAX_CORES, parse=int), default=20, help="CPUs, two clusters' worth"
+    )
     create.add_argument(
         "--lost-wakeup", action="store_true", help="readers may miss a notification after a short spin (off by default)"
     )

@@ -8,7 +8,9 @@
 
 ROOT is a node tree made by :func:`thermab.sim.node.create_node` (an absolute path).
 ``--detach`` starts the server in a new session logging to ROOT/run/vllm.log, writes
-ROOT/run/vllm.pid and returns at once; poll ``/health`` for readiness.  ``stop`` sends
+ROOT/run/vllm.pid and returns once the server has passed its checks (its settings, the
+node's patched file, ``THERMAB_SIM_DRAFT_ACCEPTANCE``), printing its pid; a server that
+ended before that is exit status 1 with its log's last line.  Poll ``/health`` for readiness.  ``stop`` sends
 SIGTERM to that session, waits, then SIGKILL; it exits 0 when nothing was running.
 
 A head node is three processes, all forked from the API server so all carry its command
@@ -908,7 +910,11 @@ def main(argv=None) -> int:
         parser.error("a server is already running on %s (pid %d): stop it first" % (args.node, running))
     if args.detach:
         argv.remove("--detach")
-        print(node.start_detached(args.node, "vllm", MODULE, argv))
+        try:
+            print(node.start_detached(args.node, "vllm", MODULE, argv, confirm=True))
+        except node.StartFailed as error:
+            print("%s: the server ended before it started (%s)" % (parser.prog, error), file=sys.stderr)
+            return 1
         return 0
 
     busy_loop_s = node.read_busy_loop_s(args.node)
@@ -923,6 +929,7 @@ def main(argv=None) -> int:
     if args.role == "head":
         log("this start: %s" % start.describe())
     node.claim_pid_file(args.node, "vllm")
+    node.report_started()  # its checks passed: a detached start returns (before any fork)
     try:
         if args.role == "head":
             return serve_head(args, busy_loop_s, settings["lost_wakeup"], start)

@@ -1213,10 +1213,18 @@ def domain_scope(domain):
     return "other", None
 
 
+def watt_bound(domain):
+    """W: the most a domain of this name can draw (its scope's :data:`PLAUSIBLE_W`), the one
+    bound of every watt thermab takes: the agent's readings (:func:`plausible_watts`) and
+    the watts ingest derives from energy counters (thermab.telemetry.power)."""
+    return PLAUSIBLE_W[domain_scope(domain)[0]]
+
+
 def plausible_watts(domain, watts):
-    """(watts or None, reason): a reading outside its scope's bound is a missing value."""
-    scope = domain_scope(domain)[0]
-    if not 0.0 <= watts <= PLAUSIBLE_W[scope]:
+    """(watts or None, reason): a reading outside its scope's bound (or not finite) is a
+    missing value."""
+    if not 0.0 <= watts <= watt_bound(domain):
+        scope = domain_scope(domain)[0]
         return None, "implausible for a %s domain: %.1f W (bound 0-%g W)" % (scope, watts, PLAUSIBLE_W[scope])
     return watts, ""
 
@@ -1388,12 +1396,14 @@ class HwmonPower(HwmonSource):
                 values.append(value)
             if reason:
                 rows.append((sensor, None, reason))
+            elif values[0] in (ACPI_UNKNOWN, ACPI_UNKNOWN * 1000):  # a reading or a counter
+                rows.append((sensor, None, "no reading: 0xFFFFFFFF (ACPI's unknown)"))
             elif sensor.endswith(" uJ"):
                 rows.append((sensor, values[0], ""))
+            elif len(values) == 2 and values[0] < 0:  # a bus voltage below 0 is a fault (× a negative current: +W)
+                rows.append((sensor, None, "implausible: a rail at %d mV" % values[0]))
             elif len(values) == 2:  # a rail: mV × mA = µW
                 rows.append((sensor,) + plausible_watts(sensor[:-2], values[0] * values[1] / 1e6))
-            elif values[0] in (ACPI_UNKNOWN, ACPI_UNKNOWN * 1000):
-                rows.append((sensor, None, "no reading: 0xFFFFFFFF (ACPI's unknown)"))
             else:
                 rows.append((sensor,) + plausible_watts(sensor[:-2], values[0] / 1e6))
         return rows
@@ -1526,7 +1536,7 @@ def parse_dcmi_power(text):
         return [(power_sensor("node", "W"), None, "no instantaneous reading: %r" % text.strip()[:80])]
     if float(match.group(1)) <= 0:  # a node that is running draws power: 0 W is a BMC without a reading
         return [(power_sensor("node", "W"), None, "BMC reported 0 W")]
-    return [(power_sensor("node", "W"), float(match.group(1)), "")]
+    return [(power_sensor("node", "W"),) + plausible_watts("node", float(match.group(1)))]
 
 
 IPMI_DEVICES = ("/dev/ipmi0", "/dev/ipmi/0", "/dev/ipmidev/0")

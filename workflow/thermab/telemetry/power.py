@@ -5,7 +5,11 @@ The agent writes each power reading or energy counter under the sensor ``<domain
 ``mJ``, ``uJ:max=N``) becomes one row per pair of consecutive readings, Δenergy / Δt, at the
 midpoint of the pair, the mean power over that interval.  A counter that went down wrapped
 (added back: N + 1, as it counts 0..N) where it has a range, and was reset (a driver reload;
-that interval is skipped and counted) where it has none.  Where a domain has both a counter
+that interval is skipped and counted) where it has none.  Every watt, read or derived from a
+counter, is held to its domain's bound (``thermab.telemetry.agent.watt_bound``, the one
+owner): a reading outside 0..bound is not used, and a counter interval that implies such a
+watt (a counter read wrong once, as 2^64 − 1 or ACPI's unknown, or reset) is skipped, both
+counted.  Where a domain has both a counter
 and readings, the counter is used: it holds all the energy between samples, a reading only
 the moment it was taken.  Pure functions on frames; ingest does the I/O.
 
@@ -21,12 +25,13 @@ analysis/energy.py explains the choice, docs/power.md the sources).
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
 import pandas as pd
 
-from thermab.telemetry.agent import POWER_UNITS, domain_scope
+from thermab.telemetry.agent import POWER_UNITS, domain_scope, watt_bound
 
 JOULES_PER_UNIT = {"uJ": 1e-6, "mJ": 1e-3}
 NODE_DOMAIN = "node"
@@ -56,21 +61,28 @@ def split_sensor(sensor: str) -> tuple[str, str, int | None] | None:
 
 
 def counter_power(
-    t: np.ndarray, raw: np.ndarray, joules_per_unit: float, wrap_max: int | None
+    t: np.ndarray, raw: np.ndarray, joules_per_unit: float, wrap_max: int | None, bound_w: float = math.inf
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """(midpoint times, watts, intervals skipped as resets) of one counter's readings."""
+    """(midpoint times, watts, intervals skipped) of one counter's readings.  Skipped: a
+    counter without a range that went down (a reset), and any interval whose watts lie
+    outside 0..``bound_w`` (the domain's ``agent.watt_bound``) once a wrap is added back: a
+    counter read wrong once (2^64 − 1, ACPI's unknown) or reset, never energy."""
     order = np.argsort(t, kind="stable")
     t, raw = np.asarray(t, float)[order], np.asarray(raw, float)[order]
     delta, dt = np.diff(raw), np.diff(t)
     went_down = delta < 0
     if wrap_max is not None:
         delta = np.where(went_down, delta + wrap_max + 1, delta)
-        resets = np.zeros_like(went_down)
+        skipped = np.zeros_like(went_down)
     else:
-        resets = went_down
-    keep = ~resets & (dt > 0)
+        skipped = went_down
+    timed = dt > 0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        watts = np.where(timed, delta * joules_per_unit / np.where(timed, dt, 1.0), np.nan)
+    skipped = skipped | (timed & ~((watts >= 0) & (watts <= bound_w)))
+    keep = ~skipped & timed
     middle = (t[:-1] + t[1:]) / 2
-    return middle[keep], delta[keep] * joules_per_unit / dt[keep], int(resets.sum())
+    return middle[keep], watts[keep], int(skipped.sum())
 
 
 def power_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
@@ -97,15 +109,25 @@ def power_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
                 counter["value"].to_numpy(),
                 JOULES_PER_UNIT[unit],
                 None if pd.isna(wrap) else int(wrap),
+                watt_bound(domain),
             )
             if resets:
-                notes[f"{host}/power: {domain} counter went back (reset), interval skipped"] = resets
+                notes[
+                    f"{host}/power: {domain} counter went back (reset) or implied watts outside "
+                    f"0-{watt_bound(domain):g} W, interval skipped"
+                ] = resets
             readings = (series["unit"] == "W").sum()
             if readings:
                 notes[f"{host}/power: {domain} W readings not used (its energy counter is)"] = int(readings)
         else:
             readings = series[series["unit"] == "W"]
             t, watts = readings["t"].to_numpy(float), readings["value"].to_numpy(float)
+            plausible = (watts >= 0) & (watts <= watt_bound(domain))  # the agent's bound, for rows from elsewhere
+            if not plausible.all():
+                notes[f"{host}/power: {domain} W readings outside 0-{watt_bound(domain):g} W, not used"] = int(
+                    (~plausible).sum()
+                )
+                t, watts = t[plausible], watts[plausible]
         parts.append(pd.DataFrame({"t": t, "host": host, "kind": "power", "sensor": domain, "value": watts}))
     if not parts:
         return frame.iloc[:0], notes

@@ -16,6 +16,7 @@ import pandas as pd
 from thermab import layout
 from thermab.analysis.questions import YES
 from thermab.config import Config
+from thermab.markup import md_text
 from thermab.tune import plan
 
 TRIAL_COLUMNS = [
@@ -183,11 +184,11 @@ def figure(path: Path, trials: list[plan.Trial], chosen: plan.Trial | None, conf
 
 def summary(trials: list[plan.Trial], chosen: plan.Trial | None, config: Config) -> str:
     tune = config.tune
-    name, reference = config.setting.name, next(iter(config.arms.values())).value
+    name, reference = md_text(config.setting.name), md_text(next(iter(config.arms.values())).value)
     lines = [
         f"# Tune of {name} in [{tune.min:g}, {tune.max:g}] ({tune.scale})",
         "",
-        verdict_line(trials, chosen, config),
+        md_text(verdict_line(trials, chosen, config)),
         "",
         f"Objective: {tune.objective} ({tune.better} is better), each trial's candidate against the "
         f"reference arm ({name} = {reference}) of its own trial. Phases: {sum(t.phases for t in trials)} "

@@ -17,7 +17,6 @@ resumes at its look) and goes on.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -175,13 +174,6 @@ def left_over(trial: layout.TrialDir, storage: Path) -> None:
         )
 
 
-def at_least_one(text: str) -> int:
-    """An argparse type: a whole number of at least 1 (Snakemake waits for ever on 0 cores)."""
-    if not (text.isascii() and text.isdigit() and int(text) >= 1):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
-    return int(text)
-
-
 def main(argv: list[str]) -> int:
     parser = cli.parser("tune", __doc__)
     parser.add_argument(
@@ -190,7 +182,12 @@ def main(argv: list[str]) -> int:
         metavar="CONFIG",
         help="config files, merged in order as Snakemake's --configfile merges them",
     )
-    parser.add_argument("--cores", type=at_least_one, default=1, help="Snakemake's --cores for each look (default 1)")
+    parser.add_argument(
+        "--cores",
+        type=cli.number(1, cli.MAX_CORES, parse=int),
+        default=1,
+        help="Snakemake's --cores for each look (default 1)",
+    )
     parser.add_argument("--snakefile", type=Path, default=SNAKEFILE, help="the workflow (default: this checkout's)")
     args = parser.parse_args(argv)
     if not args.snakefile.is_file():  # a non-editable install has no checkout beside it
