@@ -32,6 +32,7 @@ BRANCHES = {
     "thermab.load.stream.StreamFailure": HostError,
     "thermab.telemetry.server_metrics.ScrapeError": HostError,
     "thermab.telemetry.wall_meters.MeterError": HostError,
+    "thermab.sim.node.StartFailed": HostError,
     "thermab.experiment.preflight.PreflightError": StageFailed,
     "thermab.experiment.lease.LeaseError": StageFailed,
     "thermab.experiment.server.NotReady": StageFailed,

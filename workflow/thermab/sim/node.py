@@ -50,6 +50,7 @@ from importlib import resources
 from pathlib import Path
 
 from thermab import cli
+from thermab.errors import HostError
 from thermab.sim import power
 from thermab.sim.zones import SOC_ZONE
 
@@ -266,7 +267,7 @@ STARTED_FD_ENV = "THERMAB_SIM_STARTED_FD"  # the pipe a detached daemon says it 
 STARTED_WAIT_S = 60.0  # the most a detached start waits to hear; a daemon still silent then is left starting
 
 
-class StartFailed(RuntimeError):
+class StartFailed(HostError):
     """A detached daemon that ended before it said it had started; the message is the last
     line of its log."""
 
