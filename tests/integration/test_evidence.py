@@ -156,3 +156,14 @@ def test_the_command_that_decides_says_what_it_costs_at_the_runs_measured_jobs()
         " (at most 21.2 cluster-hours: this run's median phase job of 90 s × 30 study seconds per second)"
     )
     assert evidence.decide_cost(answers, plan, None) == ""
+
+
+def test_status_gives_the_command_that_decides_what_is_open_and_its_cost(tmp_path):
+    from thermab.report import status
+
+    run_dir = _with_hosts(write_synthetic_run(tmp_path / "AB"), False)
+    analyze(run_dir)
+    lines = [line for line in status.status_lines(run_dir) if "to decide what is open" in line]
+    assert len(lines) == 1
+    assert "`snakemake --cores 1 all --config until=decided max_repeats=8`" in lines[0]
+    assert "cluster-hours" in lines[0] and "--configfile" in lines[0]

@@ -91,7 +91,8 @@ def write_run(run_dir: Path, config: thermab_config.Config, now: float) -> None:
     progress.write_status(files.status, where, "B", 100, {"head": {"TSOC": 70.0}, "worker": {"TSOC": 65.5}})
     files.tables.mkdir()
     with open(files.table("questions"), "w", newline="") as handle:
-        writer = csv.DictWriter(handle, ["question", "arm", "reference", "verdict", "estimate", "ci_low", "ci_high"])
+        columns = ["question", "arm", "reference", "verdict", "estimate", "ci_low", "ci_high", "level"]
+        writer = csv.DictWriter(handle, columns)
         writer.writeheader()
         writer.writerow(
             {
@@ -102,6 +103,7 @@ def write_run(run_dir: Path, config: thermab_config.Config, now: float) -> None:
                 "estimate": "-0.91234",
                 "ci_low": "-2.1",
                 "ci_high": "0.3",
+                "level": "0.9",
             }
         )
 
@@ -116,7 +118,7 @@ def test_status_reads_where_a_run_stands(config, tmp_path):
     assert "phase 2 of 2 (rep1-B) now: 2 min into its load and cooldown; ETA then: phase 13 min, look 13 min" in text
     assert "head: hottest TSOC 70.0 °C (1 zones)" in text and "worker: hottest TSOC 65.5 °C" in text
     assert "phases done: 1 (rep1-A)" in text
-    assert "TSOC mean lower (B vs A): UNDECIDED, estimate -0.912, 95 % interval [-2.1, 0.3]" in text
+    assert "TSOC mean lower (B vs A): UNDECIDED, estimate -0.912, 90 % interval [-2.1, 0.3]" in text
 
 
 def test_status_finds_the_newest_run_and_says_when_no_load_runs(config, tmp_path):

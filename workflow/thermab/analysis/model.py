@@ -395,6 +395,12 @@ def load_run(run_dir, analysis: dict | None = None) -> RunData:
     return RunData(path, Plan(config), events, telemetry, requests, read_validity(path), sources)
 
 
+def read_plan(path: Path) -> Plan:
+    """A run.json as the analysis reads it, checked: what is wrong is a UserError naming the
+    file and key."""
+    return Plan(_check_plan(path, _read_json(path)))
+
+
 def read_preflight(path: Path) -> dict | None:
     """preflight.json as read (host facts, endpoint), None where the run has none (imported)."""
     return _read_json(path) if path.exists() else None

@@ -19,11 +19,16 @@ import math
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from thermab import cli, layout
-from thermab.analysis.sequential import MAX_ANSWERS_BYTES
+from thermab.analysis.model import read_events, read_plan
+from thermab.analysis.questions import UNDECIDED
+from thermab.analysis.sequential import MAX_ANSWERS_BYTES, read_answers
 from thermab.config import read_bounded
 from thermab.errors import UserError
 from thermab.experiment import events, progress
+from thermab.report import evidence
 
 STALE_S = 60  # a status.json older than this: no load is running now
 ENDS = ("run_end", "abort", "restored")  # the events after which nothing more runs
@@ -72,7 +77,37 @@ def _estimate(row: dict) -> str:
         return "no estimate"
     if not (row["ci_low"] and row["ci_high"]):
         return f"estimate {_number(row['estimate'])} (no interval)"
-    return f"estimate {_number(row['estimate'])}, 95 % interval [{_number(row['ci_low'])}, {_number(row['ci_high'])}]"
+    level = _level(row.get("level"))
+    return (
+        f"estimate {_number(row['estimate'])}, {level} interval [{_number(row['ci_low'])}, {_number(row['ci_high'])}]"
+    )
+
+
+def _level(text) -> str:
+    """questions.csv's ``level`` (0.9: each bound a one-sided test at 5 %) in words."""
+    try:
+        level = float(text)
+    except (TypeError, ValueError):
+        return "its"
+    return f"{level * 100:.3g} %" if 0 < level < 1 else "its"
+
+
+def decide_lines(run_dir: Path) -> list[str]:
+    """Where questions are open: the command that would decide them and its cluster-hours at
+    the run's measured phase jobs (as evidence.md gives them); [] where none is open or the
+    run has no run.json."""
+    files = layout.RunDir(run_dir)
+    path = files.table("questions")
+    if not (path.is_file() and files.run_json.is_file()):
+        return []
+    answers = read_answers(path)
+    if not (answers["verdict"] == UNDECIDED).any():
+        return []
+    answers = answers.assign(phases_needed=pd.to_numeric(answers.get("phases_needed"), errors="coerce"))
+    plan = read_plan(files.run_json)
+    history = read_events(files.events) if files.events.is_file() else None
+    command, cost = evidence.decide_command(answers, plan, None), evidence.decide_cost(answers, plan, history)
+    return [f"  to decide what is open: `{command}`{cost}, with the run's own --configfile"]
 
 
 def closing_lines(run_dir: Path) -> list[str]:
@@ -185,6 +220,10 @@ def status_lines(run_dir: Path, now: float | None = None) -> list[str]:
         lines.append(f"  {error}")
     lines.append("  questions so far:" if found else "  questions: not analysed yet")
     lines += [f"    {answer}" for answer in found]
+    try:
+        lines += decide_lines(run_dir)
+    except UserError as error:
+        lines.append(f"  {error}")
     if files.summary.is_file():
         lines.append(f"  summary: {files.summary}")
     return lines
