@@ -13,6 +13,8 @@ import yaml
 import thermab
 from support.command_line import one_line_error, run_thermab
 from support.paths import REPO
+from support.ports import free_port
+from support.sim_runs import own_ports
 from support.study_chart import CHART
 from thermab.__main__ import COMMANDS
 
@@ -128,12 +130,16 @@ def test_check_config_checks_key_files_and_pinned_host_keys(raw, tmp_path):
 
 
 def test_check_config_hosts_reaches_the_simulated_cluster_changing_nothing(tmp_path):
-    result = run_thermab("check-config", REPO / "config" / "config.yaml", "--hosts", cwd=tmp_path)
+    # the default cluster on a port of its own: a run of the default config elsewhere in the
+    # suite may be serving the default's
+    port = free_port()
+    ports = write(tmp_path / "ports.yaml", {"clusters": own_ports(port)})
+    result = run_thermab("check-config", REPO / "config" / "config.yaml", ports, "--hosts", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     for host in ("head", "worker"):
         assert f"preflight {host}: ok" in out and f"{host}: reached" in out and f"{host}: power: rapl:" in out
-    assert "thermal interlock: load stops at" in out and "endpoint http://127.0.0.1:18311: does not answer now" in out
+    assert "thermal interlock: load stops at" in out and f"endpoint http://127.0.0.1:{port}: does not answer now" in out
     assert out.rstrip().endswith("every host is fit for a run")
     assert not (tmp_path / "results").exists(), "a check writes no run directory"
 

@@ -16,7 +16,7 @@ from thermab import config, jobs
 from thermab.analysis import TABLES
 from thermab.experiment import plan
 from thermab.load.runner import LoadSpec
-from thermab.telemetry import agent, ingest
+from thermab.telemetry import agent, ingest, wall_poll
 
 
 def test_the_schema_defaults_follow_the_agent_registry():
@@ -26,7 +26,8 @@ def test_the_schema_defaults_follow_the_agent_registry():
     assert {source.name: intervals[source.name]["default"] for source in agent.SOURCES} == {
         source.name: source.default_interval_s for source in agent.SOURCES
     }
-    assert set(ingest.KIND_OF_FILE) == {source.name for source in agent.SOURCES}
+    # and the wall meters' file, which the controller's poller writes
+    assert set(ingest.KIND_OF_FILE) == {source.name for source in agent.SOURCES} | {wall_poll.FILE}
 
 
 def test_the_defaults_are_the_schema_defaults():

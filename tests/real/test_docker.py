@@ -9,7 +9,7 @@ from thermab.config import HostSpec
 from thermab.experiment import server
 from thermab.experiment.patch import Patcher, PatchError
 from thermab.hosts.host import Host
-from thermab.hosts.transport import CommandError
+from thermab.hosts.transport import CommandError, NotAFile
 
 FILE = "/usr/local/lib/python3.12/dist-packages/vllm/distributed/device_communicators/shm_broadcast.py"
 STOCK = (
@@ -85,9 +85,9 @@ def test_stopped_container_is_named(engine, container, tmp_path):
 
 def test_wrong_path_is_named(engine, container, tmp_path):
     setting = dict(SETTING, file="/usr/lib/python3/vllm/nope.py")
-    with pytest.raises(CommandError) as error:
+    with pytest.raises(NotAFile) as error:
         Patcher(container, setting, tmp_path / "state").apply("0.002")
-    assert "spark1" in str(error.value) and "nope.py" in str(error.value)
+    assert str(error.value) == "host spark1: /usr/lib/python3/vllm/nope.py: missing, where a regular file is needed"
 
 
 @pytest.mark.parametrize("name", ["vllm-head; touch {marker}", "$(touch {marker})", "`touch {marker}`"])
@@ -102,7 +102,7 @@ def test_hostile_container_names_never_reach_a_shell(engine, container, tmp_path
 def test_hostile_file_path_stays_one_argument(engine, container, tmp_path):
     marker = "/tmp/pwned2"
     setting = dict(SETTING, file=f"/tmp/x'; touch {marker}; echo '")
-    with pytest.raises(CommandError):
+    with pytest.raises(NotAFile):
         Patcher(container, setting, tmp_path / "state").apply("0.002")
     assert engine.docker("exec", "vllm-head", "test", "-e", marker, check=False).returncode == 1, (
         "the path was not split by the container's shell"

@@ -25,6 +25,7 @@ BRANCHES = {
     "thermab.experiment.discover.errors.Question": UserError,
     "thermab.hosts.transport.TransportError": HostError,
     "thermab.hosts.transport.CommandError": HostError,
+    "thermab.hosts.transport.NotAFile": HostError,
     "thermab.hosts.ssh.RefusedError": HostError,
     "thermab.hosts.known_hosts.HostKeyError": HostError,
     "thermab.experiment.patch.PatchError": HostError,

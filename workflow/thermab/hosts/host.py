@@ -13,7 +13,7 @@ import sys
 from functools import cached_property
 
 from thermab.config import HostSpec
-from thermab.hosts.transport import CommandError, LocalTransport, Result, Transport, TransportError
+from thermab.hosts.transport import CommandError, LocalTransport, NotAFile, Result, Transport, TransportError
 
 NOT_A_FILE = 66  # read_file's exit status where the path is no regular file (sysexits' EX_NOINPUT)
 MAX_FILE_BYTES = 16 * 2**20  # a file of a host thermab reads (the setting's file): a larger one is not it
@@ -85,7 +85,7 @@ class Host:
             check=False,
         )
         if result.exited == NOT_A_FILE:
-            raise TransportError(self.name, f"{path}: {result.stderr.strip()[-60:]}, where a regular file is needed")
+            raise NotAFile(self.name, f"{path}: {result.stderr.strip()[-60:]}, where a regular file is needed")
         if not result.ok:
             raise CommandError(self.name, result)
         data = base64.b64decode(result.stdout)

@@ -46,6 +46,10 @@ class CommandError(TransportError):
         self.result = result
 
 
+class NotAFile(TransportError):
+    """A path of the host that is missing or no regular file, where one was to be read."""
+
+
 class Lines(Protocol):
     """A command that answers each line sent to it with a line (``Transport.open_lines``)."""
 

@@ -21,7 +21,7 @@ from thermab.experiment.discover.setting import current_value, file_in_vllm
 from thermab.experiment.discover.targets import Target
 from thermab.experiment.patch import PatchError, anchor_count
 from thermab.hosts.host import Host
-from thermab.hosts.transport import CommandError, Result, TransportError
+from thermab.hosts.transport import CommandError, NotAFile, Result, TransportError
 from thermab.telemetry import deploy
 
 # the schema's default, which the written config keeps (the API server by its command, the
@@ -182,6 +182,9 @@ class HostProbe:
             return None
         try:
             text = place.read_file(file).decode(errors="replace")
+        except NotAFile as error:
+            self.lack("setting file", str(error).partition(": ")[2])
+            return None
         except CommandError as error:
             self.lack("setting file", f"{file}: {why(error.result, 'base64')}")
             return None
