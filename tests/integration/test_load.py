@@ -79,6 +79,9 @@ def test_normal_load_records_every_request_with_probe_and_unique_tags(tmp_path):
     assert dict(frame.dtypes.astype(str)) == REQUEST_COLUMNS
     assert report == json.loads((tmp_path / "validity.json").read_text())
     assert (tmp_path / "requests.jsonl").exists() and (tmp_path / "locust.log").exists()
+    latency = json.loads((tmp_path / "latency.json").read_text())  # vllm bench serve's keys beside the records
+    assert 0 < latency["completed"] <= report["requests"]["load_ok"] and latency["failed"] == 0
+    assert latency["probes"]["completed"] == 3 and 5 <= latency["median_itl_ms"] <= 50
 
     # Every request the server saw is a record, and every record is complete and from usage.
     assert len(frame) == len(prompts_seen)

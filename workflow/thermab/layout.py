@@ -74,6 +74,10 @@ class PhaseDir:
         return self.path / "validity.json"
 
     @property
+    def latency(self) -> Path:  # the window's latency in vllm bench serve's keys, with its ITL sketch
+        return self.path / "latency.json"
+
+    @property
     def extra_body(self) -> Path:  # load.extra_body, written for the locustfile (not on its command line)
         return self.path / "extra_body.json"
 

@@ -22,6 +22,7 @@ from thermab import atomic, cli, metric_names
 from thermab.analysis import (
     TABLES,
     energy,
+    latency,
     levels,
     load_validity,
     metrics,
@@ -44,6 +45,7 @@ from thermab.analysis.model import (
     distinct_runs,
     load_run,
     ordered_hosts,
+    read_latency,
     read_preflight,
     sibling_runs,
 )
@@ -80,6 +82,9 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
         "performance": performance,
         "energy": energy.energy_table(run.telemetry, windows, run.events, run.requests, ordered_hosts(run.plan)),
         "speed": speed.phase_speed(run.telemetry, windows, run.plan.head),
+        "latency": latency.latency_table(
+            run.requests, windows, latency.sketches(read_latency(run.path), run.requests), run.plan.get("slo")
+        ),
     }
     # energy.csv keeps docs/design.md's columns exactly; a short phase's energy rows are
     # marked in the summary (its arm's †) and in the verdicts built on them
@@ -118,6 +123,7 @@ def _run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                 wakeup.phase_metrics(run.requests),
                 rest.rest_metrics(run.telemetry, run.events, ordered_hosts(config), config.timeline_zone),
                 speed.phase_metrics(tables["speed"]),
+                latency.phase_metrics(tables["latency"]),
             ],
             ignore_index=True,
         ),

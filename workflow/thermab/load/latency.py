@@ -1,0 +1,189 @@
+"""Latency as ``vllm bench serve`` defines it, per request and per phase: the one owner of
+TTFT, TPOT, ITL, E2EL and goodput (docs/design.md, "Latency as the field measures it").
+
+Per request, from the streamed chunks' arrival times (``stream.StreamReader``):
+
+- TTFT: the first token chunk's arrival − the request's start;
+- E2EL: the last token chunk's arrival − the start (the bench stops its clock at the last
+  token, not at ``[DONE]``), i.e. TTFT + ``token_span_s``;
+- TPOT: (E2EL − TTFT) / (output tokens − 1), for requests of more than one token;
+- ITL: every gap between two token chunks.
+
+A week's gaps do not fit in memory as floats, so each request keeps its gaps as a DDSketch
+(the ``ddsketch`` package, Datadog's, its logarithmic mapping): a count per bin, bins of
+relative width ``RELATIVE_ACCURACY`` (1 %), so any quantile read from it is within 1 % of
+a gap that the exact quantile's rank holds. Bins merge by adding counts, so the phases of an
+arm pool exactly. Adding a gap is one logarithm and a dict update (the load client's CPU per
+token, docs/load-tools.md). The mean ITL is exact: a request's gaps sum to its token span.
+
+Pure: the locustfile, the load runner and the analysis all read their figures here."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from ddsketch.ddsketch import BaseDDSketch
+from ddsketch.mapping import LogarithmicMapping
+from ddsketch.store import DenseStore
+
+from thermab import metric_names as names
+
+RELATIVE_ACCURACY = 0.01
+MAPPING = LogarithmicMapping(RELATIVE_ACCURACY)
+# A gap below the clock's resolution (two lines of one read) is counted as this: every gap
+# then has a bin, none falls in DDSketch's separate zero count.
+MIN_GAP_S = 1e-6
+PERCENTILES = names.LATENCY_PERCENTILES  # besides the mean; the bench's median is p50
+LATENCIES = tuple(names.LATENCY_NAMES)
+SLO_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2el"}  # load.slo → the latency it bounds
+
+
+def gap_key(gap_s: float) -> int:
+    """The sketch bin of one inter-token gap."""
+    return MAPPING.key(gap_s if gap_s > MIN_GAP_S else MIN_GAP_S)
+
+
+def merged(pairs) -> dict[int, int]:
+    """Bins (key → count) of many sketches, from (keys, counts) pairs: exact pooling."""
+    bins: dict[int, int] = {}
+    for keys, counts in pairs:
+        for key, count in zip(keys, counts, strict=True):
+            bins[int(key)] = bins.get(int(key), 0) + int(count)
+    return bins
+
+
+def quantile_s(bins: dict[int, int], q: float) -> float:
+    """The ``q`` quantile (0–1) of the gaps in ``bins``, within RELATIVE_ACCURACY; NaN when empty."""
+    store = DenseStore()
+    for key, count in bins.items():
+        store.add(key, count)
+    sketch = BaseDDSketch(MAPPING, store, DenseStore(), 0.0)
+    value = sketch.get_quantile_value(q)
+    return np.nan if value is None else float(value)
+
+
+def in_window(t_start, t_end, start: float, end: float):
+    """Whether each request belongs to the window ``[start, end)``: it ended inside it (one
+    without an end: it started inside it), the rule of every per-phase figure."""
+    t = pd.Series(t_end, dtype="float64").fillna(pd.Series(t_start, dtype="float64"))
+    return ((t >= start) & (t < end)).to_numpy()
+
+
+def request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
+    """TTFT, TPOT and E2EL in seconds and the output tokens of each request (NaN where not
+    measurable: no first token, no token span recorded, TPOT of a one-token reply)."""
+    ttft = requests["t_first_token"] - requests["t_start"]
+    span = requests["token_span_s"] if "token_span_s" in requests else pd.Series(np.nan, index=requests.index)
+    tokens = requests["completion_tokens"].astype("float64")
+    return pd.DataFrame(
+        {
+            "ttft": ttft.astype("float64"),
+            "tpot": (span / (tokens - 1)).where(tokens > 1).astype("float64"),
+            "e2el": (ttft + span).astype("float64"),
+            "tokens": tokens,
+        },
+        index=requests.index,
+    )
+
+
+def good(latencies: pd.DataFrame, slo: dict) -> np.ndarray:
+    """Whether each request meets every declared SLO (``load.slo``: ttft_ms, tpot_ms,
+    e2el_ms), as ``vllm bench serve --goodput`` judges it: at or under each bound, a
+    one-token reply's TPOT counted as 0, an unmeasured latency as missed."""
+    meets = np.ones(len(latencies), dtype=bool)
+    for key, latency in SLO_KEYS.items():
+        if slo.get(key) is None:
+            continue
+        values = latencies[latency].to_numpy("float64")
+        if latency == "tpot":
+            values = np.where(latencies["tokens"].to_numpy("float64") <= 1, 0.0, values)
+        meets &= values * 1000 <= slo[key]
+    return meets
+
+
+def _stats_ms(values: np.ndarray, name: str) -> dict:
+    values = values[~np.isnan(values)]
+    stats = {f"mean_{name}_ms": float(np.mean(values)) * 1000 if len(values) else None}
+    for p in PERCENTILES:
+        stats[f"{stat_word(p)}_{name}_ms"] = float(np.percentile(values, p)) * 1000 if len(values) else None
+    return stats
+
+
+def stat_word(p: int) -> str:
+    """The bench's word for a percentile in its keys: median for 50, else pNN."""
+    return "median" if p == 50 else f"p{p}"
+
+
+def _itl_ms(bins: dict[int, int], span_s: float) -> dict:
+    n = sum(bins.values())
+    stats = {"mean_itl_ms": span_s / n * 1000 if n else None}
+    for p in PERCENTILES:
+        stats[f"{stat_word(p)}_itl_ms"] = quantile_s(bins, p / 100) * 1000 if n else None
+    return stats
+
+
+def summary(requests: pd.DataFrame, bins: dict[int, int], window_s: float, slo: dict | None = None) -> dict:
+    """``vllm bench serve``'s result keys of the ok ``requests`` of one kind in one window
+    (``completed``, ``total_output_tokens``, ``mean_``/``median_``/``p90_``/``p99_`` of
+    ``ttft_ms``, ``tpot_ms``, ``itl_ms`` and ``e2el_ms``) with ``bins`` their gaps' sketch;
+    with an SLO also ``request_goodput`` (good requests/s), ``goodput_pct`` and
+    ``goodput_tok_s`` (their share and their output tokens/s). Values in ms; None where
+    nothing was measured (JSON has no NaN)."""
+    latencies = request_latencies(requests)
+    result = {"completed": len(requests), "total_output_tokens": int(np.nansum(latencies["tokens"]))}
+    for name in ("ttft", "tpot"):
+        result.update(_stats_ms(latencies[name].to_numpy("float64"), name))
+    span = requests["token_span_s"].sum() if "token_span_s" in requests else 0.0
+    result.update(_itl_ms(bins, float(span)))
+    result.update(_stats_ms(latencies["e2el"].to_numpy("float64"), "e2el"))
+    if slo:
+        result.update(goodput(latencies, slo, window_s))
+    return result
+
+
+def goodput(latencies: pd.DataFrame, slo: dict, window_s: float) -> dict:
+    """The good requests per second, their share in % and their output tokens per second."""
+    meets = good(latencies, slo)
+    seconds = window_s if window_s and window_s > 0 else math.nan
+    return {
+        "request_goodput": _finite(meets.sum() / seconds),
+        "goodput_pct": _finite(100.0 * meets.mean()) if len(meets) else None,
+        "goodput_tok_s": _finite(float(np.nansum(latencies["tokens"].to_numpy("float64")[meets])) / seconds),
+    }
+
+
+def _finite(value) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+RECORD_TIMES = ["t_start", "t_first_token", "t_end", "token_span_s", "completion_tokens"]
+
+
+def window_report(records: list[dict], start: float, end: float, slo: dict | None = None) -> dict:
+    """A phase's ``latency.json`` from the locustfile's raw records (they alone carry each
+    request's ITL sketch): ``summary`` of the ok load requests of ``[start, end)`` with
+    ``failed`` (the load's failed requests there), ``duration`` (the window's s), the SLO
+    and the sketch's relative accuracy and bins (``itl_keys``, ``itl_counts``: what pools
+    with other phases), and the same of the probes under ``probes``."""
+    frame = pd.DataFrame.from_records(records, columns=[*RECORD_TIMES, "kind", "ok", "itl_keys", "itl_counts"])
+    frame[RECORD_TIMES] = frame[RECORD_TIMES].astype("float64")
+    window_s = end - start
+    inside = in_window(frame["t_start"], frame["t_end"], start, end)
+    ok = frame["ok"].fillna(False).astype(bool).to_numpy()
+
+    def of(kind, slo=None):
+        chosen = frame[inside & ok & (frame["kind"] == kind).to_numpy()]
+        bins = merged(zip(chosen["itl_keys"].dropna(), chosen["itl_counts"].dropna(), strict=True))
+        return {**summary(chosen, bins, window_s, slo), "itl_keys": list(bins), "itl_counts": list(bins.values())}
+
+    failed = int((inside & ~ok & (frame["kind"] == "load").to_numpy()).sum())
+    return {
+        "duration": _finite(window_s),
+        "failed": failed,
+        "slo": slo,
+        "relative_accuracy": RELATIVE_ACCURACY,
+        **of("load", slo),
+        "probes": of("probe"),
+    }
