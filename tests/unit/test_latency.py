@@ -157,3 +157,17 @@ def test_questions_may_name_latency_percentiles_and_goodput_with_an_slo():
     with_slo["load"]["slo"] = {"ttft_ms": 0}
     with pytest.raises(ConfigError, match="load.slo.ttft_ms"):
         validate(with_slo, ROOT)
+
+
+def test_the_latency_figure_draws_each_arm_and_says_where_nothing_was_measured(tmp_path):
+    from support.synthetic_run import plan_view
+    from thermab.report import plots
+
+    config = plan_view(cluster="c", arms={"A": {"label": "stock", "value": "1"}, "B": {"label": "x", "value": "0"}})
+    table = pd.DataFrame(
+        [{"arm": arm, **{c: 10.0 + k for k, c in enumerate(analysis_latency.LATENCY_COLUMNS)}} for arm in "AB"]
+    )
+    colors = {"A": "#e66101", "B": "#5e3c99"}
+    assert plots.latency_png(table, config, colors, tmp_path / "l.png").stat().st_size > 1000
+    empty = pd.DataFrame(columns=["arm", *analysis_latency.LATENCY_COLUMNS])
+    assert plots.latency_png(empty, config, colors, tmp_path / "none.png").stat().st_size > 1000

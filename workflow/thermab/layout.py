@@ -38,6 +38,7 @@ FIGURES = (
     "questions.png",
     "tradeoff.png",
     "wakeup.png",
+    "latency.png",
 )
 SWEEP_FIGURES = ("dose_response.png",)
 
