@@ -94,9 +94,18 @@ def ttft_after(gap_s: float) -> str:
     return f"TTFT after {gap_s:g} s idle"
 
 
+def wakeup_penalty(gap_s: float, step: bool = False) -> str:
+    """A phase's wake-up penalty after ``gap_s`` of idle: its probes' median TTFT after the
+    gap less its back-to-back probes' (e.g. "wake-up penalty after 0.01 s"), or with ``step``
+    the same of the first decode step ("first-step wake-up penalty after 0.01 s")."""
+    return f"{'first-step ' if step else ''}wake-up penalty after {gap_s:g} s"
+
+
 def gap_of(metric: str) -> float | None:
-    """The idle gap a ``ttft_after`` name names; None for any other name."""
-    found = re.fullmatch(r"TTFT after (\S+) s idle", metric)
+    """The idle gap a ``ttft_after`` or ``wakeup_penalty`` name names; None for any other name."""
+    found = re.fullmatch(r"TTFT after (\S+) s idle", metric) or re.fullmatch(
+        r"(?:first-step )?wake-up penalty after (\S+) s", metric
+    )
     try:
         return float(found[1]) if found else None
     except ValueError:

@@ -59,21 +59,26 @@ def latency_table(
     was measured (ITL: where the window has no sketch)."""
     rows = []
     phases = requests.groupby(PHASE_KEYS, sort=False).indices if requests is not None and len(requests) else {}
+    if phases:  # every request's latencies once, as arrays; each window takes its rows of them
+        every = latency.request_latencies(requests)
+        t_start, t_end = (requests[c].to_numpy("float64", na_value=np.nan) for c in ("t_start", "t_end"))
+        load = (requests["kind"] == "load").to_numpy()
+        ok = requests["ok"].to_numpy(bool, na_value=False)
     for window in windows.itertuples(index=False):
         key = (window.order, int(window.rep), window.arm)
-        phase = requests.iloc[phases[key]] if key in phases else None
-        if phase is None:
-            rows.append({"order": window.order, "rep": window.rep, "arm": window.arm})
-            continue
-        inside = latency.in_window(phase["t_start"], phase["t_end"], window.load_start, window.load_end)
-        load = phase[inside & (phase["kind"] == "load").to_numpy()]
-        ok = load[load["ok"].astype(bool)]
-        summary = latency.summary(ok, bins.get(key, {}), window.window_s, slo)
-        if key not in bins:
-            summary.update({f"{stat}_itl_ms": None for stat in STATS})
-        rows.append(
-            {"order": window.order, "rep": window.rep, "arm": window.arm, **summary, "failed": len(load) - len(ok)}
-        )
+        row = {"order": window.order, "rep": window.rep, "arm": window.arm}
+        if key in phases:
+            positions = phases[key]
+            positions = positions[load[positions]]
+            positions = positions[
+                latency.in_window(t_start[positions], t_end[positions], window.load_start, window.load_end)
+            ]
+            good = positions[ok[positions]]
+            summary = latency.summary(latency.select(every, good), bins.get(key, {}), window.window_s, slo)
+            if key not in bins:
+                summary.update({f"{stat}_itl_ms": None for stat in STATS})
+            row.update(summary, failed=len(positions) - len(good))
+        rows.append(row)
     table = pd.DataFrame(rows).reindex(columns=COLUMNS)
     return table.astype({c: "float64" for c in COLUMNS if c not in PHASE_KEYS})
 

@@ -64,51 +64,61 @@ def quantile_s(bins: dict[int, int], q: float) -> float:
     return np.nan if value is None else float(value)
 
 
-def in_window(t_start, t_end, start: float, end: float):
+def in_window(t_start, t_end, start: float, end: float) -> np.ndarray:
     """Whether each request belongs to the window ``[start, end)``: it ended inside it (one
     without an end: it started inside it), the rule of every per-phase figure."""
-    t = pd.Series(t_end, dtype="float64").fillna(pd.Series(t_start, dtype="float64"))
-    return ((t >= start) & (t < end)).to_numpy()
+    t_start, t_end = (np.asarray(t, dtype="float64") for t in (t_start, t_end))
+    t = np.where(np.isnan(t_end), t_start, t_end)
+    return (t >= start) & (t < end)
 
 
-def request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
-    """TTFT, TPOT and E2EL in seconds and the output tokens of each request (NaN where not
-    measurable: no first token, no token span recorded, TPOT of a one-token reply)."""
-    ttft = requests["t_first_token"] - requests["t_start"]
-    span = requests["token_span_s"] if "token_span_s" in requests else pd.Series(np.nan, index=requests.index)
-    tokens = requests["completion_tokens"].astype("float64")
-    return pd.DataFrame(
-        {
-            "ttft": ttft.astype("float64"),
-            "tpot": (span / (tokens - 1)).where(tokens > 1).astype("float64"),
-            "e2el": (ttft + span).astype("float64"),
-            "tokens": tokens,
-        },
-        index=requests.index,
+def request_latencies(requests: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Per request, as arrays: TTFT, TPOT and E2EL in seconds, the output tokens and the
+    token span (NaN where not measurable: no first token, no token span recorded, TPOT of
+    a one-token reply). ``select`` takes rows of them."""
+    t_start = requests["t_start"].to_numpy("float64", na_value=np.nan)
+    ttft = requests["t_first_token"].to_numpy("float64", na_value=np.nan) - t_start
+    span = (
+        requests["token_span_s"].to_numpy("float64", na_value=np.nan)
+        if "token_span_s" in requests
+        else np.full(len(requests), np.nan)
     )
+    tokens = requests["completion_tokens"].to_numpy("float64", na_value=np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(tokens > 1, span / (tokens - 1), np.nan)
+    return {"ttft": ttft, "tpot": tpot, "e2el": ttft + span, "tokens": tokens, "span": span}
 
 
-def good(latencies: pd.DataFrame, slo: dict) -> np.ndarray:
+def select(latencies: dict[str, np.ndarray], rows) -> dict[str, np.ndarray]:
+    """The latencies of ``rows`` (positions or a mask)."""
+    return {name: values[rows] for name, values in latencies.items()}
+
+
+def good(latencies: dict[str, np.ndarray], slo: dict) -> np.ndarray:
     """Whether each request meets every declared SLO (``load.slo``: ttft_ms, tpot_ms,
     e2el_ms), as ``vllm bench serve --goodput`` judges it: at or under each bound, a
     one-token reply's TPOT counted as 0, an unmeasured latency as missed."""
-    meets = np.ones(len(latencies), dtype=bool)
+    meets = np.ones(len(latencies["tokens"]), dtype=bool)
     for key, latency in SLO_KEYS.items():
         if slo.get(key) is None:
             continue
-        values = latencies[latency].to_numpy("float64")
+        values = latencies[latency]
         if latency == "tpot":
-            values = np.where(latencies["tokens"].to_numpy("float64") <= 1, 0.0, values)
+            values = np.where(latencies["tokens"] <= 1, 0.0, values)
         meets &= values * 1000 <= slo[key]
     return meets
 
 
 def _stats_ms(values: np.ndarray, name: str) -> dict:
     values = values[~np.isnan(values)]
+    found = np.percentile(values, PERCENTILES) * 1000 if len(values) else [None] * len(PERCENTILES)
     stats = {f"mean_{name}_ms": float(np.mean(values)) * 1000 if len(values) else None}
-    for p in PERCENTILES:
-        stats[f"{stat_word(p)}_{name}_ms"] = float(np.percentile(values, p)) * 1000 if len(values) else None
+    stats.update({f"{stat_word(p)}_{name}_ms": _ms(v) for p, v in zip(PERCENTILES, found, strict=True)})
     return stats
+
+
+def _ms(value) -> float | None:
+    return None if value is None else float(value)
 
 
 def stat_word(p: int) -> str:
@@ -124,33 +134,31 @@ def _itl_ms(bins: dict[int, int], span_s: float) -> dict:
     return stats
 
 
-def summary(requests: pd.DataFrame, bins: dict[int, int], window_s: float, slo: dict | None = None) -> dict:
-    """``vllm bench serve``'s result keys of the ok ``requests`` of one kind in one window
-    (``completed``, ``total_output_tokens``, ``mean_``/``median_``/``p90_``/``p99_`` of
-    ``ttft_ms``, ``tpot_ms``, ``itl_ms`` and ``e2el_ms``) with ``bins`` their gaps' sketch;
-    with an SLO also ``request_goodput`` (good requests/s), ``goodput_pct`` and
-    ``goodput_tok_s`` (their share and their output tokens/s). Values in ms; None where
-    nothing was measured (JSON has no NaN)."""
-    latencies = request_latencies(requests)
-    result = {"completed": len(requests), "total_output_tokens": int(np.nansum(latencies["tokens"]))}
+def summary(latencies: dict[str, np.ndarray], bins: dict[int, int], window_s: float, slo: dict | None = None) -> dict:
+    """``vllm bench serve``'s result keys of the ok requests of one kind in one window (their
+    ``request_latencies``): ``completed``, ``total_output_tokens``, ``mean_``/``median_``/
+    ``p90_``/``p99_`` of ``ttft_ms``, ``tpot_ms``, ``itl_ms`` and ``e2el_ms``, with ``bins``
+    their gaps' sketch; with an SLO also ``request_goodput`` (good requests/s),
+    ``goodput_pct`` and ``goodput_tok_s`` (their share and their output tokens/s). Values in
+    ms; None where nothing was measured (JSON has no NaN)."""
+    result = {"completed": len(latencies["tokens"]), "total_output_tokens": int(np.nansum(latencies["tokens"]))}
     for name in ("ttft", "tpot"):
-        result.update(_stats_ms(latencies[name].to_numpy("float64"), name))
-    span = requests["token_span_s"].sum() if "token_span_s" in requests else 0.0
-    result.update(_itl_ms(bins, float(span)))
-    result.update(_stats_ms(latencies["e2el"].to_numpy("float64"), "e2el"))
+        result.update(_stats_ms(latencies[name], name))
+    result.update(_itl_ms(bins, float(np.nansum(latencies["span"]))))
+    result.update(_stats_ms(latencies["e2el"], "e2el"))
     if slo:
         result.update(goodput(latencies, slo, window_s))
     return result
 
 
-def goodput(latencies: pd.DataFrame, slo: dict, window_s: float) -> dict:
+def goodput(latencies: dict[str, np.ndarray], slo: dict, window_s: float) -> dict:
     """The good requests per second, their share in % and their output tokens per second."""
     meets = good(latencies, slo)
     seconds = window_s if window_s and window_s > 0 else math.nan
     return {
         "request_goodput": _finite(meets.sum() / seconds),
         "goodput_pct": _finite(100.0 * meets.mean()) if len(meets) else None,
-        "goodput_tok_s": _finite(float(np.nansum(latencies["tokens"].to_numpy("float64")[meets])) / seconds),
+        "goodput_tok_s": _finite(float(np.nansum(latencies["tokens"][meets])) / seconds),
     }
 
 
@@ -176,7 +184,8 @@ def window_report(records: list[dict], start: float, end: float, slo: dict | Non
     def of(kind, slo=None):
         chosen = frame[inside & ok & (frame["kind"] == kind).to_numpy()]
         bins = merged(zip(chosen["itl_keys"].dropna(), chosen["itl_counts"].dropna(), strict=True))
-        return {**summary(chosen, bins, window_s, slo), "itl_keys": list(bins), "itl_counts": list(bins.values())}
+        report = summary(request_latencies(chosen), bins, window_s, slo)
+        return {**report, "itl_keys": list(bins), "itl_counts": list(bins.values())}
 
     failed = int((inside & ~ok & (frame["kind"] == "load").to_numpy()).sum())
     return {

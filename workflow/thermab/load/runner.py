@@ -97,7 +97,8 @@ class LoadSpec:
     @property
     def wakeup_s(self) -> float:
         """The most the wake-up probes may take: their gaps, and WAKEUP_REQUEST_S a request."""
-        requests = self.wakeup_n * len(self.wakeup_gaps_s) + 1 if self.wakeup_gaps_s else 0
+        # after each gap, and back to back after the first that opens the connection
+        requests = self.wakeup_n * (len(self.wakeup_gaps_s) + 1) + 1 if self.wakeup_gaps_s else 0
         return self.wakeup_n * sum(self.wakeup_gaps_s) + requests * WAKEUP_REQUEST_S
 
     @property
