@@ -14,7 +14,7 @@ from thermab import metric_names as names
 from thermab.analysis import latency as analysis_latency
 from thermab.config import ConfigError, known_metric, validate
 from thermab.errors import UserError
-from thermab.load import latency
+from thermab.load import latency, sketch
 from thermab.load.stream import StreamReader
 
 RAW = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
@@ -55,19 +55,19 @@ def test_a_one_token_reply_has_no_tpot_and_counts_as_zero_for_goodput():
 def test_itl_quantiles_are_within_the_sketch_s_accuracy_and_pool_exactly():
     rng = np.random.default_rng(3)
     gaps = rng.lognormal(np.log(0.03), 0.6, 5000)
-    bins = [latency.gap_key(g) for g in gaps]
+    bins = [sketch.gap_key(g) for g in gaps]
     half = len(gaps) // 2
-    first = latency.merged([(bins[:half], [1] * half)])
-    second = latency.merged([(bins[half:], [1] * (len(gaps) - half))])
-    pooled = latency.merged([(list(first), list(first.values())), (list(second), list(second.values()))])
-    assert pooled == latency.merged([(bins, [1] * len(gaps))])  # phases pool exactly
+    first = sketch.merged([(bins[:half], [1] * half)])
+    second = sketch.merged([(bins[half:], [1] * (len(gaps) - half))])
+    pooled = sketch.merged([(list(first), list(first.values())), (list(second), list(second.values()))])
+    assert pooled == sketch.merged([(bins, [1] * len(gaps))])  # phases pool exactly
     for q in (0.5, 0.9, 0.99):
         exact = np.quantile(gaps, q, method="lower")
-        assert latency.quantile_s(pooled, q) == pytest.approx(exact, rel=latency.RELATIVE_ACCURACY)
+        assert sketch.quantile_s(pooled, q) == pytest.approx(exact, rel=sketch.RELATIVE_ACCURACY)
 
 
 def test_a_gap_below_the_clock_s_resolution_has_a_bin():
-    assert latency.gap_key(0.0) == latency.gap_key(latency.MIN_GAP_S)
+    assert sketch.gap_key(0.0) == sketch.gap_key(sketch.MIN_GAP_S)
 
 
 def test_a_window_report_has_the_bench_s_keys_and_the_probes_apart():
@@ -83,7 +83,7 @@ def test_a_window_report_has_the_bench_s_keys_and_the_probes_apart():
     assert report["median_ttft_ms"] == pytest.approx(np.median(ttfts))
     assert report["p99_ttft_ms"] == pytest.approx(np.percentile(ttfts, 99))
     assert report["mean_itl_ms"] == pytest.approx(75.0)  # gaps of 50 and 100 ms, exact
-    assert report["p99_itl_ms"] == pytest.approx(100.0, rel=latency.RELATIVE_ACCURACY)
+    assert report["p99_itl_ms"] == pytest.approx(100.0, rel=sketch.RELATIVE_ACCURACY)
     assert report["mean_tpot_ms"] == pytest.approx(75.0)
     assert report["goodput_pct"] == pytest.approx(60.0)  # TTFT 100, 200, 300 ms of 100…500 meet 350 ms
     assert report["request_goodput"] == pytest.approx(0.3)
@@ -125,7 +125,7 @@ def test_the_latency_table_and_its_metrics_name_units_and_goodput():
     windows = pd.DataFrame(
         {"order": ["AB", "AB"], "rep": [1, 1], "arm": ["A", "B"], "load_start": [0, 100], "load_end": [10, 110]}
     ).assign(window_s=10.0)
-    key = latency.gap_key(0.05)
+    key = sketch.gap_key(0.05)
     reports = {
         ("AB", 1, "A", 4, "4 users"): {"relative_accuracy": 0.01, "itl_keys": [key], "itl_counts": [8]},
         ("AB", 1, "A", 16, "16 users"): {"relative_accuracy": 0.01, "itl_keys": [key + 50], "itl_counts": [8]},

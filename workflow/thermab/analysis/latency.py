@@ -14,7 +14,7 @@ import pandas as pd
 from thermab import metric_names as names
 from thermab.analysis.metrics import PHASE_KEYS, long, no_metrics
 from thermab.errors import UserError
-from thermab.load import latency
+from thermab.load import latency, sketch
 
 STATS = ["mean", *(latency.stat_word(p) for p in latency.PERCENTILES)]
 LATENCY_COLUMNS = [f"{stat}_{name}_ms" for name in latency.LATENCIES for stat in STATS]
@@ -34,12 +34,12 @@ def sketches(reports: dict[tuple, dict], requests: pd.DataFrame | None) -> dict[
         if levels and level is not None and level not in levels:
             continue
         keys, counts = report.get("itl_keys"), report.get("itl_counts")
-        if report.get("relative_accuracy") != latency.RELATIVE_ACCURACY or not _bins_ok(keys, counts):
+        if report.get("relative_accuracy") != sketch.RELATIVE_ACCURACY or not _bins_ok(keys, counts):
             raise UserError(
                 f"phases/rep{rep}-{arm}: latency.json's ITL sketch is not thermab's "
-                f"(relative accuracy {latency.RELATIVE_ACCURACY}, itl_keys and itl_counts lists of whole numbers)"
+                f"(relative accuracy {sketch.RELATIVE_ACCURACY}, itl_keys and itl_counts lists of whole numbers)"
             )
-        bins[(order, int(rep), arm)] = latency.merged([(keys, counts)])
+        bins[(order, int(rep), arm)] = sketch.merged([(keys, counts)])
     return bins
 
 
@@ -95,9 +95,3 @@ def phase_metrics(table: pd.DataFrame) -> pd.DataFrame:
     parts.append(long(table, "goodput_pct", names.GOODPUT, "%"))
     values = pd.concat([no_metrics(), *parts], ignore_index=True)
     return values.dropna(subset=["value"]).reset_index(drop=True)
-
-
-def pooled_itl_ms(bins: list[dict[int, int]], q: float) -> float:
-    """The ``q`` quantile in ms of the gaps of many windows, their sketches merged exactly."""
-    merged = latency.merged([(list(b), list(b.values())) for b in bins])
-    return latency.quantile_s(merged, q) * 1000 if merged else np.nan

@@ -9,12 +9,9 @@ Per request, from the streamed chunks' arrival times (``stream.StreamReader``):
 - TPOT: (E2EL − TTFT) / (output tokens − 1), for requests of more than one token;
 - ITL: every gap between two token chunks.
 
-A week's gaps do not fit in memory as floats, so each request keeps its gaps as a DDSketch
-(the ``ddsketch`` package, Datadog's, its logarithmic mapping): a count per bin, bins of
-relative width ``RELATIVE_ACCURACY`` (1 %), so any quantile read from it is within 1 % of
-a gap that the exact quantile's rank holds. Bins merge by adding counts, so the phases of an
-arm pool exactly. Adding a gap is one logarithm and a dict update (the load client's CPU per
-token, docs/load-tools.md). The mean ITL is exact: a request's gaps sum to its token span.
+A week's gaps do not fit in memory as floats: each request keeps them as a sketch's bins
+(``load/sketch.py``, DDSketch), which pool exactly. The mean ITL is exact: a request's gaps
+sum to its token span.
 
 Pure: the locustfile, the load runner and the analysis all read their figures here."""
 
@@ -24,44 +21,13 @@ import math
 
 import numpy as np
 import pandas as pd
-from ddsketch.ddsketch import BaseDDSketch
-from ddsketch.mapping import LogarithmicMapping
-from ddsketch.store import DenseStore
 
 from thermab import metric_names as names
+from thermab.load.sketch import RELATIVE_ACCURACY, merged, quantile_s
 
-RELATIVE_ACCURACY = 0.01
-MAPPING = LogarithmicMapping(RELATIVE_ACCURACY)
-# A gap below the clock's resolution (two lines of one read) is counted as this: every gap
-# then has a bin, none falls in DDSketch's separate zero count.
-MIN_GAP_S = 1e-6
 PERCENTILES = names.LATENCY_PERCENTILES  # besides the mean; the bench's median is p50
 LATENCIES = tuple(names.LATENCY_NAMES)
 SLO_KEYS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "e2el_ms": "e2el"}  # load.slo → the latency it bounds
-
-
-def gap_key(gap_s: float) -> int:
-    """The sketch bin of one inter-token gap."""
-    return MAPPING.key(gap_s if gap_s > MIN_GAP_S else MIN_GAP_S)
-
-
-def merged(pairs) -> dict[int, int]:
-    """Bins (key → count) of many sketches, from (keys, counts) pairs: exact pooling."""
-    bins: dict[int, int] = {}
-    for keys, counts in pairs:
-        for key, count in zip(keys, counts, strict=True):
-            bins[int(key)] = bins.get(int(key), 0) + int(count)
-    return bins
-
-
-def quantile_s(bins: dict[int, int], q: float) -> float:
-    """The ``q`` quantile (0–1) of the gaps in ``bins``, within RELATIVE_ACCURACY; NaN when empty."""
-    store = DenseStore()
-    for key, count in bins.items():
-        store.add(key, count)
-    sketch = BaseDDSketch(MAPPING, store, DenseStore(), 0.0)
-    value = sketch.get_quantile_value(q)
-    return np.nan if value is None else float(value)
 
 
 def in_window(t_start, t_end, start: float, end: float) -> np.ndarray:

@@ -1,15 +1,15 @@
 """One streamed chat completion read as its server-sent events arrive: the record the
 load keeps of it (first token, gaps and stalls, token arrivals, usage, errors).
 
-Pure and small (``time`` and ``orjson`` only: no gevent, no Locust), so the locustfile
-imports it and tests feed it crafted streams directly."""
+Pure and small (``time``, ``orjson`` and the gaps' sketch only: no gevent, no Locust), so
+the locustfile imports it and tests feed it crafted streams directly."""
 
 import time
 
 import orjson
 
 from thermab.errors import HostError
-from thermab.load.latency import gap_key
+from thermab.load.sketch import gap_key
 
 # Text lines handled closer together than this were read from one buffer (handling a line
 # takes microseconds): they are one arrival of tokens, not several.
