@@ -87,7 +87,7 @@ def phase_metrics(requests: pd.DataFrame | None) -> pd.DataFrame:
 def penalty_metrics(requests: pd.DataFrame) -> pd.DataFrame:
     """Per phase and gap, the wake-up penalty: the median TTFT of the probes after the gap
     less the median of the same phase's back-to-back probes (``gap_s`` empty, but the first,
-    which opened the connection), and the same of the first decode step; in s, metrics
+    which opened the connection), and the same of the first decode step; in ms, metrics
     ``metric_names.wakeup_penalty``. A contrast inside one server start, so what each
     start draws (its step time moves every probe of the phase alike) cancels; a phase
     without back-to-back probes (a run from before them) has none."""
@@ -102,8 +102,8 @@ def penalty_metrics(requests: pd.DataFrame) -> pd.DataFrame:
             continue
         reference = unpaced[["ttft", "step"]].median()
         for gap, probes in phase[phase["gap_s"].notna()].groupby("gap_s"):
-            penalty = probes[["ttft", "step"]].median() - reference
-            rows.append([order, rep, arm, names.wakeup_penalty(gap), "s", penalty["ttft"]])
-            rows.append([order, rep, arm, names.wakeup_penalty(gap, step=True), "s", penalty["step"]])
+            penalty = (probes[["ttft", "step"]].median() - reference) * 1000  # ms: a wake-up is a few
+            rows.append([order, rep, arm, names.wakeup_penalty(gap), "ms", penalty["ttft"]])
+            rows.append([order, rep, arm, names.wakeup_penalty(gap, step=True), "ms", penalty["step"]])
     frame = pd.DataFrame(rows, columns=["order", "rep", "arm", "metric", "unit", "value"])
     return frame.dropna(subset=["value"]) if rows else no_metrics()
