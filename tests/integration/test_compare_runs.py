@@ -71,3 +71,12 @@ def test_bad_input_is_one_line_and_exit_status_2(runs, tmp_path, capsys, case):
         "the same run": "is the same run as",
     }[case]
     assert expected in err
+
+
+def test_differences_name_each_key_that_differs_and_a_file_only_some_runs_have():
+    first = {"run.json: max_tokens": "400", "run.json: users": "4", "provenance: vllm": '"0.9"'}
+    second = {"run.json: max_tokens": "256", "run.json: users": "4"}
+    assert compare.differences([first, second], ["a", "b"]) == [
+        "provenance: only in a",
+        "run.json: max_tokens: a: 400, b: 256",
+    ]

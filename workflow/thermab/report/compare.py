@@ -21,8 +21,9 @@ import pandas as pd
 
 from thermab import atomic, cli, layout
 from thermab.analysis import levels
-from thermab.analysis.model import distinct_runs
+from thermab.analysis.model import MAX_JSON_BYTES, distinct_runs
 from thermab.analysis.stats import welch_interval
+from thermab.config import read_bounded
 from thermab.errors import UserError
 from thermab.experiment import events
 from thermab.report import analyze, summary
@@ -45,7 +46,7 @@ COLUMNS = [
     "ci_high",
 ]
 # what differs from run to run by nature, not by environment: left out of the differences
-VOLATILE = {"run.json: epoch_s", "preflight.json: t", "provenance: git_commit"}
+VOLATILE = {"run.json: epoch_s", "preflight.json: t"}
 SHOWN_CHARS = 60
 
 
@@ -62,18 +63,20 @@ def finished_run(path: Path) -> Path:
     return path
 
 
-def _flat(prefix: str, value, out: dict) -> None:
+def _leaves(value, path: str = ""):
+    """(``key.key``, its value as JSON) of each leaf of a JSON document."""
     if isinstance(value, dict):
         for key, inner in value.items():
-            _flat(f"{prefix}.{key}" if not prefix.endswith(": ") else f"{prefix}{key}", inner, out)
+            yield from _leaves(inner, f"{path}.{key}" if path else str(key))
     else:
-        out[prefix] = json.dumps(value, sort_keys=True)
+        yield path, json.dumps(value, sort_keys=True)
 
 
 def environment(path: Path) -> dict[str, str]:
     """What a run records of its environment, flat (``FILE: key.key`` → its JSON): run.json
     (the plan and its settings), preflight.json (hosts, endpoint, safety) and
-    provenance/versions.json (the controller's versions); a file the run lacks adds nothing."""
+    provenance/versions.json (the controller's versions and commit); a file the run lacks
+    adds nothing."""
     files = layout.RunDir(path)
     flat: dict[str, str] = {}
     for name, file in (
@@ -83,18 +86,29 @@ def environment(path: Path) -> dict[str, str]:
     ):
         if file.is_file():
             try:
-                _flat(f"{name}: ", json.loads(file.read_text()), flat)
-            except (OSError, ValueError) as error:
+                document = json.loads(read_bounded(file, MAX_JSON_BYTES).decode("utf-8"))
+            except (RecursionError, ValueError) as error:
                 raise UserError(f"{file}: not JSON: {' '.join(str(error).split())[:160]}") from None
+            flat.update((f"{name}: {key}", leaf) for key, leaf in _leaves(document))
     return {key: value for key, value in flat.items() if key not in VOLATILE and "clock_offset" not in key}
 
 
+def _file_of(key: str) -> str:
+    return key.split(": ", 1)[0]
+
+
 def differences(environments: list[dict[str, str]], names: list[str]) -> list[str]:
-    """One line per key whose value is not the same in every run (absent counts as a value)."""
-    lines = []
+    """One line per key whose value is not the same in every run (absent counts as a value);
+    a file that only some runs have is one line, not one per key of it."""
+    files = [{_file_of(key) for key in env} for env in environments]
+    partial = sorted(set().union(*files) - set.intersection(*files))
+    lines = [
+        f"{file}: only in {', '.join(name for name, own in zip(names, files, strict=True) if file in own)}"
+        for file in partial
+    ]
     for key in sorted(set().union(*environments)):
         values = [env.get(key) for env in environments]
-        if len(set(values)) > 1:
+        if _file_of(key) not in partial and len(set(values)) > 1:
             shown = ", ".join(f"{name}: {_short(value)}" for name, value in zip(names, values, strict=True))
             lines.append(f"{key}: {shown}")
     return lines
