@@ -171,3 +171,14 @@ def test_the_latency_figure_draws_each_arm_and_says_where_nothing_was_measured(t
     assert plots.latency_png(table, config, colors, tmp_path / "l.png").stat().st_size > 1000
     empty = pd.DataFrame(columns=["arm", *analysis_latency.LATENCY_COLUMNS])
     assert plots.latency_png(empty, config, colors, tmp_path / "none.png").stat().st_size > 1000
+
+
+def test_the_load_command_takes_its_slo_as_the_config_key_would():
+    import argparse
+
+    from thermab.load.runner import _slo
+
+    assert _slo("ttft_ms=500,tpot_ms=50") == {"ttft_ms": 500.0, "tpot_ms": 50.0}
+    for bad, said in (("ttft_ms=0", "load.slo.ttft_ms"), ("itl_ms=5", "none of ttft_ms"), ("e2el_ms=nan", "decimal")):
+        with pytest.raises(argparse.ArgumentTypeError, match=said):
+            _slo(bad)
