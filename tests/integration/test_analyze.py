@@ -125,6 +125,7 @@ def test_figures_render_for_the_study(study):
         "questions.png",
         "tradeoff.png",
         "wakeup.png",
+        "latency.png",
     }
     assert all(p.stat().st_size > 1000 for p in paths)
     html = (study[0] / "figures" / "timeline.html").read_text()

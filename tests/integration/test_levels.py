@@ -291,8 +291,10 @@ def test_the_tradeoff_figure_is_drawn_for_levels_and_for_one_level(tmp_path):
         analysis={"timeline_zone": "TSOC"},
         users=[1, 4, {"rate": 0.5, "users": 4}, 16],
         arms={"A": {"label": "stock", "value": "1"}, "B": {"label": "patched", "value": "0"}},
+        slo={"ttft_ms": 500},
     )
     metrics = [name for name, title, _unit in traffic.panels(config) if "energy" not in title]  # its panel says so
+    assert metrics.index("goodput") == metrics.index("output throughput") + 1  # beside throughput, with an SLO
     every = levels.of_run(config)
     pooled = pd.DataFrame(
         [

@@ -79,6 +79,9 @@ def test_normal_load_records_every_request_with_probe_and_unique_tags(tmp_path):
     assert dict(frame.dtypes.astype(str)) == REQUEST_COLUMNS
     assert report == json.loads((tmp_path / "validity.json").read_text())
     assert (tmp_path / "requests.jsonl").exists() and (tmp_path / "locust.log").exists()
+    latency = json.loads((tmp_path / "latency.json").read_text())  # vllm bench serve's keys beside the records
+    assert 0 < latency["completed"] <= report["requests"]["load_ok"] and latency["failed"] == 0
+    assert latency["probes"]["completed"] == 3 and 5 <= latency["median_itl_ms"] <= 50
 
     # Every request the server saw is a record, and every record is complete and from usage.
     assert len(frame) == len(prompts_seen)
@@ -263,17 +266,20 @@ def test_wakeup_probes_follow_the_load_each_after_its_gap_of_idle(tmp_path):
     with MisbehavingServer("normal", token_interval_s=0.005) as server:
         report, frame, _ = run(server, tmp_path, users=2, duration_s=2, wakeup_gaps_s=(0.05, 0.3), wakeup_n=2)
     load, probes = frame[frame["kind"] == "load"], frame[frame["kind"] == "wakeup"].sort_values("t_start")
-    assert probes["ok"].all() and (probes["user"] == 0).all() and len(probes) == 1 + 2 * 2
+    assert probes["ok"].all() and (probes["user"] == 0).all() and len(probes) == 1 + 2 + 2 * 2
     assert probes["t_start"].min() >= load["t_end"].max()  # the server idle: the load has ended
-    assert pd.isna(probes["gap_s"].iloc[0])  # the first opens the connection, after no gap
-    assert list(probes["gap_s"].iloc[1:]) == [0.05, 0.05, 0.3, 0.3]
-    idle = probes["t_start"].to_numpy()[1:] - probes["t_end"].to_numpy()[:-1]
-    assert (idle >= probes["gap_s"].to_numpy()[1:]).all()
+    # the first opens the connection, two more follow back to back: all after no gap
+    assert probes["gap_s"].iloc[:3].isna().all()
+    assert list(probes["gap_s"].iloc[3:]) == [0.05, 0.05, 0.3, 0.3]
+    idle = probes["t_start"].to_numpy()[3:] - probes["t_end"].to_numpy()[2:-1]
+    assert (idle >= probes["gap_s"].to_numpy()[3:]).all()
     assert (probes["first_step_s"] > 0).all() and (probes["completion_tokens"] == 8).all()
     assert report["wakeup"] == {"n": 4, "ok": 4, "gaps_s": [0.05, 0.3], "first_error": None}
     assert report["requests"]["started_after_end"] == 0  # the probes are not the load's
     table = wakeup.wakeup_table(frame)
     assert list(zip(table["gap_s"], table["n"], strict=True)) == [(0.05, 2), (0.3, 2)]
+    metrics = set(wakeup.phase_metrics(frame)["metric"])
+    assert {"wake-up penalty after 0.05 s", "first-step wake-up penalty after 0.3 s"} <= metrics
 
 
 class LookupCountingServer(MisbehavingServer):

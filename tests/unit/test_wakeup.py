@@ -11,10 +11,13 @@ import yaml
 from hypothesis import given, settings, strategies as st
 
 from support.paths import REPO as ROOT
-from thermab.analysis import wakeup
+from thermab import metric_names as names
+from thermab.analysis import stats, wakeup
 from thermab.analysis.model import Plan
 from thermab.config import ConfigError, validate
 from thermab.experiment import plan
+from thermab.load.shapes import WAKEUP
+from thermab.sim import restart
 
 
 @pytest.mark.parametrize("n", [6, 9, 20, 50])
@@ -173,3 +176,51 @@ def test_a_run_plan_s_questions_on_gaps_and_rest_are_checked_against_what_it_ran
     assert "key 'questions.0.metric'" in problem and "unknown metric" in problem
     (problem,) = plan.plan_problems({**written, "wakeup_gaps_s": [3], "idle_s": 0})
     assert "key 'questions.1.metric'" in problem
+
+
+def test_the_wake_up_penalty_recovers_a_wake_up_cost_that_the_raw_ttft_misses_at_the_restart_spread():
+    """Simulated studies of 3 restarts an arm, each start drawing its step time as the
+    simulated server does (``sim.restart.STEP_FACTOR_SD``, which moves every probe of the
+    phase alike), the patched arm paying a known 1 ms to wake a reader after 10 ms idle: the
+    raw comparison of TTFT after the gap rarely shows it; the contrast with the same start's
+    back-to-back probes does, its interval covering the true cost."""
+    rng = np.random.default_rng(7)
+    base_s, cost_s, gap, studies, n = 0.040, 0.001, 0.01, 100, 5
+    rows = []
+    for study in range(studies):
+        for rep in (1, 2, 3):
+            for arm in "AB":
+                factor = np.exp(rng.normal(0, restart.STEP_FACTOR_SD))
+                t = 1000.0 * (study * 10 + rep) + (arm == "B") * 100
+                for k in range(1 + 2 * n):
+                    gap_s = np.nan if k <= n else gap
+                    ttft = base_s * factor + (cost_s if arm == "B" and k > n else 0) + rng.normal(0, 1e-4)
+                    rows.append(
+                        {
+                            "order": f"AB{study}",
+                            "rep": rep,
+                            "arm": arm,
+                            "kind": WAKEUP,
+                            "ok": True,
+                            "gap_s": gap_s,
+                            "t_start": t + k,
+                            "t_first_token": t + k + ttft,
+                            "first_step_s": 0.02 * factor,
+                        }
+                    )
+    values = wakeup.phase_metrics(pd.DataFrame(rows))
+
+    def intervals(metric):
+        chosen = values[values["metric"] == metric]
+        return [
+            stats.welch_interval(study[study["arm"] == "A"]["value"], study[study["arm"] == "B"]["value"])
+            for _, study in chosen.groupby("order")
+        ]
+
+    raw = intervals(names.ttft_after(gap))
+    contrast = intervals(names.wakeup_penalty(gap))
+    assert len(raw) == len(contrast) == studies
+    assert np.mean([i["ci_low"] > 0 for i in raw]) < 0.5  # the restarts' spread hides it
+    assert np.mean([i["ci_low"] > 0 for i in contrast]) > 0.9  # the contrast shows it
+    covered = [i["ci_low"] <= cost_s * 1000 <= i["ci_high"] for i in contrast]  # the penalty is in ms
+    assert np.mean(covered) >= 0.85  # 95 % intervals, 100 draws

@@ -203,6 +203,7 @@ CAPTIONS = {
     "questions.png": "../report/questions.rst",
     "tradeoff.png": "../report/tradeoff.rst",
     "wakeup.png": "../report/wakeup.rst",
+    "latency.png": "../report/latency.rst",
     "cpu.png": "../report/per_arm.rst",
     "throughput.png": "../report/per_arm.rst",
 }

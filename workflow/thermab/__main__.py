@@ -21,6 +21,7 @@ COMMANDS = {
     "lease": "thermab.experiment.lease_command",
     "discover": "thermab.experiment.discover",
     "tune": "thermab.tune.run",
+    "compare": "thermab.report.compare",
 }
 
 USAGE = """\
@@ -40,6 +41,8 @@ commands:
   lease RUN_DIR [--break]     who holds the run's hosts; --break breaks a stale lease
   discover NAME=URL ...       read real nodes (read-only) and write a config that fits them
   tune CONFIG ...             search the setting's best value, each trial a run
+  compare RUN_A RUN_B ...     any finished runs side by side: arms matched by label, each
+                              metric's difference with its interval, environments first
 
 python -m thermab COMMAND --help describes a command.
 

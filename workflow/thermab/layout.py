@@ -38,6 +38,7 @@ FIGURES = (
     "questions.png",
     "tradeoff.png",
     "wakeup.png",
+    "latency.png",
 )
 SWEEP_FIGURES = ("dose_response.png",)
 
@@ -72,6 +73,10 @@ class PhaseDir:
     @property
     def validity(self) -> Path:
         return self.path / "validity.json"
+
+    @property
+    def latency(self) -> Path:  # the window's latency in vllm bench serve's keys, with its ITL sketch
+        return self.path / "latency.json"
 
     @property
     def extra_body(self) -> Path:  # load.extra_body, written for the locustfile (not on its command line)

@@ -39,6 +39,20 @@ BETWEEN_RESTARTS = frozenset(
 # for the per-phase covariates of ``analysis.covariates`` (analysis/speed.py, ANCOVA).
 ADJUSTED = (OUTPUT_THROUGHPUT, PROBE_DECODE_SPEED, CLUSTER_ENERGY_PER_TOKEN)
 CPU_MEDIAN = "vLLM CPU median"
+# Latency as vllm bench serve reports it (load/latency.py), per phase: a percentile of each
+# over the window's load requests (TTFT, TPOT, E2EL) or over all its inter-token gaps (ITL),
+# in ms, e.g. "p99 ITL"; and with load.slo the share of requests meeting it, in %.
+LATENCY_PERCENTILES = (50, 90, 99)
+LATENCY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL"}
+GOODPUT = "goodput"
+
+
+def latency(percentile: int, name: str) -> str:
+    """A latency percentile's metric (e.g. ``latency(99, "itl")`` is "p99 ITL")."""
+    return f"p{percentile} {LATENCY_NAMES[name]}"
+
+
+LATENCY_METRICS = tuple(latency(p, name) for name in LATENCY_NAMES for p in LATENCY_PERCENTILES)
 
 
 def zone_mean(host: str, zone: str) -> str:
@@ -80,9 +94,18 @@ def ttft_after(gap_s: float) -> str:
     return f"TTFT after {gap_s:g} s idle"
 
 
+def wakeup_penalty(gap_s: float, step: bool = False) -> str:
+    """A phase's wake-up penalty after ``gap_s`` of idle: its probes' median TTFT after the
+    gap less its back-to-back probes' (e.g. "wake-up penalty after 0.01 s"), or with ``step``
+    the same of the first decode step ("first-step wake-up penalty after 0.01 s")."""
+    return f"{'first-step ' if step else ''}wake-up penalty after {gap_s:g} s"
+
+
 def gap_of(metric: str) -> float | None:
-    """The idle gap a ``ttft_after`` name names; None for any other name."""
-    found = re.fullmatch(r"TTFT after (\S+) s idle", metric)
+    """The idle gap a ``ttft_after`` or ``wakeup_penalty`` name names; None for any other name."""
+    found = re.fullmatch(r"TTFT after (\S+) s idle", metric) or re.fullmatch(
+        r"(?:first-step )?wake-up penalty after (\S+) s", metric
+    )
     try:
         return float(found[1]) if found else None
     except ValueError:

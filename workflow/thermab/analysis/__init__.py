@@ -4,5 +4,5 @@ answers); the report room (``thermab.report``) puts them in words and pictures.
 The tables a run gets, in ``tables/{name}.{csv,md}``: the one list that the analysis
 writes and the workflow's outputs are declared from."""
 
-PHASE_TABLES = ["thresholds", "zones", "cpu", "performance", "validity", "energy", "speed"]
+PHASE_TABLES = ["thresholds", "zones", "cpu", "performance", "validity", "energy", "speed", "latency"]
 TABLES = PHASE_TABLES + ["wakeup", "variance", "questions"]

@@ -255,6 +255,7 @@ class Plan(Analysis):  # the analysis settings at its top level, as run.json hol
     load_s: int
     idle_s: float
     wakeup_gaps_s: tuple[float, ...] | None
+    slo: Mapping[str, float] | None  # load.slo (goodput's bounds in ms); an older run has none
     sample_intervals_s: Mapping[str, float]
     hosts_without_zones: tuple[str, ...]
     inferred: bool
@@ -436,6 +437,16 @@ def read_validity(path: Path) -> dict[tuple, PhaseValidity]:
     so when the analysis runs they are all there."""
     reports = {}
     for report_path in sorted(path.glob(str(RunDir(path).phase("*").validity.relative_to(path)))):
+        report = _read_json(report_path)
+        reports[validity_key(report, report_path)] = report
+    return reports
+
+
+def read_latency(path: Path) -> dict[tuple, dict]:
+    """Each window's latency.json (load/latency.py: its ITL sketch) by the key of
+    ``read_validity``; none where the load wrote none (an imported run, an older one)."""
+    reports = {}
+    for report_path in sorted(path.glob(str(RunDir(path).phase("*").latency.relative_to(path)))):
         report = _read_json(report_path)
         reports[validity_key(report, report_path)] = report
     return reports

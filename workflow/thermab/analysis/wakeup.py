@@ -80,4 +80,30 @@ def phase_metrics(requests: pd.DataFrame | None) -> pd.DataFrame:
     probes = requests[(requests["kind"] == WAKEUP) & requests["ok"] & requests["gap_s"].notna()]
     ttft = (probes["t_first_token"] - probes["t_start"]).rename("value")
     medians = ttft.groupby([probes["order"], probes["rep"], probes["arm"], probes["gap_s"]]).median().reset_index()
-    return medians.assign(metric=[names.ttft_after(gap) for gap in medians["gap_s"]], unit="s")[columns]
+    after = medians.assign(metric=[names.ttft_after(gap) for gap in medians["gap_s"]], unit="s")[columns]
+    return pd.concat([after, penalty_metrics(requests)], ignore_index=True)
+
+
+def penalty_metrics(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per phase and gap, the wake-up penalty: the median TTFT of the probes after the gap
+    less the median of the same phase's back-to-back probes (``gap_s`` empty, but the first,
+    which opened the connection), and the same of the first decode step; in ms, metrics
+    ``metric_names.wakeup_penalty``. A contrast inside one server start, so what each
+    start draws (its step time moves every probe of the phase alike) cancels; a phase
+    without back-to-back probes (a run from before them) has none."""
+    wake = requests[(requests["kind"] == WAKEUP) & requests["ok"]].assign(
+        ttft=requests["t_first_token"] - requests["t_start"],
+        step=requests["first_step_s"] if "first_step_s" in requests else np.nan,
+    )
+    rows = []
+    for (order, rep, arm), phase in wake.groupby(["order", "rep", "arm"], sort=False):
+        unpaced = phase[phase["gap_s"].isna()].sort_values("t_start").iloc[1:]  # the first opened the connection
+        if unpaced.empty:
+            continue
+        reference = unpaced[["ttft", "step"]].median()
+        for gap, probes in phase[phase["gap_s"].notna()].groupby("gap_s"):
+            penalty = (probes[["ttft", "step"]].median() - reference) * 1000  # ms: a wake-up is a few
+            rows.append([order, rep, arm, names.wakeup_penalty(gap), "ms", penalty["ttft"]])
+            rows.append([order, rep, arm, names.wakeup_penalty(gap, step=True), "ms", penalty["step"]])
+    frame = pd.DataFrame(rows, columns=["order", "rep", "arm", "metric", "unit", "value"])
+    return frame.dropna(subset=["value"]) if rows else no_metrics()

@@ -239,6 +239,7 @@ class Load(Section):
     shape_seed: int
     wakeup_gaps_s: tuple[float, ...] | None
     wakeup_n: int
+    slo: Mapping[str, float] | None  # goodput's bounds in ms (ttft_ms, tpot_ms, e2el_ms)
 
 
 class Intervals(Section):

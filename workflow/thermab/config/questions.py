@@ -27,14 +27,21 @@ def question_hosts(config: dict) -> list[str]:
 def known_metric(config: dict, metric: str) -> bool:
     """A metric variance.csv can have: a run metric, or a host's CPU or zone mean (any zone
     name: zones are found at preflight; one other than the timeline zone has no data), the
-    TTFT after one of the wake-up gaps (``load.wakeup_gaps_s``), or with an idle window
+    TTFT after one of the wake-up gaps (``load.wakeup_gaps_s``), a latency percentile
+    (``p99 ITL``), with ``load.slo`` the goodput, or with an idle window
     (``timings.idle_s``) a host's zone mean, vLLM CPU median or power at rest."""
     gap = names.gap_of(metric)
     if gap is not None:
         return gap in (config["load"]["wakeup_gaps_s"] or [])
     if names.rest_host(metric) is not None:
         return bool(config["timings"]["idle_s"]) and names.rest_host(metric) in question_hosts(config)
-    return metric in names.RUN_METRICS or names.host_of(metric) in question_hosts(config)
+    if metric == names.GOODPUT:
+        return bool(config["load"]["slo"])
+    return (
+        metric in names.RUN_METRICS
+        or metric in names.LATENCY_METRICS
+        or names.host_of(metric) in question_hosts(config)
+    )
 
 
 def question_words(question: dict) -> str:
@@ -117,7 +124,7 @@ def questions_problems(questions: list[dict], hosts: list[str], load: dict, idle
     idle window (``idle_s``): for questions another tool wrote (run.json), already schema-valid."""
     config = {
         "clusters": {"": {"hosts": dict.fromkeys(hosts)}},
-        "load": {"wakeup_gaps_s": None, **load},
+        "load": {"wakeup_gaps_s": None, "slo": None, **load},
         "timings": {"idle_s": idle_s},
     }
     problems: list[str] = []
@@ -136,7 +143,8 @@ def _one_question_problems(config: dict, where: str, question: dict, problems: l
     if not known_metric(config, question["metric"]):
         problems.append(
             f"{key('metric')}: unknown metric (one of: {', '.join(names.RUN_METRICS)}, 'HOST ZONE mean', "
-            f"'HOST vLLM CPU median'; HOST one of {', '.join(map(_short, question_hosts(config)))})"
+            f"'HOST vLLM CPU median', 'p50|p90|p99 TTFT|TPOT|ITL|E2EL', 'goodput' with load.slo; "
+            f"HOST one of {', '.join(map(_short, question_hosts(config)))})"
         )
     if len(margins) > 1:
         problems.append(f"{key('margin_pct')}: give margin or margin_pct, not both")

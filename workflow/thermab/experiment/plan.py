@@ -223,6 +223,7 @@ CONFIG_KEYS = {
     "burstiness": ("load", "burstiness"),
     "think_s": ("load", "think_s"),
     "wakeup_gaps_s": ("load", "wakeup_gaps_s"),
+    "slo": ("load", "slo"),
     "idle_s": ("timings", "idle_s"),
     "budget_hours": ("budget_hours",),
     "time_scale": ("timings", "time_scale"),

@@ -286,6 +286,7 @@ def _checked(run: ClusterRun, out_path: Path, run_json: Path, unreached: dict[st
             burstiness=load.burstiness,
             think_s=load.think_s,
             wakeup_gaps_s=thaw(load.wakeup_gaps_s),
+            slo=thaw(load.slo),
             idle_s=config.timings.idle_s,
             prompt_tokens=load.prompt_tokens,
             probe_n=load.probe_n if load.probe else 0,

@@ -355,15 +355,18 @@ class LoadTest:
         """``--wakeup-n`` single requests after each gap of ``--wakeup-gaps``, in turn: each
         leaves its gap after the previous request ended, the load's last one for the first,
         so the server has been idle exactly that long.  One connection, kept alive, opened by
-        a first request without a gap (recorded, ``gap_s`` empty), so no gap pays a connect
-        (docs/design.md, "Wake-up probes")."""
+        a first request without a gap (recorded, ``gap_s`` empty), so no gap pays a connect;
+        then ``--wakeup-n`` back-to-back requests on it (``gap_s`` empty too), each sent as
+        the last ended: the same start's latency without idle, which each gap's is
+        contrasted with (docs/design.md, "Wake-up probes")."""
         gaps = [float(gap) for gap in self.options.wakeup_gaps.split(",") if gap.strip()]
         if not gaps:
             return
         client = self.client()
         try:
             sequence = itertools.count()
-            _, ended = self.exchange(client, "wakeup", PROBE_USER, next(sequence), WAKEUP_TOKENS)
+            for _ in range(1 + self.options.wakeup_n):
+                _, ended = self.exchange(client, "wakeup", PROBE_USER, next(sequence), WAKEUP_TOKENS)
             for gap in gaps:
                 for _ in range(self.options.wakeup_n):
                     due = ended + gap

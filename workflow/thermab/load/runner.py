@@ -14,7 +14,9 @@ beside ``out_parquet``:
 - ``out_parquet``: the records with ``order``, ``rep``, ``arm``, ``users`` and ``load_level`` added, in the columns and
   dtypes of docs/design.md's ``tidy/requests.parquet`` plus the stream diagnostics
   ``max_gap_s``, ``stall_gaps``, ``usage_source``, ``token_arrivals`` and ``token_span_s``;
-- ``validity.json``: whether the load was the load intended (:mod:`thermab.load.validity`).
+- ``validity.json``: whether the load was the load intended (:mod:`thermab.load.validity`);
+- ``latency.json``: the window's latency in ``vllm bench serve``'s result keys, with its
+  ITL sketch and goodput against ``load.slo`` (:mod:`thermab.load.latency`).
 
 The load window is ``[load_start, load_end)``: from the test start to the moment the run
 time ran out. Requests still in flight then finish (within the stop timeout) and are
@@ -52,6 +54,7 @@ from thermab.contracts import PhaseValidity, write_validity
 from thermab.errors import StageFailed, UserError
 from thermab.jsonl import JsonlTail
 from thermab.layout import PhaseDir
+from thermab.load.latency import SLO_KEYS, window_report
 from thermab.load.shapes import Shape
 from thermab.load.validity import load_window, summary_line, to_frame, validity_report
 
@@ -89,11 +92,13 @@ class LoadSpec:
     shape_seed: int = LOAD_DEFAULTS["shape_seed"]
     wakeup_gaps_s: tuple[float, ...] = ()  # wake-up probes after the load (none: empty)
     wakeup_n: int = LOAD_DEFAULTS["wakeup_n"]
+    slo: dict | None = None  # load.slo: goodput's bounds in ms (load/latency.py)
 
     @property
     def wakeup_s(self) -> float:
         """The most the wake-up probes may take: their gaps, and WAKEUP_REQUEST_S a request."""
-        requests = self.wakeup_n * len(self.wakeup_gaps_s) + 1 if self.wakeup_gaps_s else 0
+        # after each gap, and back to back after the first that opens the connection
+        requests = self.wakeup_n * (len(self.wakeup_gaps_s) + 1) + 1 if self.wakeup_gaps_s else 0
         return self.wakeup_n * sum(self.wakeup_gaps_s) + requests * WAKEUP_REQUEST_S
 
     @property
@@ -131,6 +136,7 @@ class LoadSpec:
             shape_seed=load.shape_seed,
             wakeup_gaps_s=tuple(load.wakeup_gaps_s or ()),
             wakeup_n=load.wakeup_n,
+            slo=thaw(load.slo),
         )
 
     def locust_args(self) -> list[str]:
@@ -272,6 +278,7 @@ def run_load(
         )
 
     frame = to_frame(records, order=order, rep=rep, arm=arm, users=spec.users, load_level=spec.level.label)
+    window = load_window(events, frame, duration_s)
     with atomic.replacing(out_parquet) as temporary:
         frame.to_parquet(temporary, engine="pyarrow", index=False)
     report: PhaseValidity = {
@@ -286,7 +293,7 @@ def run_load(
         "events": events,
         **validity_report(
             frame,
-            load_window(events, frame, duration_s),
+            window,
             users=spec.users,
             max_tokens=spec.max_tokens,
             prompt_tokens=spec.prompt_tokens,
@@ -303,6 +310,9 @@ def run_load(
         what = f"locust exited with code {exit_code}" if exit_code else "no load request was recorded"
         report["warnings"].append(f"{what}: {_log_cause(log_path)} (see {log_path})")
     write_validity(files.validity, report)
+    keys = {key: report[key] for key in ("order", "rep", "arm", "users", "load_level")}
+    latency = {**keys, **window_report(records, *window, spec.slo)}
+    atomic.write_text(files.latency, json.dumps(latency, indent=2, allow_nan=False) + "\n")
     progress(summary_line(report))
     for warning in report["warnings"]:
         progress(f"  warning: {warning}")
@@ -455,6 +465,18 @@ def _gaps(text):
     return tuple(gaps)
 
 
+def _slo(text):
+    """``--slo``: KEY=MS pairs, comma-separated, each key one of load.slo's."""
+    slo = {}
+    for pair in text.split(","):
+        key, _, value = pair.partition("=")
+        key = key.strip()
+        if key not in SLO_KEYS:
+            raise argparse.ArgumentTypeError(f"{key!r} is none of {', '.join(SLO_KEYS)} (as config key 'load.slo')")
+        slo[key] = _as_key("load", "slo", key, parse=float)(value)
+    return slo
+
+
 def main(argv=None):
     defaults = LoadSpec(duration_s=0)
     parser = cli.parser(
@@ -540,6 +562,11 @@ def main(argv=None):
     parser.add_argument(
         "--wakeup-n", type=cli.as_key("load", "wakeup_n"), default=defaults.wakeup_n, help="probes per wake-up gap"
     )
+    parser.add_argument(
+        "--slo",
+        type=_slo,
+        help="goodput's bounds in ms, e.g. ttft_ms=500,tpot_ms=50 (any of ttft_ms, tpot_ms, e2el_ms)",
+    )
     parser.add_argument("--log", type=Path, help="Locust's output (default: locust.log beside --out)")
     parser.add_argument("--locustfile", type=Path, help=f"the Locust file to run (default: {LOCUSTFILE})")
     args = parser.parse_args(argv)
@@ -566,6 +593,7 @@ def main(argv=None):
         shape_seed=args.shape_seed,
         wakeup_gaps_s=args.wakeup_gaps,
         wakeup_n=args.wakeup_n,
+        slo=args.slo,
     )
     report = run_load(
         args.url,

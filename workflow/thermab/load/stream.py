@@ -1,14 +1,15 @@
 """One streamed chat completion read as its server-sent events arrive: the record the
 load keeps of it (first token, gaps and stalls, token arrivals, usage, errors).
 
-Pure and small (``time`` and ``orjson`` only: no gevent, no Locust), so the locustfile
-imports it and tests feed it crafted streams directly."""
+Pure and small (``time``, ``orjson`` and the gaps' sketch only: no gevent, no Locust), so
+the locustfile imports it and tests feed it crafted streams directly."""
 
 import time
 
 import orjson
 
 from thermab.errors import HostError
+from thermab.load.sketch import gap_key
 
 # Text lines handled closer together than this were read from one buffer (handling a line
 # takes microseconds): they are one arrival of tokens, not several.
@@ -46,6 +47,7 @@ class StreamReader:
         self.max_gap_s = None
         self.stall_gaps = 0
         self.token_arrivals = 0
+        self.itl_bins = {}  # every inter-token gap, as a sketch's bins (load/latency.py)
         self.error = ""
 
     def line(self, line, now):
@@ -87,6 +89,8 @@ class StreamReader:
             self.max_gap_s = gap if self.max_gap_s is None else max(self.max_gap_s, gap)
             if gap >= self.stall_gap_s:
                 self.stall_gaps += 1
+            key = gap_key(gap)
+            self.itl_bins[key] = self.itl_bins.get(key, 0) + 1
         # lines read from one buffer are handled back to back, microseconds apart: one arrival
         if self.t_last_token is None or now - self.t_last_token >= ARRIVAL_GAP_S:
             self.token_arrivals += 1
@@ -116,6 +120,8 @@ class StreamReader:
             "token_arrivals": self.token_arrivals,
             "token_span_s": None if self.t_first_token is None else self.t_last_token - self.t_first_token,
             "first_step_s": self.first_step_s,
+            "itl_keys": list(self.itl_bins),
+            "itl_counts": list(self.itl_bins.values()),
         }
 
 

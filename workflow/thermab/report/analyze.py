@@ -22,6 +22,7 @@ from thermab import atomic, cli, metric_names
 from thermab.analysis import (
     TABLES,
     energy,
+    latency,
     levels,
     load_validity,
     metrics,
@@ -45,6 +46,7 @@ from thermab.analysis.model import (
     distinct_runs,
     load_run,
     ordered_hosts,
+    read_latency,
     read_preflight,
     sibling_runs,
 )
@@ -93,6 +95,9 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
             energy.wall_meter_records(read_preflight(RunDir(run.path).preflight)),
         ),
         "speed": speed.phase_speed(run.telemetry, windows, run.plan.head),
+        "latency": latency.latency_table(
+            run.requests, windows, latency.sketches(read_latency(run.path), run.requests), run.plan.get("slo")
+        ),
     }
     # energy.csv keeps docs/design.md's columns exactly; a short phase's energy rows are
     # marked in the summary (its arm's †) and in the verdicts built on them
@@ -131,6 +136,7 @@ def _run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                 wakeup.phase_metrics(run.requests),
                 rest.rest_metrics(run.telemetry, run.events, ordered_hosts(config), config.timeline_zone),
                 speed.phase_metrics(tables["speed"]),
+                latency.phase_metrics(tables["latency"]),
             ],
             ignore_index=True,
         ),

@@ -9,7 +9,8 @@ scraped (vLLM's running and waiting requests, beside the configured users).  A f
 the run lacks (imported chart data has no CPU and no requests) is still written and says so,
 so that a workflow can declare every file as an output.  dose_response.png only for sweeps
 (more than two arms).  questions.png: the forest plot of the declared questions (per level in a
-run of levels).  tradeoff.png: each arm's metrics at each level of traffic (report/tradeoff.py).  A phase
+run of levels).  tradeoff.png: each arm's metrics at each level of traffic (report/tradeoff.py).
+latency.png: each arm's latency percentiles.  A phase
 whose load fell short of the configuration (``load_valid``
 False) is drawn hollow and labelled "load short"; its load window on the timeline is hatched.
 """
@@ -33,6 +34,7 @@ from thermab.analysis.model import Analysis, Plan, RunData, ordered_hosts  # noq
 from thermab.analysis.questions import decisive_bounds  # noqa: E402
 from thermab.headless import plt  # noqa: E402 (the Agg backend, literal text)
 from thermab.layout import RunDir  # noqa: E402
+from thermab.load import latency  # noqa: E402
 from thermab.load.validity import bursts  # noqa: E402
 from thermab.report import (  # noqa: E402
     scale,
@@ -75,6 +77,7 @@ def render_figures(result: Analysis) -> list[Path]:
         )
     )
     written.append(wakeup_png(result.tables["wakeup"], result.run.plan, colors, out("wakeup.png")))
+    written.append(latency_png(result.tables["latency"], result.run.plan, colors, out("latency.png")))
     # layout.figures names them: the report rule declares each, a sweep's dose response too
     if set(layout.SWEEP_FIGURES) <= set(layout.figures(len(set(result.run.plan.order)))):
         written.append(dose_response_png(result.pooled, result.run.plan, result.best, out("dose_response.png")))
@@ -851,6 +854,64 @@ def wakeup_png(table: pd.DataFrame, config: Plan, colors: dict, path: Path) -> P
         fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3), fontsize=7 if many else 8)
     fig.suptitle(
         f"{config.cluster}: latency after idle (median of the wake-up probes, 95 % interval where n ≥ 6)",
+        fontsize=10,
+    )
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def latency_png(table: pd.DataFrame, config: Plan, colors: dict, path: Path) -> Path:
+    """tables/latency.csv drawn: a panel per latency (TTFT, TPOT, ITL, E2EL), each arm's
+    (in a run of levels each arm's and level's) p50, p90 and p99 in ms: the mean of its
+    phases' percentiles, the bar from the lowest phase's to the highest's; a run without
+    latency data gets panels that say so."""
+    percentiles = list(latency.PERCENTILES)
+    fig, axes = plt.subplots(
+        1, len(latency.LATENCIES), figsize=(3.6 * len(latency.LATENCIES), 3.6), layout="constrained"
+    )
+    many = levels.LEVEL in table and table[levels.LEVEL].nunique() > 1
+    every = list(pd.unique(table[levels.LEVEL])) if many else [None]
+    for ax, name in zip(axes, latency.LATENCIES, strict=True):
+        columns = [f"{latency.stat_word(p)}_{name}_ms" for p in percentiles]
+        ax.set_title(names.LATENCY_NAMES[name], fontsize=9)
+        ax.set_xlabel("percentile over the requests" if name != "itl" else "percentile over the gaps")
+        ax.set_ylabel(f"{names.LATENCY_NAMES[name]} (ms)")
+        ax.set_xticks(range(len(percentiles)), [f"p{p}" for p in percentiles])
+        ax.set_xlim(-0.4, len(percentiles) - 0.6)
+        drawn = False
+        for arm in config.arms:
+            for k, label in enumerate(every):
+                rows = table[table["arm"] == arm]
+                rows = rows if label is None else rows[rows[levels.LEVEL] == label]
+                values = rows[columns].astype("float64")
+                if values.isna().all().all():
+                    continue
+                mean, low, high = values.mean(), values.min(), values.max()
+                ax.errorbar(
+                    range(len(percentiles)),
+                    mean,
+                    yerr=[mean - low, high - mean],
+                    color=colors.get(arm, "black"),
+                    marker=LEVEL_MARKERS[k % len(LEVEL_MARKERS)],
+                    ls=LEVEL_DASHES[k % len(LEVEL_DASHES)],
+                    capsize=3,
+                    lw=1.3,
+                    label=config.arms[arm].label + ("" if label is None else f" at {label}"),
+                )
+                drawn = True
+        if drawn:
+            ax.grid(alpha=0.3)
+        else:
+            ax.text(0.5, 0.5, "not measured in this run", transform=ax.transAxes, ha="center", fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes[1:]:
+        if not handles:
+            handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3), fontsize=8)
+    fig.suptitle(
+        f"{config.cluster}: latency percentiles per arm (mean of the phases, bar: lowest to highest phase)",
         fontsize=10,
     )
     fig.savefig(path, dpi=110)

@@ -1,8 +1,9 @@
 """The trade-off across traffic as numbers (pure functions; report/tradeoff.py draws them):
 for each arm, the metrics a change trades against one another (head temperature, head CPU,
-energy per token, latency (the load's median time to first token), throughput, decode speed
-per stream) at each level of load, whatever its shape (``load_levels``), each level's mean
-of its phases with its 95 % interval, the levels in the run's order (ascending by users,
+energy per token, latency (the load's median time to first token), throughput, with
+``load.slo`` the goodput beside it, decode speed per stream) at each level of load,
+whatever its shape (``load_levels``), each level's mean of its phases with its 95 %
+interval, the levels in the run's order (ascending by users,
 levels of equal users in the list's order); and the levels at which a question's answer
 changes from the level before.  summary.md's table of a run of levels is ``table``."""
 
@@ -33,6 +34,7 @@ def panels(config: Plan) -> list[tuple[str, str, str]]:
         (names.CLUSTER_ENERGY_PER_TOKEN, "energy per token (cluster)", "J/token"),
         (names.TTFT_MEDIAN, "latency: TTFT median (load)", "s"),
         (names.OUTPUT_THROUGHPUT, names.OUTPUT_THROUGHPUT, "tok/s"),
+        *([(names.GOODPUT, "goodput: requests meeting load.slo", "%")] if config.get("slo") else []),
         (names.PROBE_DECODE_SPEED, "decode speed per stream (probe)", "tok/s"),
     ]
 
