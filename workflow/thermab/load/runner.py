@@ -473,7 +473,7 @@ def _slo(text):
         key = key.strip()
         if key not in SLO_KEYS:
             raise argparse.ArgumentTypeError(f"{key!r} is none of {', '.join(SLO_KEYS)} (as config key 'load.slo')")
-        slo[key] = _as_key("load", "slo", key, parse=float)(value)
+        slo[key] = cli.as_key("load", "slo", key, parse=float)(value)
     return slo
 
 
