@@ -5,15 +5,13 @@ time, a run directory that is a link looping on itself, telemetry without one fi
 reading.  Each is one line naming the file (and key), or read as the run it is."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from support.command_line import run_snakemake
 from support.paths import REPO
 from support.synthetic_run import write_synthetic_run
 from thermab import config
@@ -171,14 +169,7 @@ def test_a_resume_of_until_decided_with_an_infinite_window_stops_snakemake_in_on
     default = config.load(REPO / "config" / "config.yaml", REPO)
     run = tmp_path / "results" / next(iter(default["clusters"])) / default["order"]
     write_record(run / "phases" / "rep1-A", load_s=float("inf"))
-    result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
-        + ["--cores", "1", "-n", "all", "--config", "until=decided"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO / "workflow")},
-    )
+    result = run_snakemake(tmp_path, "-n", "all", "--config", "until=decided")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("thermab: ") and "rep1-A/phase.json: load_s inf" in last, last

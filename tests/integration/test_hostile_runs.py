@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from support.command_line import run_thermab
+from support.command_line import run_snakemake, run_thermab
 from support.paths import REPO
 from support.synthetic_run import write_synthetic_run
 from thermab import atomic, config, load_levels
@@ -375,14 +375,7 @@ def test_a_damaged_questions_csv_stops_snakemake_in_one_line(tmp_path, content):
         (run / "phases" / phase_id / "phase.json").write_text("{}")
     (run / "tables").mkdir()
     (run / "tables" / "questions.csv").write_bytes(content)
-    result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)]
-        + ["--cores", "1", "-n", "all", "--config", "until=decided"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO / "workflow")},
-    )
+    result = run_snakemake(tmp_path, "-n", "all", "--config", "until=decided")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"thermab: {(run / 'tables' / 'questions.csv').relative_to(tmp_path)}: "), last

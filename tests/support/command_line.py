@@ -1,5 +1,6 @@
 """``python -m thermab`` as a user runs it, for the tests of the command line."""
 
+import os
 import subprocess
 import sys
 
@@ -40,3 +41,15 @@ def snakemake_command(workdir, *args, configfiles=(), cores: int | None = 1) -> 
         *(["--cores", str(cores)] if cores is not None else []),
         *map(str, args),
     ]
+
+
+def run_snakemake(workdir, *args) -> subprocess.CompletedProcess:
+    """``snakemake_command`` on one core, run to its end with its output captured; the
+    checkout's package first on the path, as its jobs import it."""
+    return subprocess.run(
+        snakemake_command(workdir, *args),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO / "workflow")},
+    )
