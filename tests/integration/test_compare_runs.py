@@ -13,24 +13,24 @@ from thermab.report import compare
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare")
-    before = write_synthetic_run(root / "before" / "AB", reps=2, seed=1, temperature={"A": 90.0, "B": 84.0})
-    after = write_synthetic_run(root / "after" / "AB", reps=2, seed=2, temperature={"A": 80.0, "B": 76.0})
-    lines = (after / "events.jsonl").read_text().splitlines()  # another run: another start
+    run_a = write_synthetic_run(root / "run_a" / "AB", reps=2, seed=1, temperature={"A": 90.0, "B": 84.0})
+    run_b = write_synthetic_run(root / "run_b" / "AB", reps=2, seed=2, temperature={"A": 80.0, "B": 76.0})
+    lines = (run_b / "events.jsonl").read_text().splitlines()  # another run: another start
     first = json.loads(lines[0])
     assert first["event"] == "run_start"
-    (after / "events.jsonl").write_text("\n".join([json.dumps({**first, "t": first["t"] - 1}), *lines[1:]]) + "\n")
-    plan = json.loads((after / "run.json").read_text())
-    (after / "run.json").write_text(json.dumps({**plan, "max_tokens": 256}))  # an environment that differs
-    return before, after
+    (run_b / "events.jsonl").write_text("\n".join([json.dumps({**first, "t": first["t"] - 1}), *lines[1:]]) + "\n")
+    plan = json.loads((run_b / "run.json").read_text())
+    (run_b / "run.json").write_text(json.dumps({**plan, "max_tokens": 256}))  # an environment that differs
+    return run_a, run_b
 
 
 def test_two_runs_compare_by_arm_label_with_their_environments_differences_first(runs, capsys):
-    before, after = runs
-    assert thermab_main(["compare", str(before), str(after)]) == 0
+    run_a, run_b = runs
+    assert thermab_main(["compare", str(run_a), str(run_b)]) == 0
     text = capsys.readouterr().out
     assert "not a crossover's estimate within one run" in text
     assert text.index("run.json: max_tokens:") < text.index("## Differences per arm and metric")
-    table, _differ = compare.compare([before, after])
+    table, _differ = compare.compare([run_a, run_b])
     zone = table[(table["metric"] == "head TSOC mean")].set_index("arm_label")
     assert zone.at["stock", "diff"] == pytest.approx(-10.0, abs=0.5)  # 90 °C then 80
     assert zone.at["stock", "ci_low"] < zone.at["stock", "diff"] < zone.at["stock", "ci_high"]
@@ -39,27 +39,27 @@ def test_two_runs_compare_by_arm_label_with_their_environments_differences_first
 
 @pytest.mark.parametrize("case", ["no run", "in progress", "no shared label", "one run", "the same run"])
 def test_bad_input_is_one_line_and_exit_status_2(runs, tmp_path, capsys, case):
-    before, after = runs
+    run_a, run_b = runs
     other = tmp_path / "other"
     if case == "no run":
         other.mkdir()
-        argv = [str(before), str(other)]
+        argv = [str(run_a), str(other)]
     elif case == "in progress":
         other = write_synthetic_run(tmp_path / "live" / "AB", reps=1)
         lines = (other / "events.jsonl").read_text().splitlines()
         (other / "events.jsonl").write_text("\n".join(line for line in lines if "run_end" not in line) + "\n")
-        argv = [str(before), str(other)]
+        argv = [str(run_a), str(other)]
     elif case == "no shared label":
         other = write_synthetic_run(
             tmp_path / "renamed" / "AB",
             reps=1,
             arms={"A": {"label": "old", "value": "1"}, "B": {"label": "new", "value": "0"}},
         )
-        argv = [str(before), str(other)]
+        argv = [str(run_a), str(other)]
     elif case == "the same run":
-        argv = [str(before), str(before)]
+        argv = [str(run_a), str(run_a)]
     else:
-        argv = [str(before)]
+        argv = [str(run_a)]
     assert thermab_main(["compare", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
