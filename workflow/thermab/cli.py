@@ -57,17 +57,16 @@ def decimal(text: str, parse=float):
     raise argparse.ArgumentTypeError(f"{text!r} is not a finite decimal {'whole ' if parse is int else ''}number")
 
 
-def number(minimum: float, maximum: float, *, parse=float, above: bool = False):
+def number(minimum: float, maximum: float = math.inf, *, parse=float, above: bool = False):
     """An argparse type for an option no config key stands for: a plain decimal number from
-    ``minimum`` (or ``above`` it) to ``maximum``."""
+    ``minimum`` (or ``above`` it) to ``maximum`` (none: any finite one)."""
 
     def convert(text: str):
         value = decimal(text, parse)
         if value > maximum or value < minimum or (above and value == minimum):
             low = f"above {minimum:g}" if above else f"at least {minimum:g}"
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a {'whole ' if parse is int else ''}number {low} and at most {maximum:g}"
-            )
+            high = f" and at most {maximum:g}" if math.isfinite(maximum) else ""
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if parse is int else ''}number {low}{high}")
         return value
 
     return convert

@@ -22,7 +22,6 @@ samples.  The study's labels carry a prefix that is dropped: ``ustock`` → stoc
 ``upatched`` → patched.
 """
 
-import argparse
 import contextlib
 import io
 import json
@@ -259,21 +258,6 @@ def _read_csv(path) -> pd.DataFrame:
     return table
 
 
-def finite_number(minimum: float):
-    """An argparse type: a finite number at least ``minimum`` (a negative load or epoch is a mistake)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(value) or value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of at least {minimum:g}")
-        return value
-
-    return parse
-
-
 def import_chart(json_path, out_dir, load_minutes: float = 30.0, arms: dict | None = None, **options) -> Path:
     """The study's chart JSON → run directory (see ``write_run`` for ``arms`` and options)."""
     with _reading(json_path):
@@ -331,9 +315,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("source", help="the chart JSON (.json) or a wide CSV (.csv)")
     parser.add_argument("out_dir", help="run directory to write")
-    parser.add_argument(
-        "--load-minutes", type=finite_number(1 / 60), default=30.0, help="minutes each load phase lasts"
-    )
+    parser.add_argument("--load-minutes", type=cli.number(1 / 60), default=30.0, help="minutes each load phase lasts")
     parser.add_argument(
         "--arm",
         action="append",
@@ -343,7 +325,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--setting", default="setting", help="name of the manipulated setting, e.g. busy_loop_s")
     parser.add_argument("--cluster", default="imported", help="the cluster's name in run.json")
-    parser.add_argument("--epoch-s", type=finite_number(0), default=0.0, help="epoch seconds of chart time 0")
+    parser.add_argument("--epoch-s", type=cli.number(0), default=0.0, help="epoch seconds of chart time 0")
     parser.add_argument("--marks", help="CSV with columns t, m (wide CSV sources)")
     parser.add_argument("--time-col", default="t", help="time column of a wide CSV")
     parser.add_argument("--time-unit", choices=["min", "s"], default="min", help="time unit of a wide CSV")

@@ -37,7 +37,6 @@ from thermab.analysis import (
     wall_gaps,
     washout,
 )
-from thermab.analysis.chart_import import finite_number
 from thermab.analysis.completeness import completeness, measured_intervals
 from thermab.analysis.model import (
     Analysis,
@@ -362,7 +361,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--detect-pct",
-        type=finite_number(0),
+        type=cli.number(0),
         default=5.0,
         help="difference in %% of the reference for the repeats-needed estimate",
     )
