@@ -91,7 +91,17 @@ def write_run(run_dir: Path, config: thermab_config.Config, now: float) -> None:
     progress.write_status(files.status, where, "B", 100, {"head": {"TSOC": 70.0}, "worker": {"TSOC": 65.5}})
     files.tables.mkdir()
     with open(files.table("questions"), "w", newline="") as handle:
-        columns = ["question", "arm", "reference", "verdict", "estimate", "ci_low", "ci_high", "level"]
+        columns = [
+            "question",
+            "arm",
+            "reference",
+            "verdict",
+            "estimate",
+            "ci_low",
+            "ci_high",
+            "level",
+            "phases_per_arm",
+        ]
         writer = csv.DictWriter(handle, columns)
         writer.writeheader()
         writer.writerow(
@@ -104,6 +114,7 @@ def write_run(run_dir: Path, config: thermab_config.Config, now: float) -> None:
                 "ci_low": "-2.1",
                 "ci_high": "0.3",
                 "level": "0.9",
+                "phases_per_arm": "1",
             }
         )
 

@@ -199,15 +199,17 @@ def resume_repeats(run_dir: Path, order: str, max_repeats: int, every: list | No
 MAX_ANSWERS_BYTES = 16 * 2**20  # a questions.csv of at most 50 questions at each of 32 levels is far less
 
 
-def read_answers(path: Path) -> pd.DataFrame:
-    """The ``phases_per_arm`` and ``verdict`` of questions.csv, checked: a file that is not
-    such a table (not CSV, not UTF-8, a column missing, a count that is not a whole number,
-    a verdict that is none) is a UserError naming it, never taken as decided."""
+def read_answers(path: Path, columns=()) -> pd.DataFrame:
+    """questions.csv with its ``phases_per_arm`` and ``verdict`` checked, and ``columns``
+    required too: a file that is not such a table (not CSV, not UTF-8, a column missing, a
+    count that is not a whole number, a verdict that is none) is a UserError naming it,
+    never taken as decided."""
     try:
         answers = pd.read_csv(io.BytesIO(read_bounded(path, MAX_ANSWERS_BYTES)), encoding="utf-8")
     except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as error:
         raise UserError(f"{path}: not a table of answers: {' '.join(str(error).split())[:200]}") from None
-    missing = [column for column in ("phases_per_arm", "verdict") if column not in answers.columns]
+    required = dict.fromkeys([*columns, "phases_per_arm", "verdict"])
+    missing = [column for column in required if column not in answers.columns]
     if missing:
         raise UserError(f"{path}: missing column(s) {', '.join(missing)}")
     counts = pd.to_numeric(answers["phases_per_arm"], errors="coerce")

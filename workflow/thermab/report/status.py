@@ -12,8 +12,6 @@ last analysis wrote them) and where its summary is. It changes nothing and exits
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import time
@@ -24,7 +22,7 @@ import pandas as pd
 from thermab import cli, layout
 from thermab.analysis.model import read_events, read_plan
 from thermab.analysis.questions import UNDECIDED
-from thermab.analysis.sequential import MAX_ANSWERS_BYTES, read_answers
+from thermab.analysis.sequential import read_answers
 from thermab.config import read_bounded
 from thermab.errors import UserError
 from thermab.experiment import events, progress
@@ -52,35 +50,30 @@ def _number(text: str) -> str:
 ANSWER_COLUMNS = ("question", "arm", "reference", "verdict", "estimate", "ci_low", "ci_high")
 
 
-def answers(run_dir: Path) -> list[str]:
-    """One line per question of the run's questions.csv: its verdict, estimate and 95 %
-    interval; [] where the run has not been analysed yet.  A questions.csv that is not such
-    a table (too large, not UTF-8, a column missing) is a UserError naming it."""
+def read_run_answers(run_dir: Path) -> pd.DataFrame | None:
+    """The run's questions.csv (``sequential.read_answers``, with the columns status shows),
+    None where the run has not been analysed yet."""
     path = layout.RunDir(run_dir).table("questions")
-    if not path.is_file():
+    return read_answers(path, ANSWER_COLUMNS) if path.is_file() else None
+
+
+def answer_lines(answers: pd.DataFrame | None) -> list[str]:
+    """One line per question: its verdict, estimate and interval at its level."""
+    if answers is None:
         return []
-    try:
-        rows = list(csv.DictReader(io.StringIO(read_bounded(path, MAX_ANSWERS_BYTES).decode("utf-8"), newline="")))
-    except (UnicodeDecodeError, csv.Error) as error:
-        raise UserError(f"{path}: not a table of answers: {' '.join(str(error).split())[:160]}") from None
-    missing = [column for column in ANSWER_COLUMNS if rows and column not in rows[0]]
-    if missing:
-        raise UserError(f"{path}: missing column(s) {', '.join(missing)}")
     return [
-        f"{row['question']} ({row['arm']} vs {row['reference']}): {str(row['verdict']).upper()}, {_estimate(row)}"
-        for row in rows
+        f"{row.question} ({row.arm} vs {row.reference}): {str(row.verdict).upper()}, {_estimate(row)}"
+        for row in answers.itertuples(index=False)
     ]
 
 
-def _estimate(row: dict) -> str:
-    if not row["estimate"]:
+def _estimate(row) -> str:
+    if pd.isna(row.estimate):
         return "no estimate"
-    if not (row["ci_low"] and row["ci_high"]):
-        return f"estimate {_number(row['estimate'])} (no interval)"
-    level = _level(row.get("level"))
-    return (
-        f"estimate {_number(row['estimate'])}, {level} interval [{_number(row['ci_low'])}, {_number(row['ci_high'])}]"
-    )
+    if pd.isna(row.ci_low) or pd.isna(row.ci_high):
+        return f"estimate {_number(row.estimate)} (no interval)"
+    interval = f"[{_number(row.ci_low)}, {_number(row.ci_high)}]"
+    return f"estimate {_number(row.estimate)}, {_level(getattr(row, 'level', None))} interval {interval}"
 
 
 def _level(text) -> str:
@@ -92,16 +85,12 @@ def _level(text) -> str:
     return f"{level * 100:.3g} %" if 0 < level < 1 else "its"
 
 
-def decide_lines(run_dir: Path) -> list[str]:
+def decide_lines(run_dir: Path, answers: pd.DataFrame | None) -> list[str]:
     """Where questions are open: the command that would decide them and its cluster-hours at
     the run's measured phase jobs (as evidence.md gives them); [] where none is open or the
     run has no run.json."""
     files = layout.RunDir(run_dir)
-    path = files.table("questions")
-    if not (path.is_file() and files.run_json.is_file()):
-        return []
-    answers = read_answers(path)
-    if not (answers["verdict"] == UNDECIDED).any():
+    if answers is None or not files.run_json.is_file() or not (answers["verdict"] == UNDECIDED).any():
         return []
     answers = answers.assign(phases_needed=pd.to_numeric(answers.get("phases_needed"), errors="coerce"))
     plan = read_plan(files.run_json)
@@ -113,8 +102,9 @@ def decide_lines(run_dir: Path) -> list[str]:
 def closing_lines(run_dir: Path) -> list[str]:
     """The end of a run: its answers and the paths of what to read."""
     files = layout.RunDir(run_dir)
-    lines = [f"{run_dir}: the answers" if answers(run_dir) else f"{run_dir}: no questions answered"]
-    lines += [f"  {answer}" for answer in answers(run_dir)]
+    found = answer_lines(read_run_answers(run_dir))
+    lines = [f"{run_dir}: the answers" if found else f"{run_dir}: no questions answered"]
+    lines += [f"  {answer}" for answer in found]
     evidence = files.path / "evidence.md"
     for name, path in (("summary", files.summary), ("evidence", evidence), ("report", files.report)):
         if path.is_file():
@@ -214,14 +204,15 @@ def status_lines(run_dir: Path, now: float | None = None) -> list[str]:
     done = sorted(path.parent.name for path in files.phases.glob("*/phase.json") if path.parent.name != "baseline")
     lines.append(f"  phases done: {len(done)}" + (f" ({', '.join(done)})" if done else ""))
     try:
-        found = answers(run_dir)
+        answers = read_run_answers(run_dir)
     except UserError as error:
-        found = []
+        answers = None
         lines.append(f"  {error}")
+    found = answer_lines(answers)
     lines.append("  questions so far:" if found else "  questions: not analysed yet")
     lines += [f"    {answer}" for answer in found]
     try:
-        lines += decide_lines(run_dir)
+        lines += decide_lines(run_dir, answers)
     except UserError as error:
         lines.append(f"  {error}")
     if files.summary.is_file():
