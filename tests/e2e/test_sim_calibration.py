@@ -140,8 +140,10 @@ def sweep_run(tmp_path_factory):
     cluster["endpoint"] = f"http://127.0.0.1:{head}"
     for host in cluster["hosts"].values():
         host["server"]["start"] = host["server"]["start"].replace("18711", str(head)).replace("18712", str(worker))
-    # shorter phases and requests than the example: still dozens of batch changes per phase
-    sweep["timings"].update(baseline_s=4, load_s=30, cooldown_below_c=60, cooldown_max_s=6)
+    # shorter phases and requests than the example: still dozens of batch changes per phase.
+    # Cooldowns long enough to reach 60 °C: a phase after the stock spin's, started hot after
+    # a 6-s cap, once ran its head into the interlock (96.8 °C) as its load ended
+    sweep["timings"].update(baseline_s=4, load_s=30, cooldown_below_c=60, cooldown_max_s=15)
     sweep["load"].update(max_tokens=120, prompt_tokens=600, probe_n=2, probe_tokens=64)
     config = workdir / "sweep.yaml"
     config.write_text(yaml.safe_dump(sweep))
