@@ -21,6 +21,7 @@ Figures (seeds fixed; printed by the tests; within-phase CV 1 %):
   cluster-hours against the full window at equal power (docs/benchmarks.md).
 """
 
+import copy
 import math
 
 import numpy as np
@@ -28,10 +29,10 @@ import pytest
 from statsmodels.stats.proportion import proportion_confint
 
 from support.crossover import PERIOD, adjusted_least_squares, design, least_squares
-from support.paths import default_config
+from support.paths import REPO, default_config
 from thermab import metric_names as names
 from thermab.analysis import metrics, phase_length, planning, questions, sequential
-from thermab.config import default_questions, question_words
+from thermab.config import default_questions, question_words, validate
 
 MARGIN = 0.05  # of the reference mean
 WITHIN_CV = 0.01
@@ -176,7 +177,15 @@ SPEED_ONLY_PROBES_ENDED = 6  # of the 3 × 3 a speed-only phase asks, the ones a
 
 
 def six_questions(
-    seed, n, max_repeats, effects, restart_cv, min_load_s=MIN_LOAD_S, adjusted=False, cheaper_speed=False
+    seed,
+    n,
+    max_repeats,
+    effects,
+    restart_cv,
+    min_load_s=MIN_LOAD_S,
+    adjusted=False,
+    cheaper_speed=False,
+    stop_at=None,
 ):
     """``n`` runs of ``until: decided`` (AB, BA, … to ``max_repeats``) of the six questions, each
     block of phases at the window ``phase_length.next_window_s`` gives at the look before it
@@ -190,7 +199,8 @@ def six_questions(
     acceptance the covariate of the speed questions (analysis/speed.py; the arms draw it
     alike, so the rule adjusts).  ``cheaper_speed``: a speed-only phase (its window below
     LOAD_S) has no cooldown and its probes' median is over SPEED_ONLY_PROBES_ENDED (their
-    spread × √(probe_n / that)).  Returns (final verdicts, a yes at any look: both (n, 6),
+    spread × √(probe_n / that)).  ``stop_at``: the run stops after the look at these repeats,
+    as a budget that has no room for the next look stops it.  Returns (final verdicts, a yes at any look: both (n, 6),
     repeats run, cluster-hours)."""
     is_b, position = design(max_repeats)
     phases = len(is_b)
@@ -255,7 +265,7 @@ def six_questions(
                     ]
             ever_yes |= verdicts == questions.YES
         open_ &= (verdicts == questions.UNDECIDED).any(axis=1)
-        if look == max_repeats or not open_.any():
+        if look == max_repeats or not open_.any() or look == stop_at:
             break
         # the next block's window, from what this look saw of the throughput
         se = within * se_draw[:, :seen]
@@ -358,3 +368,45 @@ def test_speed_adjusted_for_acceptance_decides_the_six_in_fewer_cluster_hours():
             low, _high = proportion_confint(wrong, n, method="wilson")
             print(f"adjusted, {question_words(question)} at its null: wrong yes {wrong / n:.4f} of {n}")
             assert low < questions.ALPHA
+
+
+def test_a_budget_lays_the_looks_alpha_over_the_repeats_it_fits():
+    """``until=decided budget_hours=8`` on the default config: the validated config's
+    ``max_repeats`` is what 8 cluster-hours fit at its timings (4: load and full cooldown per
+    phase), so its one testing look spends all of α.  Simulated (adjusted for acceptance,
+    cheaper speed-only phases, restart CV 7 %), all six decided yes within the budget more
+    often than with the spending laid out over the default ``max_repeats`` 8 and the run
+    stopped by the budget at the same look; and at each speed question's null, wrong yes
+    at most α in 20,000 runs (95 % Wilson interval printed)."""
+    config = validate({**copy.deepcopy(DEFAULT), "until": "decided", "budget_hours": 8.0}, REPO)
+    fits = config["max_repeats"]
+    assert fits == 4 < validate(copy.deepcopy(DEFAULT), REPO)["max_repeats"]
+    n = 2000
+    spent, _ever, _repeats, hours = six_questions(5, n, fits, STUDY_EFFECTS, 0.07, adjusted=True, cheaper_speed=True)
+    cut, _ever, _repeats, cut_hours = six_questions(
+        5, n, 8, STUDY_EFFECTS, 0.07, adjusted=True, cheaper_speed=True, stop_at=fits
+    )
+    for what, verdicts, h in (
+        (f"max_repeats {fits} (the budget's)", spent, hours),
+        ("max_repeats 8, stopped at 4", cut, cut_hours),
+    ):
+        within = (verdicts == questions.YES).all(axis=1) & (h <= 8.0)
+        print(
+            f"budget 8 h, {what}: all six yes within the budget {within.mean():.3f},"
+            f" per question {np.round((verdicts == questions.YES).mean(axis=0), 3).tolist()},"
+            f" {np.median(h):.2f} cluster-hours (median)"
+        )
+    assert _power(spent) > _power(cut) + 0.1 and (hours <= 8.0).all()
+    n = 20_000
+    verdicts, _ever, _repeats, _hours = six_questions(
+        13, n, fits, NULL_EFFECTS, 0.07, adjusted=True, cheaper_speed=True
+    )
+    for column, question in enumerate(SIX):
+        if question["metric"] in names.BETWEEN_RESTARTS:
+            wrong = int((verdicts[:, column] == questions.YES).sum())
+            low, high = proportion_confint(wrong, n, method="wilson")
+            print(
+                f"budget 8 h, {question_words(question)} at its null: wrong yes {wrong / n:.4f}"
+                f" (95 % Wilson {low:.4f}–{high:.4f}) of {n}"
+            )
+            assert low < questions.ALPHA and wrong / n <= questions.ALPHA + 0.005

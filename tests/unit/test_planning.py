@@ -171,6 +171,43 @@ def test_budget_hours_is_accepted_exactly_when_it_fits_one_pair(budget):
     assert accepted == fits
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    budget=st.floats(0.2, 200.0),
+    max_repeats=st.integers(4, 100),
+    repeats=st.integers(1, 4),  # at most max_repeats: a config below is refused
+    cooldown_max_s=st.floats(1.0, 600.0),
+)
+def test_a_budget_lowers_max_repeats_to_the_repeats_it_fits_at_the_configs_timings(
+    budget, max_repeats, repeats, cooldown_max_s
+):
+    """The validated ``max_repeats`` is the most repeats whose study, each phase at its load
+    and a full cooldown, fits the budget: one more would not (unless ``max_repeats`` or the
+    floor of ``repeats`` and one pair set it)."""
+    raw = copy.deepcopy(DEFAULT)
+    raw.update(until="decided", budget_hours=budget, max_repeats=max_repeats, repeats=repeats)
+    raw["timings"]["cooldown_max_s"] = cooldown_max_s
+    timings = raw["timings"]
+    if budget < (timings["baseline_s"] + 2 * timings["load_s"]) * timings["time_scale"] / 3600:
+        return  # below one pair: refused (the test above)
+    fitted = validate(raw, ROOT)["max_repeats"]
+
+    def hours(r):
+        return (timings["baseline_s"] + r * 2 * (timings["load_s"] + cooldown_max_s)) * timings["time_scale"] / 3600
+
+    floor = max(2, repeats)
+    assert fitted <= max_repeats and fitted >= min(floor, max_repeats)
+    if fitted > floor:
+        assert hours(fitted) <= budget + 1e-9
+    if fitted < max_repeats:
+        assert fitted == floor or hours(fitted + 1) > budget
+
+
+def test_without_a_budget_max_repeats_is_as_given():
+    raw = {**copy.deepcopy(DEFAULT), "until": "decided", "max_repeats": 12}
+    assert validate(raw, ROOT)["max_repeats"] == 12
+
+
 def test_plan_of_a_directory_that_is_no_run_is_one_line(tmp_path, capsys):
     assert main(["plan", str(tmp_path / "nothing-here")]) == 2
     error = capsys.readouterr().err

@@ -20,7 +20,7 @@ from thermab.config.addresses import (
 )
 from thermab.config.patterns import _one_line, _regex
 from thermab.config.problems import ConfigError, _raise, _short
-from thermab.config.questions import _question_problems, _tune_problems, _wakeup_problems
+from thermab.config.questions import _question_problems, _tune_problems, _wakeup_problems, fit_max_repeats_to_budget
 from thermab.config.reader import read_layered
 from thermab.config.schema import MAX_VALUES, _describe, _validator, _value_problems, level_bounds
 from thermab.config.setting import _setting_problems
@@ -42,6 +42,7 @@ def validate(raw: dict, workdir: str | Path | None = None) -> dict:
     errors = sorted(_validator().iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
     _raise([_describe(e) for e in errors])
     _raise(_semantic_problems(config, Path(workdir or Path.cwd()).resolve()))
+    fit_max_repeats_to_budget(config)
     return config
 
 

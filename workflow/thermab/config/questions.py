@@ -3,6 +3,8 @@ range and constraints, and the wake-up gaps."""
 
 from __future__ import annotations
 
+import math
+
 from thermab import load_levels, metric_names as names
 from thermab.config.problems import _short
 from thermab.config.setting import literal_number
@@ -116,6 +118,32 @@ def _budget_problems(config: dict, problems: list[str]) -> None:
             f" (baseline {timings['baseline_s']:g} s + {phases} × load {timings['load_s']} s,"
             f" × time_scale {timings['time_scale']:g} = {pair_h:.3g} h)"
         )
+
+
+def budget_repeats(config: dict) -> int | None:
+    """The most repeats ``budget_hours`` fits at the config's own timings (None: no budget):
+    after the baseline, each phase job at its longest, its load and a full cooldown
+    (``timings.load_s`` + ``timings.cooldown_max_s``), at every level of the load."""
+    budget = config["budget_hours"]
+    if budget is None or config["until"] != "decided":
+        return None
+    timings, users = config["timings"], config["load"]["users"]
+    phases = len(config["order"]) * len(users if isinstance(users, list) else [users])
+    per_repeat_h = phases * (timings["load_s"] + timings["cooldown_max_s"]) * timings["time_scale"] / 3600
+    room_h = budget - timings["baseline_s"] * timings["time_scale"] / 3600
+    return max(0, math.floor(room_h / per_repeat_h + 1e-9))
+
+
+def fit_max_repeats_to_budget(config: dict) -> None:
+    """Lower ``max_repeats`` to what the budget fits (``budget_repeats``), never below
+    ``repeats`` or one crossover pair.  The looks' α is laid out over ``max_repeats``
+    (analysis/sequential.py), and O'Brien–Fleming-type spending keeps most of it for the
+    last looks: a budget that stops the run before them would leave that α unspent, and
+    the first looks would test at a small part of it.  Fixed from the config alone, before
+    any phase ran, so the spending stays pre-specified (docs/planning.md)."""
+    fits = budget_repeats(config)
+    if fits is not None:
+        config["max_repeats"] = min(config["max_repeats"], max(2, config["repeats"], fits))
 
 
 def questions_problems(questions: list[dict], hosts: list[str], load: dict, idle_s: float = 0) -> list[str]:

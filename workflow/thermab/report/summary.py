@@ -326,8 +326,13 @@ def questions_section(answers: pd.DataFrame, run: dict) -> list[str]:
         open_ = answers.loc[answers["verdict"] == "undecided", "question"]
         reached = int(answers["phases_per_arm"].max())
         lines = [
-            f"Repeats until decided: {reached} of at most {run.get('max_repeats')} repeats, each look at its"
-            " level of O'Brien–Fleming-type alpha spending (docs/statistics.md); "
+            f"Repeats until decided: {reached} of at most {run.get('max_repeats')} repeats"
+            + (
+                f" (at most what the budget of {run.get('budget_hours'):g} cluster-hours fits at the config's timings)"
+                if run.get("budget_hours") is not None
+                else ""
+            )
+            + ", each look at its level of O'Brien–Fleming-type alpha spending (docs/statistics.md); "
             + (
                 f"still open: {'; '.join(dict.fromkeys(map(md_text, open_)))}."
                 if len(open_)
