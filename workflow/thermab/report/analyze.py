@@ -222,6 +222,7 @@ def answer_questions(config: Plan, pooled: pd.DataFrame, validity: pd.DataFrame,
         config,
         alpha=alpha,
         withheld=questions.withheld_yes(pooled, unbalanced),
+        balance={arm: speed.balance_words(arm, config.reference_arm, check) for arm, check in balance.items()},
     )
     return answers, speed.balance_frame(balance, config.reference_arm)
 
