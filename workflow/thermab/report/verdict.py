@@ -113,8 +113,9 @@ def verdict_line(row, *, arms: int = 1, levels: int = 1, escape=str) -> str:
 
 def to_decide(row, command: str) -> str:
     """What follows an undecided verdict line: the phases per arm that would decide it and
-    ``command`` (the command with its cluster-hours); "" for a decided one."""
-    if row.verdict != UNDECIDED:
+    ``command`` (the command with its cluster-hours); "" for a decided one, and for one not
+    measured in the run (no number of repeats measures what the run has no source for)."""
+    if row.verdict != UNDECIDED or math.isnan(row.estimate):
         return ""
     if math.isnan(row.phases_needed):
         need = "a spread between phases needs at least two phases per arm"
