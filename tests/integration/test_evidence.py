@@ -60,17 +60,17 @@ def test_the_headline_states_each_verdict_estimate_and_interval_in_units(tmp_pat
     assert len(bullets) == len(answers) == 6
     temperature = next(b for b in bullets if "head TSOC mean lower" in b)
     assert re.fullmatch(
-        r"- YES — head TSOC mean lower: −\d+\.\d °C \[−[\d.]+, −[\d.]+\] °C vs margin 0 °C, 3 phases per arm\.",
+        r"- YES — head TSOC mean lower: −\d+\.\d °C \[−[\d.]+, −[\d.]+ °C\] vs margin 0 °C, 3 phases per arm\.",
         temperature,
     )
     throughput = next(b for b in bullets if b.startswith("- NO — output throughput"))
     assert re.fullmatch(
-        r"- NO — output throughput no worse than 5 % \(higher is better\): −\d+\.\d tok/s \[−[\d.]+, −[\d.]+\]"
-        r" tok/s vs margin −4\.\d tok/s, 3 phases per arm\.",
+        r"- NO — output throughput no worse than 5 % \(higher is better\): −\d+\.\d tok/s \[−[\d.]+, −[\d.]+"
+        r" tok/s\] vs margin −4\.\d tok/s, 3 phases per arm\.",
         throughput,
     )
     cpu = next(b for b in bullets if "vLLM CPU" in b)
-    assert re.search(r": −1\.\d\d cores \(−1\d\d % of one core\) \[−1\.\d\d, −1\.\d\d\] cores vs margin 0 cores,", cpu)
+    assert re.search(r": −1\.\d\d cores \(−1\d\d % of one core\) \[−1\.\d\d, −1\.\d\d cores\] vs margin 0 cores,", cpu)
     assert "vs margin +0.5 gaps per phase, 3 phases per arm" in next(b for b in bullets if "stall gaps" in b)
     assert "Simulated" not in text
     design = text[text.index("### Design") : text.index("### Environment")]

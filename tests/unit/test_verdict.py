@@ -43,10 +43,10 @@ def lines(*rows, command=""):
 
 
 def test_each_kind_of_question_in_its_unit():
-    assert lines(row()) == ["YES — head TSOC mean lower: −8.9 °C [−9.4, −8.3] °C vs margin 0 °C, 4 phases per arm"]
+    assert lines(row()) == ["YES — head TSOC mean lower: −8.9 °C [−9.4, −8.3 °C] vs margin 0 °C, 4 phases per arm"]
     cpu = row(question="head vLLM CPU median lower", estimate=-188.95, ci_low=-210.0, ci_high=-170.0)
     assert lines({**cpu, "unit": "% of one core"}) == [
-        "YES — head vLLM CPU median lower: −1.89 cores (−189 % of one core) [−2.10, −1.70] cores"
+        "YES — head vLLM CPU median lower: −1.89 cores (−189 % of one core) [−2.10, −1.70 cores]"
         " vs margin 0 cores, 4 phases per arm"
     ]
     stalls = row(
@@ -60,7 +60,7 @@ def test_each_kind_of_question_in_its_unit():
         verdict="no",
     )
     assert lines(stalls) == [
-        "NO — stall gaps no worse than 0.5 (lower is better): +1.2 gaps per phase [+0.8, +1.8] gaps per phase"
+        "NO — stall gaps no worse than 0.5 (lower is better): +1.2 gaps per phase [+0.8, +1.8 gaps per phase]"
         " vs margin +0.5 gaps per phase, 4 phases per arm"
     ]
     speed = row(
@@ -73,7 +73,7 @@ def test_each_kind_of_question_in_its_unit():
         ci_high=6.5,
         unit="tok/s",
     )
-    assert "+2.8 tok/s [−1.0, +6.5] tok/s vs margin −10.5 tok/s" in lines(speed)[0]
+    assert "+2.8 tok/s [−1.0, +6.5 tok/s] vs margin −10.5 tok/s" in lines(speed)[0]
     same = row(question="p99 ITL equivalent within ± 2", kind="equivalent", better="", margin=2.0, unit="ms")
     assert "vs margin ± 2.00 ms" in lines(same)[0]
     faster = row(question="probe decode speed higher by at least 1", kind="higher", better="higher", margin=1.0)
@@ -90,10 +90,10 @@ def test_an_open_question_says_what_decides_it_and_the_caveats_stay_out():
     assert got == [
         "UNDECIDED — head TSOC mean lower: −8.9 °C [no interval] vs margin 0 °C, 1 phase per arm; to decide:"
         " a spread between phases needs at least two phases per arm, `snakemake all` (at most 3.0 cluster-hours)",
-        "UNDECIDED — head TSOC mean lower: −8.9 °C [−9.4, +0.4] °C vs margin 0 °C, 4 phases per arm; to decide:"
+        "UNDECIDED — head TSOC mean lower: −8.9 °C [−9.4, +0.4 °C] vs margin 0 °C, 4 phases per arm; to decide:"
         " about 14 phases per arm at the spread seen, `snakemake all` (at most 3.0 cluster-hours)",
         "UNDECIDED — head TSOC mean lower: not measured in this run",  # no repeat measures what has no source
-        "YES — head TSOC mean lower: −8.9 °C [−9.4, −8.3] °C vs margin 0 °C, 4 phases per arm",
+        "YES — head TSOC mean lower: −8.9 °C [−9.4, −8.3 °C] vs margin 0 °C, 4 phases per arm",
     ]
     assert not any("no data" in line or "no interval)" in line for line in got)
 

@@ -1,8 +1,8 @@
 """The verdict line: one per question and arm, the same in ``evidence.md``, ``summary.md``,
 ``status`` and ``figures/questions.png``::
 
-    NO — stall gaps no worse than 0.5 (lower is better): +1.2 gaps per phase [+0.8, +1.6] gaps
-    per phase vs margin +0.5 gaps per phase, 4 phases per arm
+    NO — stall gaps no worse than 0.5 (lower is better): +1.2 gaps per phase [+0.8, +1.6 gaps
+    per phase] vs margin +0.5 gaps per phase, 4 phases per arm
 
 the verdict, the question's words (at most ``LABEL_CHARS`` characters), the estimate
 (arm − reference) and its interval in the metric's unit, the bound the interval must clear,
@@ -52,12 +52,12 @@ def quantity(value: float, unit: str, sign: bool = True) -> str:
 
 
 def span(low: float, high: float, unit: str) -> str:
-    """An interval in its unit: ``[−2.10, −1.68] cores``; ``[no interval]`` without one."""
+    """An interval in its unit: ``[−2.10, −1.68 cores]``; ``[no interval]`` without one."""
     if math.isnan(low) or math.isnan(high):
         return "[no interval]"
     factor, shown, digits = RESTATED.get(unit, (1.0, unit, DIGITS.get(unit, 2)))
-    numbers = f"[{_number(low * factor, digits, True)}, {_number(high * factor, digits, True)}]"
-    return f"{numbers} {shown}" if shown else numbers
+    numbers = f"{_number(low * factor, digits, True)}, {_number(high * factor, digits, True)}"
+    return f"[{numbers} {shown}]" if shown else f"[{numbers}]"
 
 
 def margin_text(row) -> str:
