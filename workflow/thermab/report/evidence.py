@@ -244,7 +244,8 @@ def _environment(plan: Plan, preflight: dict | None, events: pd.DataFrame, sourc
 
 def key_numbers(answers: pd.DataFrame, variance: pd.DataFrame, plan: Plan) -> pd.DataFrame:
     """Per question and arm: the reference's and the arm's means, the difference, in % of the
-    reference, and the question's interval, every number with its unit."""
+    reference, and the question's interval, every number in its unit as the verdict line
+    gives it (CPU in cores, stall gaps per phase)."""
     labels = {a: md_text(spec.label) for a, spec in plan.arms.items()}
     rows = []
     for row in answers.itertuples(index=False):
@@ -259,16 +260,14 @@ def key_numbers(answers: pd.DataFrame, variance: pd.DataFrame, plan: Plan) -> pd
         rows.append(
             {
                 "metric": row.metric + (f" ({level})" if level is not None else ""),
-                labels.get(row.reference, row.reference): fmt(ref["mean"].iloc[0], unit) if len(ref) else "–",
-                "arm": labels.get(row.arm, row.arm),
-                "arm mean": fmt(arm["mean"].iloc[0], unit) if len(arm) else "–",
-                "difference": fmt(row.estimate, unit, sign=True),
-                "% of reference": fmt(pct, "%", 1, sign=True),
-                "interval": (
-                    f"{fmt(row.ci_low, unit, sign=True)} to {fmt(row.ci_high, unit, sign=True)}"
-                    if not pd.isna(row.ci_low)
-                    else "–"
+                labels.get(row.reference, row.reference): (
+                    verdict.quantity(ref["mean"].iloc[0], unit, sign=False) if len(ref) else "–"
                 ),
+                "arm": labels.get(row.arm, row.arm),
+                "arm mean": verdict.quantity(arm["mean"].iloc[0], unit, sign=False) if len(arm) else "–",
+                "difference": verdict.quantity(row.estimate, unit),
+                "% of reference": fmt(pct, "%", 1, sign=True),
+                "interval": verdict.span(row.ci_low, row.ci_high, unit) if not pd.isna(row.ci_low) else "–",
                 "verdict": row.verdict,
             }
         )
