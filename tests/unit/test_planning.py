@@ -65,6 +65,7 @@ def test_one_phase_per_arm_says_what_it_cannot_estimate_and_what_one_more_pair_g
     # speed plans on the field's restart spread, labelled as assumed; heat says where its spread is measured
     throughput = next(line for line in out.splitlines() if line.startswith("- output throughput"))
     assert "restart CV 7.5 % assumed (vLLM's at 4 streams" in throughput and "cluster-hours" in throughput
+    assert " tok/s (restart CV" in throughput and " tok/s from the decisive bound" in throughput  # in units
     heat = next(line for line in out.splitlines() if line.startswith("- head TSOC mean"))
     assert "measured at the first look of until: decided that tests (4 repeats" in heat
     assert "no spread to plan on" not in out

@@ -82,6 +82,7 @@ PLAN_COLUMNS = [
     "smallest_margin",
     "smallest_margin_pct",
     "reach",
+    "unit",
 ]
 # The restart CV a plan assumes for speed and energy per token until the run has measured
 # its own (one phase per arm): vLLM's throughput at 4 streams across restarts, driven by the
@@ -323,6 +324,7 @@ def _planned(question, metric, effect, run, timings, inside, restart_cv_pct, blo
     repeats = math.ceil(needed / block) * block if math.isfinite(needed) else math.nan
     hours = timings.hours(repeats, len(run.arms)) if timings and math.isfinite(repeats) else math.nan
     return {
+        "unit": effect.get("unit", effect.get("raw", {}).get("unit", "")),
         "phases_per_arm": n,
         "estimate": effect["diff"],
         "between_sd": between,
@@ -416,6 +418,14 @@ def _num(value: float, digits: int = 3) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}g}"
 
 
+def _in(value: float, unit, sign: bool = False) -> str:
+    """A number of the plan in the metric's unit (``—`` where unknown)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    text = f"{value:{'+' if sign else ''}.3g}"
+    return f"{text} {unit}" if isinstance(unit, str) and unit else text
+
+
 def _decided_margin(row) -> str:
     """The smallest margin (or the largest ``by``) the budget decides at the estimate, in words;
     a margin that shows as 0 is never offered: any margin above it is decided."""
@@ -426,10 +436,10 @@ def _decided_margin(row) -> str:
             return "a yes clears no `by` at this estimate"
         if shown_zero:
             return "a yes at this estimate clears no `by` above 0"
-        return f"a yes at this estimate clears a `by` up to {_num(row.smallest_margin)}{pct}"
+        return f"a yes at this estimate clears a `by` up to {_in(row.smallest_margin, row.unit)}{pct}"
     if shown_zero:
         return "at this estimate any margin above 0 is decided (the gain seen clears the bound)"
-    return f"the smallest margin decided at this estimate is {_num(row.smallest_margin)}{pct}"
+    return f"the smallest margin decided at this estimate is {_in(row.smallest_margin, row.unit)}{pct}"
 
 
 def _budget_words(row, said: bool, block: int) -> str:
@@ -440,7 +450,7 @@ def _budget_words(row, said: bool, block: int) -> str:
         return f"{reason} either." if said else f"out of reach: {reason}."
     if math.isnan(row.budget_distance):
         return f"{row.budget_repeats:.0f} phases per arm, no plan on them until the spread is measured."
-    runs = f"{row.budget_repeats:.0f} phases per arm decide {_num(row.budget_distance)} from the bound"
+    runs = f"{row.budget_repeats:.0f} phases per arm decide {_in(row.budget_distance, row.unit)} from the bound"
     reach = ""
     if math.isfinite(row.repeats_needed):
         reach = (
@@ -497,9 +507,10 @@ def plan_lines(
             lines.append(f"{head} No data for {row.metric} in this run.")
             continue
         spread = (
-            f" Spread between phases {_num(row.between_sd)} (within a phase {_num(row.within_sd)},"
-            f" between restarts {_num(row.restart_sd)}); planned sd {_num(row.planned_sd)} ({row.sd_from});"
-            f" estimate {row.estimate:+.3g}, {_num(row.distance)} from the decisive bound."
+            f" Spread between phases {_in(row.between_sd, row.unit)} (within a phase {_in(row.within_sd, row.unit)},"
+            f" between restarts {_in(row.restart_sd, row.unit)}); planned sd {_in(row.planned_sd, row.unit)}"
+            f" ({row.sd_from}); estimate {_in(row.estimate, row.unit, sign=True)},"
+            f" {_in(row.distance, row.unit)} from the decisive bound."
         )
         if math.isfinite(row.phases_needed):
             need = (
