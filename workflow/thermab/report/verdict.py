@@ -1,5 +1,6 @@
-"""The verdict line: one per question and arm, the same in ``evidence.md``, ``summary.md``,
-``status`` and ``figures/questions.png``::
+"""The verdict line: one per question and arm, the same in ``evidence.md``, ``summary.md`` and
+``status`` (``figures/questions.png`` titles each panel with its label and draws it in its
+unit)::
 
     NO — stall gaps no worse than 0.5 (lower is better): +1.2 gaps per phase [+0.8, +1.6 gaps
     per phase] vs margin +0.5 gaps per phase, 4 phases per arm
