@@ -1,8 +1,9 @@
-"""evidence.md, the answer a reviewer pastes: one sentence per question with its verdict,
-estimate and interval in units, the design, the environment with the file's sha256 before
-and after, a link-free table of key numbers and collapsed details; summary.md and
-report.html open with the same headline; a simulated cluster is named in the first lines;
-an undecided question says what would decide it and the command."""
+"""evidence.md, the answer a reviewer pastes: one verdict line per question with its
+estimate, interval and margin in units (the same line in summary.md and status), the
+design, the environment with the file's sha256 before and after, a link-free table of key
+numbers and collapsed details; summary.md and report.html open with the same headline; a
+simulated cluster is named in the first lines; an undecided question says what would
+decide it and the command."""
 
 import json
 import re
@@ -11,7 +12,8 @@ import pandas as pd
 
 from support.synthetic_run import write_synthetic_run
 from thermab.analysis import questions
-from thermab.analysis.model import Plan
+from thermab.analysis.model import Plan, load_run
+from thermab.config import question_words
 from thermab.report import evidence
 from thermab.report.analyze import analyze
 from thermab.report.html_report import write_report
@@ -57,13 +59,19 @@ def test_the_headline_states_each_verdict_estimate_and_interval_in_units(tmp_pat
     bullets = [line for line in block if line.startswith("- ")]
     assert len(bullets) == len(answers) == 6
     temperature = next(b for b in bullets if "head TSOC mean lower" in b)
-    assert re.search(
-        r"\*\*YES\*\*: .*patched vs stock\): −\d+\.\d °C \(90 % interval −[\d.]+ °C to −[\d.]+ °C;", temperature
+    assert re.fullmatch(
+        r"- YES — head TSOC mean lower: −\d+\.\d °C \[−[\d.]+, −[\d.]+ °C\] vs margin 0 °C, 3 phases per arm\.",
+        temperature,
     )
-    throughput = next(b for b in bullets if b.startswith("- **NO**: output throughput"))
-    assert re.search(r"−\d+\.\d tok/s \(90 % interval .* tok/s; margin −4\.\d tok/s; 3 phases per arm\)", throughput)
-    assert "% CPU" in next(b for b in bullets if "vLLM CPU" in b)
-    assert "margin +0.5 gaps" in next(b for b in bullets if "stall gaps" in b)
+    throughput = next(b for b in bullets if b.startswith("- NO — output throughput"))
+    assert re.fullmatch(
+        r"- NO — output throughput no worse than 5 % \(higher is better\): −\d+\.\d tok/s \[−[\d.]+, −[\d.]+"
+        r" tok/s\] vs margin −4\.\d tok/s, 3 phases per arm\.",
+        throughput,
+    )
+    cpu = next(b for b in bullets if "vLLM CPU" in b)
+    assert re.search(r": −1\.\d\d cores \(−1\d\d % of one core\) \[−1\.\d\d, −1\.\d\d cores\] vs margin 0 cores,", cpu)
+    assert "vs margin +0.5 gaps per phase, 3 phases per arm" in next(b for b in bullets if "stall gaps" in b)
     assert "Simulated" not in text
     design = text[text.index("### Design") : text.index("### Environment")]
     assert "A = stock (busy_loop_s = 1, reference), 3 phase(s)" in design and "closed loop of" in design
@@ -108,11 +116,15 @@ def test_an_undecided_question_says_what_would_decide_it_and_the_command(tmp_pat
     analyze(run_dir, configfiles=["config/my-cluster.yaml"])
     bullets = [b for b in _answer_block((run_dir / "evidence.md").read_text()) if b.startswith("- ")]
     measured = [b for b in bullets if "not measured in this run" not in b]  # no power: no repeat can help
-    assert len(measured) == 5 and all(b.startswith("- **UNDECIDED**") for b in bullets)
+    assert len(measured) == 5 and all(b.startswith("- UNDECIDED — ") for b in bullets)
+    assert all("to decide" not in b for b in bullets if b not in measured)
     command = "`snakemake --cores 1 all --configfile config/my-cluster.yaml --config until=decided max_repeats=8`"
     assert all(command in b and b.endswith(".") for b in measured), measured
     assert all(
-        "(no interval; " in b and "1 phase per arm)" in b and "at least two phases per arm" in b for b in measured
+        "[no interval] vs margin " in b
+        and ", 1 phase per arm; to decide: a spread between phases needs at least two phases per arm, " in b
+        and "cluster-hours" in b
+        for b in measured
     )
     ba = _with_hosts(write_synthetic_run(tmp_path / "BA", order="BA"), False)
     analyze(ba)  # the command line is unknown from here: the reader is told to add the configfile
@@ -163,7 +175,33 @@ def test_status_gives_the_command_that_decides_what_is_open_and_its_cost(tmp_pat
 
     run_dir = _with_hosts(write_synthetic_run(tmp_path / "AB"), False)
     analyze(run_dir)
-    lines = [line for line in status.status_lines(run_dir) if "to decide what is open" in line]
-    assert len(lines) == 1
-    assert "`snakemake --cores 1 all --config until=decided max_repeats=8`" in lines[0]
-    assert "cluster-hours" in lines[0] and "--configfile" in lines[0]
+    lines = [line for line in status.status_lines(run_dir) if "; to decide: " in line]
+    assert len(lines) == 5  # every measured question is open after one phase per arm
+    for line in lines:
+        assert "`snakemake --cores 1 all --config until=decided max_repeats=8`" in line
+        assert "cluster-hours" in line and "--configfile" in line
+
+
+def test_the_same_verdict_lines_stand_in_evidence_summary_and_status(tmp_path):
+    """evidence.md, summary.md and status give each question the one verdict line (Markdown's
+    escapes read back), from the questions' words alone: no caveat or method inside it."""
+    import html
+
+    from thermab.report import status
+
+    run_dir = _with_hosts(write_synthetic_run(tmp_path / "AB", reps=3, tok_s={"A": 85.0, "B": 60.0}), False)
+    answers = analyze(run_dir)["questions"]
+
+    def lines(text):
+        return [html.unescape(line[2:].removesuffix(".")) for line in _answer_block(text) if line.startswith("- ")]
+
+    evidence_lines = lines((run_dir / "evidence.md").read_text())
+    summary_lines = lines((run_dir / "summary.md").read_text())
+    shown = status.status_lines(run_dir)
+    start = shown.index("  questions so far:") + 1
+    status_lines = [line.strip() for line in shown[start : start + len(answers)]]
+    assert evidence_lines == summary_lines == status_lines and len(status_lines) == len(answers) == 6
+    declared = [question_words(q) for q in load_run(run_dir).plan.questions]
+    assert answers["question"].tolist() == declared  # the words alone: caveats are the note column's
+    for line, words, verdict in zip(status_lines, declared, answers["verdict"], strict=True):
+        assert line.startswith(f"{verdict.upper()} — {words}: ") and len(words) <= 60

@@ -8,6 +8,7 @@ import math
 import tempfile
 from pathlib import Path
 
+import matplotlib
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -19,7 +20,7 @@ from thermab.analysis import metrics, questions, washout
 from thermab.analysis.questions import NO, UNDECIDED, YES
 from thermab.config import ConfigError, validate
 from thermab.experiment import plan
-from thermab.report import summary
+from thermab.report import summary, verdict
 from thermab.report.analyze import analyze
 
 RAW = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
@@ -195,7 +196,10 @@ def test_a_decided_run_answers_and_comes_first_in_the_summary(tmp_path):
     assert answers.at["output throughput", "verdict"] == NO  # −29 %, beyond the 5 % margin
     assert answers.at["output throughput", "margin"] == pytest.approx(85 * 0.05, rel=0.05)
     assert answers.at["cluster energy per token", "verdict"] == UNDECIDED
-    assert "no data for cluster energy per token" in answers.at["cluster energy per token", "question"]
+    assert answers.at["cluster energy per token", "note"] == "no data for cluster energy per token in this run"
+    assert answers.at["cluster energy per token", "question"] == "cluster energy per token lower"  # words alone
+    assert answers.at["output throughput", "unit"] == "tok/s" and answers.at["output throughput", "better"] == "higher"
+    assert answers.at["head vLLM CPU median", "unit"] == "% of one core"
     summary = (run_dir / "summary.md").read_text()
     assert summary.index("## Questions") < summary.index("## Load validity")
 
@@ -219,7 +223,8 @@ def test_a_short_load_or_unbalanced_starts_never_give_yes(tmp_path):
         "questions"
     ].set_index("metric")
     assert YES not in set(short["verdict"])
-    assert "not yes: short load in rep1-B" in short.at["head vLLM CPU median", "question"]
+    assert short.at["head vLLM CPU median", "note"] == "not yes: short load in rep1-B, rep2-B, rep3-B"
+    assert short.at["head vLLM CPU median", "question"] == "head vLLM CPU median lower"
     validity = metrics.pd.DataFrame({"arm": ["A", "B", "A", "B"], "start_c": [50.0, 53.5, 50.5, 53.0]})
     reasons = washout.unbalanced(validity, "A", 2.0)
     assert set(reasons) == {"B"} and "unbalanced starts" in reasons["B"]
@@ -254,6 +259,13 @@ def test_the_forest_plot_is_drawn_and_in_the_report(tmp_path):
         result.tables["questions"], result.run.plan, {"A": "red", "B": "blue"}, run_dir / "figures" / "questions.png"
     )
     assert path.stat().st_size > 10_000
+    # the same figure as text: each panel's title the verdict line's label, its x axis in its unit
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        svg = plots.questions_png(result.tables["questions"], result.run.plan, {}, tmp_path / "q.svg").read_text()
+    for unit in ("°C", "cores", "tok/s", "gaps per phase"):
+        assert f"arm − reference ({unit})" in svg
+    assert "% of one core)" not in svg and "no interval" not in svg
+    assert all(f">{verdict.label(row)}<" in svg for row in result.tables["questions"].itertuples())
     write_report(run_dir, run_dir / "report.html")
     page = (run_dir / "report.html").read_text()
     assert 'alt="questions"' in page and page.index("<h2>Questions</h2>") < page.index("<h2>Load validity</h2>")

@@ -65,6 +65,7 @@ def test_one_phase_per_arm_says_what_it_cannot_estimate_and_what_one_more_pair_g
     # speed plans on the field's restart spread, labelled as assumed; heat says where its spread is measured
     throughput = next(line for line in out.splitlines() if line.startswith("- output throughput"))
     assert "restart CV 7.5 % assumed (vLLM's at 4 streams" in throughput and "cluster-hours" in throughput
+    assert " tok/s (restart CV" in throughput and " tok/s from the decisive bound" in throughput  # in units
     heat = next(line for line in out.splitlines() if line.startswith("- head TSOC mean"))
     assert "measured at the first look of until: decided that tests (4 repeats" in heat
     assert "no spread to plan on" not in out
@@ -249,3 +250,52 @@ def test_a_budget_never_offers_a_margin_of_zero_and_says_out_of_reach_once(tmp_p
     )
     line = planning.plan_lines(pd.DataFrame([row]), plan, None, hours=8)[-1]
     assert line.lower().count("out of reach") == 1 and "the smallest margin decided at this estimate is 6.2" in line
+    # a superiority question no `by` of which a yes clears, needing more repeats than the budget runs
+    lower = {
+        **row,
+        "question": "cluster energy per token lower",
+        "kind": "lower",
+        "estimate": -0.06,
+        "distance": 0.06,
+        "phases_needed": 31.0,
+        "repeats_needed": 32.0,
+        "reach": "reachable",
+        "budget_repeats": 4,
+        "budget_distance": 0.18,
+        "smallest_margin": math.nan,
+        "smallest_margin_pct": math.nan,
+    }
+    line = planning.plan_lines(pd.DataFrame([lower]), plan, None, hours=8)[-1]
+    assert line.endswith(
+        "In 8 h: 4 phases per arm decide 0.18 from the bound; a yes clears no `by` at this estimate;"
+        " out of reach in the budget: it needs 32 repeats."
+    )
+    # a margin that would show as 0 is never the smallest decided: any margin above it is
+    for kind, words in (("non_inferior", "any margin above 0 is decided"), ("lower", "clears no `by` above 0")):
+        zero = {**lower, "kind": kind, "smallest_margin": 0.0, "smallest_margin_pct": 0.0}
+        line = planning.plan_lines(pd.DataFrame([zero]), plan, None, hours=8)[-1]
+        assert words in line and " 0 (" not in line and "up to 0" not in line
+    # a plan with no spread yet keeps its reason, the budget that fits no block says its own once
+    unknown = {
+        **row,
+        "planned_sd": math.nan,
+        "phases_needed": math.nan,
+        "reach": "its spread between restarts is measured at the first look of until: decided that tests",
+        "budget_repeats": 0,
+    }
+    line = planning.plan_lines(pd.DataFrame([unknown]), plan, None, hours=1)[-1]
+    assert "Its spread between restarts is measured at the first look" in line
+    assert line.endswith("In 1 h: out of reach: the budget does not fit one crossover block of 2 repeats.")
+
+
+def test_cluster_hours_are_named_as_the_runs_measured_phase_times_scaled(tmp_path, capsys):
+    path = write_synthetic_run(tmp_path / "AB", reps=2)
+    assert main(["plan", str(path), "--time-scale", "30"]) == 0
+    first = capsys.readouterr().out.splitlines()[2]
+    assert first.startswith("Cluster-hours are this run's measured phase times × its time scale: a phase job")
+    assert "× 30 study seconds per second of the run" in first and "not of your cluster" not in first
+    # on the simulated cluster: the simulated study's timings, not the user's cluster's
+    (path / "preflight.json").write_text(json.dumps({"hosts": {"head": {"simulated": True}}}))
+    assert main(["plan", str(path), "--time-scale", "30"]) == 0
+    first = capsys.readouterr().out.splitlines()[2]
+    assert "On the simulated cluster these are the timings of the study it simulates, not of your cluster" in first

@@ -95,12 +95,17 @@ def write_run(run_dir: Path, config: thermab_config.Config, now: float) -> None:
             "question",
             "arm",
             "reference",
+            "kind",
+            "margin",
             "verdict",
             "estimate",
             "ci_low",
             "ci_high",
             "level",
             "phases_per_arm",
+            "phases_needed",
+            "unit",
+            "better",
         ]
         writer = csv.DictWriter(handle, columns)
         writer.writeheader()
@@ -109,12 +114,17 @@ def write_run(run_dir: Path, config: thermab_config.Config, now: float) -> None:
                 "question": "TSOC mean lower",
                 "arm": "B",
                 "reference": "A",
+                "kind": "lower",
+                "margin": "",
                 "verdict": "undecided",
                 "estimate": "-0.91234",
                 "ci_low": "-2.1",
                 "ci_high": "0.3",
                 "level": "0.9",
                 "phases_per_arm": "1",
+                "phases_needed": "",
+                "unit": "°C",
+                "better": "lower",
             }
         )
 
@@ -129,7 +139,7 @@ def test_status_reads_where_a_run_stands(config, tmp_path):
     assert "phase 2 of 2 (rep1-B) now: 2 min into its load and cooldown; ETA then: phase 13 min, look 13 min" in text
     assert "head: hottest TSOC 70.0 °C (1 zones)" in text and "worker: hottest TSOC 65.5 °C" in text
     assert "phases done: 1 (rep1-A)" in text
-    assert "TSOC mean lower (B vs A): UNDECIDED, estimate -0.912, 90 % interval [-2.1, 0.3]" in text
+    assert "\n    UNDECIDED — TSOC mean lower: −0.9 °C [−2.1, +0.3 °C] vs margin 0 °C, 1 phase per arm" in text
 
 
 def test_status_finds_the_newest_run_and_says_when_no_load_runs(config, tmp_path):

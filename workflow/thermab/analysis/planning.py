@@ -82,6 +82,7 @@ PLAN_COLUMNS = [
     "smallest_margin",
     "smallest_margin_pct",
     "reach",
+    "unit",
 ]
 # The restart CV a plan assumes for speed and energy per token until the run has measured
 # its own (one phase per arm): vLLM's throughput at 4 streams across restarts, driven by the
@@ -323,6 +324,7 @@ def _planned(question, metric, effect, run, timings, inside, restart_cv_pct, blo
     repeats = math.ceil(needed / block) * block if math.isfinite(needed) else math.nan
     hours = timings.hours(repeats, len(run.arms)) if timings and math.isfinite(repeats) else math.nan
     return {
+        "unit": effect.get("unit", effect.get("raw", {}).get("unit", "")),
         "phases_per_arm": n,
         "estimate": effect["diff"],
         "between_sd": between,
@@ -354,8 +356,9 @@ def _reach(margin: float, distance: float, sd: float, needed: float, run: Plan, 
 
 
 def _within_budget(question, effect, row, budget_repeats, alpha, power) -> dict:
-    if budget_repeats == 0:
-        return {"budget_repeats": 0, "reach": "out of reach: the budget does not fit one crossover block"}
+    if budget_repeats == 0:  # a plan with no phases to count keeps its own reason
+        reach = "out of reach: the budget does not fit one crossover block"
+        return {"budget_repeats": 0, "reach": reach if row["reach"] == "reachable" else row["reach"]}
     if math.isnan(row["planned_sd"]):
         return {"budget_repeats": budget_repeats}
     distance = smallest_effect(budget_repeats, alpha, power) * row["planned_sd"]
@@ -415,44 +418,80 @@ def _num(value: float, digits: int = 3) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}g}"
 
 
-def _budget_words(row, said: bool) -> str:
-    """What the budget decides, in words; ``said``: the line has stated the reach already,
-    so it is not said twice."""
-    reach = "" if said else f"; {row.reach}"
-    if row.budget_repeats == 0 or math.isnan(row.budget_distance):
-        return f"{row.reach}." if not said else "no plan within it."
-    runs = f"{row.budget_repeats:.0f} phases per arm decide {_num(row.budget_distance)} from the bound"
+def _in(value: float, unit, sign: bool = False) -> str:
+    """A number of the plan in the metric's unit (``—`` where unknown)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    text = f"{value:{'+' if sign else ''}.3g}"
+    return f"{text} {unit}" if isinstance(unit, str) and unit else text
+
+
+def _decided_margin(row) -> str:
+    """The smallest margin (or the largest ``by``) the budget decides at the estimate, in words;
+    a margin that shows as 0 is never offered: any margin above it is decided."""
     pct = f" ({row.smallest_margin_pct:.2g} % of the reference)" if math.isfinite(row.smallest_margin_pct) else ""
+    shown_zero = math.isfinite(row.smallest_margin) and _num(row.smallest_margin) in ("0", "-0")
     if row.kind in ("lower", "higher"):
-        cleared = (
-            f"a yes at this estimate clears a `by` up to {_num(row.smallest_margin)}{pct}"
-            if math.isfinite(row.smallest_margin)
-            else "a yes is out of reach at this estimate"
+        if not math.isfinite(row.smallest_margin):
+            return "a yes clears no `by` at this estimate"
+        if shown_zero:
+            return "a yes at this estimate clears no `by` above 0"
+        return f"a yes at this estimate clears a `by` up to {_in(row.smallest_margin, row.unit)}{pct}"
+    if shown_zero:
+        return "at this estimate any margin above 0 is decided (the gain seen clears the bound)"
+    return f"the smallest margin decided at this estimate is {_in(row.smallest_margin, row.unit)}{pct}"
+
+
+def _budget_words(row, said: bool, block: int) -> str:
+    """What the budget decides, in words; ``said``: the line has said the question out of
+    reach already, so the budget's reason follows without saying it twice."""
+    if row.budget_repeats == 0:
+        reason = f"the budget does not fit one crossover block of {block} repeats"
+        return f"{reason} either." if said else f"out of reach: {reason}."
+    if math.isnan(row.budget_distance):
+        return f"{row.budget_repeats:.0f} phases per arm, no plan on them until the spread is measured."
+    runs = f"{row.budget_repeats:.0f} phases per arm decide {_in(row.budget_distance, row.unit)} from the bound"
+    reach = ""
+    if math.isfinite(row.repeats_needed):
+        reach = (
+            f"; out of reach in the budget: it needs {row.repeats_needed:.0f} repeats"
+            if row.repeats_needed > row.budget_repeats
+            else "; its plan fits in the budget"
         )
-    elif row.smallest_margin == 0:
-        cleared = "at this estimate any margin above 0 is decided (the gain seen clears the bound)"
-    else:
-        cleared = f"the smallest margin decided at this estimate is {_num(row.smallest_margin)}{pct}"
-    return f"{runs}; {cleared}{reach}."
+    return f"{runs}; {_decided_margin(row)}{reach}."
 
 
-def plan_lines(rows: pd.DataFrame, run: Plan, timings: Timings | None, *, hours: float | None = None) -> list[str]:
+def timings_line(timings: Timings | None, arms: int, block: int, simulated: bool = False) -> str:
+    """Where the plan's cluster-hours come from: the run's measured phase jobs × its time
+    scale; on the simulated cluster, the study's timings the simulation keeps, not the user's
+    cluster's."""
+    if timings is None:
+        return "No phase job with its restart and cooldown in this run's events: no cluster-hours."
+    line = (
+        f"Cluster-hours are this run's measured phase times × its time scale: a phase job (restart, load,"
+        f" cooldown) of {timings.job_s:.0f} s (median of {timings.jobs}) and the baseline of"
+        f" {timings.baseline_s:.0f} s, × {timings.time_scale:g} study seconds per second of the run"
+        f" (timings.time_scale); a crossover block of {block} repeats ({block * arms} phases) is"
+        f" {timings.hours(block, arms) - timings.hours(0, arms):.2f} cluster-hours."
+    )
+    if simulated:
+        line += (
+            " On the simulated cluster these are the timings of the study it simulates, not of your cluster:"
+            " a pilot run on your own cluster gives its own."
+        )
+    return line
+
+
+def plan_lines(
+    rows: pd.DataFrame, run: Plan, timings: Timings | None, *, hours: float | None = None, simulated: bool = False
+) -> list[str]:
     """The plan in words, one item per question and arm (the CLI's output, and summary.md's
-    paragraph for the open questions)."""
+    paragraph for the open questions); ``simulated``: the run's hosts are thermab's
+    simulation, whose cluster-hours are the simulated study's."""
     labels = {a: spec.label for a, spec in run.arms.items()}
     block = sequential.pair_size(run.order)
     arms = len(run.arms)
-    lines = [
-        (
-            f"Timings measured in this run: a phase job (restart, load, cooldown) {timings.job_s:.0f} s"
-            f" (median of {timings.jobs}), the baseline {timings.baseline_s:.0f} s; cluster time at"
-            f" {timings.time_scale:g} study seconds per second of the run: a crossover block of {block}"
-            f" repeats ({block * arms} phases) is"
-            f" {timings.hours(block, arms) - timings.hours(0, arms):.2f} cluster-hours."
-        )
-        if timings
-        else "No phase job with its restart and cooldown in this run's events: no cluster-hours."
-    ]
+    lines = [timings_line(timings, arms, block, simulated)]
     lines.append(
         f"Phases per arm to decide at {POWER * 100:.0f} % power: statsmodels' TTestIndPower, one-sided at"
         f" {ALPHA:g}, for the distance between the estimate and the decisive bound at the planned sd"
@@ -468,9 +507,10 @@ def plan_lines(rows: pd.DataFrame, run: Plan, timings: Timings | None, *, hours:
             lines.append(f"{head} No data for {row.metric} in this run.")
             continue
         spread = (
-            f" Spread between phases {_num(row.between_sd)} (within a phase {_num(row.within_sd)},"
-            f" between restarts {_num(row.restart_sd)}); planned sd {_num(row.planned_sd)} ({row.sd_from});"
-            f" estimate {row.estimate:+.3g}, {_num(row.distance)} from the decisive bound."
+            f" Spread between phases {_in(row.between_sd, row.unit)} (within a phase {_in(row.within_sd, row.unit)},"
+            f" between restarts {_in(row.restart_sd, row.unit)}); planned sd {_in(row.planned_sd, row.unit)}"
+            f" ({row.sd_from}); estimate {_in(row.estimate, row.unit, sign=True)},"
+            f" {_in(row.distance, row.unit)} from the decisive bound."
         )
         if math.isfinite(row.phases_needed):
             need = (
@@ -480,18 +520,19 @@ def plan_lines(rows: pd.DataFrame, run: Plan, timings: Timings | None, *, hours:
             )
         else:
             need = f" {row.reach[0].upper()}{row.reach[1:]}."
-        said = not math.isfinite(row.phases_needed)
-        budget = "" if hours is None else f" In {hours:g} h: " + _budget_words(row, said)
+        said = "out of reach" in need.lower()
+        budget = "" if hours is None else f" In {hours:g} h: " + _budget_words(row, said, block)
         lines.append(head + spread + need + budget)
     return lines
 
 
 def open_questions_section(
-    rows: pd.DataFrame, run: Plan, timings: Timings | None, events: pd.DataFrame, run_dir
+    rows: pd.DataFrame, run: Plan, timings: Timings | None, events: pd.DataFrame, run_dir, simulated: bool = False
 ) -> list[str]:
     """summary.md's paragraph for the questions left undecided: the plan of each, the
     budget's account where ``until: decided`` had one, and the commands that plan and run
-    the study that would decide them; [] when every question is decided."""
+    the study that would decide them; [] when every question is decided.  ``simulated``:
+    as ``plan_lines``."""
     open_rows = rows[rows["verdict"] == UNDECIDED]
     if open_rows.empty:
         return []
@@ -501,7 +542,8 @@ def open_questions_section(
     if run.get("until") == "decided" and budget is not None and upcoming and timings is not None:
         scale = timings.time_scale
         lines += [budget_check(events, len(run.arms), done, upcoming, budget, scale)[1], ""]
-    for line in plan_lines(open_rows, run, timings):  # words of the run's questions and labels: escaped here
+    # words of the run's questions and labels: escaped here
+    for line in plan_lines(open_rows, run, timings, simulated=simulated):
         lines += ["- " + md_text(line[2:])] if line.startswith("- ") else [md_text(line), ""]
     finite = open_rows["repeats_needed"].dropna()
     command = f"`python -m thermab plan {run_dir} --hours H` gives the smallest margin H cluster-hours decide"

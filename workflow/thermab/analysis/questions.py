@@ -16,7 +16,10 @@ Anything else is ``undecided``, with ``phases_needed``: the phases per arm that 
 at the observed spread (statsmodels' ``TTestIndPower``, one-sided at α, power 0.8, for the
 observed distance between the estimate and the decisive bound).  A ``yes`` built on a phase
 whose load was not the configured one, or (for a question in °C) on arms whose starts were
-not balanced, is withheld: the question stays ``undecided`` and says why.
+not balanced, is withheld: the question stays ``undecided`` and its ``note`` says why.  The
+``question`` column is the question's words alone: its caveats are the ``note``, the method
+and adjustment their own columns, and ``unit`` and ``better`` (the way it hopes the arm
+moves the metric) carry what its verdict line (report/verdict.py) says in units.
 
 Output throughput, probe decode speed and energy per token are answered on their arm effect
 adjusted for what each restart draws (analysis/speed.py, ``adjusted_effects``): ``effects``
@@ -37,6 +40,7 @@ import pandas as pd
 from thermab.analysis import stats
 from thermab.analysis.model import Plan
 from thermab.config import question_words
+from thermab.metric_names import ADJUSTED
 
 QUESTION_COLUMNS = [
     "question",
@@ -57,6 +61,10 @@ QUESTION_COLUMNS = [
     "raw_estimate",
     "raw_ci_low",
     "raw_ci_high",
+    "unit",
+    "better",
+    "note",
+    "balance",
 ]
 YES, NO, UNDECIDED = "yes", "no", "undecided"
 ALPHA = 0.05
@@ -77,6 +85,14 @@ def gain_sign(question: dict) -> int:
     """+1 where a larger value (arm − reference) is what the question hopes for, −1 where a smaller."""
     wanted = question.get("better") if question["kind"] == "non_inferior" else question["kind"]
     return 1 if wanted == "higher" else -1
+
+
+def better(question: dict) -> str:
+    """The way the question hopes the arm moves the metric (questions.csv's ``better``):
+    ``higher`` or ``lower``; "" for equivalence, which hopes for neither."""
+    if question["kind"] == "equivalent":
+        return ""
+    return "higher" if gain_sign(question) > 0 else "lower"
 
 
 def margin_in_unit(question: dict, ref: dict) -> float:
@@ -158,14 +174,22 @@ def phases_needed(distance: float, sd: float, alpha: float = ALPHA, power: float
 
 
 def answer(
-    questions: list[dict], effects: dict, plan: Plan, *, alpha: float = ALPHA, withheld: dict | None = None
+    questions: list[dict],
+    effects: dict,
+    plan: Plan,
+    *,
+    alpha: float = ALPHA,
+    withheld: dict | None = None,
+    balance: dict | None = None,
 ) -> pd.DataFrame:
     """questions.csv: one row per question and non-reference arm.  ``effects`` is
     ``stats.arm_effects``; ``withheld`` maps (metric, arm) to why a ``yes`` may not be
-    given (a short load, unbalanced starts)."""
+    given (a short load, unbalanced starts); ``balance`` maps an arm to its acceptance
+    check in words (``speed.balance_words``), the ``balance`` of its answers on speed and
+    energy per token."""
     reference = plan.reference_arm
     arms = [arm for arm in plan.arms if arm != reference]
-    withheld = withheld or {}
+    withheld, balance = withheld or {}, balance or {}
     rows = []
     for question in questions:
         metric = resolve_metric(question["metric"], plan)
@@ -177,6 +201,8 @@ def answer(
                 "reference": reference,
                 "kind": question["kind"],
                 "level": 1 - 2 * alpha,
+                "better": better(question),
+                "balance": balance.get(arm, "") if metric in ADJUSTED else "",
             }
             effect = effects.get((metric, arm))
             if effect is None:
@@ -186,7 +212,7 @@ def answer(
                         "method": "no data",
                         "phases_per_arm": 0,
                         "verdict": UNDECIDED,
-                        "question": f"{row['question']}: no data for {metric} in this run",
+                        "note": f"no data for {metric} in this run",
                     }
                 )
                 continue
@@ -210,6 +236,7 @@ def _tested(question: dict, effect: dict, alpha: float, withheld: str | None) ->
         and verdict(kind, sign, margin, *effect_interval(effect["confirm"], alpha)) != YES
     ):
         decided = UNDECIDED  # a raw yes where the arm's acceptance differs: the adjusted must agree
+        notes.append("not yes: the effect adjusted for what each restart draws does not agree")
     if decided == YES and withheld:
         decided = UNDECIDED
         notes.append(f"not yes: {withheld}")
@@ -221,7 +248,8 @@ def _tested(question: dict, effect: dict, alpha: float, withheld: str | None) ->
     raw = effect.get("raw", effect)
     raw_low, raw_high = effect_interval(raw, alpha)
     return {
-        "question": question_words(question) + "".join(f" ({note})" for note in notes),
+        "note": "; ".join(notes),
+        "unit": raw.get("unit", ""),
         "adjustment": effect.get("adjustment", ""),
         "raw_estimate": raw["diff"],
         "raw_ci_low": raw_low,

@@ -172,7 +172,7 @@ def balance_words(arm: str, reference: str, check: dict) -> str:
         span = "no interval"
     return (
         f"acceptance length of {arm} vs {reference}: {span} (TOST at ± {check['margin_pct']:g} %, "
-        f"{check['n']} phases per arm): {check['state']}"
+        f"{check['n']} phase{'' if check['n'] == 1 else 's'} per arm): {check['state']}"
     )
 
 

@@ -222,6 +222,7 @@ def answer_questions(config: Plan, pooled: pd.DataFrame, validity: pd.DataFrame,
         config,
         alpha=alpha,
         withheld=questions.withheld_yes(pooled, unbalanced),
+        balance={arm: speed.balance_words(arm, config.reference_arm, check) for arm, check in balance.items()},
     )
     return answers, speed.balance_frame(balance, config.reference_arm)
 
@@ -297,7 +298,8 @@ def _open_plan(result: Analysis, tables: dict[str, pd.DataFrame], config: Plan) 
     if "questions" not in tables or len(levels.of_run(result.run.plan)) > 1:
         return []
     timings, rows = planning.study_plan(result.run, tables["performance"], result.pooled, tables["questions"])
-    return planning.open_questions_section(rows, config, timings, result.run.events, result.run.path)
+    simulated = bool(evidence.simulated_hosts(read_preflight(RunDir(result.run.path).preflight)))
+    return planning.open_questions_section(rows, config, timings, result.run.events, result.run.path, simulated)
 
 
 def compare_runs(run_dirs: list[Path], out_dir: Path, analysis: dict | None = None) -> pd.DataFrame:

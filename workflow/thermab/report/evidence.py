@@ -1,9 +1,9 @@
 """``evidence.md``: a run's answer as GitHub Markdown for a pull request comment.
 
-It opens with the headline (one sentence per question and arm: verdict, estimate and
-interval in the metric's unit, and for an undecided one what would decide it and the
-command that runs it), then the design, the environment (from ``preflight.json`` and the
-``restored`` events), a table of the key numbers, and the details in a collapsed section.
+It opens with the headline (the verdict line of each question and arm, ``verdict``, and
+for an undecided one what would decide it and the command that runs it), then the design,
+the environment (from ``preflight.json`` and the ``restored`` events), a table of the key
+numbers, and the details in a collapsed section.
 A run whose hosts are thermab's simulation says so in its first lines.  ``summary.md``
 and ``report.html`` open with the same lines (``opening``).
 
@@ -21,7 +21,9 @@ from thermab.analysis.model import Plan
 from thermab.load.shapes import Shape
 from thermab.load_levels import CLOSED
 from thermab.markup import Markdown, md_cell, md_text
-from thermab.report.summary import DIGITS, fmt, fmt_duration, markdown_table
+from thermab.report import verdict
+from thermab.report.summary import fmt_duration, markdown_table
+from thermab.report.units import fmt
 
 DEFAULT_MAX_REPEATS = 8  # config.schema.yaml's default for max_repeats
 MAX_REPEATS_BOUND = 100  # the schema's bound on max_repeats
@@ -67,39 +69,6 @@ def load_shape(plan: Plan) -> str:
     return Shape(one.users, **one.shape).describe()
 
 
-def _exact(value: float, unit: str) -> str:
-    """A margin with the digits it was given in (0.5 gaps, not 0 gaps)."""
-    digits = DIGITS.get(unit, 2)
-    exact = next((d for d in range(digits, 4) if round(value, d) == round(value, 6)), digits)
-    return fmt(value, unit, exact, sign=True)
-
-
-def _units(variance: pd.DataFrame) -> dict:
-    return dict(zip(variance["metric"], variance["unit"], strict=False))
-
-
-def _question(plan: Plan, metric: str, kind: str) -> dict | None:
-    """The declared question a row of questions.csv answers (for its decisive bounds)."""
-    for question in plan.questions:
-        if questions.resolve_metric(question["metric"], plan) == metric and question["kind"] == kind:
-            return question
-    return None
-
-
-def _interval(row, unit: str) -> str:
-    if pd.isna(row.ci_low):
-        return "no interval"
-    return f"{row.level * 100:.0f} % interval {fmt(row.ci_low, unit, sign=True)} to {fmt(row.ci_high, unit, sign=True)}"
-
-
-def _margin(row, plan: Plan, unit: str) -> str:
-    question = _question(plan, row.metric, row.kind)
-    if question is None or pd.isna(row.margin):
-        return ""
-    bounds = questions.decisive_bounds(question, row.margin)
-    return "; margin " + " and ".join(_exact(b, unit) for b in bounds)
-
-
 def decide_repeats(answers: pd.DataFrame, plan: Plan) -> int:
     """``max_repeats`` for a run until decided that would settle the open questions: the
     phases per arm they need at the observed spread, in crossover pairs, above what ran."""
@@ -141,37 +110,13 @@ def headline(
     configfiles: list[str] | None = None,
     events: pd.DataFrame | None = None,
 ) -> list[str]:
-    """One Markdown bullet per question and arm: verdict, estimate and interval in units;
-    an undecided one says what would decide it and what that costs.  ``configfiles``: the
+    """One Markdown bullet per question and arm, its verdict line (``verdict``); an undecided
+    one says what would decide it, the command and what that costs.  ``configfiles``: the
     run's --configfile (None where unknown); ``events``: the run's, for the cost."""
     if answers.empty:
         return ["No question was declared (`questions` is empty): the tables below carry the numbers."]
-    units, labels = _units(variance), {a: md_text(spec.label) for a, spec in plan.arms.items()}
-    command = decide_command(answers, plan, configfiles)
-    cost = decide_cost(answers, plan, events)
-    lines = []
-    for row in answers.itertuples(index=False):
-        unit = units.get(row.metric, "")
-        at = f" at {md_text(_level(row, plan))}" if _level(row, plan) is not None else ""
-        who = f"{labels.get(row.arm, row.arm)} vs {labels.get(row.reference, row.reference)}{at}"
-        if pd.isna(row.estimate):
-            lines.append(
-                f"- **{md_text(row.verdict.upper())}**: {md_text(row.question)} ({who}): not measured in this run."
-            )
-            continue
-        text = (
-            f"- **{md_text(row.verdict.upper())}**: {md_text(row.question)} ({who}):"
-            f" {fmt(row.estimate, unit, sign=True)}"
-            f" ({_interval(row, unit)}{_margin(row, plan, unit)};"
-            f" {row.phases_per_arm:.0f} phase{'' if row.phases_per_arm == 1 else 's'} per arm)."
-        )
-        if row.verdict == questions.UNDECIDED:
-            if pd.isna(row.phases_needed):
-                need = "a spread between phases needs at least two phases per arm"
-            else:
-                need = f"about {row.phases_needed:.0f} phases per arm would decide it at the observed spread"
-            text += f" To decide: {need}: `{command}`{cost}."
-        lines.append(text)
+    command = f"`{decide_command(answers, plan, configfiles)}`{decide_cost(answers, plan, events)}"
+    lines = [f"- {line}." for line in verdict.verdict_lines(answers, command, escape=md_text)]
     if configfiles is None and (answers["verdict"] == questions.UNDECIDED).any():
         lines.append("  (Add the `--configfile` the run was made with.)")
     return lines
@@ -299,7 +244,8 @@ def _environment(plan: Plan, preflight: dict | None, events: pd.DataFrame, sourc
 
 def key_numbers(answers: pd.DataFrame, variance: pd.DataFrame, plan: Plan) -> pd.DataFrame:
     """Per question and arm: the reference's and the arm's means, the difference, in % of the
-    reference, and the question's interval, every number with its unit."""
+    reference, and the question's interval, every number in its unit as the verdict line
+    gives it (CPU in cores, stall gaps per phase)."""
     labels = {a: md_text(spec.label) for a, spec in plan.arms.items()}
     rows = []
     for row in answers.itertuples(index=False):
@@ -314,16 +260,14 @@ def key_numbers(answers: pd.DataFrame, variance: pd.DataFrame, plan: Plan) -> pd
         rows.append(
             {
                 "metric": row.metric + (f" ({level})" if level is not None else ""),
-                labels.get(row.reference, row.reference): fmt(ref["mean"].iloc[0], unit) if len(ref) else "–",
-                "arm": labels.get(row.arm, row.arm),
-                "arm mean": fmt(arm["mean"].iloc[0], unit) if len(arm) else "–",
-                "difference": fmt(row.estimate, unit, sign=True),
-                "% of reference": fmt(pct, "%", 1, sign=True),
-                "interval": (
-                    f"{fmt(row.ci_low, unit, sign=True)} to {fmt(row.ci_high, unit, sign=True)}"
-                    if not pd.isna(row.ci_low)
-                    else "–"
+                labels.get(row.reference, row.reference): (
+                    verdict.quantity(ref["mean"].iloc[0], unit, sign=False) if len(ref) else "–"
                 ),
+                "arm": labels.get(row.arm, row.arm),
+                "arm mean": verdict.quantity(arm["mean"].iloc[0], unit, sign=False) if len(arm) else "–",
+                "difference": verdict.quantity(row.estimate, unit),
+                "% of reference": fmt(pct, "%", 1, sign=True),
+                "interval": verdict.span(row.ci_low, row.ci_high, unit) if not pd.isna(row.ci_low) else "–",
                 "verdict": row.verdict,
             }
         )

@@ -10,6 +10,9 @@ import pandas as pd
 
 from thermab import cli
 from thermab.analysis import levels, planning
+from thermab.analysis.model import read_preflight
+from thermab.layout import RunDir
+from thermab.report import evidence
 from thermab.report.analyze import compute
 
 MAX_RESTART_CV_PCT = 1000  # a spread ten times the mean: past it no plan means anything
@@ -24,6 +27,7 @@ def at_level(frame: pd.DataFrame, label: str | None) -> pd.DataFrame:
 
 def plan_text(run_dir, *, hours=None, restart_cv_pct=None, time_scale=None) -> str:
     result = compute(run_dir)
+    simulated = bool(evidence.simulated_hosts(read_preflight(RunDir(result.run.path).preflight)))
     every = levels.of_run(result.run.plan)
     out = []
     for level in every:
@@ -39,7 +43,7 @@ def plan_text(run_dir, *, hours=None, restart_cv_pct=None, time_scale=None) -> s
             time_scale=time_scale,
         )
         title = f"Plan for {run_dir}" + (f" at {label}" if len(every) > 1 else "")
-        out += [title, "", *planning.plan_lines(rows, run.plan, timings, hours=hours), ""]
+        out += [title, "", *planning.plan_lines(rows, run.plan, timings, hours=hours, simulated=simulated), ""]
     return "\n".join(out)
 
 

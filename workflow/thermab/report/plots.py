@@ -39,6 +39,7 @@ from thermab.load.validity import bursts  # noqa: E402
 from thermab.report import (  # noqa: E402
     scale,
     tradeoff,  # noqa: E402
+    verdict,
 )
 
 ARM_COLORS = ["#e66101", "#5e3c99", "#1b9e77", "#2c7bb6", "#a6611a", "#d01c8b", "#666666"]
@@ -743,26 +744,30 @@ VERDICT_MARKERS = {"yes": "o", "no": "X", "undecided": "s"}
 
 
 def questions_png(answers: pd.DataFrame, config: Plan, colors: dict, path: Path) -> Path:
-    """A forest plot of the declared questions: one panel per question (each in its metric's
-    unit), each arm's estimate with the interval its test uses, zero dotted and the margin
-    (the bound the interval must clear) dashed; the verdict beside it."""
+    """A forest plot of the declared questions: one panel per question, titled with its
+    verdict line's label, in its metric's unit as the verdict line gives it (CPU in cores,
+    stall gaps per phase) on the x axis; each arm's estimate with the interval its test uses,
+    zero dotted and the margin (the bound the interval must clear) dashed; the verdict and
+    the phases per arm beside it."""
     asked = config.questions
     if answers.empty or not asked:
         return _placeholder(path, "Questions", "no question declared")
     # a question's rows: one per arm, and per level in a run of levels
     every_level = levels.LEVEL in answers and answers[levels.LEVEL].nunique() > 1
-    fig, axes = plt.subplots(len(asked), 1, figsize=(8, 0.9 + 0.75 * len(answers)), squeeze=False)
+    fig, axes = plt.subplots(len(asked), 1, figsize=(8, 0.9 + 0.85 * len(answers)), squeeze=False)
     for (ax,), question in zip(axes, asked, strict=False):
         rows = levels.rows_of(answers, question)
         if rows.empty:
             ax.axis("off")
             continue
+        unit = str(rows["unit"].dropna().iloc[0]) if "unit" in rows and rows["unit"].notna().any() else ""
+        factor, shown = verdict.RESTATED.get(unit, (1.0, unit))[:2]
         for y, row in enumerate(rows.itertuples(index=False)):
             color = colors.get(row.arm, "black")
             if pd.notna(row.ci_low):
-                ax.hlines(y, row.ci_low, row.ci_high, color=color, lw=2.5)
+                ax.hlines(y, row.ci_low * factor, row.ci_high * factor, color=color, lw=2.5)
             if pd.notna(row.estimate):
-                ax.plot(row.estimate, y, VERDICT_MARKERS.get(row.verdict, "s"), color=color, ms=8)
+                ax.plot(row.estimate * factor, y, VERDICT_MARKERS.get(row.verdict, "s"), color=color, ms=8)
             ax.annotate(
                 f"{row.verdict.upper()} ({row.phases_per_arm} phase{'' if row.phases_per_arm == 1 else 's'} per arm)",
                 (1.01, y),
@@ -774,7 +779,7 @@ def questions_png(answers: pd.DataFrame, config: Plan, colors: dict, path: Path)
         margin = rows["margin"].dropna()
         for bound in decisive_bounds(question, float(margin.iloc[0]) if len(margin) else 0.0):
             if bound:
-                ax.axvline(bound, color="black", ls="--", lw=1)
+                ax.axvline(bound * factor, color="black", ls="--", lw=1)
         ax.set_yticks(
             range(len(rows)),
             [
@@ -783,7 +788,8 @@ def questions_png(answers: pd.DataFrame, config: Plan, colors: dict, path: Path)
             ],
         )
         ax.set_ylim(-0.7, len(rows) - 0.3)
-        ax.set_title(rows["question"].iloc[0], fontsize=9, loc="left")
+        ax.set_title(verdict.label(rows.iloc[0]), fontsize=9, loc="left")
+        ax.set_xlabel(f"arm − reference ({shown})" if shown else "arm − reference", fontsize=8)
         ax.grid(axis="x", alpha=0.3)
     level = answers["level"].dropna()
     fig.suptitle(

@@ -26,7 +26,7 @@ from thermab.analysis.sequential import read_answers
 from thermab.config import read_bounded
 from thermab.errors import UserError
 from thermab.experiment import events, progress
-from thermab.report import evidence
+from thermab.report import evidence, verdict
 
 STALE_S = 60  # a status.json older than this: no load is running now
 ENDS = ("run_end", "abort", "restored")  # the events after which nothing more runs
@@ -39,70 +39,44 @@ def newest_run(results: Path) -> Path | None:
     return found[-1].parent if found else None
 
 
-def _number(text: str) -> str:
-    try:
-        value = float(text)
-    except ValueError:
-        return text
-    return f"{value:.3g}" if math.isfinite(value) else "?"
-
-
-ANSWER_COLUMNS = ("question", "arm", "reference", "verdict", "estimate", "ci_low", "ci_high")
+ANSWER_COLUMNS = ("question", "arm", "reference", "kind", "margin", "verdict", "estimate", "ci_low", "ci_high")
 
 
 def read_run_answers(run_dir: Path) -> pd.DataFrame | None:
-    """The run's questions.csv (``sequential.read_answers``, with the columns status shows),
-    None where the run has not been analysed yet."""
+    """The run's questions.csv (``sequential.read_answers``, with the columns status shows,
+    ``phases_needed`` a number where it can be read), None where the run has not been
+    analysed yet."""
     path = layout.RunDir(run_dir).table("questions")
-    return read_answers(path, ANSWER_COLUMNS) if path.is_file() else None
+    if not path.is_file():
+        return None
+    answers = read_answers(path, ANSWER_COLUMNS)
+    numbers = ["margin", "estimate", "ci_low", "ci_high", "phases_needed"]
+    return answers.assign(**{c: pd.to_numeric(answers.get(c), errors="coerce") for c in numbers})
 
 
-def answer_lines(answers: pd.DataFrame | None) -> list[str]:
-    """One line per question: its verdict, estimate and interval at its level."""
-    if answers is None:
-        return []
-    return [
-        f"{row.question} ({row.arm} vs {row.reference}): {str(row.verdict).upper()}, {_estimate(row)}"
-        for row in answers.itertuples(index=False)
-    ]
+def answer_lines(answers: pd.DataFrame | None, command: str = "") -> list[str]:
+    """One verdict line per question (``verdict``), an undecided one followed by ``command``."""
+    return [] if answers is None else verdict.verdict_lines(answers, command)
 
 
-def _estimate(row) -> str:
-    if pd.isna(row.estimate):
-        return "no estimate"
-    if pd.isna(row.ci_low) or pd.isna(row.ci_high):
-        return f"estimate {_number(row.estimate)} (no interval)"
-    interval = f"[{_number(row.ci_low)}, {_number(row.ci_high)}]"
-    return f"estimate {_number(row.estimate)}, {_level(getattr(row, 'level', None))} interval {interval}"
-
-
-def _level(text) -> str:
-    """questions.csv's ``level`` (0.9: each bound a one-sided test at 5 %) in words."""
-    try:
-        level = float(text)
-    except (TypeError, ValueError):
-        return "its"
-    return f"{level * 100:.3g} %" if 0 < level < 1 else "its"
-
-
-def decide_lines(run_dir: Path, answers: pd.DataFrame | None) -> list[str]:
+def decide_command(run_dir: Path, answers: pd.DataFrame | None) -> str:
     """Where questions are open: the command that would decide them and its cluster-hours at
-    the run's measured phase jobs (as evidence.md gives them); [] where none is open or the
+    the run's measured phase jobs (as evidence.md gives them); "" where none is open or the
     run has no run.json."""
     files = layout.RunDir(run_dir)
     if answers is None or not files.run_json.is_file() or not (answers["verdict"] == UNDECIDED).any():
-        return []
-    answers = answers.assign(phases_needed=pd.to_numeric(answers.get("phases_needed"), errors="coerce"))
+        return ""
     plan = read_plan(files.run_json)
     history = read_events(files.events) if files.events.is_file() else None
     command, cost = evidence.decide_command(answers, plan, None), evidence.decide_cost(answers, plan, history)
-    return [f"  to decide what is open: `{command}`{cost}, with the run's own --configfile"]
+    return f"`{command}`{cost}, with the run's own --configfile"
 
 
 def closing_lines(run_dir: Path) -> list[str]:
     """The end of a run: its answers and the paths of what to read."""
     files = layout.RunDir(run_dir)
-    found = answer_lines(read_run_answers(run_dir))
+    answers = read_run_answers(run_dir)
+    found = answer_lines(answers, decide_command(run_dir, answers))
     lines = [f"{run_dir}: the answers" if found else f"{run_dir}: no questions answered"]
     lines += [f"  {answer}" for answer in found]
     evidence = files.path / "evidence.md"
@@ -208,13 +182,14 @@ def status_lines(run_dir: Path, now: float | None = None) -> list[str]:
     except UserError as error:
         answers = None
         lines.append(f"  {error}")
-    found = answer_lines(answers)
+    try:
+        command = decide_command(run_dir, answers)
+    except UserError as error:
+        command = ""
+        lines.append(f"  {error}")
+    found = answer_lines(answers, command)
     lines.append("  questions so far:" if found else "  questions: not analysed yet")
     lines += [f"    {answer}" for answer in found]
-    try:
-        lines += decide_lines(run_dir, answers)
-    except UserError as error:
-        lines.append(f"  {error}")
     if files.summary.is_file():
         lines.append(f"  summary: {files.summary}")
     return lines

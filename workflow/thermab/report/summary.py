@@ -1,4 +1,4 @@
-"""Words and Markdown: number formatting, Markdown tables, verdict sentences and summary.md.
+"""Words and Markdown: Markdown tables, verdict sentences and summary.md (numbers in their units: ``units``).
 
 Pure text rendering of the frames computed by ``metrics`` and ``stats``; nothing here reads
 or writes files.  Every number printed carries its unit, and every table says its n.
@@ -12,21 +12,9 @@ from thermab import metric_names as names
 from thermab.analysis import energy, load_validity, speed, stats, washout
 from thermab.load.validity import FULL_LENGTH_MIN, INFLIGHT_SLACK, MIN_ARRIVAL_SPAN_SHARE, MIN_TOKEN_ARRIVALS, bursts
 from thermab.markup import Markdown, md_cell, md_text
+from thermab.report import verdict
+from thermab.report.units import DIGITS, fmt
 
-# decimals per unit, chosen so that no printed digit is finer than the measurement
-DIGITS = {
-    "°C": 1,
-    "% of one core": 0,
-    "tok/s": 1,
-    "gaps": 0,
-    "s": 1,
-    "min": 1,
-    "W": 1,
-    "J": 0,
-    "J/token": 3,
-    "tok/J": 2,
-}
-SHORT_UNIT = {"% of one core": "% CPU"}
 VALIDITY_COLUMNS = [
     "phase",
     "in flight",
@@ -39,17 +27,6 @@ VALIDITY_COLUMNS = [
     "warnings",
 ]
 SHORT_MARK = " †"  # after an arm's name in a table: the load of one of its phases fell short
-
-
-def fmt(value, unit: str = "", digits: int | None = None, sign: bool = False) -> str:
-    """``89.53, "°C"`` → ``89.5 °C``; NaN → ``–``."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    digits = DIGITS.get(unit, 2) if digits is None else digits
-    value = value if round(value, digits) else 0.0  # no "−0"
-    text = f"{value:{'+' if sign else ''}.{digits}f}".replace("-", "−")
-    unit = SHORT_UNIT.get(unit, unit)
-    return f"{text} {unit}" if unit else text
 
 
 def fmt_interval(seconds: float) -> str:
@@ -302,24 +279,26 @@ def questions_section(answers: pd.DataFrame, run: dict) -> list[str]:
     if answers.empty:
         return ["## Questions", "", "No question was declared (`questions` is empty).", ""]
     labels = {a: md_text(spec["label"]) for a, spec in run["arms"].items()}
+    units = answers["unit"].fillna("") if "unit" in answers else pd.Series("", index=answers.index)
     rows = pd.DataFrame(
         {
-            "question": answers["question"],
+            "question": [verdict.label(row) for row in answers.itertuples(index=False)],
             "arm vs reference": [
                 f"{labels.get(a, a)} vs {labels.get(r, r)}"
                 for a, r in zip(answers["arm"], answers["reference"], strict=False)
             ],
-            "estimate": [fmt(v, sign=True) for v in answers["estimate"]],
+            "estimate": [verdict.quantity(v, u) for v, u in zip(answers["estimate"], units, strict=False)],
             "interval": [
-                f"[{fmt(lo, sign=True)}, {fmt(hi, sign=True)}]" if pd.notna(lo) else "—"
-                for lo, hi in zip(answers["ci_low"], answers["ci_high"], strict=False)
+                verdict.span(lo, hi, u) for lo, hi, u in zip(answers["ci_low"], answers["ci_high"], units, strict=False)
             ],
-            "margin": [fmt(v) if pd.notna(v) else "" for v in answers["margin"]],
+            "margin": [verdict.margin_text(row) for row in answers.assign(unit=units).itertuples(index=False)],
             "phases per arm": answers["phases_per_arm"],
             "verdict": answers["verdict"].str.upper(),
             "phases needed": [f"{v:.0f}" if pd.notna(v) else "" for v in answers["phases_needed"]],
         }
     )
+    if "note" in answers and answers["note"].fillna("").astype(str).str.len().any():
+        rows["note"] = answers["note"].fillna("").astype(str).to_numpy()
     level = answers["level"].dropna()
     lines = []
     if run.get("until") == "decided":

@@ -18,7 +18,7 @@ from thermab.analysis import levels
 from thermab.analysis.load_validity import is_short
 from thermab.analysis.model import Plan
 from thermab.analysis.stats import describe, t_quantile
-from thermab.report.summary import DIGITS, SHORT_UNIT, fmt
+from thermab.report.units import DIGITS, SHORT_UNIT, fmt
 
 POINT_COLUMNS = ["metric", "arm", levels.USERS, levels.LEVEL, "position", "n", "mean", "ci_low", "ci_high", "short"]
 TTFT_DIGITS = 3  # a time to first token in seconds: milliseconds matter
