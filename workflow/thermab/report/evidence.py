@@ -23,9 +23,6 @@ from thermab.load_levels import CLOSED
 from thermab.markup import Markdown, md_cell, md_text
 from thermab.report.summary import DIGITS, fmt, fmt_duration, markdown_table
 
-DEFAULT_MAX_REPEATS = 8  # config.schema.yaml's default for max_repeats
-MAX_REPEATS_BOUND = 100  # the schema's bound on max_repeats
-
 
 def simulated_hosts(preflight: dict | None) -> list[str]:
     """The hosts preflight found to be thermab's simulated nodes."""
@@ -100,55 +97,19 @@ def _margin(row, plan: Plan, unit: str) -> str:
     return "; margin " + " and ".join(_exact(b, unit) for b in bounds)
 
 
-def decide_repeats(answers: pd.DataFrame, plan: Plan) -> int:
-    """``max_repeats`` for a run until decided that would settle the open questions: the
-    phases per arm they need at the observed spread, in crossover pairs, above what ran."""
-    open_ = answers[answers["verdict"] == questions.UNDECIDED]
-    ran = int(answers["phases_per_arm"].max()) if len(answers) else 0
-    needed = open_["phases_needed"].max() if len(open_) else math.nan
-    if math.isnan(needed):  # no spread yet (one phase per arm): the schema's default cap
-        wanted = max(DEFAULT_MAX_REPEATS, ran + 2)
-    else:
-        wanted = max(int(needed), ran + 2)
-    wanted += wanted % 2
-    return min(wanted, MAX_REPEATS_BOUND)
-
-
-def decide_command(answers: pd.DataFrame, plan: Plan, configfiles: list[str] | None) -> str:
-    """The command that runs the same study until its questions are decided."""
-    files = "" if not configfiles else " --configfile " + " ".join(configfiles)
-    order = "" if plan.order == "AB" else f" order={plan.order}"
-    return f"snakemake --cores 1 all{files} --config{order} until=decided max_repeats={decide_repeats(answers, plan)}"
-
-
-def decide_cost(answers: pd.DataFrame, plan: Plan, events: pd.DataFrame | None) -> str:
-    """What the command that decides would cost: the whole study's cluster-hours at this
-    run's measured phase jobs, × its time scale; "" where no job was measured."""
-    timings = None if events is None else planning.measured_timings(events, float(plan.get("time_scale", 1.0)))
-    if timings is None:
-        return ""
-    hours = timings.hours(decide_repeats(answers, plan), len(plan.arms))
-    return (
-        f" (at most {hours:.1f} cluster-hours: this run's median phase job of {timings.job_s:.0f} s"
-        f" × {timings.time_scale:g} study seconds per second)"
-    )
-
-
 def headline(
     answers: pd.DataFrame,
     variance: pd.DataFrame,
     plan: Plan,
-    configfiles: list[str] | None = None,
     events: pd.DataFrame | None = None,
 ) -> list[str]:
     """One Markdown bullet per question and arm: verdict, estimate and interval in units;
-    an undecided one says what would decide it and what that costs.  ``configfiles``: the
-    run's --configfile (None where unknown); ``events``: the run's, for the cost."""
+    an undecided one says what would decide it (``planning.decide_call``: the command and
+    what it costs).  ``events``: the run's, for the cost."""
     if answers.empty:
         return ["No question was declared (`questions` is empty): the tables below carry the numbers."]
     units, labels = _units(variance), {a: md_text(spec.label) for a, spec in plan.arms.items()}
-    command = decide_command(answers, plan, configfiles)
-    cost = decide_cost(answers, plan, events)
+    call = planning.decide_call(answers, plan, events)
     lines = []
     for row in answers.itertuples(index=False):
         unit = units.get(row.metric, "")
@@ -170,10 +131,8 @@ def headline(
                 need = "a spread between phases needs at least two phases per arm"
             else:
                 need = f"about {row.phases_needed:.0f} phases per arm would decide it at the observed spread"
-            text += f" To decide: {need}: `{command}`{cost}."
+            text += f" To decide: {need}: {call}."
         lines.append(text)
-    if configfiles is None and (answers["verdict"] == questions.UNDECIDED).any():
-        lines.append("  (Add the `--configfile` the run was made with.)")
     return lines
 
 
@@ -182,12 +141,11 @@ def opening(
     variance: pd.DataFrame,
     plan: Plan,
     preflight: dict | None,
-    configfiles: list[str] | None = None,
     events: pd.DataFrame | None = None,
 ) -> list[str]:
     """What summary.md, report.html and evidence.md open with: the simulation named where
     there is one, then the headline."""
-    return [*simulated_note(preflight), "## Answer", "", *headline(answers, variance, plan, configfiles, events), ""]
+    return [*simulated_note(preflight), "## Answer", "", *headline(answers, variance, plan, events), ""]
 
 
 def _design(plan: Plan, windows: pd.DataFrame, asked_s: pd.Series | None = None) -> list[str]:
@@ -369,7 +327,6 @@ def evidence_markdown(
     preflight: dict | None,
     events: pd.DataFrame | None,
     sources: dict,
-    configfiles: list[str] | None = None,
     asked_s: pd.Series | None = None,
     energy: pd.DataFrame | None = None,
 ) -> str:
@@ -380,7 +337,7 @@ def evidence_markdown(
     title = f"# thermab: {md_text(plan.cluster)} — {md_text(plan.setting)}, " + " vs ".join(
         f"{md_text(plan.arms[a].label)} ({md_text(plan.arms[a].value)})" for a in present
     )
-    parts = [title, "", *opening(answers, variance, plan, preflight, configfiles, events)]
+    parts = [title, "", *opening(answers, variance, plan, preflight, events)]
     parts += _design(plan, windows, asked_s)
     parts += _environment(plan, preflight, events, sources)
     parts += ["### Key numbers", ""]

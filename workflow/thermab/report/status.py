@@ -20,13 +20,13 @@ from pathlib import Path
 import pandas as pd
 
 from thermab import cli, layout
+from thermab.analysis import planning
 from thermab.analysis.model import read_events, read_plan
 from thermab.analysis.questions import UNDECIDED
 from thermab.analysis.sequential import read_answers
 from thermab.config import read_bounded
 from thermab.errors import UserError
 from thermab.experiment import events, progress
-from thermab.report import evidence
 
 STALE_S = 60  # a status.json older than this: no load is running now
 ENDS = ("run_end", "abort", "restored")  # the events after which nothing more runs
@@ -87,24 +87,26 @@ def _level(text) -> str:
 
 def decide_lines(run_dir: Path, answers: pd.DataFrame | None) -> list[str]:
     """Where questions are open: the command that would decide them and its cluster-hours at
-    the run's measured phase jobs (as evidence.md gives them); [] where none is open or the
-    run has no run.json."""
+    the run's measured phase jobs (``planning.decide_call``, as evidence.md gives them); []
+    where none is open or the run has no run.json."""
     files = layout.RunDir(run_dir)
     if answers is None or not files.run_json.is_file() or not (answers["verdict"] == UNDECIDED).any():
         return []
     answers = answers.assign(phases_needed=pd.to_numeric(answers.get("phases_needed"), errors="coerce"))
     plan = read_plan(files.run_json)
     history = read_events(files.events) if files.events.is_file() else None
-    command, cost = evidence.decide_command(answers, plan, None), evidence.decide_cost(answers, plan, history)
-    return [f"  to decide what is open: `{command}`{cost}, with the run's own --configfile"]
+    return [f"  to decide what is open: {planning.decide_call(answers, plan, history)}"]
 
 
 def closing_lines(run_dir: Path) -> list[str]:
-    """The end of a run: its answers and the paths of what to read."""
+    """The end of a run: its answers, the command that decides what is open, and the paths
+    of what to read."""
     files = layout.RunDir(run_dir)
-    found = answer_lines(read_run_answers(run_dir))
+    answers = read_run_answers(run_dir)
+    found = answer_lines(answers)
     lines = [f"{run_dir}: the answers" if found else f"{run_dir}: no questions answered"]
     lines += [f"  {answer}" for answer in found]
+    lines += decide_lines(run_dir, answers)
     evidence = files.path / "evidence.md"
     for name, path in (("summary", files.summary), ("evidence", evidence), ("report", files.report)):
         if path.is_file():
