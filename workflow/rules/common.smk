@@ -213,6 +213,10 @@ CAPTIONS = {
 }
 
 
+# whether the runs make wake-up probes: the figure of their latencies is drawn only then
+WAKEUP = bool(config["load"]["wakeup_gaps_s"])
+
+
 def figure_outputs(names):
     """The named figures of a run as report outputs, keyed by name (timeline_png, …)."""
     outputs = {}
