@@ -2,13 +2,15 @@
 line: ``python -m thermab analyze RUN_DIR --figures``).
 
 Always written: timeline.png/.svg (matplotlib), timeline.html (plotly, plotly.js inline so it
-opens without network), cpu.png, throughput.png, time_to_threshold.png.  The timeline has a
+opens without network), cpu.png, throughput.png (the in-window throughput the verdicts test),
+time_to_threshold.png.  The timeline has a
 power panel below the temperatures when the run has power telemetry (the domains each
 host's total sums, see ``energy``), and a server panel when the endpoint's ``/metrics`` was
 scraped (vLLM's running and waiting requests, beside the configured users).  A figure whose data
 the run lacks (imported chart data has no CPU and no requests) is still written and says so,
 so that a workflow can declare every file as an output.  dose_response.png only for sweeps
-(more than two arms).  questions.png: the forest plot of the declared questions (per level in a
+(more than two arms), wakeup.png only for a run with wake-up probes (``layout.figures``).
+Every value axis names its unit in brackets; no legend lies over the axes' points.  questions.png: the forest plot of the declared questions (per level in a
 run of levels).  tradeoff.png: each arm's metrics at each level of traffic (report/tradeoff.py).
 latency.png: each arm's latency percentiles.  A phase
 whose load fell short of the configuration (``load_valid``
@@ -832,8 +834,8 @@ LEVEL_MARKERS, LEVEL_DASHES = ("o", "s", "^", "D", "v"), ("-", "--", ":", "-.") 
 def wakeup_png(table: pd.DataFrame, config: Plan, colors: dict, path: Path) -> Path:
     """tables/wakeup.csv drawn: each arm's median latency (ms) against the idle gap before it
     (s), both axes logarithmic, with its interval, in a run of levels a line per arm and level
-    (each level its own dash and marker: the probes after its windows); a run without wake-up
-    probes gets a figure that says so."""
+    (each level its own dash and marker: the probes after its windows); drawn for a run with
+    wake-up probes (``layout.figures``), its panels say so where they measured nothing."""
     fig, axes = plt.subplots(1, len(WAKEUP_PANELS), figsize=(4.2 * len(WAKEUP_PANELS), 3.6), layout="constrained")
     many = levels.LEVEL in table and table[levels.LEVEL].nunique() > 1
     every = [level.label for level in levels.of_run(config) if level is not None] if many else [None]
