@@ -115,6 +115,11 @@ class RunDir:
     def session(self) -> Path:  # what the guardian needs to rebuild the run
         return self.path / SESSION_FILE
 
+    def is_run(self) -> bool:
+        """Whether a run has begun here: the first file of each a run writes (the session its
+        preflight starts with, its logs, events, plan), or an imported run's plan."""
+        return any(path.exists() for path in (self.session, self.logs, self.events, self.run_json))
+
     @property
     def run_id(self) -> Path:  # the run's id, made once: its leases on the hosts name it
         return self.path / "run-id"

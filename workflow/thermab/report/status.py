@@ -7,7 +7,8 @@ RUN_DIR defaults to the run under results/ whose events.jsonl changed last. It p
 whether the run is going (its status.json is rewritten every few seconds of a load), the
 phase of how many with the time left for the phase, the look and the run, the latest
 thermal readings per host, the phases done, the answers to its questions so far (as the
-last analysis wrote them) and where its summary is. It changes nothing and exits 0.
+last analysis wrote them) and where its summary is. It changes nothing and exits 0; a
+directory no run has begun in is one line and exit status 2.
 """
 
 from __future__ import annotations
@@ -232,5 +233,10 @@ def main(argv: list[str]) -> int:
         return 0
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: not a directory (a run directory: results/CLUSTER/ORDER)")
+    if not layout.RunDir(run_dir).is_run():
+        raise UserError(
+            f"{run_dir}: not a run directory (no session.json, logs/, events.jsonl or run.json;"
+            " a run directory: results/CLUSTER/ORDER)"
+        )
     print("\n".join(status_lines(run_dir)))
     return 0
