@@ -3,18 +3,18 @@ line: ``python -m thermab analyze RUN_DIR --figures``).
 
 Always written: timeline.png/.svg (matplotlib), timeline.html (plotly, plotly.js inline so it
 opens without network), cpu.png, throughput.png (the in-window throughput the verdicts test),
-time_to_threshold.png.  The timeline has a
-power panel below the temperatures when the run has power telemetry (the domains each
-host's total sums, see ``energy``), and a server panel when the endpoint's ``/metrics`` was
-scraped (vLLM's running and waiting requests, beside the configured users).  A figure whose data
-the run lacks (imported chart data has no CPU and no requests) is still written and says so,
-so that a workflow can declare every file as an output.  dose_response.png only for sweeps
-(more than two arms), wakeup.png only for a run with wake-up probes (``layout.figures``).
-Every value axis names its unit in brackets; no legend lies over the axes' points.  questions.png: the forest plot of the declared questions (per level in a
-run of levels).  tradeoff.png: each arm's metrics at each level of traffic (report/tradeoff.py).
-latency.png: each arm's latency percentiles.  A phase
-whose load fell short of the configuration (``load_valid``
-False) is drawn hollow and labelled "load short"; its load window on the timeline is hatched.
+time_to_threshold.png.  The timeline has a power panel below the temperatures when the run
+has power telemetry (the domains each host's total sums, see ``energy``), and a server panel
+when the endpoint's ``/metrics`` was scraped (vLLM's running and waiting requests, beside the
+configured users).  A figure whose data the run lacks (imported chart data has no CPU and no
+requests) is still written and says so, so that a workflow can declare every file as an
+output.  dose_response.png only for sweeps (more than two arms), wakeup.png only for a run
+with wake-up probes (``layout.figures``).  questions.png: the forest plot of the declared
+questions (per level in a run of levels).  tradeoff.png: each arm's metrics at each level of
+traffic (report/tradeoff.py).  latency.png: each arm's latency percentiles.  Every value axis
+names its unit in brackets; no legend lies over the axes' points.  A phase whose load fell
+short of the configuration (``load_valid`` False) is drawn hollow and labelled "load short";
+its load window on the timeline is hatched.
 """
 
 import math
