@@ -102,6 +102,25 @@ def test_a_simulated_cluster_is_named_in_the_first_lines_of_each(tmp_path):
     assert f"`{'cd' * 8}` (**differs**)" in environment  # the head's file came back otherwise
 
 
+def test_the_model_is_the_one_the_server_named_once_it_answered(tmp_path):
+    """A server down at preflight names no model there; the environment gives the model it
+    named as it answered after the first restart (the server_ready events)."""
+    run_dir = _with_hosts(write_synthetic_run(tmp_path / "AB"), False)
+    preflight = json.loads((run_dir / "preflight.json").read_text())
+    preflight["endpoint"]["model"] = None
+    (run_dir / "preflight.json").write_text(json.dumps(preflight))
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    ready = [event for event in events if event["event"] == "server_ready"]
+    assert ready
+    for event in ready:
+        event["detail"] = {"model": "sim-deepseek"}
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(event) + "\n" for event in events))
+    analyze(run_dir)
+    text = (run_dir / "evidence.md").read_text()
+    assert "model: sim-deepseek (as the server answered once it was up)." in text
+    assert "not recorded" not in text
+
+
 def _started_with(run_dir, configfiles: list[str], cores: int):
     """run.json as preflight records it of a run Snakemake started with these."""
     run = json.loads((run_dir / "run.json").read_text())

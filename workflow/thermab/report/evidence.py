@@ -198,6 +198,15 @@ def _restored(events: pd.DataFrame) -> dict:
     }
 
 
+def _served_models(events: pd.DataFrame | None) -> list[str]:
+    """The models the server named each time it answered after a restart (the
+    ``server_ready`` events), each once, in order."""
+    if events is None or "event" not in events or "detail" not in events:
+        return []
+    details = events.loc[events["event"] == "server_ready", "detail"]
+    return list(dict.fromkeys(d["model"] for d in details if isinstance(d, dict) and isinstance(d.get("model"), str)))
+
+
 def _host_hardware(facts: dict, sources: dict) -> str:
     parts = [facts.get("uname") or "kernel not recorded"]
     zones = facts.get("zones") or []
@@ -246,7 +255,13 @@ def _environment(plan: Plan, preflight: dict | None, events: pd.DataFrame, sourc
     lines.append(markdown_table(pd.DataFrame(rows)))
     endpoint = preflight.get("endpoint") or {}
     model = plan.get("model") or endpoint.get("model")
-    model = md_text(model) if model else "not recorded at preflight (the server was down)"
+    served = _served_models(events)
+    if model:
+        model = md_text(model)
+    elif served:  # the server was down at preflight: the first phase's restart brought it up
+        model = ", ".join(map(md_text, served)) + " (as the server answered once it was up)"
+    else:
+        model = "not recorded (the server never answered)"
     lines += [
         f"- Endpoint: {md_text(endpoint.get('url', '–'))}; model: {model}.",
         "- sha256 after: the file as each host's restore wrote it back at the end of the run.",
