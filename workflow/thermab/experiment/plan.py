@@ -300,8 +300,11 @@ def invocation_problems(plan: dict) -> list[str]:
     """What is wrong with run.json's ``configfiles`` and ``cores`` (a command is built of them)."""
     problems = []
     files = plan.get("configfiles", [])
-    if not isinstance(files, list) or not all(isinstance(path, str) for path in files):
-        problems.append("key 'configfiles': must be a list of paths")
+    # each path goes into a one-line command in Markdown's backticks
+    if not isinstance(files, list) or not all(
+        isinstance(path, str) and path.isprintable() and "`" not in path for path in files
+    ):
+        problems.append("key 'configfiles': must be a list of paths, each one printable line without a backtick")
     cores = plan.get("cores")
     if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
         problems.append(f"key 'cores': {str(cores)[:40]!r} is not a whole number of at least 1")
