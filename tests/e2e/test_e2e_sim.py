@@ -157,6 +157,7 @@ def test_report_figures_and_provenance(ab_run):
         "provenance/sha256.txt",
     ):
         assert (ab_run / name).stat().st_size > 0, name
+    assert not (ab_run / "figures/wakeup.png").exists(), "no wake-up probes in this config: no wake-up figure"
     assert (
         "rule_phase" in (ab_run / "provenance/dag.dot").read_text()
         or "phase" in (ab_run / "provenance/dag.dot").read_text()
@@ -235,6 +236,7 @@ def test_snakemake_report_holds_every_figure_and_table(ab_run, workdir):
     for name in [*layout.FIGURES, *(f"{table}.csv" for table in TABLES)]:
         if not name.endswith(".svg"):  # the PNG's twin is an output, not a report item
             assert name in names, name
+    assert "wakeup.png" not in names  # no wake-up probes: the figure is neither drawn nor listed
 
 
 def test_nothing_left_running_or_patched_after_success(ab_run, workdir):
