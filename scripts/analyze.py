@@ -7,8 +7,4 @@ from thermab import jobs
 from thermab.report.analyze import analyze
 
 with jobs.logged(snakemake.log[0]):
-    analyze(
-        Path(snakemake.input.run).parent,
-        analysis=dict(snakemake.params.analysis),
-        configfiles=list(snakemake.params.configfiles),
-    )
+    analyze(Path(snakemake.input.run).parent, analysis=dict(snakemake.params.analysis))

@@ -6,4 +6,6 @@ from thermab import jobs
 from thermab.experiment import preflight
 
 with jobs.logged(snakemake.log[0]):
-    preflight.preflight(jobs.run_for(snakemake), Path(snakemake.output.preflight), Path(snakemake.output.run))
+    preflight.preflight(
+        jobs.run_for(snakemake), Path(snakemake.output.preflight), Path(snakemake.output.run), jobs.invocation()
+    )

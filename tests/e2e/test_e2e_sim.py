@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -17,7 +20,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from support.command_line import snakemake_command
+from support.command_line import run_thermab, snakemake_command
+from support.paths import REPO
 from support.processes import start_as_a_terminal_job
 from support.sim_runs import CONFIGS, assert_clean
 from thermab import layout
@@ -50,7 +54,7 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ab_run(workdir):
-    result = snakemake(workdir, "all")
+    result = snakemake(workdir, "all")  # the module's first run in workdir: its output is snakemake-0.log
     assert result.returncode == 0, result.stderr[-4000:]
     return workdir / "results/sim/AB"
 
@@ -153,6 +157,7 @@ def test_report_figures_and_provenance(ab_run):
         "provenance/sha256.txt",
     ):
         assert (ab_run / name).stat().st_size > 0, name
+    assert not (ab_run / "figures/wakeup.png").exists(), "no wake-up probes in this config: no wake-up figure"
     assert (
         "rule_phase" in (ab_run / "provenance/dag.dot").read_text()
         or "phase" in (ab_run / "provenance/dag.dot").read_text()
@@ -182,6 +187,40 @@ def test_changed_analysis_settings_analyse_again(ab_run, workdir, tmp_path):
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
+def test_every_printed_command_continues_this_run(ab_run, workdir):
+    """The command that decides the open questions is one, wherever the run prints it, and
+    carries the config files and --cores the run was made with: planned (--dry-run) where
+    the run was made, it goes on to this run's next phases and runs none of those done (a
+    config other than the run's would change their params and run them again)."""
+    said = {
+        "evidence.md": (ab_run / "evidence.md").read_text(),
+        "summary.md": (ab_run / "summary.md").read_text(),
+        "status": run_thermab("status", ab_run).stdout,
+        "plan": run_thermab("plan", ab_run).stdout,
+        "the end of the run": (workdir / "snakemake-0.log").read_text(),
+    }
+    commands = {name: set(re.findall(r"`(snakemake [^`]*until=decided[^`]*)`", text)) for name, text in said.items()}
+    assert all(commands.values()), commands
+    assert len(set().union(*commands.values())) == 1, commands
+    words = shlex.split(commands["status"].pop())
+    assert words[words.index("--cores") + 1] == "1"
+    assert words[words.index("--configfile") + 1 : words.index("--config")] == CONFIGS
+    dry = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), *words[1:], "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=workdir,
+        env={**os.environ, "PYTHONPATH": str(REPO / "workflow")},
+    )
+    assert dry.returncode == 0, dry.stderr[-4000:]
+    outputs = re.findall(r"^\s*output: (.*)$", dry.stdout + dry.stderr, re.MULTILINE)
+    files = [path.strip() for line in outputs for path in line.split(",")]
+    assert files and all(path.startswith("results/sim/AB/") for path in files), files
+    assert any("/phases/rep2-" in path for path in files), files
+    assert not any("/phases/rep1-" in path or "/phases/baseline" in path for path in files), files
+
+
 def test_snakemake_lint_finds_nothing(tmp_path):
     """As the Snakemake workflows' CI does: the linter's advice is taken, or it fails here."""
     result = snakemake(tmp_path, "--lint")
@@ -197,6 +236,7 @@ def test_snakemake_report_holds_every_figure_and_table(ab_run, workdir):
     for name in [*layout.FIGURES, *(f"{table}.csv" for table in TABLES)]:
         if not name.endswith(".svg"):  # the PNG's twin is an output, not a report item
             assert name in names, name
+    assert "wakeup.png" not in names  # no wake-up probes: the figure is neither drawn nor listed
 
 
 def test_nothing_left_running_or_patched_after_success(ab_run, workdir):

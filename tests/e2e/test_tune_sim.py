@@ -57,6 +57,7 @@ def overlay(head_port: int, worker_port: int) -> dict:
         "timings": {
             "baseline_s": 1,
             "load_s": 20,
+            "min_load_s": 20,  # the trials run until: decided, which refuses a shortest window above the window
             "cooldown_below_c": 60,
             "cooldown_max_s": 0.5,
             "startup_timeout_s": 60,

@@ -2,6 +2,8 @@
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -124,9 +126,8 @@ def test_figures_render_for_the_study(study):
         "time_to_threshold.png",
         "questions.png",
         "tradeoff.png",
-        "wakeup.png",
         "latency.png",
-    }
+    }  # no wake-up probes in the study: no wake-up figure
     assert all(p.stat().st_size > 1000 for p in paths)
     html = (study[0] / "figures" / "timeline.html").read_text()
     assert "<script src=" not in html and '"hovermode":"x unified"' in html
@@ -209,6 +210,147 @@ def test_sweep_names_the_best_setting(tmp_path):
     result = analyze.compute(run_dir)
     path = plots.dose_response_png(result.pooled, result.run.plan, result.best, tmp_path / "dose.png")
     assert path.stat().st_size > 1000
+
+
+# What a value axis may be measured in: a number on an axis says its unit, in brackets at the
+# end of its label
+UNITS = {
+    "°C",
+    "% of one core",
+    "cores",
+    "tok/s",
+    "ms",
+    "min",
+    "W",
+    "requests",
+    "J/token",
+    "s",
+    "%",
+    "gaps per phase",
+    "% of the reference mean",
+    "its value in each arm",
+}
+
+
+def _drawn_figures(monkeypatch) -> dict:
+    """The figures render_figures saves (file name → the Figure), read as they are saved."""
+    from matplotlib.figure import Figure
+
+    drawn, save = {}, Figure.savefig
+
+    def keep(figure, path, *args, **kwargs):
+        drawn[Path(path).name] = figure
+        return save(figure, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return drawn
+
+
+def _numbers_on(axis) -> bool:
+    """Whether an axis is labelled with numbers (a value axis), not with names (arms, °C, p50)."""
+    shown = [tick.get_text().replace("−", "-") for tick in axis.get_ticklabels() if tick.get_text()]
+    try:
+        return bool(shown) and all(math.isfinite(float(text)) for text in shown)
+    except ValueError:
+        return False
+
+
+def test_every_figure_says_the_unit_of_each_value_axis(tmp_path, monkeypatch):
+    """Every numeric axis of every figure of a sweep with power, requests and wake-up probes
+    asked for names its unit; an axis of named ticks (arms, thresholds, percentiles) needs none."""
+    arms = {
+        "A": {"label": "stock", "value": "1"},
+        "B": {"label": "b", "value": "0.1"},
+        "C": {"label": "c", "value": "0.002"},
+    }
+    run_dir = write_synthetic_run(
+        tmp_path / "ABC",
+        order="ABC",
+        arms=arms,
+        reps=2,
+        temperature={"A": 90.0, "B": 84.0, "C": 80.0},
+        cpu={"A": 398, "B": 300, "C": 212},
+        tok_s={"A": 85, "B": 86, "C": 86},
+        power={("head", "node"): {"A": 90, "B": 85, "C": 80, "idle": 50}},
+    )
+    run = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**run, "wakeup_gaps_s": [0.5, 2.0]}))
+    drawn = _drawn_figures(monkeypatch)
+    plots.render_figures(analyze.compute(run_dir))
+    assert {"cpu.png", "throughput.png", "time_to_threshold.png", "tradeoff.png", "latency.png"} <= set(drawn)
+    assert {"timeline.png", "wakeup.png", "dose_response.png"} <= set(drawn)
+    for name, figure in drawn.items():
+        for ax in figure.axes:
+            if not ax.axison:
+                continue
+            for axis, label in ((ax.xaxis, ax.get_xlabel()), (ax.yaxis, ax.get_ylabel())):
+                if not axis.get_visible() or not _numbers_on(axis):
+                    continue
+                if (
+                    axis is ax.xaxis
+                    and not label
+                    and any(other.get_shared_x_axes().joined(ax, other) for other in figure.axes if other is not ax)
+                ):
+                    continue  # a panel above another shares the bottom panel's time axis
+                unit = re.search(r"\(([^()]+)\)$", " ".join(label.split()))
+                assert unit and unit.group(1) in UNITS, f"{name}: axis label {label!r} names no unit"
+
+
+def _covered(figure) -> list:
+    """The markers of an axes that its own legend covers, as the figure is drawn."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)  # drawn again as saved: the layout places the legends
+    canvas.draw()
+    covered = []
+    for ax in figure.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box = legend.get_window_extent(canvas.get_renderer())
+        marked = [line for line in ax.get_lines() if line.get_marker() not in (None, "", "None")]
+        points = [xy for line in marked for xy in line.get_transform().transform(line.get_xydata())]
+        covered += [xy for xy in points if box.contains(*xy)]
+    return covered
+
+
+def test_no_legend_covers_a_data_point(tmp_path, monkeypatch):
+    """No legend covers a marker: in every figure of a run, and in the time to threshold of
+    phases that reach each threshold halfway through the window (a row of points across the
+    middle of the axes, where a legend inside them would lie over one)."""
+    run_dir = write_synthetic_run(tmp_path / "AB", reps=2, temperature={"A": 93.0, "B": 86.0})
+    result = analyze.compute(run_dir)
+    drawn = _drawn_figures(monkeypatch)
+    plots.render_figures(result)
+    assert all(not _covered(figure) for figure in drawn.values()), [n for n, f in drawn.items() if _covered(f)]
+    tables = dict(result.tables)
+    window_s = tables["windows"]["window_s"].max()
+    thresholds = tables["thresholds"]
+    tables["thresholds"] = thresholds.assign(reached_s=window_s * 0.54)  # the axes reach 1.08 windows
+    colors = {"A": "red", "B": "blue"}
+    plots.time_to_threshold_png(tables, result.run.plan, colors, tmp_path / "threshold.png")
+    assert not _covered(drawn["threshold.png"])
+
+
+def test_the_throughput_figure_plots_what_the_verdict_tests(tmp_path, monkeypatch):
+    """The throughput panel's points are the in-window throughput of each phase (the numbers
+    the verdicts pool), not the ended requests' throughput."""
+    run_dir = write_synthetic_run(tmp_path / "AB", reps=2, tok_s={"A": 85.0, "B": 92.0})
+    result = analyze.compute(run_dir)
+    drawn = _drawn_figures(monkeypatch)
+    plots.render_figures(result)
+    ax = drawn["throughput.png"].axes[0]
+    points = [line for line in ax.get_lines() if line.get_marker() == "o"]  # not the bars' caps
+    plotted = sorted(round(float(y), 6) for line in points for y in line.get_ydata())
+    performance = result.tables["performance"]
+    assert plotted == sorted(round(float(v), 6) for v in performance["output_tok_s_in_window"])
+    assert not set(plotted) & {round(float(v), 6) for v in performance["output_tok_s"]}
+    # the margin's line: the verdict's bound about the verdict's reference (arm A's mean of those numbers)
+    answers = result.tables["questions"]
+    asked = answers[answers["metric"] == "output throughput"].iloc[0]
+    reference = performance.loc[performance["arm"] == "A", "output_tok_s_in_window"].mean()
+    dashed = [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert dashed == [pytest.approx(reference - asked["margin"])]
 
 
 def test_bursty_probe_and_half_open_loop_are_stated_not_measured(tmp_path):
@@ -359,7 +501,7 @@ def test_any_value_in_run_json_is_analysed_or_named(tmp_path_factory):
     for report in template.glob("phases/*/validity.json"):
         report.unlink()  # so that users, max_tokens, prompt_tokens and probe_n are used
     plan = json.loads((template / "run.json").read_text())
-    keys = sorted(set(plan_module.CONFIG_KEYS) | {"trip_point_c"})
+    keys = sorted(set(plan_module.CONFIG_KEYS) | {"trip_point_c", "configfiles", "cores"})
     values = st.one_of(
         st.none(),
         st.booleans(),

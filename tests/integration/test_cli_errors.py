@@ -96,6 +96,18 @@ def test_analyze_infers_the_plan_without_run_json(run_dir, tmp_path):
     assert "## Telemetry completeness" in (bare / "summary.md").read_text()
 
 
+def test_status_of_a_directory_that_is_no_run_is_one_line(run_dir, tmp_path):
+    cluster = tmp_path / "results" / "sim"  # the cluster's directory, above its runs
+    (cluster / "AB").mkdir(parents=True)
+    one_line_error(run_thermab("status", cluster), cluster, "not a run directory")
+    one_line_error(run_thermab("status", tmp_path / "nothing-here"), tmp_path / "nothing-here")
+    begun = tmp_path / "begun" / "AB"
+    (begun / "logs").mkdir(parents=True)  # Snakemake's first job of a run: its log's folder
+    result = run_thermab("status", begun)
+    assert result.returncode == 0 and "no events yet" in result.stdout, result.stderr
+    assert run_thermab("status", run_dir).returncode == 0
+
+
 def test_restore_mistakes(tmp_path):
     one_line_error(run_thermab("restore", tmp_path / "no-results"), tmp_path / "no-results")
 

@@ -101,6 +101,11 @@ def test_check_config_layers_files_as_snakemake_does(raw, tmp_path):
     one_line_error(run_thermab("check-config", base, bad), f"{base} + {bad}", "'timings.load_s'")
 
 
+def test_check_config_refuses_a_shortest_window_longer_than_the_window(raw, tmp_path):
+    config = write(tmp_path / "c.yaml", {**raw, "until": "decided", "timings": {"load_s": 60, "min_load_s": 400}})
+    one_line_error(run_thermab("check-config", config), "'timings.min_load_s': 400 s", "'timings.load_s' = 60 s")
+
+
 def ssh_config(raw: dict, tmp_path: Path, **host) -> dict:
     config = copy.deepcopy(raw)
     config["clusters"] = {

@@ -252,9 +252,9 @@ def test_values_files_and_environment():
     assert replayed_env(environ, {"VLLM_SAME": "x"}) == {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
-def plan(name, preset, python="/usr/bin/python3", value="1", zones=("TSOC", "TS0E"), transport="ssh"):
+def plan(name, preset, python="/usr/bin/python3", value="1", zones=("TSOC", "TS0E"), transport="ssh", gpus=()):
     target = Target(name, transport, f"{name}.lan" if transport == "ssh" else None, 22, "ubuntu")
-    return HostPlan(target, preset, python, value, zones)
+    return HostPlan(target, preset, python, value, zones, gpus)
 
 
 def test_the_stock_setting_is_package_data_as_the_default_config_states_it():
@@ -279,6 +279,22 @@ def test_the_config_passes_check_config_with_comments_and_a_todo():
     assert "# TODO: the patched arm's value is yours to choose (0.002 is the study's)" in text
     assert text.count("TODO") == 1
     assert "# preset: docker restart. the server is container vllm-worker's own process" in text
+
+
+def test_a_gb10_cluster_gets_an_interlock_below_its_shutdown_band_and_says_why():
+    """GB10 nodes shut down in the ~87 °C band (docs/study.md), below the default interlock
+    (lowest trip point − 8 °C): the config discover writes stops a phase before it."""
+    preset = choose_preset(Place(Server(process(), container("vllm-head"), True), FILE))
+    gb10 = [plan(name, preset, gpus=("NVIDIA GB10",)) for name in ("head", "worker")]
+    config, comments = build_config(gb10, "head", "http://head.lan:8000", None, SETTING, ARMS, {})
+    text = render_yaml(config, comments, "header line")
+    checked = validate(yaml.safe_load(text))
+    assert checked["safety"]["abort_at_c"] == 85.0 < 87
+    comment = " ".join(line.strip("# ") for line in text.splitlines() if line.lstrip().startswith("#"))
+    assert "GB10" in comment and "~87 °C band" in comment and "docs/study.md" in comment
+    other = [plan(name, preset, gpus=("NVIDIA H100 80GB HBM3",)) for name in ("head", "worker")]
+    config, _ = build_config(other, "head", "http://head.lan:8000", None, SETTING, ARMS, {})
+    assert "safety" not in config  # no platform known: the interlock's default (lowest trip point − 8 °C)
 
 
 def test_different_paths_use_the_vllm_placeholder_and_different_values_are_refused():

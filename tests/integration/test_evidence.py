@@ -11,10 +11,9 @@ import re
 import pandas as pd
 
 from support.synthetic_run import write_synthetic_run
-from thermab.analysis import questions
+from thermab.analysis import planning, questions
 from thermab.analysis.model import Plan, load_run
 from thermab.config import question_words
-from thermab.report import evidence
 from thermab.report.analyze import analyze
 from thermab.report.html_report import write_report
 
@@ -111,14 +110,40 @@ def test_a_simulated_cluster_is_named_in_the_first_lines_of_each(tmp_path):
     assert f"`{'cd' * 8}` (**differs**)" in environment  # the head's file came back otherwise
 
 
-def test_an_undecided_question_says_what_would_decide_it_and_the_command(tmp_path):
+def test_the_model_is_the_one_the_server_named_once_it_answered(tmp_path):
+    """A server down at preflight names no model there; the environment gives the model it
+    named as it answered after the first restart (the server_ready events)."""
     run_dir = _with_hosts(write_synthetic_run(tmp_path / "AB"), False)
-    analyze(run_dir, configfiles=["config/my-cluster.yaml"])
+    preflight = json.loads((run_dir / "preflight.json").read_text())
+    preflight["endpoint"]["model"] = None
+    (run_dir / "preflight.json").write_text(json.dumps(preflight))
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    ready = [event for event in events if event["event"] == "server_ready"]
+    assert ready
+    for event in ready:
+        event["detail"] = {"model": "sim-deepseek"}
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(event) + "\n" for event in events))
+    analyze(run_dir)
+    text = (run_dir / "evidence.md").read_text()
+    assert "model: sim-deepseek (as the server answered once it was up)." in text
+    assert "not recorded" not in text
+
+
+def _started_with(run_dir, configfiles: list[str], cores: int):
+    """run.json as preflight records it of a run Snakemake started with these."""
+    run = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**run, "configfiles": configfiles, "cores": cores}))
+    return run_dir
+
+
+def test_an_undecided_question_says_what_would_decide_it_and_the_command(tmp_path):
+    run_dir = _started_with(_with_hosts(write_synthetic_run(tmp_path / "AB"), False), ["/c/my cluster.yaml"], 4)
+    analyze(run_dir)
     bullets = [b for b in _answer_block((run_dir / "evidence.md").read_text()) if b.startswith("- ")]
     measured = [b for b in bullets if "not measured in this run" not in b]  # no power: no repeat can help
     assert len(measured) == 5 and all(b.startswith("- UNDECIDED — ") for b in bullets)
     assert all("to decide" not in b for b in bullets if b not in measured)
-    command = "`snakemake --cores 1 all --configfile config/my-cluster.yaml --config until=decided max_repeats=8`"
+    command = "`snakemake --cores 4 all --configfile '/c/my cluster.yaml' --config until=decided max_repeats=8`"
     assert all(command in b and b.endswith(".") for b in measured), measured
     assert all(
         "[no interval] vs margin " in b
@@ -126,10 +151,12 @@ def test_an_undecided_question_says_what_would_decide_it_and_the_command(tmp_pat
         and "cluster-hours" in b
         for b in measured
     )
+    assert "run.json does not say" not in (run_dir / "evidence.md").read_text()
     ba = _with_hosts(write_synthetic_run(tmp_path / "BA", order="BA"), False)
-    analyze(ba)  # the command line is unknown from here: the reader is told to add the configfile
+    analyze(ba)  # a run.json that does not record its files: the reader is told to add them
     text = (ba / "evidence.md").read_text()
-    assert "--config order=BA until=decided max_repeats=8`" in text and "Add the `--configfile`" in text
+    assert "`snakemake --cores 1 all --config order=BA until=decided max_repeats=8`" in text
+    assert "add the `--configfile` the run was made with: run.json does not say" in text
 
 
 def test_the_command_asks_for_the_phases_the_open_questions_need_in_pairs():
@@ -139,13 +166,13 @@ def test_the_command_asks_for_the_phases_the_open_questions_need_in_pairs():
         )
 
     plan = Plan({"order": "AB"})
-    assert evidence.decide_repeats(frame(13.0), plan) == 14  # pairs: AB then BA
-    assert evidence.decide_repeats(frame(14.0), plan) == 14
-    assert evidence.decide_repeats(frame(2.0, ran=3), plan) == 6  # never fewer than one more pair
-    assert evidence.decide_repeats(frame(float("nan"), ran=1), plan) == 8  # no spread yet: the default cap
-    assert evidence.decide_repeats(frame(500.0), plan) == 100  # the schema's bound
-    assert evidence.decide_command(frame(13.0), Plan({"order": "BA"}), []) == (
-        "snakemake --cores 1 all --config order=BA until=decided max_repeats=14"
+    assert planning.decide_repeats(frame(13.0), plan) == 14  # pairs: AB then BA
+    assert planning.decide_repeats(frame(14.0), plan) == 14
+    assert planning.decide_repeats(frame(2.0, ran=3), plan) == 6  # never fewer than one more pair
+    assert planning.decide_repeats(frame(float("nan"), ran=1), plan) == 8  # no spread yet: the default cap
+    assert planning.decide_repeats(frame(500.0), plan) == 100  # the schema's bound
+    assert planning.decide_command(frame(13.0), Plan({"order": "BA", "configfiles": (), "cores": 2})) == (
+        "snakemake --cores 2 all --config order=BA until=decided max_repeats=14"
     )
 
 
@@ -164,10 +191,10 @@ def test_the_command_that_decides_says_what_it_costs_at_the_runs_measured_jobs()
         ]
     )
     # 14 repeats of two arms at 90-s jobs plus the 20-s baseline, × 30: (20 + 28 × 90) × 30 / 3600
-    assert evidence.decide_cost(answers, plan, events) == (
+    assert planning.decide_cost(answers, plan, events) == (
         " (at most 21.2 cluster-hours: this run's median phase job of 90 s × 30 study seconds per second)"
     )
-    assert evidence.decide_cost(answers, plan, None) == ""
+    assert planning.decide_cost(answers, plan, None) == ""
 
 
 def test_status_gives_the_command_that_decides_what_is_open_and_its_cost(tmp_path):

@@ -304,6 +304,32 @@ def test_a_sample_interval_not_shorter_than_the_load_window_is_refused(load_s, e
 
 
 @PROFILE
+@given(
+    load_s=st.integers(10, 3600),
+    min_load_s=st.one_of(st.none(), st.integers(1, 7200)),
+    until=st.sampled_from(["repeats", "decided"]),
+)
+def test_a_shortest_window_longer_than_the_window_is_refused_until_decided(load_s, min_load_s, until):
+    """until: decided shortens windows down to timings.min_load_s: one above timings.load_s
+    is one line naming both; left out, it is the default or the window, whichever is
+    shorter, and the config validated is valid again as written."""
+    config = copy.deepcopy(RAW)
+    config.update(until=until)
+    config["timings"].pop("min_load_s")
+    config["timings"].update(load_s=load_s, **({} if min_load_s is None else {"min_load_s": min_load_s}))
+    config["monitor"]["intervals"].update(thermal=1, cpu=1)
+    config.setdefault("safety", {}).update(max_load_minutes=None)
+    if until == "decided" and min_load_s is not None and min_load_s > load_s:
+        message = refused(lambda c: c.update(config), "'timings.min_load_s'")
+        assert "'timings.load_s'" in message and message.count("problem") == 0, message
+        return
+    valid = validate(config, ROOT)
+    expected = min(600, load_s) if min_load_s is None else min_load_s
+    assert valid["timings"]["min_load_s"] == expected
+    assert validate(copy.deepcopy(valid), ROOT)["timings"] == valid["timings"]
+
+
+@PROFILE
 @given(abort=st.floats(10, 100), above=st.floats(0, 50))
 def test_a_cooldown_target_at_or_above_the_interlock_is_refused(abort, above):
     refused(

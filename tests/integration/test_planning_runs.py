@@ -45,8 +45,11 @@ def test_the_summary_plans_the_open_questions_and_gives_the_commands(tmp_path):
     section = text.split("## What would decide the open questions")[1].split("\n## ")[0]
     assert "One phase per arm: the spread between restarts cannot be estimated" in section
     # probe speed at the field's 7.5 % restart CV, assumed: 21 phases per arm, 22 repeats in pairs
-    assert "snakemake --cores all --config until=decided max_repeats=22` (the run resumes" in section
-    assert "at most 5.3 cluster-hours" in section
+    assert "Decided at 80 % power by 21 phases per arm: 22 repeats" in section
+    # the command is evidence.md's: no spread measured yet, so the schema's default cap
+    command = "`snakemake --cores 1 all --config until=decided max_repeats=8` (at most 1.9 cluster-hours"
+    assert f"To run it, resuming from the phases on disk (`budget_hours=H` caps its cluster time): {command}" in section
+    assert command in (path / "evidence.md").read_text()
     assert f"python -m thermab plan {path} --hours H" in section
     decided = write_synthetic_run(
         tmp_path / "decided" / "AB", reps=4, power={("head", "node"): {"A": 90, "B": 80, "idle": 50}}

@@ -41,7 +41,6 @@ SETTINGS = yaml.safe_load(CONFIG.read_text())
 LOAD = SETTINGS["load"]
 LEVELS = load_levels.parse(LOAD)  # a window at each after one restart per arm
 THINKING = next(level for level in LEVELS if level.kind == load_levels.THINK)
-CLOSED = next(level for level in LEVELS if level.kind == load_levels.CLOSED)
 PORT = int(SETTINGS["clusters"][CLUSTER]["endpoint"].rsplit(":", 1)[1])
 VLLM_PATTERN = r"vllm\.entrypoints|VLLM::"  # the default pattern's other two alternatives
 SNAKEMAKE_TIMEOUT_S = 900
@@ -185,10 +184,11 @@ def test_every_request_returns_exactly_max_tokens(run_dir):
 def test_stock_arm_spins_in_the_gaps_between_requests(run_dir):
     """busy_loop_s = 1: after every read the worker's wait spins for up to a second, so in a
     user's think time the stock server keeps a core busy that the patched one (2 ms) leaves
-    idle. In the closed loop there are no gaps to fill: both arms work most of the time, the
-    stock arm's waits spin beside the work and the patched arm's park, so stock reads higher
-    there too, by less. (Whether the patched arm also stalls, parking its streams for the 5-s
-    re-check, is chance: its CPU is lower either way.)"""
+    idle. In the closed loop there are no gaps to fill: both arms work nearly all the window,
+    and which reads higher is chance (whether the patched arm's wake-ups were delivered,
+    and what else shares this machine's two cores: one CI run beside other work read the
+    patched arm at 122 % against stock's 102 %), so the claim is asked of the think-time
+    level alone; the closed loop's medians are only required to be there."""
     cpu = pd.read_csv(run_dir / "tables/cpu.csv").set_index(["host", "load_level", "arm"])
     median = {}
     for level in LEVELS:
@@ -199,8 +199,6 @@ def test_stock_arm_spins_in_the_gaps_between_requests(run_dir):
     assert stock >= 50 and stock >= 2 * patched, (
         f"{HOST} vLLM CPU median at {THINKING.label}: stock {stock} %, patched {patched} %"
     )
-    stock, patched = median[CLOSED, "A"], median[CLOSED, "B"]
-    assert stock > patched, f"{HOST} vLLM CPU median at {CLOSED.label}: stock {stock} %, patched {patched} %"
 
 
 def test_the_agents_vllm_cpu_is_the_whole_server_tree(run_dir, workdir):

@@ -30,8 +30,6 @@ rule analyze:
         evidence=RUN.evidence,
     params:
         analysis=plan.reanalysis(config["analysis"]),
-        # evidence.md names the command that would decide an open question, configfile included
-        configfiles=[str(path) for path in workflow.overwrite_configfiles or []],
     log:
         RUN.log("analyze.log"),
     conda:

@@ -17,6 +17,10 @@ from thermab.experiment import plan, progress
 from thermab.tune import ONE_LOOK_ENV
 
 os.environ[jobs.CHECKOUT_ENV] = str(Path(workflow.basedir) / "workflow" / "thermab")
+# preflight records these in run.json: the command that continues the run starts it the same way
+os.environ[plan.INVOCATION_ENV] = json.dumps(
+    plan.invocation(workflow.overwrite_configfiles or [], workflow.resource_settings.cores)
+)
 
 # Every check of thermab.config before any job: the config files Snakemake merged are read
 # again strictly (Snakemake's own reader keeps the last of a key given twice), then the
@@ -207,6 +211,10 @@ CAPTIONS = {
     "cpu.png": "../report/per_arm.rst",
     "throughput.png": "../report/per_arm.rst",
 }
+
+
+# whether the runs make wake-up probes: the figure of their latencies is drawn only then
+WAKEUP = bool(config["load"]["wakeup_gaps_s"])
 
 
 def figure_outputs(names):

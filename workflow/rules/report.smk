@@ -1,12 +1,13 @@
-# Every figure is an output (thermab.layout.FIGURES), so --report, --summary and reruns see
-# them; a sweep (more than two arms in the order, which names each arm once) also draws
-# the dose response, in report_sweep below.
+# Every figure is an output (thermab.layout.figures), so --report, --summary and reruns see
+# them: those the config gives data for (the wake-up figure only where load.wakeup_gaps_s
+# asks for probes); a sweep (more than two arms in the order, which names each arm once) also
+# draws the dose response, in report_sweep below.
 rule report:
     input:
         summary=RUN.summary,
         tables=tables("csv"),
     output:
-        **figure_outputs(layout.FIGURES),
+        **figure_outputs(layout.figures(2, WAKEUP)),
         html=RUN.report,
         provenance=directory(RUN.provenance),
     params:
@@ -25,7 +26,7 @@ rule report:
 
 use rule report as report_sweep with:
     output:
-        **figure_outputs(layout.FIGURES + layout.SWEEP_FIGURES),
+        **figure_outputs(layout.figures(3, WAKEUP)),
         html=RUN.report,
         provenance=directory(RUN.provenance),
     wildcard_constraints:

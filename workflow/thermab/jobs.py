@@ -6,6 +6,7 @@ long phase is visible while it runs and kept afterwards."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -94,6 +95,13 @@ def check_checkout() -> None:
             f"this job imports thermab from {imported}, not from the checkout "
             f"({expected}): run `pip install -e .` in the checkout, or use its environment"
         )
+
+
+def invocation() -> dict:
+    """How Snakemake was started (``plan.INVOCATION_ENV``, set by workflow/rules/common.smk):
+    run.json's ``configfiles`` and ``cores``; {} for a job started otherwise."""
+    text = os.environ.get(plan.INVOCATION_ENV)
+    return json.loads(text) if text else {}
 
 
 def run_for(snakemake, load_s: int | None = None) -> ClusterRun:

@@ -26,8 +26,10 @@ def phase_id(rep, arm, level_slug: str | None = None) -> str:
 BASELINE = "baseline"  # the idle phase's directory under phases/
 SESSION_FILE = "session.json"  # restore finds the runs to put back by it
 
-# The figures of a run (report/plots.py draws them): always these, and for a sweep of
-# more than two arms also SWEEP_FIGURES. In the order the reports show them: the timeline first.
+# The figures of a run (report/plots.py draws them): always these, for a run with wake-up
+# probes (load.wakeup_gaps_s) also WAKEUP_FIGURES, and for a sweep of more than two arms also
+# SWEEP_FIGURES: a figure the run can have no data for is not drawn. The config tells which
+# before the run (the report rule declares them) and run.json after it (plots draws them).
 FIGURES = (
     "timeline.png",
     "timeline.svg",
@@ -37,15 +39,16 @@ FIGURES = (
     "time_to_threshold.png",
     "questions.png",
     "tradeoff.png",
-    "wakeup.png",
     "latency.png",
 )
+WAKEUP_FIGURES = ("wakeup.png",)
 SWEEP_FIGURES = ("dose_response.png",)
 
 
-def figures(arms_in_order: int) -> tuple[str, ...]:
-    """The figure names a run with this many distinct arms in its order gets."""
-    return FIGURES + (SWEEP_FIGURES if arms_in_order > 2 else ())
+def figures(arms_in_order: int, wakeup: bool = False) -> tuple[str, ...]:
+    """The figure names a run with this many distinct arms in its order gets, ``wakeup``:
+    whether it makes wake-up probes.  In the order the reports show them: the timeline first."""
+    return FIGURES + (WAKEUP_FIGURES if wakeup else ()) + (SWEEP_FIGURES if arms_in_order > 2 else ())
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,11 @@ class RunDir:
     @property
     def session(self) -> Path:  # what the guardian needs to rebuild the run
         return self.path / SESSION_FILE
+
+    def is_run(self) -> bool:
+        """Whether a run has begun here: the first file of each a run writes (the session its
+        preflight starts with, its logs, events, plan), or an imported run's plan."""
+        return any(path.exists() for path in (self.session, self.logs, self.events, self.run_json))
 
     @property
     def run_id(self) -> Path:  # the run's id, made once: its leases on the hosts name it

@@ -258,6 +258,8 @@ class Plan(Analysis):  # the analysis settings at its top level, as run.json hol
     slo: Mapping[str, float] | None  # load.slo (goodput's bounds in ms); an older run has none
     sample_intervals_s: Mapping[str, float]
     hosts_without_zones: tuple[str, ...]
+    configfiles: tuple[str, ...]  # how Snakemake was started on the run (plan.invocation)
+    cores: int | None
     inferred: bool
     imported_from: str
     epoch_s: float

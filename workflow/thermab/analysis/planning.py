@@ -37,6 +37,7 @@ cluster whose restart spread the run could not see (one phase per arm) or did no
 from __future__ import annotations
 
 import math
+import shlex
 import warnings
 from dataclasses import dataclass
 
@@ -90,6 +91,10 @@ PLAN_COLUMNS = [
 FIELD_RESTART_CV_PCT = 7.5
 MAX_REPEATS = 100  # max_repeats' bound in config.schema.yaml (tests/unit/test_planning.py holds them equal)
 MAX_PLANNED_REPEATS = 10_000  # beyond this a margin is out of reach whatever the budget
+DEFAULT_MAX_REPEATS = 8  # max_repeats' default in config.schema.yaml
+# the --cores of the command that continues a run whose run.json does not record its own
+# (an older or imported run): Snakemake's smallest, as the README's commands give it
+UNRECORDED_CORES = 1
 
 
 @dataclass(frozen=True)
@@ -170,6 +175,55 @@ def measured_timings(events: pd.DataFrame, time_scale: float = 1.0) -> Timings |
     ends = events.loc[events["event"] == "baseline_end", "t"]
     baseline = float(ends.max() - starts.max()) if len(starts) and len(ends) and ends.max() > starts.max() else 0.0
     return Timings(baseline, float(np.median(jobs)), len(jobs), time_scale)
+
+
+def decide_repeats(answers: pd.DataFrame, plan: Plan) -> int:
+    """``max_repeats`` for a run until decided that would settle the open questions
+    (questions.csv's rows, ``answers``): the phases per arm they need at the observed spread,
+    in whole crossover blocks, above what ran; with no spread yet (one phase per arm) the
+    schema's default cap."""
+    block = sequential.pair_size(plan.order)
+    open_ = answers[answers["verdict"] == UNDECIDED]
+    ran = int(answers["phases_per_arm"].max()) if len(answers) else 0
+    needed = open_["phases_needed"].max() if len(open_) else math.nan
+    wanted = max(DEFAULT_MAX_REPEATS if math.isnan(needed) else math.ceil(needed), ran + block)
+    return min(math.ceil(wanted / block) * block, MAX_REPEATS)
+
+
+def decide_command(answers: pd.DataFrame, plan: Plan) -> str:
+    """The command that runs the run's study on until its open questions are decided, from
+    the directory the run was started in: the config files and ``--cores`` it was started
+    with (run.json's ``configfiles`` and ``cores``), its order, and ``decide_repeats``.  It
+    resumes from the phases on disk.  Every command a run prints that continues it is this one."""
+    cores = plan.get("cores") or UNRECORDED_CORES
+    files = plan.get("configfiles") or ()
+    words = ["snakemake", "--cores", str(cores), "all", *(["--configfile", *files] if files else []), "--config"]
+    if plan.order != "AB":
+        words.append(f"order={plan.order}")
+    words += ["until=decided", f"max_repeats={decide_repeats(answers, plan)}"]
+    return shlex.join(words)
+
+
+def decide_cost(answers: pd.DataFrame, plan: Plan, events: pd.DataFrame | None) -> str:
+    """What the command that decides would cost: the whole study's cluster-hours at this
+    run's measured phase jobs, × its time scale; "" where no job was measured."""
+    timings = None if events is None else measured_timings(events, float(plan.get("time_scale", 1.0)))
+    if timings is None:
+        return ""
+    hours = timings.hours(decide_repeats(answers, plan), len(plan.arms))
+    return (
+        f" (at most {hours:.1f} cluster-hours: this run's median phase job of {timings.job_s:.0f} s"
+        f" × {timings.time_scale:g} study seconds per second)"
+    )
+
+
+def decide_call(answers: pd.DataFrame, plan: Plan, events: pd.DataFrame | None) -> str:
+    """The command that decides, in backticks, with its cost; where run.json does not record
+    the config files the run was started with, the reader is told to add them."""
+    unrecorded = (
+        "" if "configfiles" in plan else " (add the `--configfile` the run was made with: run.json does not say)"
+    )
+    return f"`{decide_command(answers, plan)}`{decide_cost(answers, plan, events)}{unrecorded}"
 
 
 def elapsed_hours(events: pd.DataFrame, time_scale: float = 1.0) -> float:
@@ -527,12 +581,19 @@ def plan_lines(
 
 
 def open_questions_section(
-    rows: pd.DataFrame, run: Plan, timings: Timings | None, events: pd.DataFrame, run_dir, simulated: bool = False
+    rows: pd.DataFrame,
+    answers: pd.DataFrame,
+    run: Plan,
+    timings: Timings | None,
+    events: pd.DataFrame,
+    run_dir,
+    simulated: bool = False,
 ) -> list[str]:
-    """summary.md's paragraph for the questions left undecided: the plan of each, the
-    budget's account where ``until: decided`` had one, and the commands that plan and run
-    the study that would decide them; [] when every question is decided.  ``simulated``:
-    as ``plan_lines``."""
+    """summary.md's paragraph for the questions left undecided: the plan of each (``rows``),
+    the budget's account where ``until: decided`` had one, and the commands that plan and
+    run the study that would decide them (``decide_call`` of questions.csv, ``answers``, as
+    evidence.md gives it); [] when every question is decided.  ``simulated``: as
+    ``plan_lines``."""
     open_rows = rows[rows["verdict"] == UNDECIDED]
     if open_rows.empty:
         return []
@@ -547,23 +608,17 @@ def open_questions_section(
         lines += ["- " + md_text(line[2:])] if line.startswith("- ") else [md_text(line), ""]
     finite = open_rows["repeats_needed"].dropna()
     command = f"`python -m thermab plan {run_dir} --hours H` gives the smallest margin H cluster-hours decide"
-    if len(finite):
-        first = first_testing_look(len(run.arms), sequential.pair_size(run.order))
-        within = finite[finite <= MAX_REPEATS]
-        beyond = open_rows.loc[finite.index[finite > MAX_REPEATS], "question"]
-        lines.append("")
-        if len(within):
-            repeats = int(max(first, within.max()))
-            cost = f", at most {timings.hours(repeats, len(run.arms)):.1f} cluster-hours" if timings else ""
-            lines.append(
-                f"To run it: `snakemake --cores all --config until=decided max_repeats={repeats}`"
-                f" (the run resumes from the phases on disk{cost}; `budget_hours=H` caps its cluster time); {command}."
-            )
-        if len(beyond):
-            lines.append(
-                f"Beyond the {MAX_REPEATS} repeats `max_repeats` allows: {'; '.join(dict.fromkeys(beyond))}"
-                f" (out of reach of one study at the spread seen); {command}."
-            )
-    else:
-        lines += ["", f"No number of repeats decides these at the estimates seen; {command}."]
+    if finite.empty:
+        return [*lines, "", f"No number of repeats decides these at the estimates seen; {command}.", ""]
+    lines += [
+        "",
+        f"To run it, resuming from the phases on disk (`budget_hours=H` caps its cluster time):"
+        f" {decide_call(answers, run, events)}; {command}.",
+    ]
+    beyond = open_rows.loc[finite.index[finite > MAX_REPEATS], "question"]
+    if len(beyond):
+        lines.append(
+            f"Beyond the {MAX_REPEATS} repeats `max_repeats` allows: {'; '.join(dict.fromkeys(beyond))}"
+            " (out of reach of one study at the spread seen)."
+        )
     return lines + [""]

@@ -41,9 +41,20 @@ def validate(raw: dict, workdir: str | Path | None = None) -> dict:
     config = copy.deepcopy(raw)
     errors = sorted(_validator().iter_errors(config), key=lambda e: [str(p) for p in e.absolute_path])
     _raise([_describe(e) for e in errors])
+    _shortest_window(raw, config)
     _raise(_semantic_problems(config, Path(workdir or Path.cwd()).resolve()))
     fit_max_repeats_to_budget(config)
     return config
+
+
+def _shortest_window(raw: dict, config: dict) -> None:
+    """``timings.min_load_s`` left out is its default or ``timings.load_s``, whichever is
+    shorter: a window no longer than the default asks for no shortening, and a config
+    validated again as written holds no shortest window longer than the window (which
+    ``_across_keys`` refuses with until: decided, the design that shortens windows)."""
+    timings = config["timings"]
+    if "min_load_s" not in (raw.get("timings") or {}):
+        timings["min_load_s"] = min(timings["min_load_s"], timings["load_s"])
 
 
 def order_problems(order: str, arms: dict) -> list[str]:
@@ -144,6 +155,12 @@ def extra_body_problem(extra_body) -> str | None:
 def _across_keys(config: dict, problems: list[str]) -> None:
     """Keys that are each valid but contradict one another."""
     timings, intervals = config["timings"], config["monitor"]["intervals"]
+    if config["until"] == "decided" and timings["min_load_s"] > timings["load_s"]:
+        problems.append(
+            f"config key 'timings.min_load_s': {timings['min_load_s']} s is longer than the load window"
+            f" ('timings.load_s' = {timings['load_s']} s); until: decided shortens windows down to it, at most"
+            " to the window itself"
+        )
     # the shortest window a phase may run (until: decided shortens it for speed questions)
     key = "min_load_s" if config["until"] == "decided" and timings["min_load_s"] < timings["load_s"] else "load_s"
     for kind in ("thermal", "cpu"):  # the phase tables' samples: none would fall inside a load window

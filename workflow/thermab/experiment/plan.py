@@ -261,6 +261,7 @@ def plan_problems(plan: dict) -> list[str]:
     for key, kind in (("cluster", str), ("setting", str), ("head", str), ("hosts", list), ("reference_arm", str)):
         if key in plan and not isinstance(plan[key], kind):
             problems.append(f"key '{key}': must be {'text' if kind is str else 'a list'}")
+    problems += invocation_problems(plan)
     if problems:
         return problems
     arms = plan["arms"]
@@ -280,6 +281,33 @@ def plan_problems(plan: dict) -> list[str]:
     }
     load = {**named, **plan}
     problems += [_as_plan_key(p, "questions") for p in questions_problems(questions, hosts, load, load["idle_s"])]
+    return problems
+
+
+# How Snakemake was started on the run, so that the command that continues it
+# (analysis.planning.decide_command) runs the same study: its --configfile files (absolute,
+# as Snakemake holds them; none: the default config) and its --cores. workflow/rules/common.smk
+# hands them to the jobs in this variable; preflight records them in run.json.
+INVOCATION_ENV = "THERMAB_INVOCATION"
+
+
+def invocation(configfiles, cores: int | None) -> dict:
+    """run.json's ``configfiles`` and ``cores`` of a run started with these."""
+    return {"configfiles": [str(path) for path in configfiles], "cores": cores}
+
+
+def invocation_problems(plan: dict) -> list[str]:
+    """What is wrong with run.json's ``configfiles`` and ``cores`` (a command is built of them)."""
+    problems = []
+    files = plan.get("configfiles", [])
+    # each path goes into a one-line command in Markdown's backticks
+    if not isinstance(files, list) or not all(
+        isinstance(path, str) and path.isprintable() and "`" not in path for path in files
+    ):
+        problems.append("key 'configfiles': must be a list of paths, each one printable line without a backtick")
+    cores = plan.get("cores")
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
+        problems.append(f"key 'cores': {str(cores)[:40]!r} is not a whole number of at least 1")
     return problems
 
 

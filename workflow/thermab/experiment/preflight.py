@@ -226,7 +226,7 @@ def inspect(
     return report, problems
 
 
-def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> Preflight:
+def preflight(run: ClusterRun, out_path: Path, run_json: Path, invocation: dict | None = None) -> Preflight:
     """Take every host's lease, then check every host before anything changes; raise naming
     each host and cause.
 
@@ -237,17 +237,18 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path) -> Preflight:
     simulated node's files and puts back what a dead run left patched), so no guardian
     watches it: a failed preflight leaves nothing to undo and no host is touched again.
     The guardian starts with the first job that does change something
-    (``monitor.bring_up``)."""
+    (``monitor.bring_up``).  ``invocation``: how Snakemake was started (``plan.invocation``),
+    recorded in run.json."""
     run.write_session()
     taken, unreached = lease.take_all(run.hosts, run.run_dir)
     try:
-        return _checked(run, out_path, run_json, unreached)
+        return _checked(run, out_path, run_json, unreached, invocation or {})
     except BaseException:
         lease.give_back(taken, lease.run_id(run.run_dir))
         raise
 
 
-def _checked(run: ClusterRun, out_path: Path, run_json: Path, unreached: dict[str, str]) -> Preflight:
+def _checked(run: ClusterRun, out_path: Path, run_json: Path, unreached: dict[str, str], invocation: dict) -> Preflight:
     failed_record = run.files.preflight_failed
     report, problems = inspect(run, unreached=unreached)
     trips = [z["trip_point_c"] for z in report.zones(run.cluster.head) if z["trip_point_c"]]
@@ -292,6 +293,7 @@ def _checked(run: ClusterRun, out_path: Path, run_json: Path, unreached: dict[st
             probe_n=load.probe_n if load.probe else 0,
             sample_intervals_s=thaw(config.monitor.intervals),
             hosts_without_zones=[name for name in report.hosts if not report.zones(name)],
+            **invocation,
         ),
     )
     return report

@@ -227,16 +227,13 @@ def answer_questions(config: Plan, pooled: pd.DataFrame, validity: pd.DataFrame,
     return answers, speed.balance_frame(balance, config.reference_arm)
 
 
-def analyze(
-    run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = None, configfiles: list[str] | None = None
-) -> dict[str, pd.DataFrame]:
+def analyze(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = None) -> dict[str, pd.DataFrame]:
     """Write RUN_DIR/tables/{thresholds,zones,cpu,performance,validity,energy,variance}.{csv,md},
-    RUN_DIR/summary.md and RUN_DIR/evidence.md; return the frames (plus ``windows``).
-    ``configfiles``: the run's --configfile, for the command that would decide it (None: unknown)."""
-    return write_outputs(compute(run_dir, also, detect_pct, analysis), configfiles)
+    RUN_DIR/summary.md and RUN_DIR/evidence.md; return the frames (plus ``windows``)."""
+    return write_outputs(compute(run_dir, also, detect_pct, analysis))
 
 
-def write_outputs(result: Analysis, configfiles: list[str] | None = None) -> dict[str, pd.DataFrame]:
+def write_outputs(result: Analysis) -> dict[str, pd.DataFrame]:
     run = result.run
     files = RunDir(run.path)
     _write_tables(files.tables, result.tables)
@@ -251,7 +248,7 @@ def write_outputs(result: Analysis, configfiles: list[str] | None = None) -> dic
         text = levels_summary.markdown(run.plan, result.tables, result.pooled, texts)
     preflight = read_preflight(files.preflight)
     tables = result.tables
-    opening = evidence.opening(tables["questions"], tables["variance"], run.plan, preflight, configfiles, run.events)
+    opening = evidence.opening(tables["questions"], tables["variance"], run.plan, preflight, run.events)
     title, _, rest = text.partition("\n")  # the answer first, under the title
     atomic.write_text(files.summary, "\n".join([title, "", *opening, rest.lstrip("\n")]))
     atomic.write_text(
@@ -264,7 +261,6 @@ def write_outputs(result: Analysis, configfiles: list[str] | None = None) -> dic
             preflight=preflight,
             events=run.events,
             sources=run.sources,
-            configfiles=configfiles,
             asked_s=tables["validity"]["load_s"],
             energy=tables.get("energy"),
         ),
@@ -299,7 +295,9 @@ def _open_plan(result: Analysis, tables: dict[str, pd.DataFrame], config: Plan) 
         return []
     timings, rows = planning.study_plan(result.run, tables["performance"], result.pooled, tables["questions"])
     simulated = bool(evidence.simulated_hosts(read_preflight(RunDir(result.run.path).preflight)))
-    return planning.open_questions_section(rows, config, timings, result.run.events, result.run.path, simulated)
+    return planning.open_questions_section(
+        rows, tables["questions"], config, timings, result.run.events, result.run.path, simulated
+    )
 
 
 def compare_runs(run_dirs: list[Path], out_dir: Path, analysis: dict | None = None) -> pd.DataFrame:

@@ -16,7 +16,7 @@ import math
 
 import pandas as pd
 
-from thermab.analysis import energy as energy_rows, levels, planning, questions
+from thermab.analysis import energy as energy_rows, levels, planning
 from thermab.analysis.model import Plan
 from thermab.load.shapes import Shape
 from thermab.load_levels import CLOSED
@@ -24,9 +24,6 @@ from thermab.markup import Markdown, md_cell, md_text
 from thermab.report import verdict
 from thermab.report.summary import fmt_duration, markdown_table
 from thermab.report.units import fmt
-
-DEFAULT_MAX_REPEATS = 8  # config.schema.yaml's default for max_repeats
-MAX_REPEATS_BOUND = 100  # the schema's bound on max_repeats
 
 
 def simulated_hosts(preflight: dict | None) -> list[str]:
@@ -69,56 +66,19 @@ def load_shape(plan: Plan) -> str:
     return Shape(one.users, **one.shape).describe()
 
 
-def decide_repeats(answers: pd.DataFrame, plan: Plan) -> int:
-    """``max_repeats`` for a run until decided that would settle the open questions: the
-    phases per arm they need at the observed spread, in crossover pairs, above what ran."""
-    open_ = answers[answers["verdict"] == questions.UNDECIDED]
-    ran = int(answers["phases_per_arm"].max()) if len(answers) else 0
-    needed = open_["phases_needed"].max() if len(open_) else math.nan
-    if math.isnan(needed):  # no spread yet (one phase per arm): the schema's default cap
-        wanted = max(DEFAULT_MAX_REPEATS, ran + 2)
-    else:
-        wanted = max(int(needed), ran + 2)
-    wanted += wanted % 2
-    return min(wanted, MAX_REPEATS_BOUND)
-
-
-def decide_command(answers: pd.DataFrame, plan: Plan, configfiles: list[str] | None) -> str:
-    """The command that runs the same study until its questions are decided."""
-    files = "" if not configfiles else " --configfile " + " ".join(configfiles)
-    order = "" if plan.order == "AB" else f" order={plan.order}"
-    return f"snakemake --cores 1 all{files} --config{order} until=decided max_repeats={decide_repeats(answers, plan)}"
-
-
-def decide_cost(answers: pd.DataFrame, plan: Plan, events: pd.DataFrame | None) -> str:
-    """What the command that decides would cost: the whole study's cluster-hours at this
-    run's measured phase jobs, × its time scale; "" where no job was measured."""
-    timings = None if events is None else planning.measured_timings(events, float(plan.get("time_scale", 1.0)))
-    if timings is None:
-        return ""
-    hours = timings.hours(decide_repeats(answers, plan), len(plan.arms))
-    return (
-        f" (at most {hours:.1f} cluster-hours: this run's median phase job of {timings.job_s:.0f} s"
-        f" × {timings.time_scale:g} study seconds per second)"
-    )
-
-
 def headline(
     answers: pd.DataFrame,
     variance: pd.DataFrame,
     plan: Plan,
-    configfiles: list[str] | None = None,
     events: pd.DataFrame | None = None,
 ) -> list[str]:
     """One Markdown bullet per question and arm, its verdict line (``verdict``); an undecided
-    one says what would decide it, the command and what that costs.  ``configfiles``: the
-    run's --configfile (None where unknown); ``events``: the run's, for the cost."""
+    one says what would decide it (``planning.decide_call``: the command and what it costs).
+    ``events``: the run's, for the cost."""
     if answers.empty:
         return ["No question was declared (`questions` is empty): the tables below carry the numbers."]
-    command = f"`{decide_command(answers, plan, configfiles)}`{decide_cost(answers, plan, events)}"
-    lines = [f"- {line}." for line in verdict.verdict_lines(answers, command, escape=md_text)]
-    if configfiles is None and (answers["verdict"] == questions.UNDECIDED).any():
-        lines.append("  (Add the `--configfile` the run was made with.)")
+    call = planning.decide_call(answers, plan, events)
+    lines = [f"- {line}." for line in verdict.verdict_lines(answers, call, escape=md_text)]
     return lines
 
 
@@ -127,12 +87,11 @@ def opening(
     variance: pd.DataFrame,
     plan: Plan,
     preflight: dict | None,
-    configfiles: list[str] | None = None,
     events: pd.DataFrame | None = None,
 ) -> list[str]:
     """What summary.md, report.html and evidence.md open with: the simulation named where
     there is one, then the headline."""
-    return [*simulated_note(preflight), "## Answer", "", *headline(answers, variance, plan, configfiles, events), ""]
+    return [*simulated_note(preflight), "## Answer", "", *headline(answers, variance, plan, events), ""]
 
 
 def _design(plan: Plan, windows: pd.DataFrame, asked_s: pd.Series | None = None) -> list[str]:
@@ -185,6 +144,15 @@ def _restored(events: pd.DataFrame) -> dict:
     }
 
 
+def _served_models(events: pd.DataFrame | None) -> list[str]:
+    """The models the server named each time it answered after a restart (the
+    ``server_ready`` events), each once, in order."""
+    if events is None or "event" not in events or "detail" not in events:
+        return []
+    details = events.loc[events["event"] == "server_ready", "detail"]
+    return list(dict.fromkeys(d["model"] for d in details if isinstance(d, dict) and isinstance(d.get("model"), str)))
+
+
 def _host_hardware(facts: dict, sources: dict) -> str:
     parts = [facts.get("uname") or "kernel not recorded"]
     zones = facts.get("zones") or []
@@ -233,7 +201,13 @@ def _environment(plan: Plan, preflight: dict | None, events: pd.DataFrame, sourc
     lines.append(markdown_table(pd.DataFrame(rows)))
     endpoint = preflight.get("endpoint") or {}
     model = plan.get("model") or endpoint.get("model")
-    model = md_text(model) if model else "not recorded at preflight (the server was down)"
+    served = _served_models(events)
+    if model:
+        model = md_text(model)
+    elif served:  # the server was down at preflight: the first phase's restart brought it up
+        model = ", ".join(map(md_text, served)) + " (as the server answered once it was up)"
+    else:
+        model = "not recorded (the server never answered)"
     lines += [
         f"- Endpoint: {md_text(endpoint.get('url', '–'))}; model: {model}.",
         "- sha256 after: the file as each host's restore wrote it back at the end of the run.",
@@ -313,7 +287,6 @@ def evidence_markdown(
     preflight: dict | None,
     events: pd.DataFrame | None,
     sources: dict,
-    configfiles: list[str] | None = None,
     asked_s: pd.Series | None = None,
     energy: pd.DataFrame | None = None,
 ) -> str:
@@ -324,7 +297,7 @@ def evidence_markdown(
     title = f"# thermab: {md_text(plan.cluster)} — {md_text(plan.setting)}, " + " vs ".join(
         f"{md_text(plan.arms[a].label)} ({md_text(plan.arms[a].value)})" for a in present
     )
-    parts = [title, "", *opening(answers, variance, plan, preflight, configfiles, events)]
+    parts = [title, "", *opening(answers, variance, plan, preflight, events)]
     parts += _design(plan, windows, asked_s)
     parts += _environment(plan, preflight, events, sources)
     parts += ["### Key numbers", ""]

@@ -9,7 +9,7 @@ from pathlib import Path
 import markdown
 import nh3
 
-from thermab.layout import FIGURES, SWEEP_FIGURES, RunDir
+from thermab.layout import RunDir, figures
 from thermab.markup import html_text
 
 STYLE = """
@@ -30,7 +30,7 @@ def figure_html(path: Path) -> str:
 
 def figure_order(path: Path) -> tuple[int, str]:
     """The layout's order (the timeline first, the run's best picture), then by name."""
-    known = [*FIGURES, *SWEEP_FIGURES]
+    known = list(figures(3, wakeup=True))  # every figure a run can have
     return (known.index(path.name) if path.name in known else len(known), path.name)
 
 

@@ -44,6 +44,9 @@ def plan_text(run_dir, *, hours=None, restart_cv_pct=None, time_scale=None) -> s
         )
         title = f"Plan for {run_dir}" + (f" at {label}" if len(every) > 1 else "")
         out += [title, "", *planning.plan_lines(rows, run.plan, timings, hours=hours, simulated=simulated), ""]
+    answers = result.tables["questions"]
+    if (answers["verdict"] == planning.UNDECIDED).any():
+        out += [f"To decide what is open: {planning.decide_call(answers, result.run.plan, result.run.events)}", ""]
     return "\n".join(out)
 
 

@@ -2,17 +2,19 @@
 line: ``python -m thermab analyze RUN_DIR --figures``).
 
 Always written: timeline.png/.svg (matplotlib), timeline.html (plotly, plotly.js inline so it
-opens without network), cpu.png, throughput.png, time_to_threshold.png.  The timeline has a
-power panel below the temperatures when the run has power telemetry (the domains each
-host's total sums, see ``energy``), and a server panel when the endpoint's ``/metrics`` was
-scraped (vLLM's running and waiting requests, beside the configured users).  A figure whose data
-the run lacks (imported chart data has no CPU and no requests) is still written and says so,
-so that a workflow can declare every file as an output.  dose_response.png only for sweeps
-(more than two arms).  questions.png: the forest plot of the declared questions (per level in a
-run of levels).  tradeoff.png: each arm's metrics at each level of traffic (report/tradeoff.py).
-latency.png: each arm's latency percentiles.  A phase
-whose load fell short of the configuration (``load_valid``
-False) is drawn hollow and labelled "load short"; its load window on the timeline is hatched.
+opens without network), cpu.png, throughput.png (the in-window throughput the verdicts test),
+time_to_threshold.png.  The timeline has a power panel below the temperatures when the run
+has power telemetry (the domains each host's total sums, see ``energy``), and a server panel
+when the endpoint's ``/metrics`` was scraped (vLLM's running and waiting requests, beside the
+configured users).  A figure whose data the run lacks (imported chart data has no CPU and no
+requests) is still written and says so, so that a workflow can declare every file as an
+output.  dose_response.png only for sweeps (more than two arms), wakeup.png only for a run
+with wake-up probes (``layout.figures``).  questions.png: the forest plot of the declared
+questions (per level in a run of levels).  tradeoff.png: each arm's metrics at each level of
+traffic (report/tradeoff.py).  latency.png: each arm's latency percentiles.  Every value axis
+names its unit in brackets; no legend lies over the axes' points.  A phase whose load fell
+short of the configuration (``load_valid`` False) is drawn hollow and labelled "load short";
+its load window on the timeline is hatched.
 """
 
 import math
@@ -77,11 +79,15 @@ def render_figures(result: Analysis) -> list[Path]:
             result.tables.get("questions"),
         )
     )
-    written.append(wakeup_png(result.tables["wakeup"], result.run.plan, colors, out("wakeup.png")))
     written.append(latency_png(result.tables["latency"], result.run.plan, colors, out("latency.png")))
-    # layout.figures names them: the report rule declares each, a sweep's dose response too
-    if set(layout.SWEEP_FIGURES) <= set(layout.figures(len(set(result.run.plan.order)))):
-        written.append(dose_response_png(result.pooled, result.run.plan, result.best, out("dose_response.png")))
+    # layout.figures names them from run.json as the report rule does from the config: the
+    # wake-up figure where the run made probes, a sweep's dose response
+    plan = result.run.plan
+    named = layout.figures(len(set(plan.order)), wakeup=bool(plan.get("wakeup_gaps_s")))
+    if set(layout.WAKEUP_FIGURES) <= set(named):
+        written.append(wakeup_png(result.tables["wakeup"], plan, colors, out("wakeup.png")))
+    if set(layout.SWEEP_FIGURES) <= set(named):
+        written.append(dose_response_png(result.pooled, plan, result.best, out("dose_response.png")))
     return written
 
 
@@ -147,7 +153,7 @@ def _server_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, 
     every = [level.users for level in levels.of_run(run.plan) if level is not None]
     for users in dict.fromkeys(every):  # the users (or an open loop's cap) of each level
         ax.axhline(users, ls=":", lw=1, color="#555555", label=f"{users} users")
-    _finish_panel(ax, windows, colors, t0, "requests (server)")
+    _finish_panel(ax, windows, colors, t0, "at the server (requests)")
 
 
 def _finish_panel(ax, windows: pd.DataFrame, colors: dict, t0: float, ylabel: str) -> None:
@@ -332,7 +338,7 @@ def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -
     for (draw, lines), panel in zip(below, axes[1:, 0], strict=False):
         draw(panel, run, lines, windows, colors, t0)
     bottom = axes[-1, 0]
-    bottom.set_xlabel("minutes from run_start")
+    bottom.set_xlabel("time from run_start (min)")
     handles = [h for axis in axes[:, 0] for h in axis.get_legend_handles_labels()[0]]
     bottom.legend(
         handles=handles,
@@ -499,12 +505,12 @@ def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict, path: Path)
         template="plotly_white",
         height=650 + 200 * (rows - 1),
     )
-    fig.update_xaxes(title_text="minutes from run_start", row=rows, col=1)
+    fig.update_xaxes(title_text="time from run_start (min)", row=rows, col=1)
     fig.update_yaxes(title_text="temperature (°C)", **temps)
     if power_lines:
         fig.update_yaxes(title_text="power (W)", rangemode="tozero", row=power_row, col=1)
     if server_lines:
-        fig.update_yaxes(title_text="requests (server)", rangemode="tozero", row=server_row, col=1)
+        fig.update_yaxes(title_text="at the server (requests)", rangemode="tozero", row=server_row, col=1)
     fig.write_html(path, include_plotlyjs=True, full_html=True)
     return path
 
@@ -595,7 +601,7 @@ def cpu_png(cpu: pd.DataFrame, config: Plan, colors: dict, path: Path, margins: 
             ax, cpu[cpu["host"] == host], "median_pct", config, colors, "p5_pct", "p95_pct", (offsets, "% of one core")
         )
         ax.set_title(f"{host}: vLLM CPU sum, median (p5–p95)")
-        ax.set_ylabel("% of one core")
+        ax.set_ylabel("vLLM CPU (% of one core)")
     fig.suptitle(_title(config, "CPU under load"), fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -603,16 +609,27 @@ def cpu_png(cpu: pd.DataFrame, config: Plan, colors: dict, path: Path, margins: 
 
 
 def throughput_png(perf: pd.DataFrame, config: Plan, colors: dict, path: Path, margins: dict | None = None) -> Path:
-    """Output throughput and probe decode speed per phase."""
+    """Output throughput and probe decode speed per phase: the throughput the verdicts test
+    (the tokens generated inside the window, ``output_tok_s_in_window``, ± its standard error
+    within the window), its margin lines about the reference arm's mean of the same numbers."""
     if perf["requests_completed"].isna().all():
         return _placeholder(path, "throughput", "no request data in this run")
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5), layout="constrained")
     margins = margins or {}
+    in_window = perf["output_tok_s_in_window"]
+    perf = perf.assign(se_low=in_window - perf["output_tok_s_se"], se_high=in_window + perf["output_tok_s_se"])
     _per_phase_points(
-        axes[0], perf, "output_tok_s", config, colors, margins=(margins.get(names.OUTPUT_THROUGHPUT, []), "tok/s")
+        axes[0],
+        perf,
+        "output_tok_s_in_window",
+        config,
+        colors,
+        "se_low",
+        "se_high",
+        margins=(margins.get(names.OUTPUT_THROUGHPUT, []), "tok/s"),
     )
-    axes[0].set_title("output throughput (load requests ending in the window)")
-    axes[0].set_ylabel("tok/s")
+    axes[0].set_title("output throughput: tokens generated in the window\n(bar: ± its standard error)", fontsize=10)
+    axes[0].set_ylabel("output throughput (tok/s)")
     probe_margins = (margins.get(names.PROBE_DECODE_SPEED, []), "tok/s")
     _per_phase_points(axes[1], perf, "probe_tok_s_median", config, colors, margins=probe_margins)
     arms = [a for a in config.arms if a in set(perf["arm"])]  # the x positions _per_phase_points gave them
@@ -630,7 +647,7 @@ def throughput_png(perf: pd.DataFrame, config: Plan, colors: dict, path: Path, m
                 color="#555555",
             )
     axes[1].set_title("single-stream probe decode speed (median)\nonly where measurable", fontsize=10)
-    axes[1].set_ylabel("tok/s")
+    axes[1].set_ylabel("decode speed (tok/s)")
     fig.suptitle(_title(config, "speed under load"), fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -674,11 +691,11 @@ def time_to_threshold_png(tables: dict, config: Plan, colors: dict, path: Path) 
     ax.set_xticks(range(len(thresholds)), [f"{c:g} °C" for c in thresholds])
     ax.set_xlim(-0.5, len(thresholds) - 0.5)
     ax.set_ylim(0, window_min * 1.08)
-    ax.set_xlabel(f"threshold ({head} {zone})")
-    ax.set_ylabel("minutes after load start\n(first sample at or above)")
+    ax.set_xlabel(f"threshold on {head} {zone} (°C)")
+    ax.set_ylabel("first sample at or above,\nafter load start (min)")
     ax.set_title(_title(config, "time to threshold"), fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="center left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes: it covers no point
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -696,13 +713,13 @@ def dose_response_png(pooled: pd.DataFrame, config: Plan, best: dict | None, pat
         (names.zone_mean(head, zone), "°C"),
         (names.cpu_median(head), "% of one core"),
         (names.OUTPUT_THROUGHPUT, "tok/s"),
-        (names.STALL_GAPS, "gaps"),
+        (names.STALL_GAPS, "gaps per phase"),
     ]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), layout="constrained")
     for ax, (metric, unit) in zip(axes.flat, panels, strict=False):
         data = pooled[pooled["metric"] == metric].assign(x=lambda f: f["arm"].map(positions))
         ax.set_title(metric, fontsize=10)
-        ax.set_ylabel(unit)
+        ax.set_ylabel(f"per phase ({unit})")
         if data.empty:
             ax.text(0.5, 0.5, "not measured in this run", transform=ax.transAxes, ha="center")
             continue
@@ -722,12 +739,12 @@ def dose_response_png(pooled: pd.DataFrame, config: Plan, best: dict | None, pat
             ax.axvline(positions[best["arm"]], color="#1b9e77", ls="--", lw=1.2)
         ax.grid(alpha=0.3)
         if short.any():
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=8, loc="best")
         if numeric.notna().all() and (numeric > 0).all() and numeric.max() / numeric.min() >= 10:
             log_scale(ax, "x")
         if not numeric.notna().all():
             ax.set_xticks(positions.values, [config.arms[a].label for a in positions.index])
-        ax.set_xlabel(config.setting)
+        ax.set_xlabel(f"{config.setting} (its value in each arm)")
     named = (
         "no temperature data"
         if best is None
@@ -823,15 +840,15 @@ LEVEL_MARKERS, LEVEL_DASHES = ("o", "s", "^", "D", "v"), ("-", "--", ":", "-.") 
 def wakeup_png(table: pd.DataFrame, config: Plan, colors: dict, path: Path) -> Path:
     """tables/wakeup.csv drawn: each arm's median latency (ms) against the idle gap before it
     (s), both axes logarithmic, with its interval, in a run of levels a line per arm and level
-    (each level its own dash and marker: the probes after its windows); a run without wake-up
-    probes gets a figure that says so."""
+    (each level its own dash and marker: the probes after its windows); drawn for a run with
+    wake-up probes (``layout.figures``), its panels say so where they measured nothing."""
     fig, axes = plt.subplots(1, len(WAKEUP_PANELS), figsize=(4.2 * len(WAKEUP_PANELS), 3.6), layout="constrained")
     many = levels.LEVEL in table and table[levels.LEVEL].nunique() > 1
     every = [level.label for level in levels.of_run(config) if level is not None] if many else [None]
     for ax, (column, title) in zip(axes, WAKEUP_PANELS, strict=True):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("idle gap before the request (s)")
-        ax.set_ylabel("median (ms)")
+        ax.set_ylabel("median latency (ms)")
         if table.empty or table[column].isna().all():
             ax.text(0.5, 0.5, "no wake-up probes in this run", transform=ax.transAxes, ha="center", fontsize=8)
             continue

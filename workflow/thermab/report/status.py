@@ -7,7 +7,8 @@ RUN_DIR defaults to the run under results/ whose events.jsonl changed last. It p
 whether the run is going (its status.json is rewritten every few seconds of a load), the
 phase of how many with the time left for the phase, the look and the run, the latest
 thermal readings per host, the phases done, the answers to its questions so far (as the
-last analysis wrote them) and where its summary is. It changes nothing and exits 0.
+last analysis wrote them) and where its summary is. It changes nothing and exits 0; a
+directory no run has begun in is one line and exit status 2.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from pathlib import Path
 import pandas as pd
 
 from thermab import cli, layout
+from thermab.analysis import planning
 from thermab.analysis.model import read_events, read_plan
 from thermab.analysis.questions import UNDECIDED
 from thermab.analysis.sequential import read_answers
 from thermab.config import read_bounded
 from thermab.errors import UserError
 from thermab.experiment import events, progress
-from thermab.report import evidence, verdict
+from thermab.report import verdict
 
 STALE_S = 60  # a status.json older than this: no load is running now
 ENDS = ("run_end", "abort", "restored")  # the events after which nothing more runs
@@ -61,19 +63,19 @@ def answer_lines(answers: pd.DataFrame | None, command: str = "") -> list[str]:
 
 def decide_command(run_dir: Path, answers: pd.DataFrame | None) -> str:
     """Where questions are open: the command that would decide them and its cluster-hours at
-    the run's measured phase jobs (as evidence.md gives them); "" where none is open or the
-    run has no run.json."""
+    the run's measured phase jobs (``planning.decide_call``, as evidence.md gives them); ""
+    where none is open or the run has no run.json."""
     files = layout.RunDir(run_dir)
     if answers is None or not files.run_json.is_file() or not (answers["verdict"] == UNDECIDED).any():
         return ""
     plan = read_plan(files.run_json)
     history = read_events(files.events) if files.events.is_file() else None
-    command, cost = evidence.decide_command(answers, plan, None), evidence.decide_cost(answers, plan, history)
-    return f"`{command}`{cost}, with the run's own --configfile"
+    return planning.decide_call(answers, plan, history)
 
 
 def closing_lines(run_dir: Path) -> list[str]:
-    """The end of a run: its answers and the paths of what to read."""
+    """The end of a run: its answers, the command that decides what is open, and the paths
+    of what to read."""
     files = layout.RunDir(run_dir)
     answers = read_run_answers(run_dir)
     found = answer_lines(answers, decide_command(run_dir, answers))
@@ -205,5 +207,10 @@ def main(argv: list[str]) -> int:
         return 0
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: not a directory (a run directory: results/CLUSTER/ORDER)")
+    if not layout.RunDir(run_dir).is_run():
+        raise UserError(
+            f"{run_dir}: not a run directory (no session.json, logs/, events.jsonl or run.json;"
+            " a run directory: results/CLUSTER/ORDER)"
+        )
     print("\n".join(status_lines(run_dir)))
     return 0

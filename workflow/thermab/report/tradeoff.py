@@ -46,7 +46,7 @@ def tradeoff_png(
     ticks = [textwrap.fill(label, 12) for label in order]
     for ax, (metric, title, unit) in zip(axes.flat, shown, strict=False):
         ax.set_title(title, fontsize=9)
-        ax.set_ylabel(unit)
+        ax.set_ylabel(f"mean of the phases ({unit})")
         mine = data[data["metric"] == metric]
         if mine.empty:
             ax.text(0.5, 0.5, "not measured in this run", transform=ax.transAxes, ha="center", fontsize=8)
@@ -77,7 +77,7 @@ def tradeoff_png(
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(shown) :]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=8)
+    axes.flat[0].legend(fontsize=8, loc="best")
     where = f"; dotted: an answer changes at {', '.join(changed)}" if changed else ""
     fig.suptitle(
         f"{config.cluster}: each arm at each level of traffic (mean of its phases, 95 % interval;"
@@ -140,7 +140,7 @@ def _one_level_png(variance: pd.DataFrame, config: Plan, colors: dict, path: Pat
     ax.set_xlim(*limits)
     ax.set_yticks(range(len(titles)), titles)
     ax.invert_yaxis()
-    ax.set_xlabel("arm − reference, % of the reference mean (95 % interval)")
+    ax.set_xlabel("arm − reference, 95 % interval (% of the reference mean)")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     one = levels.of_run(config)

@@ -121,7 +121,7 @@ def survey(
         found = probe.vllm(server, place, cwd)
         located = probe.setting_file(place, found[2] if found else None, setting)
         zones = probe.agent()
-        probe.gpus()
+        gpus = probe.gpus()
         probe.clock()
         if located is None:
             continue
@@ -139,7 +139,7 @@ def survey(
         probe.note("preset", preset.name, "chosen: " + preset.reason)
         # the Python matters where thermab patches inside the server's filesystem
         python = found[0] if found and preset.file == located[0] else None
-        plans.append(HostPlan(target, preset, python, located[1], zones))
+        plans.append(HostPlan(target, preset, python, located[1], zones, gpus))
     if len(plans) != len(targets):
         return [], None
     endpoint, model = check_endpoint(probes[head], chosen[head], args.endpoint)

@@ -218,14 +218,17 @@ class HostProbe:
             self.lack(what, reason)
         return tuple(z["name"] for z in (found.get("thermal") or {}).get("details", []))
 
-    def gpus(self) -> None:
+    def gpus(self) -> tuple[str, ...]:
+        """The GPUs nvidia-smi lists, noted; their names returned (the platform)."""
         command = "nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader"
         result = self.run(command)
-        if result.ok and result.stdout.strip():
-            for line in result.stdout.strip().splitlines():
-                self.note("GPU", line.strip(), "nvidia-smi --query-gpu")
-        else:
+        if not (result.ok and result.stdout.strip()):
             self.lack("GPUs", why(result, command) if not result.ok else "nvidia-smi lists none")
+            return ()
+        lines = [line.strip() for line in result.stdout.strip().splitlines()]
+        for line in lines:
+            self.note("GPU", line, "nvidia-smi --query-gpu")
+        return tuple(fields[1].strip() for fields in (line.split(",") for line in lines) if len(fields) > 1)
 
     def clock(self) -> None:
         offsets, problems = clock_offsets([self.host])

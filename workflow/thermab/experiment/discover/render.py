@@ -16,6 +16,25 @@ from thermab.experiment.discover.targets import Target
 
 CLUSTER = "discovered"
 
+# Platforms that shut down below what their thermal trip points tell (the interlock's own
+# default, the lowest trip point − 8 °C, lies above it), by a word of nvidia-smi's GPU name:
+# the interlock's limit discover writes, and why
+PLATFORM_ABORT_AT_C = {
+    "GB10": (
+        85.0,
+        "GB10 (DGX Spark class): below the ~87 °C band in which users reported shutdowns within"
+        " 2 minutes (docs/study.md), where the default (lowest trip point − 8 °C) would lie above it."
+        " The study's stock arm ran hotter (head TSOC up to 95 °C): raise this knowingly",
+    ),
+}
+
+
+def platform_limit(gpus: tuple[str, ...]) -> tuple[float, str] | None:
+    """The interlock's limit (°C) and its reason for hosts with these GPUs (nvidia-smi's
+    names), the lowest of the platforms named; None where none is known."""
+    known = [limit for word, limit in PLATFORM_ABORT_AT_C.items() for name in gpus if word in name.split()]
+    return min(known, default=None)
+
 
 @dataclass(frozen=True)
 class HostPlan:
@@ -24,6 +43,7 @@ class HostPlan:
     python: str | None  # None where the file is patched on the host, outside the container
     value: str | None
     zones: tuple[str, ...] = ()
+    gpus: tuple[str, ...] = ()  # nvidia-smi's GPU names (the platform: PLATFORM_ABORT_AT_C)
 
 
 def build_config(
@@ -115,6 +135,10 @@ def build_config(
         "analysis": dict(defaults["analysis"], timeline_zone=timeline_zone),
         "clusters": found["clusters"],
     }
+    limit = platform_limit(tuple(name for p in plans for name in p.gpus))
+    if limit is not None:
+        config["safety"] = {"abort_at_c": limit[0]}
+        comments[("safety", "abort_at_c")] = limit[1]
     comments.update(
         {
             ("setting", "file"): f"{file_note}; the anchor matches once there",
