@@ -297,21 +297,31 @@ def refusal(refused: list[Lease], run_dir: Path) -> str:
 
 
 def take_all(sites: list[Site], run_dir: Path, controller_pid: int | None = None) -> tuple[list[Site], dict[str, str]]:
-    """Every site's lease for this run, side by side (unreachable hosts wait out their
-    timeouts together).  Returns the sites whose lease this call took (not those the run
-    held already) and, by host name, the hosts not reached with why.  Where another run
-    holds a site or its lease is damaged, gives back what it took and raises LeaseError,
-    nothing changed."""
+    """Every site's lease for this run, host beside host (unreachable hosts wait out their
+    timeouts together), one host's sites one after the other on its one connection.  Returns
+    the sites whose lease this call took (not those the run held already) and, by host name,
+    the hosts not reached with why.  Where another run holds a site or its lease is damaged,
+    gives back what it took and raises LeaseError, nothing changed."""
     mine = holder_for(run_dir, controller_pid)
+    by_host: dict[Host, list[Site]] = {}
+    for site in sites:
+        by_host.setdefault(site.host, []).append(site)
 
-    def attempt(site: Site) -> tuple[str, Lease] | TransportError:
-        try:
-            return take(site, mine)
-        except TransportError as error:
-            return error
+    def attempt(of_host: list[Site]) -> list[tuple[str, Lease] | TransportError]:
+        outcomes: list[tuple[str, Lease] | TransportError] = []
+        for site in of_host:
+            try:
+                outcomes.append(take(site, mine))
+            except TransportError as error:
+                return outcomes + [error] * (len(of_host) - len(outcomes))  # not reached: tried once
+        return outcomes
 
-    with ThreadPoolExecutor(len(sites)) as pool:
-        outcomes = dict(zip(sites, pool.map(attempt, sites), strict=True))
+    with ThreadPoolExecutor(len(by_host)) as pool:
+        outcomes = {
+            site: outcome
+            for of_host, taken_there in zip(by_host.values(), pool.map(attempt, by_host.values()), strict=True)
+            for site, outcome in zip(of_host, taken_there, strict=True)
+        }
     unreached = {site.host.name: str(got) for site, got in outcomes.items() if isinstance(got, TransportError)}
     found = {site: got for site, got in outcomes.items() if not isinstance(got, TransportError)}
     taken = [site for site, (outcome, _) in found.items() if outcome == "taken"]
