@@ -48,11 +48,12 @@ def pytest_ignore_collect(collection_path, config):
 # What tests share beyond their own tmp_path and fixtures, so that they run one after another
 # in one xdist worker: a lane. A whole simulated run measures step cadence, wake-ups and
 # stall gaps in real time, so whole runs do not crowd the cores: they keep to lanes, each
-# module in one (every module's cluster has ports of its own; a simulated node's spin is
-# accounted, not burnt, so two runs do not read each other's CPU). A run whose host is this
-# machine itself (no root: the real vLLM, and ssh to 127.0.0.1) takes the machine's one
-# lease (/tmp/thermab-lease), and the real vLLM loads both cores and shares its tiny model,
-# venv and port: those take turns in a lane of their own, which the levels run joins after
+# module in one (for the cores alone: every run's cluster is on free ports of its own,
+# support/ports.py, and its endpoint's lease refuses any other run there; a simulated node's
+# spin is accounted, not burnt, so two runs do not read each other's CPU). A run whose host is
+# this machine itself (no root: the real vLLM, and ssh to 127.0.0.1) takes the machine's one
+# lease (/tmp/thermab-lease), and the real vLLM loads both cores and shares its tiny model
+# and venv: those take turns in a lane of their own, which the levels run joins after
 # them, so the three lanes end together (their times: docs/benchmarks.md). An e2e module not
 # named here joins the first lane.
 WHOLE_RUNS = ("whole-runs-1", "whole-runs-2")

@@ -23,7 +23,7 @@ import pytest
 from support.command_line import run_thermab, snakemake_command
 from support.paths import REPO
 from support.processes import start_as_a_terminal_job
-from support.sim_runs import CONFIGS, assert_clean
+from support.sim_runs import CONFIGS, assert_clean, ports_file
 from thermab import layout
 from thermab.analysis import TABLES, energy, metrics
 from thermab.experiment.events import EVENTS
@@ -41,7 +41,7 @@ NOT_IN_EVERY_RUN = {"idle_start", "idle_end", "abort", "restored", "note"}
 
 
 def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    command = snakemake_command(workdir, *args, configfiles=CONFIGS)
+    command = snakemake_command(workdir, *args, configfiles=[*CONFIGS, ports_file(workdir)])
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     (workdir / f"snakemake-{len(list(workdir.glob('snakemake-*.log')))}.log").write_text(result.stdout + result.stderr)
     return result
@@ -263,7 +263,8 @@ def test_ba_with_repeats_accumulates_beside_ab(ab_run, workdir):
 
 
 def test_interrupt_restores_and_stops_everything(ab_run, workdir):
-    command = snakemake_command(workdir, "all", "--config", "order=AB", "repeats=2", configfiles=CONFIGS)
+    configs = [*CONFIGS, ports_file(workdir)]
+    command = snakemake_command(workdir, "all", "--config", "order=AB", "repeats=2", configfiles=configs)
     # its own process group, so the SIGINT reaches Snakemake and its jobs as a Ctrl-C does
     process = start_as_a_terminal_job(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     events = workdir / "results/sim/AB/events.jsonl"

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from support.command_line import snakemake_command
+from support.ports import free_ports
 from support.processes import live_processes, processes_in, start_as_a_terminal_job, wait_until
 from support.sim_runs import CONFIGS, SHM, assert_clean, events, own_ports, wait_for_event
 
@@ -37,7 +38,7 @@ def test_a_stop_command_with_a_stray_brace_cannot_block_the_restore(tmp_path):
     by a bug, may still hold one). Ctrl-C mid-load: the guardian restores both files from
     the kept bytes, fails to stop the head's server and says so, and still stops the agents
     and the thermal models; `thermab restore` then exits 1 naming the failed step."""
-    process = start_workflow(tmp_path, {"order": "A", "timings": {"load_s": 30}, "clusters": own_ports(18731)})
+    process = start_workflow(tmp_path, {"order": "A", "timings": {"load_s": 30}, "clusters": own_ports(*free_ports(2))})
     run_dir = tmp_path / "results/sim/A"
     try:
         wait_for_event(run_dir, "load_start")
@@ -100,7 +101,7 @@ def test_sensors_going_silent_mid_load_stop_the_load_naming_the_host(tmp_path):
     """The head's agent hangs (SIGSTOP: alive, so not restarted, but no reading comes) in
     the middle of the stock load: within safety.max_sensor_silence_s (default: 3 thermal
     intervals, at least 5 s) the load stops, the run ends naming the host, all restored."""
-    process = start_workflow(tmp_path, {"order": "A", "timings": {"load_s": 60}, "clusters": own_ports(18741)})
+    process = start_workflow(tmp_path, {"order": "A", "timings": {"load_s": 60}, "clusters": own_ports(*free_ports(2))})
     run_dir = tmp_path / "results/sim/A"
     agent_pid = None
     try:

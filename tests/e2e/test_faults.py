@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from support.command_line import snakemake_command
+from support.ports import free_ports
 from support.sim_runs import CONFIGS, assert_clean, events, own_ports, wait_for_event
 
 
@@ -30,7 +31,7 @@ def run_workflow(workdir: Path, overrides: dict, *extra: str, background: bool =
 
 def test_thermal_interlock_stops_the_load_and_restores(tmp_path):
     code = run_workflow(
-        tmp_path, {"safety": {"abort_at_c": 70}, "timings": {"load_s": 60}, "clusters": own_ports(18751)}
+        tmp_path, {"safety": {"abort_at_c": 70}, "timings": {"load_s": 60}, "clusters": own_ports(*free_ports(2))}
     )
     run_dir = tmp_path / "results/sim/AB"
     assert code != 0, "an interlock abort fails the run"
@@ -53,7 +54,7 @@ def test_thermal_interlock_stops_the_load_and_restores(tmp_path):
 
 
 def test_interlock_too_close_to_the_trip_point_is_refused(tmp_path):
-    code = run_workflow(tmp_path, {"safety": {"abort_at_c": 104}, "clusters": own_ports(18753)})
+    code = run_workflow(tmp_path, {"safety": {"abort_at_c": 104}, "clusters": own_ports(*free_ports(2))})
     assert code != 0
     preflight_log = (tmp_path / "results/sim/AB/logs/preflight.log").read_text()
     assert "safety.abort_at_c" in preflight_log and "trip point" in preflight_log
@@ -64,7 +65,7 @@ def test_interlock_too_close_to_the_trip_point_is_refused(tmp_path):
 def test_server_killed_mid_load_fails_the_phase_then_a_rerun_redoes_it(tmp_path):
     # one arm: the failed phase and its redo are what is checked; a phase after it would
     # only add a restart and a load to the rerun
-    overrides = {"timings": {"load_s": 30}, "order": "A", "clusters": own_ports(18755)}
+    overrides = {"timings": {"load_s": 30}, "order": "A", "clusters": own_ports(*free_ports(2))}
     process = run_workflow(tmp_path, overrides, background=True)
     run_dir = tmp_path / "results/sim/A"
     try:
@@ -95,7 +96,7 @@ def test_server_killed_mid_load_fails_the_phase_then_a_rerun_redoes_it(tmp_path)
 
 def test_agent_killed_mid_load_is_restarted_and_the_gap_marked(tmp_path):
     process = run_workflow(
-        tmp_path, {"timings": {"load_s": 30}, "order": "A", "clusters": own_ports(18757)}, background=True
+        tmp_path, {"timings": {"load_s": 30}, "order": "A", "clusters": own_ports(*free_ports(2))}, background=True
     )
     run_dir = tmp_path / "results/sim/A"
     agent_dir = tmp_path / ".thermab/sim/sim/head/var/lib/thermab-agent/sim-A"

@@ -1,8 +1,8 @@
 """The simulated cluster tells the study's story (its zone model is the fit of the study's
 chart data: integration/test_sim_fit.py).
 
-- The default config as a whole (``snakemake --cores 1 all``, config/config.yaml as it is,
-  one run) reproduces the study's published numbers, in 30x compressed time, within the
+- The default config as a whole (``snakemake --cores 1 all``, config/config.yaml as it is
+  but for its ports, one run) reproduces the study's published numbers, in 30x compressed time, within the
   bounds below; checked on the tables the run writes.
 - The busy_loop_s sweep (config/examples/sim-sweep.yaml, shorter phases, ports of its
   own) stalls only with the shortest spin and names the value that saves the most CPU
@@ -20,6 +20,8 @@ import yaml
 
 from support.command_line import snakemake_command
 from support.paths import REPO
+from support.ports import free_ports
+from support.sim_runs import own_ports
 from thermab.analysis import metrics, model
 
 # The study's published numbers (data/README.md), head node unless said.
@@ -31,8 +33,8 @@ STUDY_CPU_RATIO = 212 / 398  # head vLLM CPU, patched / stock
 THRESHOLD_SHARE = {85.0: 0.10, 90.0: 0.15, 92.0: 0.25}
 
 
-def snakemake(workdir: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    command = snakemake_command(workdir, *args)
+def snakemake(workdir: Path, *args: str, configfiles=(), timeout: float = 1200) -> subprocess.CompletedProcess:
+    command = snakemake_command(workdir, *args, configfiles=configfiles)
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     (workdir / "snakemake.log").write_text(result.stdout + result.stderr)
     return result
@@ -51,7 +53,9 @@ STARVED_STEPS_S = 0.85 * 1000 / 40
 
 
 def default_tables(workdir: Path) -> dict:
-    result = snakemake(workdir, "all")
+    ports = workdir / "ports.yaml"  # the default cluster on ports of its own
+    ports.write_text(yaml.safe_dump({"clusters": own_ports(*free_ports(2))}))
+    result = snakemake(workdir, "all", configfiles=[REPO / "config/config.yaml", ports])
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = workdir / "results/sim/AB"
     tables = {
@@ -128,15 +132,13 @@ def test_default_run_stock_heats_fast_and_patched_never_holds_85(default_run):
 
 # ---- the sweep ---------------------------------------------------------------------
 
-SWEEP_PORTS = (18421, 18422)
-
 
 @pytest.fixture(scope="module")
 def sweep_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("sweep")
     sweep = yaml.safe_load((REPO / "config/examples/sim-sweep.yaml").read_text())
     cluster = sweep["clusters"]["sim-sweep"]
-    head, worker = SWEEP_PORTS
+    head, worker = free_ports(2)
     cluster["endpoint"] = f"http://127.0.0.1:{head}"
     for host in cluster["hosts"].values():
         host["server"]["start"] = host["server"]["start"].replace("18711", str(head)).replace("18712", str(worker))

@@ -21,7 +21,7 @@ import yaml
 
 from support.command_line import snakemake_command
 from support.paths import REPO
-from support.ports import free_port
+from support.ports import free_ports
 from thermab.load.validity import decode_measurable, decode_speed
 
 LEVELS = [1, 4, 16]
@@ -33,7 +33,7 @@ def levels_run(tmp_path_factory):
     example = yaml.safe_load((REPO / "config/examples/sim-levels.yaml").read_text())
     assert example["load"]["users"] == LEVELS
     cluster = example["clusters"]["sim-levels"]
-    head, worker = free_port(), free_port()
+    head, worker = free_ports(2)
     cluster["endpoint"] = f"http://127.0.0.1:{head}"
     for host in cluster["hosts"].values():
         host["server"]["start"] = host["server"]["start"].replace("18811", str(head)).replace("18812", str(worker))

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from support.paths import REPO
-from support.ports import free_port
+from support.ports import free_ports
 from thermab import layout
 from thermab.sim.vllm import batch_change_stall_probability
 
@@ -100,7 +100,7 @@ def overlay(head_port: int, worker_port: int) -> dict:
 
 
 def test_tune_never_chooses_a_stall_and_saves_most_of_the_spin(tmp_path):
-    (tmp_path / "tune.yaml").write_text(yaml.safe_dump(overlay(free_port(), free_port()), sort_keys=False))
+    (tmp_path / "tune.yaml").write_text(yaml.safe_dump(overlay(*free_ports(2)), sort_keys=False))
     env = {**os.environ, "PYTHONPATH": str(REPO / "workflow") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     result = subprocess.run(
         [sys.executable, "-m", "thermab", "tune", str(REPO / "config/config.yaml"), "tune.yaml"],

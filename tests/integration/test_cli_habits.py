@@ -13,7 +13,7 @@ import yaml
 import thermab
 from support.command_line import one_line_error, run_thermab
 from support.paths import REPO
-from support.ports import free_port
+from support.ports import free_ports
 from support.sim_runs import own_ports
 from support.study_chart import CHART
 from thermab.__main__ import COMMANDS
@@ -137,8 +137,8 @@ def test_check_config_checks_key_files_and_pinned_host_keys(raw, tmp_path):
 def test_check_config_hosts_reaches_the_simulated_cluster_changing_nothing(tmp_path):
     # the default cluster on a port of its own: a run of the default config elsewhere in the
     # suite may be serving the default's
-    port = free_port()
-    ports = write(tmp_path / "ports.yaml", {"clusters": own_ports(port)})
+    port, worker_port = free_ports(2)
+    ports = write(tmp_path / "ports.yaml", {"clusters": own_ports(port, worker_port)})
     result = run_thermab("check-config", REPO / "config" / "config.yaml", ports, "--hosts", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout

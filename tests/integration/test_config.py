@@ -136,6 +136,15 @@ def rename(mapping: dict, old: str, new) -> None:
     mapping.update(items)
 
 
+def twin_on_the_same_endpoint(c):
+    """A second cluster on nodes of its own whose server listens where the first's does."""
+    twin = copy.deepcopy(c["clusters"]["sim"])
+    for host in twin["hosts"].values():
+        host["root"] = host["root"].replace("/sim/sim/", "/sim/twin/")
+    twin["endpoint"] += "/v1"  # another path, the same address and port
+    c["clusters"]["twin"] = twin
+
+
 def env_method(c):
     c["setting"] = {"name": "VLLM_SPIN_S", "method": "env", "env_var": "VLLM_SPIN_S"}
 
@@ -250,6 +259,7 @@ BAD = [
     ("endpoint-space", lambda c: c["clusters"]["sim"].update(endpoint="http://h:1 x"), SIM + ".endpoint'"),
     ("endpoint-userinfo", lambda c: c["clusters"]["sim"].update(endpoint="http://u:p@h:1"), SIM + ".endpoint'"),
     ("endpoint-query", lambda c: c["clusters"]["sim"].update(endpoint="http://h:1/?q=1"), SIM + ".endpoint'"),
+    ("endpoint-of-another-cluster", twin_on_the_same_endpoint, "config key 'clusters.twin.endpoint': 127.0.0.1:"),
     # the env method must reach the server
     ("env-without-placeholder", env_method, HEAD + ".server.start'"),
     (

@@ -25,7 +25,7 @@ import yaml
 from support import power_trees
 from support.command_line import snakemake_command
 from support.paths import REPO
-from support.ports import free_port
+from support.ports import free_port, free_ports
 from thermab.config import HostSpec, cluster_spec, validate, view
 from thermab.experiment.discover.containers import Container, Mount, bind_mount_of
 from thermab.experiment.discover.errors import Question, UsageError
@@ -383,7 +383,7 @@ def test_two_servers_on_this_machine_are_a_question_and_the_endpoint_picks_one(t
     """Two real simulated-node servers here: without a choice, exit 2 naming both; with
     --endpoint, its port picks one, whose vllm no Python imports (the stand-in lies under the
     node's root), so nothing is written and the table says why (exit 1)."""
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     nodes = [tmp_path / f"node{i}" for i in (0, 1)]
     try:
         for node, port in zip(nodes, ports, strict=True):
@@ -491,7 +491,7 @@ def cluster(tmp_path_factory):
     directory = tmp_path_factory.mktemp("discover")
     engine = start_dockerd(directory / "docker")
     sshd = None
-    ports = {"vllm-head": free_port(), "vllm-idle": free_port(), "vllm-compose": free_port()}
+    ports = dict(zip(("vllm-head", "vllm-idle", "vllm-compose"), free_ports(3), strict=True))
     try:
         sshd = start_sshd(directory / "sshd", extra_config=f"SetEnv DOCKER_HOST={engine.host}")
         start_containers(engine, directory, ports)

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from scipy.stats import binomtest
 
-from support.ports import free_port
+from support.ports import free_port, free_ports
 from thermab.sim import cpu, node, restart, shm, thermal, tokens, vllm, zones
 from thermab.sim.shm import ShmQueue
 from thermab.telemetry.agent import CpuFrequency, ProcessCpu, ThermalZones
@@ -411,7 +411,7 @@ def running_cluster(tmp_path):
     head, worker = tmp_path / "head", tmp_path / "worker"
     node.create_node(head, "head")
     node.create_node(worker, "worker")
-    head_port, worker_port = free_port(), free_port()
+    head_port, worker_port = free_ports(2)
     try:
         start(worker, worker_port, "--model", "sim", "--role", "worker")
         start(

@@ -19,7 +19,7 @@ from support.command_line import snakemake_command
 from support.fleet import snakemake
 from support.paths import REPO
 from support.processes import processes_in, wait_until
-from support.sim_runs import CONFIGS, SHM
+from support.sim_runs import CONFIGS, SHM, ports_file
 from support.slurm import start_slurm
 
 PROFILE = REPO / "config/profiles/slurm"
@@ -104,10 +104,10 @@ def test_scancel_during_a_load_restores_every_host(slurm, tmp_path):
     job, SIGKILL 30 s later; the guardian restores within that grace."""
     workdir = tmp_path / "work"
     workdir.mkdir()
-    overrides = tmp_path / "ports.yaml"  # the e2e config on ports of its own
-    overrides.write_text(Path(CONFIGS[1]).read_text().replace("184", "192"))
     command = " ".join(
-        snakemake_command(workdir, "--profile", PROFILE, "all", configfiles=[CONFIGS[0], overrides], cores=None)
+        snakemake_command(
+            workdir, "--profile", PROFILE, "all", configfiles=[*CONFIGS, ports_file(tmp_path)], cores=None
+        )
     )
     submitted = slurm.run(
         "sbatch",

@@ -20,7 +20,7 @@ from support.ports import free_port
 from support.processes import processes_in
 from support.sshd import start_sshd
 from thermab.config import HostSpec, validate, view
-from thermab.experiment import check, preflight
+from thermab.experiment import check, lease, preflight
 from thermab.experiment.cluster import ClusterRun
 from thermab.experiment.patch import Patcher
 from thermab.hosts import clock
@@ -294,6 +294,8 @@ def test_a_preflight_over_ssh_leaves_known_hosts_as_it_was_and_records_offsets(s
     run_dir = tmp_path / "results/sim/AB"
     run = ClusterRun(config, "sim", "AB", run_dir, tmp_path, progress=lambda _m: None)
     report = preflight.preflight(run, run_dir / "preflight.json", run_dir / "run.json")
+    # the run ends here: the endpoint's lease lies outside tmp_path, as every run's does
+    assert lease.give_back(run.lease_sites, lease.run_id(run_dir)) == []
     for host in run.hosts:
         host.close()
     assert known.read_bytes() == before

@@ -31,6 +31,7 @@ import yaml
 
 from support.command_line import snakemake_command
 from support.paths import REPO
+from support.ports import free_port
 from support.processes import processes_in
 from support.real_vllm import server_processes, why_not_here, workdir_with_model
 from thermab import load_levels
@@ -41,7 +42,7 @@ SETTINGS = yaml.safe_load(CONFIG.read_text())
 LOAD = SETTINGS["load"]
 LEVELS = load_levels.parse(LOAD)  # a window at each after one restart per arm
 THINKING = next(level for level in LEVELS if level.kind == load_levels.THINK)
-PORT = int(SETTINGS["clusters"][CLUSTER]["endpoint"].rsplit(":", 1)[1])
+EXAMPLE_PORT = SETTINGS["clusters"][CLUSTER]["endpoint"].rsplit(":", 1)[1]
 VLLM_PATTERN = r"vllm\.entrypoints|VLLM::"  # the default pattern's other two alternatives
 SNAKEMAKE_TIMEOUT_S = 900
 
@@ -55,16 +56,24 @@ def _port_in_use(port: int) -> bool:
 def workdir(tmp_path_factory):
     if problem := why_not_here():
         pytest.skip(problem)
-    if _port_in_use(PORT):
-        pytest.skip(f"port {PORT} of {CONFIG.name} is taken (another server?): the tier would measure it")
     directory = workdir_with_model(tmp_path_factory.mktemp("vllm-cpu"))
     # the agent's files in this workdir, not in the config's shared /tmp/thermab-agent; the
     # pattern of vLLM's module and titles alone, as this server has them: the default's
     # `vllm serve` also matches thermab's simulated servers (discover finds them, by design),
-    # which the suite's other tests start on this machine
+    # which the suite's other tests start on this machine; the server on a free port, not
+    # the example's, so no other test's server is met there
+    port = str(free_port())
+    start = SETTINGS["clusters"][CLUSTER]["hosts"][HOST]["server"]["start"]
+    assert EXAMPLE_PORT in start, "the example's start names its endpoint's port"
+    start = start.replace(EXAMPLE_PORT, port)
     override = {
         "monitor": {"process_pattern": VLLM_PATTERN},
-        "clusters": {CLUSTER: {"hosts": {HOST: {"agent_dir": str(directory / "agent")}}}},
+        "clusters": {
+            CLUSTER: {
+                "endpoint": f"http://127.0.0.1:{port}",
+                "hosts": {HOST: {"agent_dir": str(directory / "agent"), "server": {"start": start}}},
+            }
+        },
     }
     (directory / "override.yaml").write_text(yaml.safe_dump(override))
     return directory
@@ -346,4 +355,5 @@ def test_no_server_or_helper_left_running(run_dir, workdir):
     assert processes_in(workdir) == []
     assert server_processes() == []
     assert not (workdir / ".thermab/vllm-cpu-server/server.pid").exists()
-    assert not _port_in_use(PORT)
+    endpoint = yaml.safe_load((workdir / "override.yaml").read_text())["clusters"][CLUSTER]["endpoint"]
+    assert not _port_in_use(int(endpoint.rsplit(":", 1)[1]))

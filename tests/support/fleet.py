@@ -12,6 +12,7 @@ import yaml
 
 from support.command_line import snakemake_command
 from support.paths import REPO
+from support.ports import free_ports
 
 SHORT = {
     "timings": {"baseline_s": 4, "load_s": 15, "cooldown_below_c": 60, "cooldown_max_s": 4, "startup_timeout_s": 60}
@@ -23,8 +24,10 @@ def short_fleet(directory: Path) -> Path:
     config = yaml.safe_load((REPO / "config/examples/sim-fleet.yaml").read_text())
     config.update(SHORT)
     text = yaml.safe_dump(config)
-    for old, new in (("185", "189"), ("186", "190")):  # 18511 -> 18911, 18611 -> 19011, ...
-        text = text.replace(f"{old}1", f"{new}1").replace(f"{old}2", f"{new}2")
+    # each cluster's head and worker, as the example numbers them, on free ports instead
+    for example, free in zip(("18511", "18512", "18611", "18612"), free_ports(4), strict=True):
+        assert example in text, f"config/examples/sim-fleet.yaml has no port {example} any more"
+        text = text.replace(example, str(free))
     path = directory / "short-fleet.yaml"
     path.write_text(text)
     return path

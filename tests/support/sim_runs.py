@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from support.paths import DATA, REPO
+from support.ports import free_ports
 from support.processes import processes_in
 
 # the default config with the tests' short timings over it (a --configfile replaces the default)
@@ -19,9 +21,9 @@ CONFIGS = [str(REPO / "config/config.yaml"), str(DATA / "e2e-config.yaml")]
 SHM = "usr/local/lib/python3.12/dist-packages/vllm/distributed/device_communicators/shm_broadcast.py"
 
 
-def own_ports(head_port: int) -> dict:
-    """The e2e cluster on ports of its own, so it never meets another run's servers."""
-    worker_port = head_port + 1
+def own_ports(head_port: int, worker_port: int) -> dict:
+    """The e2e cluster's overrides that put it on ports of its own (``ports.free_ports(2)``),
+    so it never meets another run's servers."""
     start = "{python} -m thermab.sim.vllm serve --node {root} --role %s --port %d --model sim-deepseek --detach"
     return {
         "sim": {
@@ -32,6 +34,16 @@ def own_ports(head_port: int) -> dict:
             },
         }
     }
+
+
+def ports_file(workdir: Path) -> str:
+    """A config file, merged after CONFIGS, that puts the working directory's cluster on free
+    ports of its own: made once, so every invocation in the directory (a rerun, a resume)
+    finds its servers where the first left them."""
+    path = workdir / "ports.yaml"
+    if not path.exists():
+        path.write_text(yaml.safe_dump({"clusters": own_ports(*free_ports(2))}))
+    return str(path)
 
 
 def events(run_dir: Path) -> list[dict]:

@@ -37,6 +37,7 @@ BRANCHES = {
     "thermab.experiment.preflight.PreflightError": StageFailed,
     "thermab.experiment.lease.LeaseError": StageFailed,
     "thermab.experiment.server.NotReady": StageFailed,
+    "thermab.experiment.server.EndpointTaken": StageFailed,
     "thermab.load.runner.LoadAborted": StageFailed,
 }
 

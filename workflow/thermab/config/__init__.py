@@ -17,7 +17,7 @@ naming the config key (or the file) at fault.
 
 The names below are the package's own: callers import them from ``thermab.config``."""
 
-from thermab.config.addresses import endpoint_problem, port_problem, redact_url
+from thermab.config.addresses import endpoint_address, endpoint_problem, port_problem, redact_url
 from thermab.config.check import MAX_EXTRA_BODY, extra_body_problem, load, order_problems, thresholds_problems, validate
 from thermab.config.model import (
     Arm,
@@ -68,6 +68,7 @@ __all__ = [
     "cluster_spec",
     "default_questions",
     "defaults",
+    "endpoint_address",
     "endpoint_problem",
     "extra_body_problem",
     "key_problem",

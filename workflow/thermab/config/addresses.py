@@ -72,6 +72,13 @@ def endpoint_problem(url: str) -> str | None:
     return None
 
 
+def endpoint_address(url: str) -> tuple[str, int]:
+    """The address and port an endpoint that ``endpoint_problem`` accepts is reached at (the
+    scheme's port where it names none)."""
+    parts = urlsplit(url)
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
 def host_root(workdir: Path, root: str) -> Path:
     """A host's root as written, absolute and normalised: a '..' is resolved by the text, so
     it cannot climb out unseen; a link (.thermab to a shared directory) stays where the user

@@ -15,6 +15,7 @@ from thermab.config.addresses import (
     _host_problems,
     _reaches,
     _wall_meter_problems,
+    endpoint_address,
     endpoint_problem,
     redact_url,
 )
@@ -109,6 +110,7 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
             "config key 'load.think_s': a think time belongs to a loop of users, and 'load.rate' makes the "
             "load an open loop whose arrivals are drawn; set one of them"
         )
+    served: dict[tuple[str, int], str] = {}  # each endpoint's address and port: the first cluster on it
     for name, cluster in config["clusters"].items():
         hosts = cluster["hosts"]
         if config["setting"]["method"] == "file":
@@ -131,6 +133,12 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
         if problem:
             problems.append(
                 f"config key 'clusters.{name}.endpoint': {_short(redact_url(cluster['endpoint']))!r} {problem}"
+            )
+        elif (first := served.setdefault(endpoint_address(cluster["endpoint"]), name)) != name:
+            address, port = endpoint_address(cluster["endpoint"])
+            problems.append(
+                f"config key 'clusters.{name}.endpoint': {address}:{port}, as cluster {first}'s: each run "
+                "holds its endpoint, so the two clusters' runs cannot go on side by side; give each a port of its own"
             )
         for host_name, host in hosts.items():
             _host_problems(f"clusters.{name}.hosts.{host_name}", host, workdir, problems)

@@ -5,7 +5,7 @@ effects that bring it up and put it back.
 resumed or extended (``--config repeats=5``) by a later Snakemake invocation.
 ``shutdown`` is what the last job, a failure, or the guardian does: restore every patched
 file (verified), stop or restart the server, stop the agents and pull their logs, give the
-hosts' leases back; no step can block the ones after it."""
+leases of the hosts and the endpoint back; no step can block the ones after it."""
 
 from __future__ import annotations
 
@@ -70,6 +70,12 @@ class ClusterRun:
     @property
     def head(self) -> Host:
         return next(h for h in self.hosts if h.name == self.cluster.head)
+
+    @cached_property
+    def lease_sites(self) -> list[lease.Site]:
+        """What the run holds while it runs (``lease``): each host, and the endpoint its
+        head's server listens on, which the run stops and starts as it does the head."""
+        return [*map(lease.host_site, self.hosts), lease.endpoint_site(self.head, self.cluster.endpoint)]
 
     def patcher(self, host: Host) -> Patcher:
         return Patcher(host, self.config.setting, self.files.patch_state(host.name))
@@ -153,7 +159,8 @@ class ClusterRun:
     def shutdown(self, reason: str, t: float | None = None, **where) -> list[str]:
         """Put every host back, in the order that matters: each patched file first, from its
         kept original bytes (nothing of the config is formatted or run for it), then the
-        servers, then the agents, then the leases of the hosts put back.  Every step runs
+        servers, then the agents, then the leases of the hosts put back (and the endpoint's
+        with its head).  Every step runs
         whatever happened to the one before; returns the problems met (empty when all went
         well)."""
         problems: list[str] = []
@@ -188,9 +195,11 @@ class ClusterRun:
         attempt("power off simulated nodes", self.power_off_simulated)
 
         def give_back() -> None:
-            # a host left patched stays held: no other run is let in before it is put back
-            put_back = [host for host in self.hosts if not self.patcher(host).is_patched]
-            problems.extend(lease.give_back(put_back, lease.run_id(self.run_dir, create=False)))
+            # a host left patched stays held, and the endpoint with its head: no other run is
+            # let in before it is put back
+            put_back = {host.name for host in self.hosts if not self.patcher(host).is_patched}
+            sites = [site for site in self.lease_sites if site.host.name in put_back]
+            problems.extend(lease.give_back(sites, lease.run_id(self.run_dir, create=False)))
 
         attempt("give the leases back", give_back)
         return problems

@@ -1,18 +1,24 @@
-"""A run's hold on its hosts: one lease per host, so that two runs never drive one host.
+"""A run's hold on its hosts and its server's endpoint: one lease per host and one on the
+endpoint, so that two runs never drive one host, nor restart each other's server on one port.
 
-A run takes the lease of every host at preflight, before anything changes on any host,
-takes it again as the same run in every job that brings hosts up (a Snakemake rerun, the
-next look of ``until: decided``, a retried phase), and gives it back wherever it puts its
-hosts back (``ClusterRun.shutdown``: the end of the run, a failed phase, an interrupt, the
-guardian, ``restore``).  A lease that outlives its run is broken on purpose only
-(``python -m thermab lease RUN_DIR --break``, ``lease_command``).
+A run takes every lease at preflight, before anything changes on any host, takes them again
+as the same run in every job that brings hosts up (a Snakemake rerun, the next look of
+``until: decided``, a retried phase), and gives them back wherever it puts its hosts back
+(``ClusterRun.shutdown``: the end of the run, a failed phase, an interrupt, the guardian,
+``restore``).  A lease that outlives its run is broken on purpose only (``python -m thermab
+lease RUN_DIR --break``, ``lease_command``).
 
-On the host the lease is a directory made with mkdir, which of two runs only one makes, at
-LEASE for every run (under the host's root where it has one, as its other files): no
-setting of a run moves it where another run would not look.  Its ``holder`` file says who
-holds it (user, controller host, since when, run directory and id, the controller's pid);
-an empty file named after the run id lets the run find its own lease again and give it back
-in one command.  The run id is made once per run directory (its ``run-id`` file)."""
+A lease is a directory made with mkdir, which of two runs only one makes.  A host's lies at
+LEASE for every run (under the host's root where it has one, as its other files); the
+endpoint's on the head host itself, never under a root (a port belongs to the machine, which
+simulated nodes under their roots share), at ENDPOINT_LEASE with the address and port the
+config gives the endpoint: no setting of a run moves either where another run would not look.
+Its ``holder`` file says who holds it (user, controller host, since when, run directory and
+id, the controller's pid); an empty file named after the run id lets the run find its own
+lease again and give it back in one command.  The run id is made once per run directory (its
+``run-id`` file).  What answers on the endpoint without a lease (a server started by hand)
+is no lease's to find: the run meets it where it starts its servers
+(``server.restart_servers``)."""
 
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from thermab.config import read_bounded
+from thermab.config import endpoint_address, read_bounded
 from thermab.errors import HostError, StageFailed, UserError
 from thermab.experiment import controller
 from thermab.hosts.host import Host
@@ -40,14 +46,15 @@ from thermab.hosts.transport import TransportError
 from thermab.layout import RunDir
 
 LEASE = "/tmp/thermab-lease"  # world-writable on every host, so any user's run meets any other's
+ENDPOINT_LEASE = "/tmp/thermab-lease-endpoint-"  # + address:port; beside LEASE, in a directory every user can write
 HOLDER_BYTES = 4096  # a holder record thermab writes is a few hundred bytes
 RUN_ID = re.compile(r"[0-9a-f]{16}")
 HOLDER_FIELDS = {"user": str, "controller": str, "since": str, "run_dir": str, "run_id": str, "pid": int}
 
 
 class LeaseError(StageFailed):
-    """A host is held by another run, or its lease is damaged; the message, one line, names
-    each host, its holder and the command that breaks the lease."""
+    """A host or the endpoint is held by another run, or its lease is damaged; the message,
+    one line, names each host and endpoint, its holder and the command that breaks the lease."""
 
 
 @dataclass(frozen=True)
@@ -92,13 +99,41 @@ def parse_holder(data: bytes) -> Holder | str:
 
 
 @dataclass(frozen=True)
-class Lease:
-    """A host's lease as found: free, held (``holder``), or damaged (``damage`` says how)."""
+class Site:
+    """Where one lease lies and what it holds: ``host`` is the host whose shell reaches
+    ``path``; ``endpoint`` the address:port it holds, where it holds the endpoint, not the host."""
 
-    host: str
+    host: Host
     path: str
+    endpoint: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"endpoint {self.endpoint}" if self.endpoint else self.host.name
+
+
+def host_site(host: Host) -> Site:
+    return Site(host, host.path(LEASE))
+
+
+def endpoint_site(head: Host, endpoint: str) -> Site:
+    """The lease of the address and port the head's server listens on (``endpoint``, the
+    cluster's URL), kept on the head host itself."""
+    address, port = endpoint_address(endpoint)
+    return Site(head, f"{ENDPOINT_LEASE}{address}:{port}", f"{address}:{port}")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease as found: free, held (``holder``), or damaged (``damage`` says how)."""
+
+    site: Site
     holder: Holder | None = None
     damage: str | None = None
+
+    @property
+    def path(self) -> str:
+        return self.site.path
 
     @property
     def free(self) -> bool:
@@ -143,10 +178,6 @@ def holder_for(run_dir: Path, controller_pid: int | None = None) -> Holder:
     )
 
 
-def lease_path(host: Host) -> str:
-    return host.path(LEASE)
-
-
 # What the directory at $d holds, as the first line of the answer; the holder's bytes follow
 # in base64.  `[ -f ]` first: a FIFO or a directory where the holder should be is not read.
 _DESCRIBE = (
@@ -163,26 +194,25 @@ _DAMAGE = {
 }
 
 
-def _found(host: Host, path: str, answer: list[str]) -> Lease:
+def _found(site: Site, answer: list[str]) -> Lease:
     state = answer[0] if answer else ""
     if state == "free":
-        return Lease(host.name, path)
+        return Lease(site)
     if state in _DAMAGE:
-        return Lease(host.name, path, damage=_DAMAGE[state])
+        return Lease(site, damage=_DAMAGE[state])
     if state != "holder":
-        raise TransportError(host.name, f"unexpected answer about the lease at {path}: {state[:80]!r}")
+        raise TransportError(site.host.name, f"unexpected answer about the lease at {site.path}: {state[:80]!r}")
     data = base64.b64decode("".join(answer[1:]))
     if len(data) > HOLDER_BYTES:
-        return Lease(host.name, path, damage=f"its holder record is over {HOLDER_BYTES} bytes")
+        return Lease(site, damage=f"its holder record is over {HOLDER_BYTES} bytes")
     holder = parse_holder(data)
-    return Lease(host.name, path, damage=holder) if isinstance(holder, str) else Lease(host.name, path, holder)
+    return Lease(site, damage=holder) if isinstance(holder, str) else Lease(site, holder)
 
 
-def _on_host(host: Host, script: str, input: str | None = None):
-    """Run ``script`` on the host itself (never in its container: the lease is the host's)
-    with ``$d`` the lease's directory; the lease's path and the result."""
-    path = lease_path(host)
-    return path, host.run(f"d={shlex.quote(path)}; {script}", check=False, input=input)
+def _on_site(site: Site, script: str, input: str | None = None):
+    """Run ``script`` on the site's host itself (never in its container: the lease is the
+    host's) with ``$d`` the lease's directory."""
+    return site.host.run(f"d={shlex.quote(site.path)}; {script}", check=False, input=input)
 
 
 # the holder record, base64 on stdin, written into $d whole: a reader finds the old or the new
@@ -193,14 +223,14 @@ def _record(holder: Holder) -> str:
     return base64.b64encode(json.dumps(dataclasses.asdict(holder)).encode()).decode()
 
 
-def take(host: Host, mine: Holder) -> tuple[str, Lease]:
-    """Take the host's lease for ``mine``'s run: ('taken', the lease), ('again', …) where the
+def take(site: Site, mine: Holder) -> tuple[str, Lease]:
+    """Take the site's lease for ``mine``'s run: ('taken', the lease), ('again', …) where the
     run holds it already (its holder brought up to date), or ('held', what holds it).
     Nothing is read before the take: mkdir makes the lease or finds it made."""
     marker = shlex.quote(f"run-{mine.run_id}")
-    parent = shlex.quote(posixpath.dirname(lease_path(host)))
-    path, result = _on_host(
-        host,
+    parent = shlex.quote(posixpath.dirname(site.path))
+    result = _on_site(
+        site,
         f"mkdir -p -- {parent}; "
         f'if made=$(mkdir -- "$d" 2>&1); then : > "$d"/{marker} && {_WRITE_HOLDER} && echo taken; '
         f'elif [ -d "$d" ] && ! [ -L "$d" ] && [ -f "$d"/{marker} ]; then echo again; {_DESCRIBE}; '
@@ -210,39 +240,38 @@ def take(host: Host, mine: Holder) -> tuple[str, Lease]:
     )
     answer = result.stdout.splitlines()
     if not result.ok or not answer:
-        raise TransportError(host.name, f"cannot take the lease at {path}: {result.stderr.strip()[-200:]}")
+        raise TransportError(site.host.name, f"cannot take the lease at {site.path}: {result.stderr.strip()[-200:]}")
     if answer[0] == "taken":
-        return "taken", Lease(host.name, path, mine)
-    found = _found(host, path, answer[1:])
+        return "taken", Lease(site, mine)
+    found = _found(site, answer[1:])
     if answer[0] == "held":
         return "held", found
     if found.holder is None or (found.holder.controller, found.holder.pid) != (mine.controller, mine.pid):
         # a later invocation of the run: its record names the controller now running it
         kept = dataclasses.replace(mine, since=found.holder.since) if found.holder else mine
-        _on_host(host, f'[ -f "$d"/{marker} ] && {_WRITE_HOLDER}', input=_record(kept))
-        found = Lease(host.name, path, kept)
+        _on_site(site, f'[ -f "$d"/{marker} ] && {_WRITE_HOLDER}', input=_record(kept))
+        found = Lease(site, kept)
     return "again", found
 
 
-def read(host: Host) -> Lease:
-    """The host's lease as it is, changing nothing."""
-    path, result = _on_host(host, _DESCRIBE)
-    return _found(host, path, result.stdout.splitlines())
+def read(site: Site) -> Lease:
+    """The site's lease as it is, changing nothing."""
+    return _found(site, _on_site(site, _DESCRIBE).stdout.splitlines())
 
 
-def release(host: Host, run: str) -> None:
-    """Give back the host's lease if run ``run`` holds it; another run's is left alone."""
-    _, result = _on_host(host, f'if [ -f "$d"/{shlex.quote("run-" + run)} ]; then rm -rf -- "$d"; fi')
+def release(site: Site, run: str) -> None:
+    """Give back the site's lease if run ``run`` holds it; another run's is left alone."""
+    result = _on_site(site, f'if [ -f "$d"/{shlex.quote("run-" + run)} ]; then rm -rf -- "$d"; fi')
     if not result.ok:
-        raise TransportError(host.name, f"cannot give back the lease at {lease_path(host)}: {result.stderr.strip()}")
+        raise TransportError(site.host.name, f"cannot give back the lease at {site.path}: {result.stderr.strip()}")
 
 
-def break_lease(host: Host) -> Lease:
-    """Break the host's lease, whoever holds it; returns what it was."""
-    path, result = _on_host(host, f'{_DESCRIBE}; rm -rf -- "$d"')
-    found = _found(host, path, result.stdout.splitlines())
+def break_lease(site: Site) -> Lease:
+    """Break the site's lease, whoever holds it; returns what it was."""
+    result = _on_site(site, f'{_DESCRIBE}; rm -rf -- "$d"')
+    found = _found(site, result.stdout.splitlines())
     if not result.ok:
-        raise TransportError(host.name, f"cannot break the lease at {path}: {result.stderr.strip()[-200:]}")
+        raise TransportError(site.host.name, f"cannot break the lease at {site.path}: {result.stderr.strip()[-200:]}")
     return found
 
 
@@ -251,36 +280,51 @@ def break_command(run_dir: Path) -> str:
 
 
 def refusal(refused: list[Lease], run_dir: Path) -> str:
-    """One line: each host refused, with its holder (hosts one run holds named together) or
-    its damage, and the command that breaks the leases."""
-    by_holder: dict[str, list[str]] = {}
+    """One line: each host and endpoint refused, with its holder (what one run holds named
+    together) or its damage, and the command that breaks the leases."""
+    by_holder: dict[str, list[Site]] = {}
     for lease in refused:
-        by_holder.setdefault(lease.describe(), []).append(lease.host)
-    parts = [f"{'hosts' if len(hosts) > 1 else 'host'} {', '.join(hosts)}: {what}" for what, hosts in by_holder.items()]
+        by_holder.setdefault(lease.describe(), []).append(lease.site)
+    parts = []
+    for what, sites in by_holder.items():
+        hosts = [site.name for site in sites if not site.endpoint]
+        named = [f"{'hosts' if len(hosts) > 1 else 'host'} {', '.join(hosts)}"] if hosts else []
+        parts.append(f"{', '.join(named + [site.name for site in sites if site.endpoint])}: {what}")
     return (
         f"refused: {'; '.join(parts)}; nothing was changed; `{break_command(run_dir)}` breaks "
-        "the lease once no run is using the host"
+        "the leases once no run is using what they hold"
     )
 
 
-def take_all(hosts: list[Host], run_dir: Path, controller_pid: int | None = None) -> tuple[list[Host], dict[str, str]]:
-    """Every host's lease for this run, side by side (unreachable hosts wait out their
-    timeouts together).  Returns the hosts whose lease this call took (not those the run held
-    already) and, by name, the hosts not reached with why.  Where another run holds a host
-    or its lease is damaged, gives back what it took and raises LeaseError, nothing changed."""
+def take_all(sites: list[Site], run_dir: Path, controller_pid: int | None = None) -> tuple[list[Site], dict[str, str]]:
+    """Every site's lease for this run, host beside host (unreachable hosts wait out their
+    timeouts together), one host's sites one after the other on its one connection.  Returns
+    the sites whose lease this call took (not those the run held already) and, by host name,
+    the hosts not reached with why.  Where another run holds a site or its lease is damaged,
+    gives back what it took and raises LeaseError, nothing changed."""
     mine = holder_for(run_dir, controller_pid)
+    by_host: dict[Host, list[Site]] = {}
+    for site in sites:
+        by_host.setdefault(site.host, []).append(site)
 
-    def attempt(host: Host) -> tuple[str, Lease] | TransportError:
-        try:
-            return take(host, mine)
-        except TransportError as error:
-            return error
+    def attempt(of_host: list[Site]) -> list[tuple[str, Lease] | TransportError]:
+        outcomes: list[tuple[str, Lease] | TransportError] = []
+        for site in of_host:
+            try:
+                outcomes.append(take(site, mine))
+            except TransportError as error:
+                return outcomes + [error] * (len(of_host) - len(outcomes))  # not reached: tried once
+        return outcomes
 
-    with ThreadPoolExecutor(len(hosts)) as pool:
-        outcomes = dict(zip(hosts, pool.map(attempt, hosts), strict=True))
-    unreached = {host.name: str(got) for host, got in outcomes.items() if isinstance(got, TransportError)}
-    found = {host: got for host, got in outcomes.items() if not isinstance(got, TransportError)}
-    taken = [host for host, (outcome, _) in found.items() if outcome == "taken"]
+    with ThreadPoolExecutor(len(by_host)) as pool:
+        outcomes = {
+            site: outcome
+            for of_host, taken_there in zip(by_host.values(), pool.map(attempt, by_host.values()), strict=True)
+            for site, outcome in zip(of_host, taken_there, strict=True)
+        }
+    unreached = {site.host.name: str(got) for site, got in outcomes.items() if isinstance(got, TransportError)}
+    found = {site: got for site, got in outcomes.items() if not isinstance(got, TransportError)}
+    taken = [site for site, (outcome, _) in found.items() if outcome == "taken"]
     refused = [lease for outcome, lease in found.values() if outcome == "held"]
     if refused:
         give_back(taken, mine.run_id)
@@ -288,22 +332,22 @@ def take_all(hosts: list[Host], run_dir: Path, controller_pid: int | None = None
     return taken, unreached
 
 
-def hold(hosts: list[Host], run_dir: Path) -> None:
-    """Every host's lease held by this run (taken, or held already) before a job changes
-    anything; a host not reached or held by another run stops the job, nothing changed."""
-    taken, unreached = take_all(hosts, run_dir)
+def hold(sites: list[Site], run_dir: Path) -> None:
+    """Every site's lease held by this run (taken, or held already) before a job changes
+    anything; a host not reached or a site held by another run stops the job, nothing changed."""
+    taken, unreached = take_all(sites, run_dir)
     if unreached:
         give_back(taken, run_id(run_dir))
         raise HostError("; ".join(unreached.values()))
 
 
-def give_back(hosts: Iterable[Host], run: str | None) -> list[str]:
-    """Release each host's lease that run ``run`` holds (none where the run has no id);
-    returns the problems met, every host tried."""
+def give_back(sites: Iterable[Site], run: str | None) -> list[str]:
+    """Release each site's lease that run ``run`` holds (none where the run has no id);
+    returns the problems met, every site tried."""
     problems = []
-    for host in hosts if run else ():
+    for site in sites if run else ():
         try:
-            release(host, run)
+            release(site, run)
         except TransportError as error:
             problems.append(str(error))
     return problems

@@ -21,7 +21,7 @@ def bring_up(run: ClusterRun) -> None:
     changed), then a guardian watching this Snakemake, then hardware and agents: from here
     on, whatever happens is cleaned up."""
     run.write_session()
-    lease.hold(run.hosts, run.run_dir)
+    lease.hold(run.lease_sites, run.run_dir)
     guardian.ensure(run.run_dir)
     run.ensure_up()
 

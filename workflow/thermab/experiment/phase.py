@@ -86,8 +86,7 @@ def _restart(run: ClusterRun, rep: int, arm: str) -> str:
         env = {setting.env_var: value}
         run.event("patch_applied", rep=rep, arm=arm, detail={"env": env})
     run.event("restart_start", rep=rep, arm=arm)
-    server.stop_servers(run.hosts)
-    server.start_servers(run.hosts, env)
+    server.restart_servers(run.hosts, run.cluster, env)
     return server.wait_ready(run.cluster.endpoint, run.config.timings.startup_timeout_s, progress=run.progress)
 
 

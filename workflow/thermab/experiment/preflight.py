@@ -227,11 +227,11 @@ def inspect(
 
 
 def preflight(run: ClusterRun, out_path: Path, run_json: Path, invocation: dict | None = None) -> Preflight:
-    """Take every host's lease, then check every host before anything changes; raise naming
-    each host and cause.
+    """Take every host's lease and the endpoint's, then check every host before anything
+    changes; raise naming each host and cause.
 
-    The leases come first, all of them: a host another run holds (or whose lease is
-    damaged) stops the run there, in one line naming the holder, and no host is changed
+    The leases come first, all of them: a host or the endpoint another run holds (or whose
+    lease is damaged) stops the run there, in one line naming the holder, and no host is changed
     (``lease.take_all`` gives back those it took).  A preflight that fails gives back the
     leases it took.  Preflight patches nothing and starts nothing (it only builds a
     simulated node's files and puts back what a dead run left patched), so no guardian
@@ -240,7 +240,7 @@ def preflight(run: ClusterRun, out_path: Path, run_json: Path, invocation: dict 
     (``monitor.bring_up``).  ``invocation``: how Snakemake was started (``plan.invocation``),
     recorded in run.json."""
     run.write_session()
-    taken, unreached = lease.take_all(run.hosts, run.run_dir)
+    taken, unreached = lease.take_all(run.lease_sites, run.run_dir)
     try:
         return _checked(run, out_path, run_json, unreached, invocation or {})
     except BaseException:
