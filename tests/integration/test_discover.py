@@ -28,13 +28,13 @@ from support.paths import REPO
 from support.ports import free_port, free_ports
 from thermab.config import HostSpec, cluster_spec, validate, view
 from thermab.experiment.discover.containers import Container, Mount, bind_mount_of
-from thermab.experiment.discover.errors import Question, UsageError
 from thermab.experiment.discover.facts import summarize_agent
+from thermab.experiment.discover.host_setting import current_value, file_in_vllm, load_setting
 from thermab.experiment.discover.presets import Place, choose_preset, process_regex, replayed_env
 from thermab.experiment.discover.proc import Process, is_server, parse_processes, systemd_service
+from thermab.experiment.discover.refusals import Question, UsageError
 from thermab.experiment.discover.render import CLUSTER, HostPlan, build_config, render_yaml
 from thermab.experiment.discover.servers import Server, choose_server, servers_of
-from thermab.experiment.discover.setting import current_value, file_in_vllm, load_setting
 from thermab.experiment.discover.targets import Target, parse_containers, parse_target
 from thermab.hosts.host import Host
 from thermab.hosts.transport import LocalTransport

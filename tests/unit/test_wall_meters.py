@@ -13,7 +13,7 @@ import pytest
 from thermab.analysis import energy, wall_gaps
 from thermab.config import ConfigError, load
 from thermab.report import evidence
-from thermab.sim import node, plug, power as sim_power
+from thermab.sim import node, plug, power_meters as sim_power
 from thermab.telemetry import ingest, power, wall_meters, wall_poll
 from thermab.telemetry.wall_meters import Meter, MeterError, Reading
 

@@ -15,7 +15,7 @@ COMMANDS = {
     "plan": "thermab.report.plan_command",
     "import-chart": "thermab.analysis.chart_import",
     "load": "thermab.load.runner",
-    "check-config": "thermab.experiment.check",
+    "check-config": "thermab.experiment.check_config",
     "status": "thermab.report.status",
     "restore": "thermab.experiment.restore",
     "lease": "thermab.experiment.lease_command",

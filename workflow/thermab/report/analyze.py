@@ -22,7 +22,7 @@ from thermab import atomic, cli, metric_names
 from thermab.analysis import (
     TABLES,
     energy,
-    latency,
+    latency_table,
     levels,
     load_validity,
     metrics,
@@ -94,8 +94,8 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
             energy.wall_meter_records(read_preflight(RunDir(run.path).preflight)),
         ),
         "speed": speed.phase_speed(run.telemetry, windows, run.plan.head),
-        "latency": latency.latency_table(
-            run.requests, windows, latency.sketches(read_latency(run.path), run.requests), run.plan.get("slo")
+        "latency": latency_table.latency_table(
+            run.requests, windows, latency_table.sketches(read_latency(run.path), run.requests), run.plan.get("slo")
         ),
     }
     # energy.csv keeps docs/design.md's columns exactly; a short phase's energy rows are
@@ -135,7 +135,7 @@ def _run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
                 wakeup.phase_metrics(run.requests),
                 rest.rest_metrics(run.telemetry, run.events, ordered_hosts(config), config.timeline_zone),
                 speed.phase_metrics(tables["speed"]),
-                latency.phase_metrics(tables["latency"]),
+                latency_table.phase_metrics(tables["latency"]),
             ],
             ignore_index=True,
         ),

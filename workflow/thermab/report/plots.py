@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib import ticker  # noqa: E402 (formatters only: the backend is headless's)
 from plotly.subplots import make_subplots  # noqa: E402
 
 from thermab import (
@@ -34,7 +33,7 @@ from thermab.analysis import energy, levels  # noqa: E402
 from thermab.analysis.load_validity import is_short  # noqa: E402
 from thermab.analysis.model import Analysis, Plan, RunData, ordered_hosts  # noqa: E402
 from thermab.analysis.questions import decisive_bounds  # noqa: E402
-from thermab.headless import plt  # noqa: E402 (the Agg backend, literal text)
+from thermab.headless import plt, ticker  # noqa: E402 (the Agg backend, literal text)
 from thermab.layout import RunDir  # noqa: E402
 from thermab.load import latency  # noqa: E402
 from thermab.load.validity import bursts  # noqa: E402

@@ -51,7 +51,7 @@ from pathlib import Path
 
 from thermab import cli
 from thermab.errors import HostError
-from thermab.sim import power
+from thermab.sim import power_meters
 from thermab.sim.zones import SOC_ZONE
 
 ROLES = ("head", "worker")
@@ -205,7 +205,7 @@ def create_node(
         _write_missing(directory / "scaling_cur_freq", "%d\n" % khz)
         if cpu in performance:
             _write_missing(directory / "cpuinfo_avg_freq", "%d\n" % khz)
-    power.create_tree(root, _write_missing)
+    power_meters.create_tree(root, _write_missing)
 
     settings = {
         "role": role,
@@ -218,7 +218,7 @@ def create_node(
         "placement": {key: CALIBRATION["placement"][key] for key in ("cluster1_share", "dwell_s")},
         "lost_wakeup": lost_wakeup,
         "restart_variance": restart_variance,
-        "power": power.power_model(role),
+        "power": power_meters.power_model(role),
     }
     write_atomic(root / "sim.json", json.dumps(settings, indent=1) + "\n")
 

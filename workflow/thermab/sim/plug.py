@@ -5,7 +5,7 @@ that the controller reads the node at the wall as it reads a real plug
 ``GET /rpc/Switch.GetStatus?id=0`` answers as a Shelly Plus Plug S does: ``apower`` (W, to
 0.1 W) and ``aenergy.total`` (Wh, to 1 mWh, counted from the daemon's start).  The reading
 is the node's modelled power through its power supply plus a fixed base
-(:data:`thermab.sim.power.PSU_EFFICIENCY`, :data:`~thermab.sim.power.WALL_BASE_W`), which
+(:data:`thermab.sim.power_meters.PSU_EFFICIENCY`, :data:`~thermab.sim.power_meters.WALL_BASE_W`), which
 the thermal daemon's power meter keeps.  The server runs on a thread of the thermal daemon,
 on a free port of 127.0.0.1, whose URL it writes to ``ROOT/run/plug.url``, where the
 controller's poller finds it."""
@@ -38,7 +38,7 @@ def switch_status(channel: int, watts: float, energy_wh: float) -> dict:
 
 def serve(root: Path, meter) -> ThreadingHTTPServer:
     """Start the plug of the node at ``root`` on a daemon thread; ``meter`` is its
-    thermab.sim.power.PowerMeter (``wall_w``, ``wall_wh``)."""
+    thermab.sim.power_meters.PowerMeter (``wall_w``, ``wall_wh``)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):

@@ -27,7 +27,7 @@ Cpufreq files get ``performance_khz`` on ``performance_policies`` and ``efficien
 elsewhere, ± ``jitter_khz``.  The daemon also removes the /proc views of processes that
 are gone (:func:`thermab.sim.node.prune`).
 
-The same inputs drive the node's power counters and meter (:mod:`thermab.sim.power`), and
+The same inputs drive the node's power counters and meter (:mod:`thermab.sim.power_meters`), and
 its smart plug at the wall (:mod:`thermab.sim.plug`).
 
 The zone parameters are the fit of the study's chart data (:mod:`thermab.sim.fit`), in the
@@ -44,7 +44,7 @@ import sys
 import time
 from pathlib import Path
 
-from thermab.sim import node, plug, power, zones
+from thermab.sim import node, plug, power_meters, zones
 from thermab.telemetry.agent import ProcessCpu
 
 STATUS_EVERY_S = 10.0
@@ -151,7 +151,7 @@ def run(root: Path) -> None:
     node_load = NodeLoad(settings["cores"])
     gpu = GpuBusy(root)
     states = zones.initial_states(zone_params, read_temps(root, zone_params))
-    meter = power.PowerMeter(root, settings["power"], node.write_atomic)
+    meter = power_meters.PowerMeter(root, settings["power"], node.write_atomic)
     meter.start()
     plug.serve(root, meter)  # the node's smart plug reads the same power at the wall
     last = last_status = time.monotonic()

@@ -18,7 +18,7 @@ line (``vllm`` and ``--node ROOT``, which is how the agent and the thermal model
 node's processes):
 
 - API server: ``GET /health``, ``/v1/models``, ``/version``, ``/metrics`` (vLLM's metric
-  names in Prometheus text, :mod:`thermab.sim.metrics`), ``POST /v1/chat/completions`` and
+  names in Prometheus text, :mod:`thermab.sim.prometheus`), ``POST /v1/chat/completions`` and
   ``/v1/completions`` (text or token-id prompt; streaming SSE or not; ``max_tokens``,
   ``ignore_eos``, ``stream_options.include_usage``; unknown keys such as
   ``reasoning_effort`` are accepted and ignored), ``/tokenize`` and ``/detokenize``
@@ -102,7 +102,7 @@ from pathlib import Path
 
 from thermab.sim import node, restart, tokens
 from thermab.sim.cpu import Account, Thread
-from thermab.sim.metrics import CONTENT_TYPE, ServerMetrics
+from thermab.sim.prometheus import CONTENT_TYPE, ServerMetrics
 from thermab.sim.shm import ShmQueue, stall_probability
 
 MODULE = "thermab.sim.vllm"  # what python -m runs

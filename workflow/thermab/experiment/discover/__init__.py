@@ -12,10 +12,10 @@
 - ``cli``: the command, its exit status and the survey of every host.
 """
 
-from thermab.experiment.discover.cli import main
-from thermab.experiment.discover.errors import Question, UsageError
+from thermab.experiment.discover.command import main
 from thermab.experiment.discover.facts import summarize_agent
 from thermab.experiment.discover.probe import PROCESS_PATTERN
+from thermab.experiment.discover.refusals import Question, UsageError
 from thermab.experiment.discover.targets import parse_target
 
 __all__ = ["PROCESS_PATTERN", "Question", "UsageError", "main", "parse_target", "summarize_agent"]

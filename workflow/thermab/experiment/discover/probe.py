@@ -14,10 +14,10 @@ from thermab.experiment import server as server_api
 from thermab.experiment.cluster import clock_offsets
 from thermab.experiment.discover.containers import Container, parse_inspect
 from thermab.experiment.discover.facts import Fact, summarize_agent, why
+from thermab.experiment.discover.host_setting import current_value, file_in_vllm
 from thermab.experiment.discover.proc import PROCESS_SCAN, option, parse_processes, systemd_service
 from thermab.experiment.discover.render import CLUSTER
 from thermab.experiment.discover.servers import Server, servers_of
-from thermab.experiment.discover.setting import current_value, file_in_vllm
 from thermab.experiment.discover.targets import Target
 from thermab.experiment.patch import PatchError, anchor_count
 from thermab.hosts.host import Host

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import yaml
 
 from thermab import config as thermab_config
-from thermab.experiment.discover.errors import Question
+from thermab.experiment.discover.host_setting import file_in_vllm
 from thermab.experiment.discover.presets import Preset
-from thermab.experiment.discover.setting import file_in_vllm
+from thermab.experiment.discover.refusals import Question
 from thermab.experiment.discover.targets import Target
 
 CLUSTER = "discovered"

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from thermab.experiment.discover.containers import Container
-from thermab.experiment.discover.errors import Question
 from thermab.experiment.discover.proc import Process, ancestors, is_server, option
+from thermab.experiment.discover.refusals import Question
 
 VLLM_DEFAULT_PORT = 8000
 

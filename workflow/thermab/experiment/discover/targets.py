@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from thermab.config import port_problem, redact_url
-from thermab.experiment.discover.errors import UsageError
+from thermab.experiment.discover.refusals import UsageError
 
 
 @dataclass(frozen=True)

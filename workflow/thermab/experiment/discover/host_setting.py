@@ -12,7 +12,7 @@ import yaml
 
 from thermab import config as thermab_config
 from thermab.config import ConfigError
-from thermab.experiment.discover.errors import UsageError
+from thermab.experiment.discover.refusals import UsageError
 from thermab.experiment.patch import anchor_matches, original_value
 
 # the study's setting and arms, shipped with the package so an installed thermab needs no

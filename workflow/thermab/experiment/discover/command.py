@@ -33,13 +33,13 @@ from pathlib import Path
 
 from thermab import cli, config as thermab_config
 from thermab.config import endpoint_problem, redact_url
-from thermab.experiment.discover.errors import Question, UsageError
 from thermab.experiment.discover.facts import render_table
+from thermab.experiment.discover.host_setting import load_setting
 from thermab.experiment.discover.presets import Place, choose_preset, replayed_env
 from thermab.experiment.discover.probe import HostProbe, check_endpoint, host_spec
+from thermab.experiment.discover.refusals import Question, UsageError
 from thermab.experiment.discover.render import CLUSTER, HostPlan, build_config, render_yaml
 from thermab.experiment.discover.servers import Server, choose_server, pick_head
-from thermab.experiment.discover.setting import load_setting
 from thermab.experiment.discover.targets import check_jump, parse_containers, parse_target
 from thermab.hosts.host import Host
 from thermab.hosts.transport import TransportError
