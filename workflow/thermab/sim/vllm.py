@@ -194,17 +194,19 @@ def become_child(name: str) -> None:
 class Gpu:
     """The emulated GPU of a node.  A step takes its duration in wall time and no CPU here.
     While the batch runs on, a step is due one step time after the previous one was due
-    (plus the host path the batch does not hide), and ends then, or as soon as it is
-    launched if the host was later than that: vLLM schedules the next step while the GPU
-    runs the current one, so host work hides behind the GPU's.  A host that lags up to
-    ``HOST_LAG_S`` behind the schedule is this loaded machine, not a GB10, whose GPU would
-    have stayed busy on time: the schedule goes on, and the steps after the lag end as soon
-    as they are launched until they are due again, so this machine's load moves neither the
-    cadence nor the GPU's busy share (only a host slower than the step on average sets the
-    cadence).  A longer gap (a stream waiting out a lost wake-up) is the GPU idling, and the
-    schedule starts again from the launch.  Busy time adds up in run/gpu_busy_s, which the
-    thermal model differentiates, and keeps the node's GPU-waiting threads busy
-    (``GPU_WAIT_THREADS``, accounted in GB10 cores)."""
+    (plus the host path the batch does not hide), and ends then, or, if this machine
+    launched it later than that, the exposed host path after its launch: vLLM schedules the
+    next step while the GPU runs the current one, so host work hides behind the GPU's.  A
+    host that lags up to ``HOST_LAG_S`` behind the schedule is this loaded machine, not a
+    GB10, whose GPU would have stayed busy on time: the schedule goes on, and the steps
+    after the lag end that soon after their launch until they are due again, so this
+    machine's load moves neither the cadence nor the GPU's busy share (only a host slower
+    than the step on average sets the cadence), and the exposed host path is paid in every
+    step, lag or not: a lag is caught up by the same steps whatever the spin, never by
+    leaving out a wake-up.  A longer gap (a stream waiting out a lost wake-up) is the GPU
+    idling, and the schedule starts again from the launch.  Busy time adds up in
+    run/gpu_busy_s, which the thermal model differentiates, and keeps the node's
+    GPU-waiting threads busy (``GPU_WAIT_THREADS``, accounted in GB10 cores)."""
 
     def __init__(self, root: Path, account: Account):
         self.path = node.run_dir(root) / "gpu_busy_s"
@@ -244,14 +246,22 @@ def scheduled_step(
 ) -> tuple[float, float, float]:
     """(when it ends, when it was due, GPU busy seconds) of a step of a batch that runs on,
     the previous step due at ``due_at`` and ended at ``finished_at``: due one step (plus the
-    exposed host path) after the previous one was due, it ends then or at its launch if that
-    was later.  Up to ``HOST_LAG_S`` late the schedule goes on, so the steps after a lag
-    catch up; later, the GPU idled and the schedule starts again from the launch."""
-    started_at = due_at + exposed_s
-    due = started_at + duration_s
-    finished = max(due, launched_at)
+    exposed host path) after the previous one was due, it ends then or the exposed host
+    path after its launch if that was later.  Up to ``HOST_LAG_S`` late the schedule goes
+    on, so the steps after a lag catch up; later, the GPU idled and the schedule starts
+    again from the launch.
+
+    A lag is this machine's, the same in every arm; the exposed host path is the model's.
+    Both add: a step's lateness is the previous one's plus its launch's delay less the step
+    time, whatever ``exposed_s`` is, so a lag never hides the wake-ups a short spin pays
+    (with the launch alone, a lag would swallow up to ``exposed_s`` a step, shrinking the
+    cost in the arm that pays it the more this machine is loaded).  The GPU idles for the
+    exposed path after the previous step's end (which is never before it was due); a lag
+    before that idle counts as busy."""
+    due = due_at + exposed_s + duration_s
+    finished = max(due, launched_at + exposed_s)
     if finished - due <= HOST_LAG_S:
-        return finished, due, max(0.0, finished - max(started_at, finished_at))
+        return finished, due, max(0.0, finished - finished_at - exposed_s)
     return finished, finished, duration_s
 
 
