@@ -906,7 +906,7 @@ def test_a_host_lag_adds_to_the_exposed_host_path_and_never_hides_it():
 
     (stock, stock_busy), (patched, patched_busy) = run(0.0), run(0.0016)
     assert sum(end > 0.04 * (index + 1) + 1e-9 for index, end in enumerate(stock)) == 30  # lagged steps
-    assert [b - a for a, b in zip(stock, patched)] == pytest.approx([0.0016 * (n + 1) for n in range(100)])
+    assert [b - a for a, b in zip(stock, patched, strict=True)] == pytest.approx([0.0016 * (n + 1) for n in range(100)])
     assert patched_busy == pytest.approx(stock_busy) == pytest.approx(4.0)
 
 

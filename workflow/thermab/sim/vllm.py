@@ -285,7 +285,7 @@ def run_gpu(gpu: Gpu, launched: queue.Queue, replies: ShmQueue) -> None:
     while True:
         step, launched_at, host_s = launched.get()
         gpu.run(step, launched_at, host_s)
-        replies.put(step["step"])
+        replies.put({"step": step["step"], "due_at": gpu.due_at})
 
 
 def run_local_worker(root: Path, broadcast: ShmQueue, replies: ShmQueue) -> None:
@@ -417,7 +417,7 @@ class Engine:
         rebuild = self.rng.uniform(*SAMPLER_REBUILD_S) if changed else 0.0
         time.sleep(rebuild)
         self.broadcast.put({"sample": self.steps}, written_at=sent_at + rebuild)
-        self.replies.get()  # the spin: stock vLLM keeps a core busy here while the GPU works
+        reply = self.replies.get()  # the spin: stock vLLM keeps a core busy here while the GPU works
         if self.peer and not self.peer_lines.readline():
             raise ConnectionError("the worker node closed the connection")
         outputs, tokens = [], 0
@@ -440,7 +440,12 @@ class Engine:
                 del self.draws[rid]
                 self.batch_changed = True
         self.receive(block=False)  # the requests that came during the step are waiting now
-        iteration = {"tokens": prefill + tokens, "drafts": drafts, "accepted_per_position": accepted}
+        iteration = {
+            "tokens": prefill + tokens,
+            "drafts": drafts,
+            "accepted_per_position": accepted,
+            "due_at": reply["due_at"],
+        }
         self.conn.send((outputs, dict(self.state(), iteration=iteration)))
         self.report(tokens)
 
@@ -526,7 +531,7 @@ class EngineClient:
                     with self.streams_lock:
                         stream = self.streams.pop(rid) if finished else self.streams.get(rid)
                     if stream:
-                        stream.put((emitted, finished))
+                        stream.put((emitted, finished, state["iteration"]["due_at"]))
         except (EOFError, OSError):
             with self.streams_lock:
                 for stream in self.streams.values():
@@ -534,7 +539,8 @@ class EngineClient:
             on_engine_exit()
 
     def outputs(self, stream: queue.Queue, request: dict):
-        """Yield (tokens emitted so far, finished) until finished, observed by the metrics."""
+        """Yield (tokens emitted so far, finished) until finished, observed by the metrics
+        (with each step's due time on the GPU's schedule)."""
 
         def items():
             while True:
