@@ -340,8 +340,9 @@ class Engine:
     state is the scheduler's view after the step, as vLLM's SchedulerStats give it to the
     metrics: requests running and waiting, the share of KV-cache blocks in use, and the
     step's own figures (``iteration``: its tokens, the drafts made and accepted per
-    position).  ``start``: this start's draw (:mod:`thermab.sim.restart`), the drafter's
-    acceptance and the factor on the step time."""
+    position, and ``due_at``, when it ended on the head GPU's schedule, :class:`Gpu`).
+    ``start``: this start's draw (:mod:`thermab.sim.restart`), the drafter's acceptance
+    and the factor on the step time."""
 
     def __init__(
         self, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer, seed=None, start=restart.FIXED
