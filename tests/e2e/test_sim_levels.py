@@ -114,7 +114,7 @@ def test_single_stream_cost_at_one_user_and_none_at_four(levels_run):
     performance = pd.read_csv(levels_run / "tables/performance.csv")
     four = performance[performance["users"] == 4].set_index("arm")["output_tok_s"]
     ms = {users: times.mul(1000).round(2).to_dict() for users, times in step.items()}
-    server_ms = {users: {arm: round(s * 1000, 2) for arm, s in arms.items()} for users, arms in itl.items()}
+    server_ms = {users: {arm: round(float(s) * 1000, 2) for arm, s in arms.items()} for users, arms in itl.items()}
     measured = (
         f"server inter-token latency {server_ms[1]} ms at 1 user, {server_ms[4]} ms at 4; the load's "
         f"step times {ms[1]} ms at 1 user, {ms[4]} ms at 4; decode medians at 1 user "
