@@ -887,6 +887,29 @@ def test_the_gpu_schedule_goes_on_through_a_host_lag_and_starts_again_after_an_i
     assert vllm.scheduled_step(due, finished, finished + 5.0, 0.04, 0.0) == (finished + 5.0, finished + 5.0, 0.04)
 
 
+def test_a_host_lag_adds_to_the_exposed_host_path_and_never_hides_it():
+    """This machine's lags are the same whatever the spin; the exposed host path is the model's.
+    Given the same launch delays (2-ms launches, a 100-ms lag every ten steps and a 45-ms one
+    after it), the steps of a batch that exposes 1.6 ms of host path each end 1.6 ms a step
+    later than those of one that exposes none, through the lags as on time, and the GPU was
+    as busy: the lag is caught up alike and the wake-ups stay paid."""
+    delays = [0.1 if index % 10 == 3 else 0.045 if index % 10 == 4 else 0.002 for index in range(100)]
+
+    def run(exposed_s):
+        due = finished = 0.0
+        ends, busy = [], 0.0
+        for delay in delays:
+            finished, due, step_busy = vllm.scheduled_step(due, finished, finished + delay, 0.04, exposed_s)
+            ends.append(finished)
+            busy += step_busy
+        return ends, busy
+
+    (stock, stock_busy), (patched, patched_busy) = run(0.0), run(0.0016)
+    assert sum(end > 0.04 * (index + 1) + 1e-9 for index, end in enumerate(stock)) == 30  # lagged steps
+    assert [b - a for a, b in zip(stock, patched, strict=True)] == pytest.approx([0.0016 * (n + 1) for n in range(100)])
+    assert patched_busy == pytest.approx(stock_busy) == pytest.approx(4.0)
+
+
 def test_the_nth_request_of_a_length_gets_the_same_drafts_in_every_seeded_run():
     """Common random numbers: two seeded engines give the n-th request of a length the same
     draws whatever came between (here a probe of another length); unseeded engines do not."""

@@ -5,7 +5,10 @@ Names, labels (``model_name``, ``engine``) and histogram buckets are vLLM v1's
 dashboard written for vLLM reads the simulated server unchanged.  Every value comes from
 the engine: the gauges are the scheduler's state after its latest step (vLLM's are the
 same: the last SchedulerStats recorded), the counters and histograms are observed as the
-engine's outputs reach the API server.
+engine's outputs reach the API server.  The inter-token latency is the GB10's: the time
+between the GPU's due times of a request's steps (``thermab.sim.vllm.Gpu``), which this
+shared machine's lags do not move, as they move neither the cadence nor the heat; a stall
+the model makes (a lost wake-up's re-check) is in it.
 """
 
 from __future__ import annotations
@@ -165,18 +168,21 @@ class ServerMetrics:
                 self.accepted_per_position.labels(position=str(position), **self.labels).inc(accepted)
 
     def track(self, outputs, prompt_tokens: int, finish_reason: str):
-        """Pass the (emitted, finished) outputs of one request through, observing them."""
-        arrived = last = time.monotonic()
-        sent = 0
-        for emitted, finished in outputs:
+        """Pass the (emitted, finished, due_at) outputs of one request through as (emitted,
+        finished), observing them: the inter-token latency between the GPU's due times of
+        the request's steps (the GB10's step schedule, ``thermab.sim.vllm.Gpu``), the rest
+        as this machine's API server saw them."""
+        arrived = time.monotonic()
+        sent = last_due = 0
+        for emitted, finished, due_at in outputs:
             now = time.monotonic()
             if sent == 0:
                 self.ttft.observe(now - arrived)
                 self.prompt_tokens.inc(prompt_tokens)
             else:
-                self.itl.observe(now - last)
+                self.itl.observe(due_at - last_due)
             self.generation_tokens.inc(emitted - sent)
-            sent, last = emitted, now
+            sent, last_due = emitted, due_at
             if finished:
                 self.e2e.observe(now - arrived)
                 self.success.labels(finished_reason=finish_reason, **self.labels).inc()

@@ -194,17 +194,19 @@ def become_child(name: str) -> None:
 class Gpu:
     """The emulated GPU of a node.  A step takes its duration in wall time and no CPU here.
     While the batch runs on, a step is due one step time after the previous one was due
-    (plus the host path the batch does not hide), and ends then, or as soon as it is
-    launched if the host was later than that: vLLM schedules the next step while the GPU
-    runs the current one, so host work hides behind the GPU's.  A host that lags up to
-    ``HOST_LAG_S`` behind the schedule is this loaded machine, not a GB10, whose GPU would
-    have stayed busy on time: the schedule goes on, and the steps after the lag end as soon
-    as they are launched until they are due again, so this machine's load moves neither the
-    cadence nor the GPU's busy share (only a host slower than the step on average sets the
-    cadence).  A longer gap (a stream waiting out a lost wake-up) is the GPU idling, and the
-    schedule starts again from the launch.  Busy time adds up in run/gpu_busy_s, which the
-    thermal model differentiates, and keeps the node's GPU-waiting threads busy
-    (``GPU_WAIT_THREADS``, accounted in GB10 cores)."""
+    (plus the host path the batch does not hide), and ends then, or, if this machine
+    launched it later than that, the exposed host path after its launch: vLLM schedules the
+    next step while the GPU runs the current one, so host work hides behind the GPU's.  A
+    host that lags up to ``HOST_LAG_S`` behind the schedule is this loaded machine, not a
+    GB10, whose GPU would have stayed busy on time: the schedule goes on, and the steps
+    after the lag end that soon after their launch until they are due again, so this
+    machine's load moves neither the cadence nor the GPU's busy share (only a host slower
+    than the step on average sets the cadence), and the exposed host path is paid in every
+    step, lag or not: a lag is caught up by the same steps whatever the spin, never by
+    leaving out a wake-up.  A longer gap (a stream waiting out a lost wake-up) is the GPU
+    idling, and the schedule starts again from the launch.  Busy time adds up in
+    run/gpu_busy_s, which the thermal model differentiates, and keeps the node's
+    GPU-waiting threads busy (``GPU_WAIT_THREADS``, accounted in GB10 cores)."""
 
     def __init__(self, root: Path, account: Account):
         self.path = node.run_dir(root) / "gpu_busy_s"
@@ -244,14 +246,22 @@ def scheduled_step(
 ) -> tuple[float, float, float]:
     """(when it ends, when it was due, GPU busy seconds) of a step of a batch that runs on,
     the previous step due at ``due_at`` and ended at ``finished_at``: due one step (plus the
-    exposed host path) after the previous one was due, it ends then or at its launch if that
-    was later.  Up to ``HOST_LAG_S`` late the schedule goes on, so the steps after a lag
-    catch up; later, the GPU idled and the schedule starts again from the launch."""
-    started_at = due_at + exposed_s
-    due = started_at + duration_s
-    finished = max(due, launched_at)
+    exposed host path) after the previous one was due, it ends then or the exposed host
+    path after its launch if that was later.  Up to ``HOST_LAG_S`` late the schedule goes
+    on, so the steps after a lag catch up; later, the GPU idled and the schedule starts
+    again from the launch.
+
+    A lag is this machine's, the same in every arm; the exposed host path is the model's.
+    Both add: a step's lateness is the previous one's plus its launch's delay less the step
+    time, whatever ``exposed_s`` is, so a lag never hides the wake-ups a short spin pays
+    (with the launch alone, a lag would swallow up to ``exposed_s`` a step, shrinking the
+    cost in the arm that pays it the more this machine is loaded).  The GPU idles for the
+    exposed path after the previous step's end (which is never before it was due); a lag
+    before that idle counts as busy."""
+    due = due_at + exposed_s + duration_s
+    finished = max(due, launched_at + exposed_s)
     if finished - due <= HOST_LAG_S:
-        return finished, due, max(0.0, finished - max(started_at, finished_at))
+        return finished, due, max(0.0, finished - finished_at - exposed_s)
     return finished, finished, duration_s
 
 
@@ -275,7 +285,7 @@ def run_gpu(gpu: Gpu, launched: queue.Queue, replies: ShmQueue) -> None:
     while True:
         step, launched_at, host_s = launched.get()
         gpu.run(step, launched_at, host_s)
-        replies.put(step["step"])
+        replies.put({"step": step["step"], "due_at": gpu.due_at})
 
 
 def run_local_worker(root: Path, broadcast: ShmQueue, replies: ShmQueue) -> None:
@@ -330,8 +340,9 @@ class Engine:
     state is the scheduler's view after the step, as vLLM's SchedulerStats give it to the
     metrics: requests running and waiting, the share of KV-cache blocks in use, and the
     step's own figures (``iteration``: its tokens, the drafts made and accepted per
-    position).  ``start``: this start's draw (:mod:`thermab.sim.restart`), the drafter's
-    acceptance and the factor on the step time."""
+    position, and ``due_at``, when it ended on the head GPU's schedule, :class:`Gpu`).
+    ``start``: this start's draw (:mod:`thermab.sim.restart`), the drafter's acceptance
+    and the factor on the step time."""
 
     def __init__(
         self, conn, broadcast: ShmQueue, replies: ShmQueue, step_s: float, peer, seed=None, start=restart.FIXED
@@ -407,7 +418,7 @@ class Engine:
         rebuild = self.rng.uniform(*SAMPLER_REBUILD_S) if changed else 0.0
         time.sleep(rebuild)
         self.broadcast.put({"sample": self.steps}, written_at=sent_at + rebuild)
-        self.replies.get()  # the spin: stock vLLM keeps a core busy here while the GPU works
+        reply = self.replies.get()  # the spin: stock vLLM keeps a core busy here while the GPU works
         if self.peer and not self.peer_lines.readline():
             raise ConnectionError("the worker node closed the connection")
         outputs, tokens = [], 0
@@ -430,7 +441,12 @@ class Engine:
                 del self.draws[rid]
                 self.batch_changed = True
         self.receive(block=False)  # the requests that came during the step are waiting now
-        iteration = {"tokens": prefill + tokens, "drafts": drafts, "accepted_per_position": accepted}
+        iteration = {
+            "tokens": prefill + tokens,
+            "drafts": drafts,
+            "accepted_per_position": accepted,
+            "due_at": reply["due_at"],
+        }
         self.conn.send((outputs, dict(self.state(), iteration=iteration)))
         self.report(tokens)
 
@@ -516,7 +532,7 @@ class EngineClient:
                     with self.streams_lock:
                         stream = self.streams.pop(rid) if finished else self.streams.get(rid)
                     if stream:
-                        stream.put((emitted, finished))
+                        stream.put((emitted, finished, state["iteration"]["due_at"]))
         except (EOFError, OSError):
             with self.streams_lock:
                 for stream in self.streams.values():
@@ -524,7 +540,8 @@ class EngineClient:
             on_engine_exit()
 
     def outputs(self, stream: queue.Queue, request: dict):
-        """Yield (tokens emitted so far, finished) until finished, observed by the metrics."""
+        """Yield (tokens emitted so far, finished) until finished, observed by the metrics
+        (with each step's due time on the GPU's schedule)."""
 
         def items():
             while True:
