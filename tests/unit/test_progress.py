@@ -72,12 +72,12 @@ def test_the_line_names_phase_arm_hottest_zone_and_etas(config):
     assert text == "phase 2 of 2 (rep1-B, patched), head hottest TSOC 81.2 °C; ETA phase 10 min, run 10 min"
 
 
-def test_the_look_is_read_from_the_workflow(monkeypatch):
-    monkeypatch.setenv(progress.LOOK_ENV, json.dumps({"sim": 4}))
-    assert progress.look_repeats("sim", 2) == 4
-    assert progress.look_repeats("other", 2) == 2
-    monkeypatch.setenv(progress.LOOK_ENV, "not json")
-    assert progress.look_repeats("sim", 2) == 2
+def test_a_phase_runs_toward_the_look_that_ends_its_block(config):
+    assert progress.look_repeats(config, "AB", 1) == config.repeats  # not until: decided
+    raw = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    raw.update(until="decided", max_repeats=5)
+    decided = thermab_config.view(thermab_config.validate(raw))
+    assert [progress.look_repeats(decided, "AB", rep) for rep in range(1, 6)] == [2, 2, 4, 4, 5]
 
 
 def write_run(run_dir: Path, config: thermab_config.Config, now: float) -> None:

@@ -17,6 +17,8 @@ checkpoint look:
     params:
         analysis=plan.reanalysis(config["analysis"]),
         configfiles=[str(path) for path in workflow.overwrite_configfiles or []],
+        # where the study stops: raised, the look decides again (and the run goes on from it)
+        stops={"max_repeats": config["max_repeats"], "budget_hours": config["budget_hours"]},
     log:
         RUN.log("look{repeats}.log"),
     conda:

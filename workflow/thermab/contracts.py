@@ -369,7 +369,9 @@ class Decision:
         def counted(value) -> bool:
             return _whole(value) and value > 0
 
-        later = decision.next_repeats is None or (counted(decision.next_repeats) and decision.next_repeats > decision.repeats)
+        later = decision.next_repeats is None or (
+            counted(decision.next_repeats) and decision.next_repeats > decision.repeats
+        )
         if not (
             counted(decision.repeats)
             and later
