@@ -162,7 +162,7 @@ one_line(lambda: [plan.recorded_windows(layout.run_dir(cluster, config["order"])
 
 
 def get_load_s(wildcards):
-    """The load window of the phase job ``rep{rep}-{arm}`` (the rule phase's params): a phase
+    """The load window of the phase job ``rep{rep}-{arm}`` (params of the phase jobs): a phase
     that ran keeps its own (its params must not change, or Snakemake would run it again);
     until: decided takes its block's from the look before it (analysis/phase_length.py),
     any other run timings.load_s."""
