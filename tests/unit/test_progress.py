@@ -3,6 +3,7 @@
 
 import csv
 import json
+import os
 import time
 from pathlib import Path
 
@@ -130,6 +131,24 @@ def test_status_reads_where_a_run_stands(config, tmp_path):
     assert "head: hottest TSOC 70.0 °C (1 zones)" in text and "worker: hottest TSOC 65.5 °C" in text
     assert "phases done: 1 (rep1-A)" in text
     assert "TSOC mean lower (B vs A): UNDECIDED, estimate -0.912, 90 % interval [-2.1, 0.3]" in text
+
+
+def test_status_shows_the_latest_looks_answers_while_until_decided_goes_on(config, tmp_path):
+    """Between looks the run's own tables are not made yet: the last analysis is a look's."""
+    run_dir = tmp_path / "results" / "sim" / "AB"
+    now = time.time()
+    write_run(run_dir, config, now)
+    files = layout.RunDir(run_dir)
+    look = files.look(2)
+    look.tables.mkdir(parents=True)
+    files.table("questions").replace(look.table("questions"))
+    assert status.answers_path(run_dir) == look.table("questions")
+    assert "TSOC mean lower (B vs A): UNDECIDED" in "\n".join(status.status_lines(run_dir, now))
+    newer = files.look(4)
+    newer.tables.mkdir(parents=True)
+    newer.table("questions").write_bytes(look.table("questions").read_bytes().replace(b"undecided", b"yes"))
+    os.utime(look.table("questions"), (now - 60, now - 60))
+    assert "TSOC mean lower (B vs A): YES" in "\n".join(status.status_lines(run_dir, now))
 
 
 def test_status_finds_the_newest_run_and_says_when_no_load_runs(config, tmp_path):
