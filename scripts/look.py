@@ -9,8 +9,7 @@ with jobs.logged(snakemake.log[0]):
     decision = look.look(
         jobs.run_for(snakemake),
         int(snakemake.wildcards.repeats),
-        dict(snakemake.params.analysis),
-        list(snakemake.params.configfiles),
+        dict(snakemake.params.settings),
         Path(snakemake.output.decision),
     )
     jobs.progress(f"look at {decision.repeats} repeats: {decision.why}")

@@ -6,6 +6,7 @@ the last look's.  Tier e2e (eight phase jobs of the short config, minutes)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -74,3 +75,15 @@ def test_a_dry_run_after_the_study_has_nothing_to_do_and_nothing_was_left_runnin
     dry = snakemake(workdir, "all", "-n", *STUDY)
     assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]
     assert_clean(workdir, run_of(workdir).path)
+
+
+def test_a_raised_max_repeats_decides_the_last_look_again_and_keeps_every_phase(study):
+    """The look that stopped the run decides again with the new cap; the look that went on
+    and every phase that ran are kept (a dry run lists that one look and what waits on it)."""
+    workdir, _ = study
+    dry = snakemake(workdir, "all", "-n", "--config", "until=decided", "max_repeats=6")
+    text = dry.stdout + dry.stderr
+    assert dry.returncode == 0, text[-3000:]
+    jobs = re.findall(r"^(?:local)?(?:rule|checkpoint) (\w+):\n(?:.*\n)*?\s+wildcards: (.*)$", text, flags=re.M)
+    assert [wildcards for rule, wildcards in jobs if rule == "look"] == ["cluster=sim, order=AB, repeats=4"]
+    assert not [rule for rule, _ in jobs if rule in ("phase", "baseline", "preflight", "monitor_start")]

@@ -15,10 +15,7 @@ checkpoint look:
         stopped=LOOK.stopped,
         questions=LOOK.table("questions"),
     params:
-        analysis=plan.reanalysis(config["analysis"]),
-        configfiles=[str(path) for path in workflow.overwrite_configfiles or []],
-        # where the study stops: raised, the look decides again (and the run goes on from it)
-        stops={"max_repeats": config["max_repeats"], "budget_hours": config["budget_hours"]},
+        settings=get_look_settings,
     log:
         RUN.log("look{repeats}.log"),
     conda:

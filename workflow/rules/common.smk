@@ -125,6 +125,24 @@ def get_look_phases(name):
     return look_phases
 
 
+def get_look_settings(wildcards):
+    """What the look ``{repeats}`` decides with (its params): the analysis settings, where the
+    study stops and the configfiles (evidence.md names them). A look that went on keeps the
+    settings it decided with, so it never runs again (its block ran); a look that stopped
+    decides again when they change, and the run goes on from it."""
+    decision = layout.run_dir(wildcards.cluster, wildcards.order).look(wildcards.repeats).decision
+    if decision.is_file():
+        decided = one_line(lambda: Decision.read(decision))
+        if decided.goes_on:
+            return decided.settings
+    return {
+        "analysis": plan.reanalysis(config["analysis"]),
+        "max_repeats": config["max_repeats"],
+        "budget_hours": config["budget_hours"],
+        "configfiles": [str(path) for path in workflow.overwrite_configfiles or []],
+    }
+
+
 def get_opening_look(wildcards):
     """The decision of the look whose block the phase job ``rep{rep}-{arm}`` is in (none in
     the first block, or without until: decided): it runs only after the look goes on."""

@@ -342,12 +342,15 @@ class Decision:
     decided (the checkpoint ``look`` writes it; the workflow's input functions read it).
     ``next_repeats`` the look the study goes on to, None where it stops here (every
     question decided, ``max_repeats`` reached, or the next look beyond ``budget_hours``);
-    ``load_s`` the next block's load window (analysis/phase_length.py); ``why`` in words."""
+    ``load_s`` the next block's load window (analysis/phase_length.py); ``why`` in words;
+    ``settings`` what it was decided with (the look's params: the analysis settings,
+    ``max_repeats``, ``budget_hours``, the configfiles), which a look that went on keeps."""
 
     repeats: int
     next_repeats: int | None
     load_s: int | None
     why: str
+    settings: dict = field(default_factory=dict)
 
     @property
     def goes_on(self) -> bool:
@@ -362,7 +365,8 @@ class Decision:
         go on to, or stop at, a look it did not decide."""
         try:
             raw = json.loads(read_bounded(path, MAX_RECORD_BYTES))
-            decision = cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls)})
+            decision = cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls) if f.name != "settings"})
+            decision = dataclasses.replace(decision, settings=raw.get("settings", {}))
         except (ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError) as error:
             raise UserError(f"{path}: not a look's decision: {' '.join(str(error).split())[:160]}") from None
 
@@ -377,6 +381,7 @@ class Decision:
             and later
             and (decision.load_s is None or counted(decision.load_s))
             and isinstance(decision.why, str)
+            and isinstance(decision.settings, dict)
         ):
             raise UserError(f"{path}: not a look's decision: repeats, next_repeats or load_s is no count in order")
         return decision

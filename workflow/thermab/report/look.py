@@ -45,9 +45,10 @@ def view(run_dir: Path, repeats: int, order: str, every) -> RunDir:
     return look
 
 
-def decide(look: RunDir, run: ClusterRun, repeats: int) -> Decision:
+def decide(look: RunDir, run: ClusterRun, repeats: int, settings: dict) -> Decision:
     """The look's decision from its own tables: the next look while a question is open,
-    ``max_repeats`` is not reached and the next look fits in ``budget_hours``."""
+    ``max_repeats`` is not reached and the next look fits in ``budget_hours`` (``settings``:
+    what it decides with, kept in the decision)."""
     config, order, every = run.config, run.order, plan.levels(run.config.load)
     scale = config.timings.time_scale
     reached = planning.resume_within_budget(look.path, order, config.max_repeats, every, config.budget_hours, scale)
@@ -55,19 +56,20 @@ def decide(look: RunDir, run: ClusterRun, repeats: int) -> Decision:
         window = phase_length.next_block_window(
             look.path, order, next(iter(config.arms)), config.timings.load_s, config.timings.min_load_s
         )
-        return Decision(repeats, reached, window, f"questions still open: going on to {reached} repeats")
+        return Decision(repeats, reached, window, f"questions still open: going on to {reached} repeats", settings)
     if sequential.resume_repeats(look.path, order, config.max_repeats, every) > repeats:
         why = f"the next look does not fit in budget_hours {config.budget_hours:g}"
     elif repeats >= config.max_repeats:
         why = f"max_repeats {config.max_repeats} reached"
     else:
         why = "every question decided"
-    return Decision(repeats, None, None, why)
+    return Decision(repeats, None, None, why, settings)
 
 
-def look(run: ClusterRun, repeats: int, analysis: dict, configfiles: list[str], out: Path) -> Decision:
+def look(run: ClusterRun, repeats: int, settings: dict, out: Path) -> Decision:
     """The look at ``repeats``: every host put back and its logs pulled (the phases after it
-    bring them up again), the look's tables, and its decision written to ``out``."""
+    bring them up again), the look's tables, and its decision written to ``out``
+    (``settings``: the rule's, ``analysis`` and ``configfiles`` among them)."""
     every = plan.levels(run.config.load)
     stopped = RunDir(run.run_dir).look(repeats).stopped
     stopped.parent.mkdir(parents=True, exist_ok=True)
@@ -75,7 +77,7 @@ def look(run: ClusterRun, repeats: int, analysis: dict, configfiles: list[str], 
     files = view(run.run_dir, repeats, run.order, every)
     requests = [files.phase(phase.id).requests for phase in plan.phases(run.order, repeats, True, every)]
     ingest.ingest(files.path, requests, files.tidy_telemetry, files.tidy_requests)
-    analyze(files.path, analysis=analysis, configfiles=configfiles)
-    decision = decide(files, run, repeats)
+    analyze(files.path, analysis=settings["analysis"], configfiles=settings["configfiles"])
+    decision = decide(files, run, repeats, settings)
     decision.write(out)
     return decision
