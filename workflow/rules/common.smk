@@ -78,14 +78,10 @@ def one_line(read):
         sys.exit(2)
 
 
-def first_look(order):
-    return plan.looks(order, config["max_repeats"])[0]
-
-
 def decided_repeats(cluster, order, decision_of):
     """The repeats the study reaches: from the first look, each look's next while it goes on
     (``decision_of(repeats)``: that look's contracts.Decision)."""
-    repeats = first_look(order)
+    repeats = plan.looks(order, config["max_repeats"])[0]
     while (decision := decision_of(repeats)).goes_on:
         repeats = decision.next_repeats
     return repeats

@@ -8,9 +8,9 @@ resumes at its look) and goes on.
 """
 
 # Why a command and not a Snakemake target: the search is sequential and adaptive (the next
-# value depends on every result so far, and a trial's next look on its last), while
-# Snakemake's DAG is fixed when it starts. So the tuner is the loop and Snakemake the
-# experiment: each look of each trial is one invocation of the workflow in the trial's own
+# value depends on every result so far, and whether a trial goes on to its next look on the
+# other trials' results, racing), which no one trial's DAG holds. So the tuner is the loop
+# and Snakemake the experiment: each look of each trial is one invocation of the workflow in the trial's own
 # directory (layout.TrialDir) whose target is that look's checkpoint (the look's decision,
 # looks/{repeats}/look.json, as `until: decided` makes it), and everything a run does (patch,
 # restart, load, cool down, restore, the guardian) happens as in any run.
