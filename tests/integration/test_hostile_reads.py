@@ -15,7 +15,6 @@ from support.command_line import run_snakemake
 from support.paths import REPO
 from support.synthetic_run import write_synthetic_run
 from thermab import config
-from thermab.analysis import phase_length
 from thermab.errors import UserError
 from thermab.experiment import plan
 from thermab.report import status
@@ -57,7 +56,7 @@ def test_a_phase_record_whose_window_no_config_asks_for_is_one_line(tmp_path, ke
     with pytest.raises(
         UserError, match=r"rep1-A/phase\.json"
     ):  # until: decided's windows, read as the workflow is parsed
-        phase_length.job_windows(tmp_path, "AB", "A", 2, 8, None, 60, 10)
+        plan.block_window(tmp_path, "AB", 8, 2, 60)
 
 
 def test_a_phase_record_too_large_or_of_another_shape_is_one_line(tmp_path):

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from support.command_line import run_snakemake, run_thermab
+from support.command_line import run_thermab
 from support.paths import REPO
 from support.synthetic_run import write_synthetic_run
 from thermab import atomic, config, load_levels
@@ -362,23 +362,6 @@ def test_a_detect_pct_that_is_not_a_finite_number_is_refused(run_dir):
         )
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert "--detect-pct" in result.stderr.strip().splitlines()[-1]
-
-
-@pytest.mark.parametrize("content", [b"\xff\xfe garbage \x00", b"verdict\nyes\n"], ids=["garbage", "no-column"])
-def test_a_damaged_questions_csv_stops_snakemake_in_one_line(tmp_path, content):
-    """`until: decided` reads the run's questions.csv while Snakemake parses the workflow
-    (even for `-n`): a damaged one is one line naming it, exit 2, no traceback."""
-    default = config.load(REPO / "config" / "config.yaml", REPO)
-    run = tmp_path / "results" / next(iter(default["clusters"])) / default["order"]
-    for phase_id in ("rep1-A", "rep1-B", "rep2-B", "rep2-A"):
-        (run / "phases" / phase_id).mkdir(parents=True)
-        (run / "phases" / phase_id / "phase.json").write_text("{}")
-    (run / "tables").mkdir()
-    (run / "tables" / "questions.csv").write_bytes(content)
-    result = run_snakemake(tmp_path, "-n", "all", "--config", "until=decided")
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"thermab: {(run / 'tables' / 'questions.csv').relative_to(tmp_path)}: "), last
 
 
 # -- parquet that lies ---------------------------------------------------------------------

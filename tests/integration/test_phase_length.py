@@ -18,7 +18,10 @@ from thermab import metric_names as names
 from thermab.analysis import levels, phase_length, sequential
 from thermab.analysis.model import load_run
 from thermab.config import ConfigError, default_questions, validate
+from thermab.contracts import Decision
 from thermab.errors import UserError
+from thermab.experiment import plan
+from thermab.layout import RunDir
 from thermab.load_levels import Level
 from thermab.report import analyze, evidence
 
@@ -129,8 +132,20 @@ def write_look(path, verdicts: dict, windows: dict, values=None, se=1.0):
     performance(values, se).to_csv(path / "tables" / "performance.csv", index=False)
 
 
-def windows(path, repeats, load_s=60, floor=10):
-    return phase_length.job_windows(path, "AB", "A", repeats, 8, None, load_s, floor)
+def next_window(look_dir, load_s=60, floor=10):
+    return phase_length.next_block_window(look_dir, "AB", "A", load_s, floor)
+
+
+def windows(path, repeats, load_s=60):
+    """rep → the window the workflow gives each repeat (``plan.block_window``)."""
+    return {rep: plan.block_window(path, "AB", 8, rep, load_s) for rep in range(1, repeats + 1)}
+
+
+def decide(path, window):
+    """The look at 4 going on to 6 with ``window`` (what the checkpoint writes)."""
+    decision = RunDir(path).look(4).decision
+    decision.parent.mkdir(parents=True, exist_ok=True)
+    Decision(4, 6, window, "questions still open").write(decision)
 
 
 def test_a_run_before_its_first_look_runs_the_full_window(tmp_path):
@@ -139,30 +154,38 @@ def test_a_run_before_its_first_look_runs_the_full_window(tmp_path):
 
 def test_the_next_block_runs_the_window_the_look_chose_and_a_block_keeps_its_window(tmp_path):
     write_look(tmp_path, {HEAT: "yes", **dict.fromkeys(SPEED, "undecided")}, dict.fromkeys(range(1, 5), 60))
-    chosen = windows(tmp_path, 6)
-    assert chosen[1] == chosen[4] == 60, "phases that ran keep theirs"
-    assert chosen[5] == chosen[6] < 60
-    # rep 5 ran at 30 s: rep 6 of its block runs the same, whatever the tables say now
+    chosen = next_window(tmp_path)
+    assert chosen < 60
+    decide(tmp_path, chosen)
+    assert windows(tmp_path, 6) == {**dict.fromkeys(range(1, 5), 60), 5: chosen, 6: chosen}, (
+        "phases that ran keep theirs"
+    )
+    # rep 5 ran at 30 s: it keeps it, whatever the look decided
     (tmp_path / "phases" / "rep5-A").mkdir()
     (tmp_path / "phases" / "rep5-A" / "phase.json").write_text(json.dumps({"load_s": 30}))
-    assert windows(tmp_path, 6) == {**dict.fromkeys(range(1, 5), 60), 5: 30, 6: 30}
+    assert windows(tmp_path, 6)[5] == 30
 
 
 def test_an_open_heat_question_or_tables_without_the_columns_keep_the_full_window(tmp_path):
     write_look(tmp_path, {HEAT: "undecided", **dict.fromkeys(SPEED, "undecided")}, dict.fromkeys(range(1, 5), 60))
-    assert windows(tmp_path, 6)[5] == 60
+    assert next_window(tmp_path) == 60
     write_look(tmp_path, dict.fromkeys(SPEED, "undecided"), dict.fromkeys(range(1, 5), 60))
     table = pd.read_csv(tmp_path / "tables" / "performance.csv")
     table.drop(columns="output_tok_s_se").to_csv(tmp_path / "tables" / "performance.csv", index=False)
-    assert windows(tmp_path, 6)[5] == 60
+    assert next_window(tmp_path) == 60
 
 
-def test_a_damaged_table_or_phase_record_is_one_line_naming_it(tmp_path):
+def test_a_damaged_table_phase_record_or_decision_is_one_line_naming_it(tmp_path):
     write_look(tmp_path, dict.fromkeys(SPEED, "undecided"), dict.fromkeys(range(1, 5), 60))
     table = pd.read_csv(tmp_path / "tables" / "performance.csv").assign(window_s="long")
     table.to_csv(tmp_path / "tables" / "performance.csv", index=False)
     with pytest.raises(UserError, match=r"performance\.csv: a column of .* not a number"):
+        next_window(tmp_path)
+    decide(tmp_path, 30)
+    RunDir(tmp_path).look(4).decision.write_text('{"repeats": 4, "next_repeats": 3, "load_s": 30, "why": ""}')
+    with pytest.raises(UserError, match=r"looks/4/look\.json: not a look's decision") as caught:
         windows(tmp_path, 6)
+    assert "\n" not in str(caught.value)
     (tmp_path / "phases" / "rep1-A" / "phase.json").write_text("[1, 2")
     with pytest.raises(UserError, match=r"rep1-A/phase\.json: not a phase record"):
         windows(tmp_path, 6)

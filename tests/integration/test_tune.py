@@ -332,7 +332,8 @@ def test_a_look_already_answered_is_judged_without_running_again(tmp_path):
     for phase in ("rep1-A", "rep1-B", "rep2-B", "rep2-A"):
         run.phase(phase).phase_json.parent.mkdir(parents=True)
         run.phase(phase).phase_json.write_text("{}")
-    run.tables.mkdir()
+    look_tables = run.look(2)
+    look_tables.tables.mkdir(parents=True)
     rows = [
         {
             "question": "stall gaps no worse than 0.5",
@@ -355,13 +356,30 @@ def test_a_look_already_answered_is_judged_without_running_again(tmp_path):
             "phases_per_arm": 2,
         },
     ]
-    pd.DataFrame(rows).to_csv(run.table("questions"), index=False)
+    pd.DataFrame(rows).to_csv(look_tables.table("questions"), index=False)
     keys = [(0, None), (1, None)]
     look = finished_look(trial_dir, "sim", max_repeats=2, keys=keys, load={"users": 4})
     assert look.repeats == 2 and look.phases == 4 and look.objective["estimate"] == -150.0
     assert plan.judge(look, "lower", None, 2, 100)[0] == plan.CAP
-    pd.DataFrame([{**row, "phases_per_arm": 1} for row in rows]).to_csv(run.table("questions"), index=False)
+    pd.DataFrame([{**row, "phases_per_arm": 1} for row in rows]).to_csv(look_tables.table("questions"), index=False)
     assert finished_look(trial_dir, "sim", max_repeats=2, keys=keys, load={"users": 4}) is None
+
+
+def test_the_next_look_is_the_first_not_yet_decided(tmp_path):
+    """Each invocation of a trial targets one look's checkpoint: the first look at or after
+    the repeats on disk without its decision (an interrupted look runs again)."""
+    from thermab.tune.run import next_look
+
+    trial_dir = layout.TuneDir(tmp_path).trial(0)
+    run = trial_dir.run("sim", plan.ORDER)
+    assert next_look(trial_dir, "sim", 6, {"users": 4}) == 2
+    for phase in ("rep1-A", "rep1-B", "rep2-B", "rep2-A"):
+        run.phase(phase).phase_json.parent.mkdir(parents=True)
+        run.phase(phase).phase_json.write_text("{}")
+    assert next_look(trial_dir, "sim", 6, {"users": 4}) == 2
+    run.look(2).decision.parent.mkdir(parents=True)
+    run.look(2).decision.write_text("{}")
+    assert next_look(trial_dir, "sim", 6, {"users": 4}) == 4
 
 
 def test_in_a_run_of_levels_a_constraint_names_its_levels_and_the_objective_is_the_highest(tmp_path):
@@ -391,7 +409,7 @@ def test_in_a_run_of_levels_a_constraint_names_its_levels_and_the_objective_is_t
         for users in (1, 4):
             run.phase(f"{phase}-u{users}").phase_json.parent.mkdir(parents=True)
             run.phase(f"{phase}-u{users}").phase_json.write_text("{}")
-    run.tables.mkdir()
+    run.look(2).tables.mkdir(parents=True)
     words = [
         "probe decode speed no worse than 6 % (higher is better)",
         "stall gaps no worse than 0.5 (lower is better)",
@@ -413,7 +431,7 @@ def test_in_a_run_of_levels_a_constraint_names_its_levels_and_the_objective_is_t
         }
         for i, (q, v, (_index, label)) in enumerate(zip(words, verdicts, keys, strict=False))
     ]
-    pd.DataFrame(rows).to_csv(run.table("questions"), index=False)
+    pd.DataFrame(rows).to_csv(run.look(2).table("questions"), index=False)
     look = finished_look(trial_dir, "sim", max_repeats=2, keys=keys, load=thaw(config.load))
     assert look is not None and look.repeats == 2 and look.objective["estimate"] == -0.30000000000000004
     assert [row["question"] for row in look.constraints] == [

@@ -3,6 +3,7 @@
 
 import csv
 import json
+import os
 import time
 from pathlib import Path
 
@@ -72,12 +73,12 @@ def test_the_line_names_phase_arm_hottest_zone_and_etas(config):
     assert text == "phase 2 of 2 (rep1-B, patched), head hottest TSOC 81.2 °C; ETA phase 10 min, run 10 min"
 
 
-def test_the_look_is_read_from_the_workflow(monkeypatch):
-    monkeypatch.setenv(progress.LOOK_ENV, json.dumps({"sim": 4}))
-    assert progress.look_repeats("sim", 2) == 4
-    assert progress.look_repeats("other", 2) == 2
-    monkeypatch.setenv(progress.LOOK_ENV, "not json")
-    assert progress.look_repeats("sim", 2) == 2
+def test_a_phase_runs_toward_the_look_that_ends_its_block(config):
+    assert progress.look_repeats(config, "AB", 1) == config.repeats  # not until: decided
+    raw = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    raw.update(until="decided", max_repeats=5)
+    decided = thermab_config.view(thermab_config.validate(raw))
+    assert [progress.look_repeats(decided, "AB", rep) for rep in range(1, 6)] == [2, 2, 4, 4, 5]
 
 
 def write_run(run_dir: Path, config: thermab_config.Config, now: float) -> None:
@@ -140,6 +141,24 @@ def test_status_reads_where_a_run_stands(config, tmp_path):
     assert "head: hottest TSOC 70.0 °C (1 zones)" in text and "worker: hottest TSOC 65.5 °C" in text
     assert "phases done: 1 (rep1-A)" in text
     assert "\n    UNDECIDED — TSOC mean lower: −0.9 °C [−2.1, +0.3 °C] vs margin 0 °C, 1 phase per arm" in text
+
+
+def test_status_shows_the_latest_looks_answers_while_until_decided_goes_on(config, tmp_path):
+    """Between looks the run's own tables are not made yet: the last analysis is a look's."""
+    run_dir = tmp_path / "results" / "sim" / "AB"
+    now = time.time()
+    write_run(run_dir, config, now)
+    files = layout.RunDir(run_dir)
+    look = files.look(2)
+    look.tables.mkdir(parents=True)
+    files.table("questions").replace(look.table("questions"))
+    assert status.answers_path(run_dir) == look.table("questions")
+    assert "TSOC mean lower (B vs A): UNDECIDED" in "\n".join(status.status_lines(run_dir, now))
+    newer = files.look(4)
+    newer.tables.mkdir(parents=True)
+    newer.table("questions").write_bytes(look.table("questions").read_bytes().replace(b"undecided", b"yes"))
+    os.utime(look.table("questions"), (now - 60, now - 60))
+    assert "TSOC mean lower (B vs A): YES" in "\n".join(status.status_lines(run_dir, now))
 
 
 def test_status_finds_the_newest_run_and_says_when_no_load_runs(config, tmp_path):

@@ -1,3 +1,29 @@
+# A look of until: decided (thermab.report.look): the phases up to {repeats} stopped,
+# ingested and analysed in looks/{repeats}/, and its decision, which the input functions of
+# common.smk read to add the next block or end the run. It puts every host back, as
+# monitor_stop does: the next block's phases bring them up again.
+checkpoint look:
+    # touches hosts: never a batch job the scheduler could kill (docs/fleet.md)
+    localrule: True
+    input:
+        phases=get_look_phases("phase_json"),
+        requests=get_look_phases("requests"),
+        preflight=RUN.preflight,
+        run=RUN.run_json,
+    output:
+        decision=LOOK.decision,
+        stopped=LOOK.stopped,
+        questions=LOOK.table("questions"),
+    params:
+        settings=get_look_settings,
+    log:
+        RUN.log("look{repeats}.log"),
+    conda:
+        "../../envs/control.yaml"
+    script:
+        "../../scripts/look.py"
+
+
 # ingest reads preflight.json for the clock offsets at the start
 rule ingest:
     input:

@@ -1,6 +1,4 @@
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,8 +11,8 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 from thermab import config as thermab_config
 from thermab import jobs, layout
 from thermab.analysis import TABLES
-from thermab.experiment import plan, progress
-from thermab.tune import ONE_LOOK_ENV
+from thermab.contracts import Decision
+from thermab.experiment import plan
 
 os.environ[jobs.CHECKOUT_ENV] = str(Path(workflow.basedir) / "workflow" / "thermab")
 # preflight records these in run.json: the command that continues the run starts it the same way
@@ -41,6 +39,7 @@ wildcard_constraints:
     cluster="|".join(config["clusters"]),
     order="[" + "".join(config["arms"]) + "]+",
     rep=r"\d+",
+    repeats=r"\d+",
     arm="|".join(config["arms"]),
 
 
@@ -64,60 +63,94 @@ def get_fleet_inputs(wildcards):
     return [layout.run_dir(cluster, wildcards.order).table("variance") for cluster in config["clusters"]]
 
 
-# until: decided adds crossover pairs of repeats until every question is decided. The DAG is
-# static, so each invocation reaches the next look (sequential.resume_repeats, read from the
-# run directory: an interrupted run resumes there) and, on success, starts the next one.
+# until: decided adds crossover blocks of repeats until every question is decided. Each look
+# is the checkpoint `look` (rules/analyze.smk), whose decision (looks/{repeats}/look.json,
+# contracts.Decision) the input functions below read: the run's last phases, its stop and
+# its tables wait for the look that stops it, and Snakemake adds the next block's phases to
+# the DAG while a look goes on (Snakemake's data-dependent conditional execution).
 CROSSOVER = config["until"] == "decided"
+LOOK = RUN.look("{repeats}")
 
 
-def repeats_of(cluster):
-    if not CROSSOVER:
-        return config["repeats"]
-    # imported here: it needs scipy and pandas, seconds of a core that every Snakemake start
-    # (each job under SLURM, each report's DAG) would pay for a run not `until: decided`
-    from thermab.analysis import planning
-
-    run_dir = layout.run_dir(cluster, config["order"]).path
-    return planning.resume_within_budget(run_dir, config["order"], config["max_repeats"],
-                                         plan.levels(config["load"]), config["budget_hours"],
-                                         config["timings"]["time_scale"])
-
-
-def repeats_reached():
-    """Each cluster's repeats; a run directory that cannot be read (a damaged questions.csv)
-    stops Snakemake in one line naming the file, as a bad config does."""
+def one_line(read):
+    """``read``'s result; a run directory's file that cannot be read (a damaged phase.json or
+    look.json) stops Snakemake in one line naming it, as a bad config does."""
     try:
-        return {cluster: repeats_of(cluster) for cluster in config["clusters"]}
+        return read()
     except thermab_config.UserError as error:
         print(f"thermab: {error}", file=sys.stderr)
         sys.exit(2)
 
 
-REPEATS = repeats_reached()
-os.environ[progress.LOOK_ENV] = json.dumps(REPEATS)  # the phase jobs' progress line counts this look
+def decided_repeats(cluster, order, decision_of):
+    """The repeats the study reaches: from the first look, each look's next while it goes on
+    (``decision_of(repeats)``: that look's contracts.Decision)."""
+    repeats = plan.looks(order, config["max_repeats"])[0]
+    while (decision := decision_of(repeats)).goes_on:
+        repeats = decision.next_repeats
+    return repeats
+
+
+def checkpointed(cluster, order):
+    """Each look's decision through its checkpoint: a look not yet run stops the DAG there."""
+
+    def decision_of(repeats):
+        done = checkpoints.look.get(cluster=cluster, order=order, repeats=repeats)
+        return one_line(lambda: Decision.read(Path(done.output.decision)))
+
+    return decision_of
 
 
 def repeats_for(wildcards):
-    if wildcards.order == config["order"]:
-        return REPEATS.get(wildcards.cluster, config["repeats"])
+    if CROSSOVER and wildcards.order == config["order"]:
+        return decided_repeats(wildcards.cluster, wildcards.order, checkpointed(wildcards.cluster, wildcards.order))
     return config["repeats"]
 
 
-def continue_until_decided():
-    """After a successful look: the next invocation while a cluster's questions are open.
-    Whether it ran one (which then ends with the answers)."""
-    reached = repeats_reached()
-    if os.environ.get(ONE_LOOK_ENV):  # the tuner decides whether a trial goes on (thermab.tune)
-        return True
-    if all(reached[c] <= REPEATS[c] for c in reached):
-        print(f"thermab: until decided: stopped at {REPEATS} repeats (tables/questions.csv has the answers)")
-        return False
-    print(f"thermab: until decided: questions still open, going on to {reached} repeats", file=sys.stderr)
-    # this invocation still holds the directory's lock: the next one runs inside it
-    code = subprocess.call([sys.executable, "-m", "snakemake", *sys.argv[1:], "--nolock"])
-    if code:
-        sys.exit(code)
-    return True
+def get_last_look(wildcards):
+    """The look that ended an until: decided run (its hosts were put back there), else none."""
+    if not (CROSSOVER and wildcards.order == config["order"]):
+        return []
+    return layout.run_dir(wildcards.cluster, wildcards.order).look(repeats_for(wildcards)).stopped
+
+
+def get_look_phases(name):
+    """A file of every phase up to the look ``{repeats}`` (a PhaseDir property)."""
+
+    def look_phases(wildcards):
+        run = layout.run_dir(wildcards.cluster, wildcards.order)
+        return [getattr(run.phase(phase.id), name)
+                for phase in plan.phases(wildcards.order, int(wildcards.repeats), True, LEVELS)]
+
+    return look_phases
+
+
+def get_look_settings(wildcards):
+    """What the look ``{repeats}`` decides with (its params): the analysis settings, where the
+    study stops and the configfiles (evidence.md names them). A look that went on keeps the
+    settings it decided with, so it never runs again (its block ran); a look that stopped
+    decides again when they change, and the run goes on from it."""
+    decision = layout.run_dir(wildcards.cluster, wildcards.order).look(wildcards.repeats).decision
+    if decision.is_file():
+        decided = one_line(lambda: Decision.read(decision))
+        if decided.goes_on:
+            return decided.settings
+    return {
+        "analysis": plan.reanalysis(config["analysis"]),
+        "max_repeats": config["max_repeats"],
+        "budget_hours": config["budget_hours"],
+        "configfiles": [str(path) for path in workflow.overwrite_configfiles or []],
+    }
+
+
+def get_opening_look(wildcards):
+    """The decision of the look whose block the phase job ``rep{rep}-{arm}`` is in (none in
+    the first block, or without until: decided): it runs only after the look goes on."""
+    before = plan.look_before(wildcards.order, config["max_repeats"], int(wildcards.rep)) if CROSSOVER else None
+    if before is None:
+        return []
+    # ancient: a look decided again (new analysis settings or max_repeats) never reruns the phases it opened
+    return ancient(layout.run_dir(wildcards.cluster, wildcards.order).look(before).decision)
 
 
 def print_answers():
@@ -127,49 +160,36 @@ def print_answers():
     for cluster in config["clusters"]:
         files = layout.run_dir(cluster, config["order"])
         if files.summary.is_file():  # a target short of the analysis has no answer to tell
+            if CROSSOVER:
+                def decision_of(repeats, files=files):
+                    return Decision.read(files.look(repeats).decision)
+
+                repeats = decided_repeats(cluster, config["order"], decision_of)
+                print(f"thermab: until decided: stopped at {repeats} repeats, {decision_of(repeats).why}"
+                      " (tables/questions.csv has the answers)")
             print("\n".join(status.closing_lines(files.path)))
 
 
 # load.users as a list: one phase job per (rep, arm) runs a load window per level, each
 # level's files in a phase directory of its own (plan.job_phases); None for a single number
 LEVELS = plan.levels(config["load"])
-
-
-def windows_of(cluster, order, repeats):
-    """rep → the load window of its phase jobs: a phase that ran keeps its own (its params
-    must not change, or Snakemake would run it again); until: decided takes the next
-    block's from the latest look (analysis/phase_length.py), any other run timings.load_s."""
-    run_dir = layout.run_dir(cluster, order).path
-    load_s = config["timings"]["load_s"]
-    if CROSSOVER and order == config["order"]:
-        from thermab.analysis import phase_length  # pandas: only where a look decides it
-
-        return phase_length.job_windows(run_dir, order, next(iter(config["arms"])), repeats, config["max_repeats"],
-                                        LEVELS, load_s, config["timings"]["min_load_s"])
-    recorded = plan.recorded_windows(run_dir, order, repeats, CROSSOVER, LEVELS)
-    return {rep: recorded.get(rep, load_s) for rep in range(1, repeats + 1)}
-
-
-def windows_reached(clusters, order, repeats_of):
-    """Each cluster's windows for its repeats; an unreadable phase.json or table (a window
-    no config could ask for among them) stops Snakemake in one line naming the file."""
-    try:
-        return {cluster: windows_of(cluster, order, repeats_of(cluster)) for cluster in clusters}
-    except thermab_config.UserError as error:
-        print(f"thermab: {error}", file=sys.stderr)
-        sys.exit(2)
-
-
-WINDOWS = windows_reached(config["clusters"], config["order"], REPEATS.get)
+# each phase.json's window read once as the workflow is parsed, so a damaged one is one line
+one_line(lambda: [plan.recorded_windows(layout.run_dir(cluster, config["order"]).path, config["order"],
+                                        max(config["repeats"], config["max_repeats"]), CROSSOVER, LEVELS)
+                  for cluster in config["clusters"]])
 
 
 def get_load_s(wildcards):
-    """The load window of the phase job ``rep{rep}-{arm}`` (the rule phase's params)."""
-    if wildcards.order == config["order"]:
-        windows = WINDOWS.get(wildcards.cluster, {})
-    else:
-        windows = windows_reached([wildcards.cluster], wildcards.order, lambda _: int(wildcards.rep))[wildcards.cluster]
-    return windows.get(int(wildcards.rep), config["timings"]["load_s"])
+    """The load window of the phase job ``rep{rep}-{arm}`` (params of the phase jobs): a phase
+    that ran keeps its own (its params must not change, or Snakemake would run it again);
+    until: decided takes its block's from the look before it (analysis/phase_length.py),
+    any other run timings.load_s."""
+    run_dir, rep = layout.run_dir(wildcards.cluster, wildcards.order).path, int(wildcards.rep)
+    load_s = config["timings"]["load_s"]
+    if CROSSOVER:
+        return one_line(lambda: plan.block_window(run_dir, wildcards.order, config["max_repeats"], rep, load_s, LEVELS))
+    recorded = one_line(lambda: plan.recorded_windows(run_dir, wildcards.order, rep, False, LEVELS))
+    return recorded.get(rep, load_s)
 
 
 def get_previous_phase(wildcards):

@@ -27,6 +27,7 @@ rule phase:
     input:
         previous=get_previous_phase,
         preflight=RUN.preflight,
+        opened_by=get_opening_look,
     retries: config["phase_retries"]
     output:
         phase=job_files(lambda phase: RUN.phase(phase).phase_json),

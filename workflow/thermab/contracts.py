@@ -331,3 +331,57 @@ class PhaseRecord:
             if problem:
                 raise UserError(f"{path}: {key} {length:g} is no window the config can ask for: {problem}")
         return record
+
+
+# --- look.json ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``looks/{repeats}/look.json``: what the look of ``until: decided`` at ``repeats``
+    decided (the checkpoint ``look`` writes it; the workflow's input functions read it).
+    ``next_repeats`` the look the study goes on to, None where it stops here (every
+    question decided, ``max_repeats`` reached, or the next look beyond ``budget_hours``);
+    ``load_s`` the next block's load window (analysis/phase_length.py); ``why`` in words;
+    ``settings`` what it was decided with (the look's params: the analysis settings,
+    ``max_repeats``, ``budget_hours``, the configfiles), which a look that went on keeps."""
+
+    repeats: int
+    next_repeats: int | None
+    load_s: int | None
+    why: str
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def goes_on(self) -> bool:
+        return self.next_repeats is not None
+
+    def write(self, path: Path) -> None:
+        atomic.write_text(path, json.dumps(dataclasses.asdict(self), indent=1))
+
+    @classmethod
+    def read(cls, path: Path) -> Decision:
+        """The decision, or a UserError naming the file where it is none: a study must never
+        go on to, or stop at, a look it did not decide."""
+        try:
+            raw = json.loads(read_bounded(path, MAX_RECORD_BYTES))
+            decision = cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls) if f.name != "settings"})
+            decision = dataclasses.replace(decision, settings=raw.get("settings", {}))
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError) as error:
+            raise UserError(f"{path}: not a look's decision: {' '.join(str(error).split())[:160]}") from None
+
+        def counted(value) -> bool:
+            return _whole(value) and value > 0
+
+        later = decision.next_repeats is None or (
+            counted(decision.next_repeats) and decision.next_repeats > decision.repeats
+        )
+        if not (
+            counted(decision.repeats)
+            and later
+            and (decision.load_s is None or counted(decision.load_s))
+            and isinstance(decision.why, str)
+            and isinstance(decision.settings, dict)
+        ):
+            raise UserError(f"{path}: not a look's decision: repeats, next_repeats or load_s is no count in order")
+        return decision

@@ -194,6 +194,15 @@ class RunDir:
     def report(self) -> Path:
         return self.path / "report.html"
 
+    def look(self, repeats) -> RunDir:
+        """The look of ``until: decided`` at ``repeats``: a run directory of its own, the
+        run's files and its phases up to the look linked in, its own stop, tidy/ and tables/."""
+        return RunDir(self.path / "looks" / str(repeats))
+
+    @property
+    def decision(self) -> Path:  # a look's: whether the study goes on (contracts.Decision)
+        return self.path / "look.json"
+
     @property
     def provenance(self) -> Path:
         return self.path / "provenance"

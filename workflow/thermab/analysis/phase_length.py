@@ -19,8 +19,8 @@ a heat metric's phase is one climb up a heat-up ramp, whose mean depends on how 
 climbed, and a count of stall gaps on how long it counted.  They are decided on the full
 windows before any shorter one runs, and stay decided on them.
 
-Pure functions over the run's tables; ``job_windows`` reads them from the run directory for
-the workflow's rules.
+Pure functions over the run's tables; ``next_block_window`` reads them from a look's
+directory for the look's decision (report/look.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from thermab.config import read_bounded
 from thermab.errors import UserError
 from thermab.experiment import plan
 from thermab.layout import RunDir
-from thermab.load_levels import Level
 from thermab.metric_names import BETWEEN_RESTARTS, OUTPUT_THROUGHPUT
 
 WITHIN_SHARE = 1 / 3  # the within-phase standard error's most, as a share of the restart spread
@@ -104,37 +103,11 @@ def look_window_s(
     )
 
 
-def job_windows(
-    run_dir: Path,
-    order: str,
-    reference: str,
-    repeats: int,
-    max_repeats: int,
-    every: list[Level] | None,
-    load_s: int,
-    min_load_s: int,
-) -> dict[int, int]:
-    """rep → the load window of that repeat's phases in an ``until: decided`` run reaching
-    ``repeats``: a repeat with a phase.json keeps the window it ran (so its job is never
-    redone for a new one), the rest of its look's block takes the same, and a block not yet
-    begun the window the latest look's tables give (``look_window_s``; ``load_s`` before the
-    first look)."""
-    recorded = plan.recorded_windows(run_dir, order, repeats, crossover=True, every=every)
-    windows, start, upcoming = {}, 1, None
-    for look in sequential.looks(order, max(max_repeats, repeats)):
-        block, start = range(start, look + 1), look + 1
-        if block.start > repeats:
-            break
-        ran = [recorded[rep] for rep in block if rep in recorded]
-        if not ran and upcoming is None:
-            upcoming = _latest_look_window(run_dir, order, reference, load_s, min_load_s)
-        for rep in block:
-            windows[rep] = recorded.get(rep, ran[0] if ran else upcoming)
-    return {rep: window for rep, window in windows.items() if rep <= repeats}
-
-
-def _latest_look_window(run_dir: Path, order: str, reference: str, load_s: int, min_load_s: int) -> int:
-    files = RunDir(run_dir)
+def next_block_window(look_dir: Path, order: str, reference: str, load_s: int, min_load_s: int) -> int:
+    """The window of the block after the look whose run directory is ``look_dir``
+    (``layout.RunDir.look``), from its questions.csv and performance.csv (``look_window_s``);
+    ``load_s`` where its tables lack what the rule reads."""
+    files = RunDir(look_dir)
     questions, performance = files.table("questions"), files.table("performance")
     if not (questions.is_file() and performance.is_file()):
         return int(load_s)

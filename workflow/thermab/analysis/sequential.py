@@ -47,23 +47,10 @@ from scipy import integrate, optimize, stats as scipy_stats
 from thermab.analysis.questions import ALPHA, NO, UNDECIDED, YES
 from thermab.config import read_bounded
 from thermab.errors import UserError
-from thermab.experiment.plan import order_of_repeat, phases, williams_orders  # noqa: F401 (re-exported)
+from thermab.experiment.plan import looks, order_of_repeat, pair_size, phases, williams_orders  # noqa: F401 (re-exported)
 from thermab.layout import RunDir
 
 MIN_DF = 3
-
-
-def pair_size(order: str) -> int:
-    """Repeats per balanced block: 2 for two arms (AB then BA), the Williams rows otherwise."""
-    return len(williams_orders(order))
-
-
-def looks(order: str, max_repeats: int) -> list[int]:
-    """The repeats after which the questions are tested: after every balanced block, and at
-    ``max_repeats``."""
-    block = pair_size(order)
-    points = list(range(block, max_repeats + 1, block))
-    return points if points and points[-1] == max_repeats else points + [max_repeats]
 
 
 def residual_df(arms: int, repeats: int) -> int:

@@ -137,7 +137,7 @@ def phase(run: ClusterRun, rep: int, arm: str) -> list[PhaseRecord]:
     """Patch, restart, ready, then for each level of load (one when ``load.users`` is a
     number; plan.job_phases orders them) a load with probe and a cool down: the phase job
     ``rep{rep}-{arm}``.  Each window's files lie in its own phase directory (layout)."""
-    look_repeats = progress.look_repeats(run.cluster.name, run.config.repeats)
+    look_repeats = progress.look_repeats(run.config, run.order, rep)
     bring_up(run)
     chosen = run.config.arms[arm]
     run.progress(f"phase rep{rep}-{arm} ({chosen.label}, {run.config.setting.name} = {chosen.value})")

@@ -26,7 +26,7 @@ from thermab.config import (
     thresholds_problems,
     view,
 )
-from thermab.contracts import PhaseRecord
+from thermab.contracts import Decision, PhaseRecord
 from thermab.errors import UserError
 from thermab.layout import BASELINE, RunDir, phase_id
 from thermab.load_levels import Level
@@ -72,6 +72,31 @@ def williams_orders(order: str) -> list[str]:
         rows += [row[::-1] for row in rows]
     letter = {index: order[position] for position, index in enumerate(rows[0])}  # row 0 is ``order``
     return ["".join(letter[i] for i in row) for row in rows]
+
+
+def pair_size(order: str) -> int:
+    """Repeats per balanced block: 2 for two arms (AB then BA), the Williams rows otherwise."""
+    return len(williams_orders(order))
+
+
+def looks(order: str, max_repeats: int) -> list[int]:
+    """The repeats after which the questions are tested: after every balanced block, and at
+    ``max_repeats``."""
+    block = pair_size(order)
+    points = list(range(block, max_repeats + 1, block))
+    return points if points and points[-1] == max_repeats else points + [max_repeats]
+
+
+def look_of(order: str, max_repeats: int, rep: int) -> int:
+    """The look that ends the block of repeat ``rep`` (the last look for a repeat past them)."""
+    points = looks(order, max_repeats)
+    return next((point for point in points if point >= rep), points[-1])
+
+
+def look_before(order: str, max_repeats: int, rep: int) -> int | None:
+    """The look whose decision opened the block of repeat ``rep``; None in the first block."""
+    earlier = [point for point in looks(order, max_repeats) if point < rep]
+    return earlier[-1] if earlier else None
 
 
 def order_of_repeat(order: str, rep: int, crossover: bool = True) -> str:
@@ -143,6 +168,25 @@ def recorded_windows(
         if length is not None:
             windows[phase.rep] = length
     return windows
+
+
+def block_window(
+    run_dir: Path, order: str, max_repeats: int, rep: int, load_s: int, every: list[Level] | None = None
+) -> int:
+    """The load window of repeat ``rep`` of an ``until: decided`` run: the one its phases ran
+    (a phase that ran keeps its own, or Snakemake would run it again for new params), else
+    the one the look before its block decided (``contracts.Decision.load_s``), else
+    ``load_s`` (the first block).  A phase.json or look.json that is none is a UserError
+    naming it."""
+    recorded = recorded_windows(run_dir, order, rep, crossover=True, every=every)
+    if rep in recorded:
+        return recorded[rep]
+    before = look_before(order, max_repeats, rep)
+    decision = RunDir(run_dir).look(before).decision if before else None
+    if decision is None or not decision.is_file():
+        return load_s
+    decided = Decision.read(decision).load_s
+    return load_s if decided is None else decided
 
 
 def previous(order: str, rep: int, arm: str, crossover: bool = False, every: list[Level] | None = None) -> str:

@@ -20,17 +20,11 @@ from pathlib import Path
 from thermab.config import Config
 from thermab.experiment import plan
 
-# the repeats each cluster's run reaches in this invocation of the workflow ({cluster: n},
-# JSON), set by workflow/rules/common.smk for its jobs: until: decided reaches one look at a
-# time, and a job's own config holds only the first look's repeats
-LOOK_ENV = "THERMAB_LOOK_REPEATS"
 
-
-def look_repeats(cluster: str, default: int) -> int:
-    try:
-        return int(json.loads(os.environ.get(LOOK_ENV, "{}")).get(cluster, default))
-    except (ValueError, TypeError, AttributeError):
-        return default
+def look_repeats(config: Config, order: str, rep: int) -> int:
+    """The repeats of the look the phase job of repeat ``rep`` runs toward: with ``until:
+    decided`` the look that ends its block (the study may stop at any look), else the run's."""
+    return plan.look_of(order, config.max_repeats, rep) if config.until == "decided" else config.repeats
 
 
 @dataclass(frozen=True)

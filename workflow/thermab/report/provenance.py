@@ -52,8 +52,12 @@ def versions(workdir: Path) -> dict[str, str]:
 
 
 def snakemake_dag(snakefile: Path, workdir: Path, config_file: Path, target: str) -> str:
-    """The DAG of every job the target needs, finished or not (``--forceall``), as dot: one
-    Snakemake start (seconds of a core); ``dag.mmd`` and ``dag.svg`` are drawn from it."""
+    """The DAG of every job the target needs, finished or not (Snakemake draws the finished
+    dashed), as dot: one Snakemake start (seconds of a core); ``dag.mmd`` and ``dag.svg`` are
+    drawn from it. Not ``--forceall``: that would ask for every checkpoint again, so a run of
+    ``until: decided`` would show its first look only, not each look it ran; and files' times
+    alone tell what ran (``--rerun-triggers mtime``), as the config given here is another file
+    than the run's, which the looks' params name."""
     command = [
         sys.executable,
         "-m",
@@ -66,7 +70,8 @@ def snakemake_dag(snakefile: Path, workdir: Path, config_file: Path, target: str
         "--configfile",
         str(config_file),
         "--nolock",
-        "--forceall",
+        "--rerun-triggers",
+        "mtime",
         "--dag",
         "dot",
     ]

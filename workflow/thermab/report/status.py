@@ -44,11 +44,20 @@ def newest_run(results: Path) -> Path | None:
 ANSWER_COLUMNS = ("question", "arm", "reference", "kind", "margin", "verdict", "estimate", "ci_low", "ci_high")
 
 
+def answers_path(run_dir: Path) -> Path:
+    """The questions.csv of the run's last analysis: its own, or while ``until: decided``
+    goes on, its latest look's (``layout.RunDir.look``)."""
+    files = layout.RunDir(run_dir)
+    looks = files.path.glob(str(files.look("*").table("questions").relative_to(files.path)))
+    written = [path for path in (files.table("questions"), *looks) if path.is_file()]
+    return max(written, key=lambda path: path.stat().st_mtime) if written else files.table("questions")
+
+
 def read_run_answers(run_dir: Path) -> pd.DataFrame | None:
-    """The run's questions.csv (``sequential.read_answers``, with the columns status shows,
-    ``phases_needed`` a number where it can be read), None where the run has not been
-    analysed yet."""
-    path = layout.RunDir(run_dir).table("questions")
+    """The questions.csv of the run's last analysis (``answers_path``; ``sequential.read_answers``,
+    with the columns status shows, ``phases_needed`` a number where it can be read), None
+    where the run has not been analysed yet."""
+    path = answers_path(run_dir)
     if not path.is_file():
         return None
     answers = read_answers(path, ANSWER_COLUMNS)

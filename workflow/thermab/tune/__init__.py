@@ -6,7 +6,3 @@ candidate measured as an experiment against the reference arm (docs/tune.md).
 - ``report``: best.json, trials.csv, the figure and summary.md;
 - ``run``: the command, which runs each trial's looks through Snakemake.
 """
-
-# Set by the tuner for its Snakemake invocations: each reaches one look of ``until: decided``
-# and returns, so the tuner, not the workflow, decides whether the trial goes on (racing).
-ONE_LOOK_ENV = "THERMAB_ONE_LOOK"

@@ -8,12 +8,12 @@ resumes at its look) and goes on.
 """
 
 # Why a command and not a Snakemake target: the search is sequential and adaptive (the next
-# value depends on every result so far, and a trial's next look on its last), while
-# Snakemake's DAG is fixed when it starts. So the tuner is the loop and Snakemake the
-# experiment: each look of each trial is one invocation of the workflow in the trial's own
-# directory (layout.TrialDir), with `until: decided` reaching one look at a time
-# (ONE_LOOK_ENV), and everything a run does (patch, restart, load, cool down, restore, the
-# guardian) happens as in any run.
+# value depends on every result so far, and whether a trial goes on to its next look on the
+# other trials' results, racing), which no one trial's DAG holds. So the tuner is the loop
+# and Snakemake the experiment: each look of each trial is one invocation of the workflow in the trial's own
+# directory (layout.TrialDir) whose target is that look's checkpoint (the look's decision,
+# looks/{repeats}/look.json, as `until: decided` makes it), and everything a run does (patch,
+# restart, load, cool down, restore, the guardian) happens as in any run.
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from thermab.analysis.sequential import completed_repeats, looks, read_answers
 from thermab.errors import StageFailed, UserError
 from thermab.experiment import plan as experiment_plan
 from thermab.experiment.launch import SNAKEFILE
-from thermab.tune import ONE_LOOK_ENV, plan, report, study as tune_study
+from thermab.tune import plan, report, study as tune_study
 
 
 def read_config(paths: list[str]) -> thermab_config.Config:
@@ -52,11 +52,11 @@ def phases_run(trial: layout.TrialDir, cluster: str, load: dict) -> int:
 def finished_look(
     trial: layout.TrialDir, cluster: str, max_repeats: int, keys: list[tuple[int, str | None]], load: dict
 ) -> plan.Look | None:
-    """The trial's last look, where its questions.csv answers the repeats on disk (``keys``:
-    ``plan.answer_keys``; ``load``: the config's load)."""
+    """The trial's last look, where the look's questions.csv answers the repeats on disk
+    (``keys``: ``plan.answer_keys``; ``load``: the config's load)."""
     run = trial.run(cluster, plan.ORDER)
     done = completed_repeats(run.path, plan.ORDER, experiment_plan.levels(load))
-    answers_path = run.table("questions")
+    answers_path = run.look(done).table("questions")
     if done not in looks(plan.ORDER, max_repeats) or not answers_path.exists():
         return None
     answers = read_answers(answers_path)
@@ -68,9 +68,18 @@ def finished_look(
     return plan.of_answers(done, answers.to_dict("records"), keys)
 
 
-def snakemake_look(trial: layout.TrialDir, cluster: str, cores: int, snakefile: Path) -> None:
-    """One invocation of the workflow in the trial's directory: up to its next look."""
-    target = trial.run(cluster, plan.ORDER).table("questions").relative_to(trial.path)
+def next_look(trial: layout.TrialDir, cluster: str, max_repeats: int, load: dict) -> int:
+    """The repeats of the trial's next look: the first not yet decided at or after the
+    repeats on disk (a look interrupted before its decision runs again)."""
+    run = trial.run(cluster, plan.ORDER)
+    done = completed_repeats(run.path, plan.ORDER, experiment_plan.levels(load))
+    points = looks(plan.ORDER, max_repeats)
+    return next((r for r in points if r >= done and not run.look(r).decision.exists()), points[-1])
+
+
+def snakemake_look(trial: layout.TrialDir, cluster: str, repeats: int, cores: int, snakefile: Path) -> None:
+    """One invocation of the workflow in the trial's directory: up to its look at ``repeats``."""
+    target = trial.run(cluster, plan.ORDER).look(repeats).decision.relative_to(trial.path)
     command = [
         sys.executable,
         "-m",
@@ -87,7 +96,7 @@ def snakemake_look(trial: layout.TrialDir, cluster: str, cores: int, snakefile: 
         str(target),
     ]
     with open(trial.log, "a") as log:
-        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, ONE_LOOK_ENV: "1"})
+        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT)
     if code:
         raise StageFailed(
             f"{trial.path.name}: the workflow failed (exit status {code}; {trial.log}); run the same "
@@ -129,7 +138,7 @@ def run_trial(
             f"{trial.path.name} ({config.setting.name} = {value:g}): running to its next look "
             f"({left} phases of the budget left)"
         )
-        snakemake_look(trial, cluster, cores, snakefile)
+        snakemake_look(trial, cluster, next_look(trial, cluster, max_repeats, load), cores, snakefile)
 
 
 def say(text: str) -> None:
