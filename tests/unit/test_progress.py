@@ -153,12 +153,12 @@ def test_status_shows_the_latest_looks_answers_while_until_decided_goes_on(confi
     look.tables.mkdir(parents=True)
     files.table("questions").replace(look.table("questions"))
     assert status.answers_path(run_dir) == look.table("questions")
-    assert "TSOC mean lower (B vs A): UNDECIDED" in "\n".join(status.status_lines(run_dir, now))
+    assert "UNDECIDED — TSOC mean lower: " in "\n".join(status.status_lines(run_dir, now))
     newer = files.look(4)
     newer.tables.mkdir(parents=True)
     newer.table("questions").write_bytes(look.table("questions").read_bytes().replace(b"undecided", b"yes"))
     os.utime(look.table("questions"), (now - 60, now - 60))
-    assert "TSOC mean lower (B vs A): YES" in "\n".join(status.status_lines(run_dir, now))
+    assert "YES — TSOC mean lower: " in "\n".join(status.status_lines(run_dir, now))
 
 
 def test_status_finds_the_newest_run_and_says_when_no_load_runs(config, tmp_path):
