@@ -107,6 +107,12 @@ def defaults(section: str) -> dict[str, Any]:
     return {name: copy.deepcopy(spec["default"]) for name, spec in properties.items() if "default" in spec}
 
 
+def top_level_defaults(*keys: str) -> dict[str, Any]:
+    """The schema's default of each of these top-level keys (``until``, ``max_repeats``)."""
+    properties = _schema()["properties"]
+    return {key: copy.deepcopy(properties[key]["default"]) for key in keys}
+
+
 def key_problem(path: tuple[str, ...], value: Any) -> str | None:
     """Why ``value`` cannot be the config key at ``path`` (``("load", "users")``): the
     schema's type, bounds and pattern, a finite number; None when it can.  For command-line
