@@ -219,8 +219,8 @@ def _read_row_groups(path, parquet, row_groups: tuple[int, ...], columns: list[s
     return {name: table.column(name).to_numpy() for name in columns}
 
 
-# how a run.json without them (another tool's, an older thermab's) was run: the config's
-# defaults, a fixed number of repeats
+# the study's design; a run.json without it (another tool's, an older thermab's) was run
+# as the config's defaults run one: a fixed number of repeats
 STUDY_DESIGN = top_level_defaults("until", "max_repeats", "budget_hours")
 
 
@@ -233,9 +233,10 @@ class Plan(Analysis):  # the analysis settings at its top level, as run.json hol
     possibly written by an older thermab or another tool, and for a run without run.json
     inferred.  ``_check_plan`` and ``inferred_plan`` fill it through ``plan.run_plan``, so
     the keys down to ``questions`` are always there, and the study's design after them
-    (``STUDY_DESIGN``: the config's defaults where run.json has none); the rest are facts an older, imported
-    or inferred run lacks, asked with ``in`` or ``get`` as their absence means something
-    (no ``users``: the run is its one level; no ``trip_point_c``: no line drawn)."""
+    (``STUDY_DESIGN``: the config's defaults where run.json has none); the rest are facts
+    an older, imported or inferred run lacks, asked with ``in`` or ``get`` as their absence
+    means something (no ``users``: the run is its one level; no ``trip_point_c``: no line
+    drawn)."""
 
     cluster: str
     order: str
