@@ -17,6 +17,7 @@ from support.paths import REPO as ROOT
 from support.synthetic_run import write_synthetic_run
 from thermab import config as thermab_config
 from thermab.analysis import metrics, questions, washout
+from thermab.analysis.model import Plan
 from thermab.analysis.questions import NO, UNDECIDED, YES
 from thermab.config import ConfigError, validate
 from thermab.experiment import plan
@@ -236,11 +237,13 @@ def test_a_short_load_or_unbalanced_starts_never_give_yes(tmp_path):
     section = "\n".join(
         summary.start_balance_section(
             validity,
-            {
-                "reference_arm": "A",
-                "start_balance_c": 2.0,
-                "arms": {"A": {"label": "stock"}, "B": {"label": "patched"}},
-            },
+            Plan(
+                {
+                    "reference_arm": "A",
+                    "start_balance_c": 2.0,
+                    "arms": {"A": {"label": "stock"}, "B": {"label": "patched"}},
+                }
+            ),
         )
     )
     assert "| B (patched) | 2 | 53.2 (53.0–53.5) | +3.0 °C |" in section and "**unbalanced**" in section

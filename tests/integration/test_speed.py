@@ -20,6 +20,7 @@ from support.crossover import adjusted_least_squares, design, least_squares
 from support.paths import REPO
 from thermab import metric_names as names
 from thermab.analysis import questions, speed, stats
+from thermab.analysis.model import Plan
 from thermab.config import ConfigError, default_questions, question_words, validate
 from thermab.sim import restart
 from thermab.telemetry import server_metrics
@@ -319,7 +320,7 @@ def test_a_covariate_that_is_no_phase_metric_or_a_questions_is_a_one_line_config
 
 
 def test_the_summary_reports_the_acceptance_check_without_gating_on_it():
-    run = {"arms": {"A": {"label": "stock"}, "B": {"label": "patched"}, "C": {"label": "other"}}}
+    run = Plan({"arms": {"A": {"label": "stock"}, "B": {"label": "patched"}, "C": {"label": "other"}}})
     balance = speed.balance_frame(
         {
             "B": {"state": "balanced", "low_pct": -1.0, "high_pct": 1.5, "margin_pct": 2.0, "n": 8},

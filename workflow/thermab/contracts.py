@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeGuard
 
 from thermab import atomic
 from thermab.config import key_problem, read_bounded
@@ -147,8 +147,8 @@ class Validity(TypedDict):
     throughput: Throughput
     probe: Probe
     warnings: list[str]
-    shape: dict  # load.shapes.shape_report; a report written without it was a closed loop
-    wakeup: dict  # the wake-up probes after the load: n and ok (after a gap), gaps_s, first_error
+    shape: dict[str, Any]  # load.shapes.shape_report; a report written without it was a closed loop
+    wakeup: dict[str, Any]  # the wake-up probes after the load: n and ok (after a gap), gaps_s, first_error
 
 
 class _PhaseValidity(Validity):
@@ -160,7 +160,7 @@ class _PhaseValidity(Validity):
     load_level: str  # the level's label (load_levels.Level.label)
     duration_s: float
     locust_exit_code: int
-    events: list[dict]  # the load's marks
+    events: list[dict[str, Any]]  # the load's marks
 
 
 class PhaseValidity(_PhaseValidity, total=False):
@@ -173,7 +173,7 @@ def write_validity(path: Path, report: PhaseValidity) -> None:
     atomic.write_text(path, json.dumps(report, indent=2) + "\n")
 
 
-def validity_key(report: dict, path: Path) -> tuple[str, int, str, int | None, str | None]:
+def validity_key(report: dict[str, Any], path: Path) -> tuple[str, int, str, int | None, str | None]:
     """The window a read ``validity.json`` belongs to, (order, rep, arm, users, load_level);
     users None where the report has none (written before levels), load_level None where it
     has none (written before levels of mixed shapes).  A report without the first three is a
@@ -188,7 +188,7 @@ def validity_key(report: dict, path: Path) -> tuple[str, int, str, int | None, s
     return order, rep, arm, users, level
 
 
-def _whole(value) -> bool:
+def _whole(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -233,11 +233,11 @@ class Preflight:
         """The hosts with zones: the interlock watches them, a phase expects their readings."""
         return {name for name in self.hosts if self.zones(name)}
 
-    def to_json(self, **extra) -> str:
+    def to_json(self, **extra: object) -> str:
         """The file's text; ``extra`` adds keys (the failed record's ``problems``)."""
         return json.dumps({**dataclasses.asdict(self), **extra}, indent=1)
 
-    def write(self, path: Path, **extra) -> None:
+    def write(self, path: Path, **extra: object) -> None:
         atomic.write_text(path, self.to_json(**extra))
 
     @classmethod
@@ -324,7 +324,8 @@ class PhaseRecord:
         raw = json.loads(read_bounded(path, MAX_RECORD_BYTES))
         if not isinstance(raw, dict):
             raise UserError(f"{path}: not a JSON object")
-        record = cls(**{f.name: raw.get(f.name) for f in dataclasses.fields(cls)})
+        values: dict[str, Any] = {f.name: raw.get(f.name) for f in dataclasses.fields(cls)}
+        record = cls(**values)
         key, length = record._window()
         if length is not None:
             problem = key_problem(("timings", "load_s"), math.ceil(length)) if math.isfinite(length) else "not finite"

@@ -96,7 +96,7 @@ class RunDir:
 
     path: Path
 
-    def __init__(self, path):
+    def __init__(self, path: str | Path) -> None:
         object.__setattr__(self, "path", Path(path))
 
     @property
@@ -277,7 +277,7 @@ class TuneDir:
 
     path: Path
 
-    def __init__(self, path):
+    def __init__(self, path: str | Path) -> None:
         object.__setattr__(self, "path", Path(path))
 
     @property

@@ -11,13 +11,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from thermab.config import Arm, Question, check_file, read_bounded
+from thermab.config import Arm, Question, check_file, read_bounded, top_level_defaults
 from thermab.config.model import Analysis
 from thermab.contracts import REQUEST_COLUMNS, REQUIRED_REQUEST_COLUMNS, PhaseValidity, validity_key
 from thermab.errors import UserError
@@ -218,6 +219,11 @@ def _read_row_groups(path, parquet, row_groups: tuple[int, ...], columns: list[s
     return {name: table.column(name).to_numpy() for name in columns}
 
 
+# the study's design; a run.json without it (another tool's, an older thermab's) was run
+# as the config's defaults run one: a fixed number of repeats
+STUDY_DESIGN = top_level_defaults("until", "max_repeats", "budget_hours")
+
+
 class Plan(Analysis):  # the analysis settings at its top level, as run.json holds them
     """A run's plan as the analysis reads it, typed and read-only as the config's view is
     (``plan.head``, ``plan.arms["A"].label``; ``thaw`` gives the dict back).
@@ -226,9 +232,11 @@ class Plan(Analysis):  # the analysis settings at its top level, as run.json hol
     of it, flat (the head, the hosts, the setting's name, the analysis settings at the top),
     possibly written by an older thermab or another tool, and for a run without run.json
     inferred.  ``_check_plan`` and ``inferred_plan`` fill it through ``plan.run_plan``, so
-    the keys down to ``questions`` are always there; the rest are facts an older, imported
-    or inferred run lacks, asked with ``in`` or ``get`` as their absence means something
-    (no ``users``: the run is its one level; no ``trip_point_c``: no line drawn)."""
+    the keys down to ``questions`` are always there, and the study's design after them
+    (``STUDY_DESIGN``: the config's defaults where run.json has none); the rest are facts
+    an older, imported or inferred run lacks, asked with ``in`` or ``get`` as their absence
+    means something (no ``users``: the run is its one level; no ``trip_point_c``: no line
+    drawn)."""
 
     cluster: str
     order: str
@@ -263,6 +271,9 @@ class Plan(Analysis):  # the analysis settings at its top level, as run.json hol
     inferred: bool
     imported_from: str
     epoch_s: float
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        super().__init__({**STUDY_DESIGN, **values})
 
 
 @dataclass(frozen=True)
@@ -337,13 +348,14 @@ def inferred_plan(path: Path, events: pd.DataFrame, telemetry: Telemetry) -> dic
     )
 
 
-def _check_plan(path: Path, config: dict) -> dict:
-    """What the analysis needs of a run.json, with the defaults for what an older one
-    lacks; a value the config's checks refuse is a UserError naming the file and key."""
-    problems = plan.plan_problems(config) if "arms" in config else ["key 'arms': required but missing"]
+def _check_plan(path: Path, written: dict) -> dict:
+    """What the analysis needs of a run.json (``written``, as read), with the defaults for
+    what an older one lacks; a value the config's checks refuse is a UserError naming the
+    file and key."""
+    problems = plan.plan_problems(written) if "arms" in written else ["key 'arms': required but missing"]
     if problems:
         raise UserError(f"{path}: {problems[0]}")
-    arms = config["arms"]
+    arms = written["arms"]
     return plan.run_plan(
         **{
             "cluster": "",
@@ -352,9 +364,9 @@ def _check_plan(path: Path, config: dict) -> dict:
             "setting": "setting",
             "head": "",
             "hosts": [],
-            **{key: value for key, value in config.items() if key not in plan.DEFAULT_ANALYSIS},
+            **{key: value for key, value in written.items() if key not in plan.DEFAULT_ANALYSIS},
         },
-        analysis={key: config[key] for key in plan.DEFAULT_ANALYSIS if key in config},
+        analysis={key: written[key] for key in plan.DEFAULT_ANALYSIS if key in written},
     )
 
 
@@ -398,10 +410,10 @@ def load_run(run_dir, analysis: dict | None = None) -> RunData:
     return RunData(path, Plan(config), events, telemetry, requests, read_validity(path), sources)
 
 
-def read_plan(path: Path) -> Plan:
+def read_plan(path: Path, analysis: dict | None = None) -> Plan:
     """A run.json as the analysis reads it, checked: what is wrong is a UserError naming the
-    file and key."""
-    return Plan(_check_plan(path, _read_json(path)))
+    file and key.  ``analysis``: settings that replace the plan's, as ``load_run``'s."""
+    return Plan({**_check_plan(path, _read_json(path)), **plan.reanalysis(analysis or {})})
 
 
 def read_preflight(path: Path) -> dict | None:

@@ -598,9 +598,9 @@ def open_questions_section(
     if open_rows.empty:
         return []
     lines = ["## What would decide the open questions", ""]
-    budget, done = run.get("budget_hours"), int(rows["phases_per_arm"].max())
-    upcoming = sequential.next_repeats(run.order, run.get("max_repeats", 8), done, [UNDECIDED])
-    if run.get("until") == "decided" and budget is not None and upcoming and timings is not None:
+    budget, done = run.budget_hours, int(rows["phases_per_arm"].max())
+    upcoming = sequential.next_repeats(run.order, run.max_repeats, done, [UNDECIDED])
+    if run.until == "decided" and budget is not None and upcoming and timings is not None:
         scale = timings.time_scale
         lines += [budget_check(events, len(run.arms), done, upcoming, budget, scale)[1], ""]
     # words of the run's questions and labels: escaped here

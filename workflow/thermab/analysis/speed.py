@@ -28,7 +28,7 @@ import pandas as pd
 
 from thermab import metric_names as names
 from thermab.analysis import stats
-from thermab.analysis.model import as_telemetry
+from thermab.analysis.model import Plan, as_telemetry
 from thermab.markup import md_text
 from thermab.telemetry import server_metrics
 
@@ -258,12 +258,12 @@ def balance_frame(balance: dict, reference: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=BALANCE_COLUMNS)
 
 
-def balance_section(balance: pd.DataFrame | None, run: dict) -> list[str]:
+def balance_section(balance: pd.DataFrame | None, run: Plan) -> list[str]:
     """The summary's "Balanced acceptance" section: each arm's check, and what it is for, in a
     sentence; nothing where no phase measured the acceptance."""
     if balance is None or balance.empty:
         return []
-    labels = {a: md_text(spec["label"]) for a, spec in run["arms"].items()}
+    labels = {a: md_text(spec.label) for a, spec in run.arms.items()}
     lines = ["## Balanced acceptance", ""]
     for row in balance.itertuples(index=False):
         mark = row.state if row.state == BALANCED else f"**{row.state}**"

@@ -12,6 +12,7 @@ import functools
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 from scipy import stats
 
 from thermab import metric_names as names
@@ -32,20 +33,20 @@ COLUMNS = [
 ]
 
 
-def median_interval(values) -> tuple[float, float, float]:
+def median_interval(values: ArrayLike) -> tuple[float, float, float]:
     """The median of ``values`` and the narrowest symmetric pair of order statistics
     (x₍ₖ₎, x₍ₙ₋ₖ₊₁₎) that covers the median with at least LEVEL (the sign test's
     interval); NaN bounds where even (x₍₁₎, x₍ₙ₎) covers less."""
-    values = np.sort(np.asarray(values, dtype=float))
-    values = values[np.isfinite(values)]
-    n = len(values)
+    ordered = np.sort(np.asarray(values, dtype=float))
+    ordered = ordered[np.isfinite(ordered)]
+    n = len(ordered)
     if n == 0:
         return np.nan, np.nan, np.nan
-    median = float(np.median(values))
+    median = float(np.median(ordered))
     k = order_statistic(n)
     if k < 1:
         return median, np.nan, np.nan
-    return median, float(values[k - 1]), float(values[n - k])
+    return median, float(ordered[k - 1]), float(ordered[n - k])
 
 
 @functools.cache
@@ -66,7 +67,7 @@ def wakeup_table(requests: pd.DataFrame | None) -> pd.DataFrame:
     for (arm, gap), group in probes.groupby(["arm", "gap_s"], sort=True):
         ttft = median_interval(group["t_first_token"] - group["t_start"])
         step = median_interval(group["first_step_s"]) if "first_step_s" in group else (np.nan,) * 3
-        rows.append([arm, float(gap), len(group), *ttft, *step])
+        rows.append([arm, float(gap), len(group), *ttft, *step])  # type: ignore[arg-type]  # pandas-stubs: a key is Hashable
     return pd.DataFrame(rows, columns=COLUMNS).astype({"n": "int64"})
 
 
@@ -103,7 +104,8 @@ def penalty_metrics(requests: pd.DataFrame) -> pd.DataFrame:
         reference = unpaced[["ttft", "step"]].median()
         for gap, probes in phase[phase["gap_s"].notna()].groupby("gap_s"):
             penalty = (probes[["ttft", "step"]].median() - reference) * 1000  # ms: a wake-up is a few
-            rows.append([order, rep, arm, names.wakeup_penalty(gap), "ms", penalty["ttft"]])
-            rows.append([order, rep, arm, names.wakeup_penalty(gap, step=True), "ms", penalty["step"]])
+            gap_s: float = gap  # type: ignore[assignment]  # pandas-stubs: a group's key is any scalar
+            rows.append([order, rep, arm, names.wakeup_penalty(gap_s), "ms", penalty["ttft"]])
+            rows.append([order, rep, arm, names.wakeup_penalty(gap_s, step=True), "ms", penalty["step"]])
     frame = pd.DataFrame(rows, columns=["order", "rep", "arm", "metric", "unit", "value"])
     return frame.dropna(subset=["value"]) if rows else no_metrics()

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from thermab.analysis.metrics import PHASE_KEYS
+from thermab.analysis.model import Telemetry
 from thermab.telemetry.power import IDLE_BEFORE_S, total_watts
 
 START_COLUMNS = ["start_c", "cooldown_before", "idle_w_before"]
@@ -33,7 +34,7 @@ ARM_START_COLUMNS = [
 ]
 
 
-def start_temperatures(telemetry, windows: pd.DataFrame, host: str, zone: str) -> pd.Series:
+def start_temperatures(telemetry: Telemetry, windows: pd.DataFrame, host: str, zone: str) -> pd.Series:
     """°C of ``zone`` on ``host`` at each window's ``load_start`` (its last sample before it:
     the first of the load already carries its heat; NaN when there is none), indexed like ``windows``."""
     # a zone that never gave a finite reading has a series without samples
@@ -62,7 +63,7 @@ def cooldowns_before(events: pd.DataFrame, windows: pd.DataFrame) -> list[str]:
 
 
 def idle_power_before(
-    telemetry, windows: pd.DataFrame, events: pd.DataFrame, host: str, seconds: float = IDLE_BEFORE_S
+    telemetry: Telemetry, windows: pd.DataFrame, events: pd.DataFrame, host: str, seconds: float = IDLE_BEFORE_S
 ) -> list[float]:
     """W: ``host``'s total power (power.total_watts) over ``seconds`` before each phase's last
     ``restart_start``: how idle the node was when the phase began, at the end of the cooldown
@@ -90,7 +91,7 @@ def idle_power_before(
 
 
 def with_starts(
-    validity: pd.DataFrame, windows: pd.DataFrame, telemetry, events: pd.DataFrame, host: str, zone: str
+    validity: pd.DataFrame, windows: pd.DataFrame, telemetry: Telemetry, events: pd.DataFrame, host: str, zone: str
 ) -> pd.DataFrame:
     """validity.csv with ``start_c``, ``cooldown_before`` and ``idle_w_before`` appended, per phase."""
     keyed = windows.assign(
@@ -141,12 +142,12 @@ def unbalanced(validity: pd.DataFrame, reference: str, tolerance_c: float = DEFA
     starts = arm_starts(validity, reference, tolerance_c).set_index("arm")
     if reference not in starts.index:
         return {}
-    reference_c = starts.loc[reference, "start_c"]
+    reference_c = float(starts["start_c"][reference])
     return {
         arm: (
             f"unbalanced starts: {arm} started at {row.start_c:.1f} °C on average, {reference} at "
             f"{reference_c:.1f} °C (more than {tolerance_c:g} °C apart)"
         )
-        for arm, row in starts.iterrows()
+        for arm, row in zip(map(str, starts.index), starts.itertuples(index=False), strict=True)
         if not row.balanced
     }

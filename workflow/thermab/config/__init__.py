@@ -44,6 +44,7 @@ from thermab.config.schema import (
     level_bounds,
     load_schema,
     maximum,
+    top_level_defaults,
     typed_overrides,
 )
 from thermab.config.setting import literal_kind, literal_number
@@ -90,6 +91,7 @@ __all__ = [
     "sensor_silence_s",
     "thaw",
     "thresholds_problems",
+    "top_level_defaults",
     "typed_overrides",
     "validate",
     "view",

@@ -8,6 +8,7 @@ import os
 import re
 import unicodedata
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from thermab.config.patterns import SERVER_PLACEHOLDERS, _one_line, _regex, template_fields
@@ -22,7 +23,7 @@ def redact_url(text: str) -> str:
     return URL_PASSWORD.sub(r"\1:***@", text)
 
 
-def port_problem(port) -> str | None:
+def port_problem(port: int | str) -> str | None:
     """Why ``port`` (an int, or its digits) is no TCP port; never wrapped to one."""
     if isinstance(port, str):
         if not port.isascii() or not port.isdigit():
@@ -109,14 +110,14 @@ def _address_problem(address: str) -> str | None:
     return None
 
 
-def _reaches(host: dict, workdir: Path) -> tuple:
+def _reaches(host: dict[str, Any], workdir: Path) -> tuple[object, ...]:
     """What decides which files a host's paths reach: two hosts alike reach the same files."""
     where = (host.get("address", "").lower(), host.get("port", 22)) if host["transport"] == "ssh" else ("local",)
     root = str(host_root(workdir, host["root"])) if "root" in host else None
     return (*where, host.get("container_engine", "none"), host.get("container"), root)
 
 
-def _host_problems(where: str, host: dict, workdir: Path, problems: list[str]) -> None:
+def _host_problems(where: str, host: dict[str, Any], workdir: Path, problems: list[str]) -> None:
     if host["transport"] == "ssh" and "address" not in host:
         problems.append(f"config key '{where}.address': required for transport ssh")
     if "address" in host and _address_problem(host["address"]):
@@ -165,7 +166,7 @@ def _host_problems(where: str, host: dict, workdir: Path, problems: list[str]) -
 METER_SECRETS = {"redfish": ("password",), "tasmota": ("password",), "snmp": ("community", "auth_key", "priv_key")}
 
 
-def _wall_meter_problems(where: str, meters: list, hosts: dict, problems: list[str]) -> None:
+def _wall_meter_problems(where: str, meters: list[Any], hosts: dict[str, Any], problems: list[str]) -> None:
     """What the schema cannot say of a host's wall meters (their keys are the schema's): one
     source per credential, a user with its password, no password over plain HTTP, the
     version's credentials for SNMP, and the hosts each meter feeds."""
@@ -197,7 +198,7 @@ def _wall_meter_problems(where: str, meters: list, hosts: dict, problems: list[s
             problems.append(f"config key '{at}.feeds': names the hosts the meter feeds, its own host among them")
 
 
-def _fed_twice(where: str, hosts: dict, problems: list[str]) -> None:
+def _fed_twice(where: str, hosts: dict[str, Any], problems: list[str]) -> None:
     """A host fed by another host's meter and metered at the wall itself would be counted twice."""
     for name, host in hosts.items():
         for index, meter in enumerate(host.get("wall_meters", ())):

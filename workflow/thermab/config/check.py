@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -31,7 +32,7 @@ from thermab.config.setting import _setting_problems
 MAX_EXTRA_BODY = 2**20
 
 
-def validate(raw: dict, workdir: str | Path | None = None) -> dict:
+def validate(raw: dict[str, Any], workdir: str | Path | None = None) -> dict[str, Any]:
     """Return a copy of ``raw`` with defaults filled in, or raise ConfigError.  ``workdir``
     (default: the current directory) is where relative paths such as simulated roots lie."""
     if not isinstance(raw, dict):
@@ -48,7 +49,7 @@ def validate(raw: dict, workdir: str | Path | None = None) -> dict:
     return config
 
 
-def _shortest_window(raw: dict, config: dict) -> None:
+def _shortest_window(raw: dict[str, Any], config: dict[str, Any]) -> None:
     """``timings.min_load_s`` left out is its default or ``timings.load_s``, whichever is
     shorter: a window no longer than the default asks for no shortening, and a config
     validated again as written holds no shortest window longer than the window (which
@@ -58,7 +59,7 @@ def _shortest_window(raw: dict, config: dict) -> None:
         timings["min_load_s"] = min(timings["min_load_s"], timings["load_s"])
 
 
-def order_problems(order: str, arms: dict) -> list[str]:
+def order_problems(order: str, arms: dict[str, Any]) -> list[str]:
     """``order`` against ``arms``: every letter an arm, none twice."""
     problems = []
     unknown = sorted(set(order) - set(arms))
@@ -71,7 +72,7 @@ def order_problems(order: str, arms: dict) -> list[str]:
     return problems
 
 
-def _semantic_problems(config: dict, workdir: Path) -> list[str]:
+def _semantic_problems(config: dict[str, Any], workdir: Path) -> list[str]:
     problems: list[str] = []
     arms = config["arms"]
     problems += order_problems(config["order"], arms)
@@ -114,7 +115,7 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
     for name, cluster in config["clusters"].items():
         hosts = cluster["hosts"]
         if config["setting"]["method"] == "file":
-            reached: dict = {}
+            reached: dict[tuple[object, ...], str] = {}
             for host_name, host in hosts.items():
                 first = reached.setdefault(_reaches(host, workdir), host_name)
                 if first != host_name:
@@ -147,7 +148,7 @@ def _semantic_problems(config: dict, workdir: Path) -> list[str]:
     return problems
 
 
-def extra_body_problem(extra_body) -> str | None:
+def extra_body_problem(extra_body: object) -> str | None:
     """Why ``extra_body`` cannot be merged into every request: not a JSON object, or larger
     than MAX_EXTRA_BODY written as JSON; None when it can."""
     if not isinstance(extra_body, dict):
@@ -160,7 +161,7 @@ def extra_body_problem(extra_body) -> str | None:
     return f"{size} bytes as JSON, more than {MAX_EXTRA_BODY}" if size > MAX_EXTRA_BODY else None
 
 
-def _across_keys(config: dict, problems: list[str]) -> None:
+def _across_keys(config: dict[str, Any], problems: list[str]) -> None:
     """Keys that are each valid but contradict one another."""
     timings, intervals = config["timings"], config["monitor"]["intervals"]
     if config["until"] == "decided" and timings["min_load_s"] > timings["load_s"]:
@@ -187,7 +188,7 @@ def _across_keys(config: dict, problems: list[str]) -> None:
     problems += thresholds_problems(config["analysis"]["thresholds_c"])
 
 
-def thresholds_problems(thresholds: list) -> list[str]:
+def thresholds_problems(thresholds: list[Any]) -> list[str]:
     """``analysis.thresholds_c``: each once, ascending (a threshold twice is a row twice)."""
     problems = []
     for index in range(1, len(thresholds)):
@@ -203,7 +204,7 @@ def thresholds_problems(thresholds: list) -> list[str]:
     return problems
 
 
-def load(paths: str | Path | list[str | Path], workdir: str | Path | None = None) -> dict:
+def load(paths: str | Path | list[str | Path], workdir: str | Path | None = None) -> dict[str, Any]:
     """Read, layer and validate config files (for use outside Snakemake); errors name the
     files."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)

@@ -9,7 +9,7 @@ import re
 import shlex
 import sys
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -33,17 +33,19 @@ class HostSpec:
     name: str
     cluster: str
     transport: str
-    settings: Mapping = field(repr=False)  # the config's host (a Host section), or a dict
+    settings: Mapping[str, Any] = field(repr=False)  # the config's host (a Host section), or a dict
     root: Path | None = None
     simulated: str | None = None
 
     @property
     def container(self) -> str | None:
-        return self.settings.get("container")
+        container: str | None = self.settings.get("container")
+        return container
 
     @property
     def container_engine(self) -> str:
-        return self.settings.get("container_engine", "none")
+        engine: str = self.settings.get("container_engine", "none")
+        return engine
 
     def command(self, which: str, env: dict[str, str] | None = None) -> str | None:
         """The server stop/start command with {root}, {controller_python} (or its old name
@@ -51,7 +53,7 @@ class HostSpec:
 
         ``{env}`` becomes ``NAME=value`` pairs, for settings the server reads from its
         environment (``setting.method: env``)."""
-        template = self.settings.get("server", {}).get(which)
+        template: str | None = self.settings.get("server", {}).get(which)
         if template is None:
             return None
         pairs = " ".join(f"{name}={shlex.quote(value)}" for name, value in (env or {}).items())
@@ -65,7 +67,8 @@ class HostSpec:
 
     def process_pattern(self, default: str) -> str:
         if "process_pattern" in self.settings:
-            return self.settings["process_pattern"]
+            pattern: str = self.settings["process_pattern"]
+            return pattern
         if self.simulated:
             # simulated nodes share one machine: only this node's processes count
             return f"(?:{default}).*--node {re.escape(str(self.root))}(\\s|$)"
@@ -115,16 +118,20 @@ def cluster_spec(config: Config, name: str, workdir: Path | None = None) -> Clus
     return ClusterSpec(name, cluster.head, cluster.endpoint.rstrip("/"), cluster.end_state, tuple(hosts))
 
 
-class Section(Mapping):
+class Section(Mapping[str, Any]):
     """A part of a validated config, read-only: a mapping whose keys are also attributes,
     typed by its class's annotations (one per schema key).  Its mappings are sections and
     its lists tuples, so nothing reached through it changes; ``thaw`` gives the dict back.
     A key the config leaves out (``tune``, ``setting.file`` with method env) is an
     AttributeError naming it, as it is a KeyError in the dict: ``in`` and ``get`` ask first."""
 
-    def __init__(self, values: Mapping, where: str = "", each: type[Section] | None = None):
+    if typing.TYPE_CHECKING:  # the view's own state, no annotation of a key (``_parts`` reads those)
+        _where: str
+        _values: MappingProxyType[str, Any]
+
+    def __init__(self, values: Mapping[str, Any], where: str = "", each: type[Section] | None = None) -> None:
         parts = _parts(type(self))
-        frozen = {}
+        frozen: dict[str, object] = {}
         for name, value in values.items():
             section, by_name = (each, False) if each else parts.get(name, (Section, False))
             path = f"{where}{name}"
@@ -132,24 +139,28 @@ class Section(Mapping):
         object.__setattr__(self, "_where", where)
         object.__setattr__(self, "_values", MappingProxyType(frozen))
 
-    def __getattr__(self, name: str):
-        if name.startswith("_"):  # no config key: copy and pickle look for these
-            raise AttributeError(name)
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(f"config key '{self._where}{name}': not in the config", name=name, obj=self) from None
+    if not typing.TYPE_CHECKING:  # hidden from the type checker, so a key no annotation names is an error there
 
-    def __setattr__(self, name: str, value) -> None:
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("_"):  # no config key: copy and pickle look for these
+                raise AttributeError(name)
+            try:
+                return self._values[name]
+            except KeyError:
+                raise AttributeError(
+                    f"config key '{self._where}{name}': not in the config", name=name, obj=self
+                ) from None
+
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"config key '{self._where}{name}': the config is read-only")
 
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"config key '{self._where}{name}': the config is read-only")
 
-    def __getitem__(self, name: str):
+    def __getitem__(self, name: str) -> Any:
         return self._values[name]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._values)
 
     def __len__(self) -> int:
@@ -161,7 +172,7 @@ class Section(Mapping):
     def __copy__(self) -> Section:
         return self  # nothing in it changes, so a copy may be itself
 
-    def __deepcopy__(self, memo: dict) -> Section:
+    def __deepcopy__(self, memo: dict[int, object]) -> Section:
         return self
 
 
@@ -178,7 +189,7 @@ def _parts(cls: type[Section]) -> dict[str, tuple[type[Section], bool]]:
     return parts
 
 
-def _frozen(value, section: type[Section], where: str):
+def _frozen(value: object, section: type[Section], where: str) -> object:
     if isinstance(value, Mapping):
         return section(value, where + ".")
     if isinstance(value, (list, tuple)):
@@ -186,7 +197,7 @@ def _frozen(value, section: type[Section], where: str):
     return value
 
 
-def thaw(value):
+def thaw(value: object) -> Any:
     """A view's value as the validated config holds it: sections as dicts, tuples as lists
     (a config to write out, or to change into another)."""
     if isinstance(value, Section):
@@ -328,7 +339,7 @@ class Host(Section):
     agent_python: str
     agent_dir: str
     server: Server
-    wall_meters: tuple[Mapping, ...]  # each a meter's keys, by its kind (telemetry/wall_meters.py)
+    wall_meters: tuple[Mapping[str, Any], ...]  # each a meter's keys, by its kind (telemetry/wall_meters.py)
 
 
 class Cluster(Section):
@@ -359,7 +370,7 @@ class Config(Section):
     clusters: Mapping[str, Cluster]
 
 
-def view(config: dict) -> Config:
+def view(config: dict[str, Any]) -> Config:
     """The validated ``config`` as a typed, read-only view (``cfg.timings.load_s``), built
     once where a stage is handed the dict; it copies, so the dict may change after."""
     return Config(config)

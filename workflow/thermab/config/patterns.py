@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Sequence
+from typing import Any
 
 from thermab.config.problems import _short
 
 try:  # the regex parser, to judge a user's pattern before it runs (no public API has it)
-    from re import _constants as _re_constants, _parser as _re_parser
+    # typeshed gives re's private modules no stubs
+    from re import _constants as _re_constants, _parser as _re_parser  # type: ignore[attr-defined]
 except ImportError:  # Python 3.10
     import sre_constants as _re_constants
     import sre_parse as _re_parser
@@ -47,7 +50,7 @@ def template_fields(key: str, text: str, allowed: tuple[str, ...], problems: lis
 ANY_CHAR = object()  # a first character that could be anything
 
 
-def _first_chars(items) -> set:
+def _first_chars(items: Sequence[tuple[Any, Any]]) -> set[object]:
     """What the text matched by a parsed regex sequence can start with: characters,
     ANY_CHAR, and None when it can match the empty string."""
     c = _re_constants
@@ -70,7 +73,7 @@ def _first_chars(items) -> set:
     return {None}
 
 
-def _ambiguous_repeat(items, inside_repeat: bool = False) -> bool:
+def _ambiguous_repeat(items: Sequence[tuple[Any, Any]], inside_repeat: bool = False) -> bool:
     """A repeat that can split one text in many ways, so a failing match backtracks
     through exponentially many: a repeat inside a repeat (``(a+)+``, ``(\\w*\\s?)*``), or,
     inside a repeat, an alternation whose branches may start alike or match nothing
@@ -89,7 +92,7 @@ def _ambiguous_repeat(items, inside_repeat: bool = False) -> bool:
         elif op is c.BRANCH:
             if inside_repeat:
                 firsts = [_first_chars(branch) for branch in arg[1]]
-                seen: set = set()
+                seen: set[object] = set()
                 for first in firsts:
                     if None in first or ANY_CHAR in first or first & seen or (ANY_CHAR in seen):
                         return True
@@ -101,7 +104,7 @@ def _ambiguous_repeat(items, inside_repeat: bool = False) -> bool:
     return False
 
 
-def _regex(key: str, pattern: str, problems: list[str]) -> re.Pattern | None:
+def _regex(key: str, pattern: str, problems: list[str]) -> re.Pattern[str] | None:
     try:
         compiled = re.compile(pattern)
         ambiguous = _ambiguous_repeat(_re_parser.parse(pattern))

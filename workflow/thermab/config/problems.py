@@ -3,6 +3,8 @@ a value cut short)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from thermab.errors import UserError
 
 MAX_MESSAGE = 300  # characters of a value shown in an error
@@ -12,7 +14,7 @@ class ConfigError(UserError, ValueError):
     """A config value is wrong; the message names the key."""
 
 
-def _key(path) -> str:
+def _key(path: Iterable[object]) -> str:
     text = ".".join(str(part) for part in path) or "(top level)"
     return text.encode("unicode_escape").decode("ascii")  # a newline in a key stays on the line
 

@@ -4,13 +4,14 @@ range and constraints, and the wake-up gaps."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from thermab import load_levels, metric_names as names
 from thermab.config.problems import _short
 from thermab.config.setting import literal_number
 
 
-def default_questions(zone: str = "TSOC") -> list[dict]:
+def default_questions(zone: str = "TSOC") -> list[dict[str, Any]]:
     """The spin-wait study's questions: cooler and less CPU, no real loss of speed or energy."""
     return [
         {"metric": names.zone_mean("head", zone), "kind": "lower"},
@@ -22,11 +23,11 @@ def default_questions(zone: str = "TSOC") -> list[dict]:
     ]
 
 
-def question_hosts(config: dict) -> list[str]:
+def question_hosts(config: dict[str, Any]) -> list[str]:
     return ["head"] + sorted({name for cluster in config["clusters"].values() for name in cluster["hosts"]} - {"head"})
 
 
-def known_metric(config: dict, metric: str) -> bool:
+def known_metric(config: dict[str, Any], metric: str) -> bool:
     """A metric variance.csv can have: a run metric, or a host's CPU or zone mean (any zone
     name: zones are found at preflight; one other than the timeline zone has no data), the
     TTFT after one of the wake-up gaps (``load.wakeup_gaps_s``), a latency percentile
@@ -46,7 +47,7 @@ def known_metric(config: dict, metric: str) -> bool:
     )
 
 
-def question_words(question: dict) -> str:
+def question_words(question: dict[str, Any]) -> str:
     """A question in words, for its errors and its row of questions.csv."""
     margin = (
         f"{question['margin_pct']:g} %"
@@ -64,7 +65,7 @@ def question_words(question: dict) -> str:
     )
 
 
-def _question_problems(config: dict, problems: list[str]) -> None:
+def _question_problems(config: dict[str, Any], problems: list[str]) -> None:
     config.setdefault("questions", default_questions(config["analysis"]["timeline_zone"]))
     for index, question in enumerate(config["questions"]):
         _one_question_problems(config, f"questions.{index}", question, problems)
@@ -80,7 +81,7 @@ def _question_problems(config: dict, problems: list[str]) -> None:
     _budget_problems(config, problems)
 
 
-def _covariate_problems(config: dict, problems: list[str]) -> None:
+def _covariate_problems(config: dict[str, Any], problems: list[str]) -> None:
     """``analysis.covariates``: per-phase metrics of the run that no question asks about and
     that are not themselves adjusted (an effect adjusted for a metric the arm moves through
     it would hide that effect)."""
@@ -99,7 +100,7 @@ def _covariate_problems(config: dict, problems: list[str]) -> None:
             )
 
 
-def _budget_problems(config: dict, problems: list[str]) -> None:
+def _budget_problems(config: dict[str, Any], problems: list[str]) -> None:
     """``budget_hours``: only with ``until: decided``, and at least one pair of phases (one
     of each arm, at every level) with the baseline, at the config's timings."""
     budget = config["budget_hours"]
@@ -120,7 +121,7 @@ def _budget_problems(config: dict, problems: list[str]) -> None:
         )
 
 
-def budget_repeats(config: dict) -> int | None:
+def budget_repeats(config: dict[str, Any]) -> int | None:
     """The most repeats ``budget_hours`` fits at the config's own timings (None: no budget):
     after the baseline, each phase job at its longest, its load and a full cooldown
     (``timings.load_s`` + ``timings.cooldown_max_s``), at every level of the load."""
@@ -129,12 +130,12 @@ def budget_repeats(config: dict) -> int | None:
         return None
     timings, users = config["timings"], config["load"]["users"]
     phases = len(config["order"]) * len(users if isinstance(users, list) else [users])
-    per_repeat_h = phases * (timings["load_s"] + timings["cooldown_max_s"]) * timings["time_scale"] / 3600
-    room_h = budget - timings["baseline_s"] * timings["time_scale"] / 3600
+    per_repeat_h: float = phases * (timings["load_s"] + timings["cooldown_max_s"]) * timings["time_scale"] / 3600
+    room_h: float = budget - timings["baseline_s"] * timings["time_scale"] / 3600
     return max(0, math.floor(room_h / per_repeat_h + 1e-9))
 
 
-def fit_max_repeats_to_budget(config: dict) -> None:
+def fit_max_repeats_to_budget(config: dict[str, Any]) -> None:
     """Lower ``max_repeats`` to what the budget fits (``budget_repeats``), never below
     ``repeats`` or one crossover pair.  The looks' α is laid out over ``max_repeats``
     (analysis/sequential.py), and O'Brien–Fleming-type spending keeps most of it for the
@@ -146,7 +147,9 @@ def fit_max_repeats_to_budget(config: dict) -> None:
         config["max_repeats"] = min(config["max_repeats"], max(2, config["repeats"], fits))
 
 
-def questions_problems(questions: list[dict], hosts: list[str], load: dict, idle_s: float = 0) -> list[str]:
+def questions_problems(
+    questions: list[dict[str, Any]], hosts: list[str], load: dict[str, Any], idle_s: float = 0
+) -> list[str]:
     """The checks of ``questions`` a config makes, for a run of ``hosts`` at the levels of
     ``load`` (``users`` and the shape keys) with its wake-up gaps (``wakeup_gaps_s``) and
     idle window (``idle_s``): for questions another tool wrote (run.json), already schema-valid."""
@@ -161,10 +164,10 @@ def questions_problems(questions: list[dict], hosts: list[str], load: dict, idle
     return problems
 
 
-def _one_question_problems(config: dict, where: str, question: dict, problems: list[str]) -> None:
+def _one_question_problems(config: dict[str, Any], where: str, question: dict[str, Any], problems: list[str]) -> None:
     """A question's own checks (``where``: its key, questions.N or tune.constraints.N)."""
 
-    def key(field=None):
+    def key(field: str | None = None) -> str:
         return f"config key '{where}{'.' + field if field else ''}' ({_short(question['metric'])} {question['kind']})"
 
     margins = [name for name in ("margin", "margin_pct") if name in question]
@@ -199,7 +202,7 @@ def _one_question_problems(config: dict, where: str, question: dict, problems: l
         )
 
 
-def _tune_problems(config: dict, problems: list[str]) -> None:
+def _tune_problems(config: dict[str, Any], problems: list[str]) -> None:
     """``tune`` (docs/tune.md): a range that holds values, a metric that exists, one cluster.
     The budget's floor (the phases one decision needs) is checked by thermab.tune.plan, which
     owns the looks' arithmetic with analysis.sequential."""
@@ -235,7 +238,7 @@ def _tune_problems(config: dict, problems: list[str]) -> None:
         )
 
 
-def _wakeup_problems(config: dict, problems: list[str]) -> None:
+def _wakeup_problems(config: dict[str, Any], problems: list[str]) -> None:
     """The wake-up gaps ascend, and their idle time fits in a phase: at most its load's."""
     gaps, n, load_s = config["load"]["wakeup_gaps_s"], config["load"]["wakeup_n"], config["timings"]["load_s"]
     if not gaps:

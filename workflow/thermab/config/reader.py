@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Callable, Hashable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -18,6 +20,7 @@ MAX_CONFIG_BYTES = 4 * 2**20  # a config file; larger is not a config
 
 
 MAX_DIGITS = 100  # an integer written longer is a mistake (Python refuses to convert past 4300)
+KeyPath = list[str | int]  # a value's keys and list indices from the top of its document
 
 
 def _file_kind(mode: int) -> str:
@@ -43,7 +46,7 @@ def check_file(path: str | Path, limit: int) -> os.stat_result:
     return _checked(path, info, limit)
 
 
-def _checked(path, info: os.stat_result, limit: int) -> os.stat_result:
+def _checked(path: str | Path, info: os.stat_result, limit: int) -> os.stat_result:
     if not stat.S_ISREG(info.st_mode):
         raise UserError(f"{path}: {_file_kind(info.st_mode)}, not a file")
     if info.st_size > limit:
@@ -88,13 +91,18 @@ class StrictLoader(yaml.SafeLoader):
     / ``no`` / ``on`` / ``off`` as booleans.  A plain number is decimal as written, a
     boolean is true or false; anything else is quoted."""
 
+    key_paths: dict[int, KeyPath]  # set as a document is read (``_key_paths``)
+
+
+Constructor = Callable[[StrictLoader, yaml.ScalarNode], Any]
+
 
 def _line(loader: StrictLoader, node: yaml.Node) -> str:
     return f"{loader.name}: line {node.start_mark.line + 1}"
 
 
-def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict = {}
+def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+    seen: dict[Hashable, int] = {}
     for key_node, _value in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
             continue  # `<<: *defaults`: keys written beside it override it, as YAML says
@@ -116,8 +124,8 @@ DECIMAL_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+\.[0-9]*)([eE][-+]?[0-9]+)?|[-
 BOOLEANS = ("true", "True", "TRUE", "false", "False", "FALSE")
 
 
-def _as_written(kind: str, pattern: re.Pattern | None, construct):
-    def constructor(loader: StrictLoader, node: yaml.ScalarNode):
+def _as_written(kind: str, pattern: re.Pattern[str] | None, construct: Constructor) -> Constructor:
+    def constructor(loader: StrictLoader, node: yaml.ScalarNode) -> Any:
         text = node.value
         if kind == "integer" and len(text) > MAX_DIGITS:
             raise ConfigError(f"{_line(loader, node)}: an integer of {len(text)} characters (at most {MAX_DIGITS})")
@@ -149,7 +157,7 @@ StrictLoader.add_constructor(
 )
 
 
-def _key_paths(node: yaml.Node, path: list, paths: dict | None = None) -> dict:
+def _key_paths(node: yaml.Node, path: KeyPath, paths: dict[int, KeyPath] | None = None) -> dict[int, KeyPath]:
     """id of each value node → its key path, so a value refused as it is read names its key."""
     paths = {} if paths is None else paths
     if id(node) in paths:
@@ -166,11 +174,11 @@ def _key_paths(node: yaml.Node, path: list, paths: dict | None = None) -> dict:
     return paths
 
 
-def _self_containing(node: yaml.Node, open_: set | None = None, done: set | None = None) -> yaml.Node | None:
+def _self_containing(node: yaml.Node, open_: set[int] | None = None, done: set[int] | None = None) -> yaml.Node | None:
     """The first list or mapping node that holds itself (``&a [*a]``): PyYAML refuses such a
     mapping, but builds such a list, which no reader of it could ever finish walking.  Each
     node is walked once (``done``), so aliases shared many times cost nothing more."""
-    open_, done = (set(), set()) if open_ is None else (open_, done)
+    open_, done = (set() if open_ is None else open_), (set() if done is None else done)
     if id(node) in open_:
         return node
     if id(node) in done:
@@ -189,7 +197,7 @@ def _self_containing(node: yaml.Node, open_: set | None = None, done: set | None
     return None
 
 
-def read_file(path: str | Path) -> dict:
+def read_file(path: str | Path) -> dict[str, Any]:
     """A config file (YAML or JSON) as a mapping; anything else is a ConfigError naming the file."""
     try:
         data = read_bounded(path, MAX_CONFIG_BYTES)
@@ -227,12 +235,12 @@ def read_file(path: str | Path) -> dict:
     return raw
 
 
-def read_layered(paths: list[str | Path]) -> dict:
+def read_layered(paths: list[str | Path]) -> dict[str, Any]:
     """Config files merged as Snakemake merges several ``--configfile``: each later file's
     mappings into the earlier ones, key by key, any other value replaced."""
     from snakemake.utils import update_config  # only where files are layered: seconds to import
 
-    merged: dict = {}
+    merged: dict[str, Any] = {}
     for path in paths:
         update_config(merged, read_file(path))
     return merged

@@ -7,6 +7,7 @@ import ast
 import io
 import math
 import tokenize
+from typing import Any
 
 from thermab.config.addresses import _normalised
 from thermab.config.patterns import VALUE_PLACEHOLDER, _one_line, _regex, template_fields
@@ -39,7 +40,7 @@ def literal_kind(text: str) -> str | None:
     return {str: "string", bytes: "bytes", type(None): "None"}.get(type(value), type(value).__name__)
 
 
-def _setting_problems(config: dict, problems: list[str]) -> None:
+def _setting_problems(config: dict[str, Any], problems: list[str]) -> None:
     setting, arms = config["setting"], config["arms"]
     for letter, arm in arms.items():
         _one_line(f"arms.{letter}.value", arm["value"], problems)

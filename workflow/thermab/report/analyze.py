@@ -112,7 +112,7 @@ def run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     own order, so that the fit separates the position from the arm."""
     config = run.plan
     values = _run_metrics(run, tables)
-    if config.get("until") == "decided" and len(values):
+    if config.until == "decided" and len(values):
         values["order"] = [plan.order_of_repeat(config.order, int(rep)) for rep in values["rep"]]
     return values
 
@@ -187,9 +187,9 @@ def compute_level(runs: list[RunData], detect_pct: float = 5.0) -> tuple[dict, p
         variance = pd.concat([variance, unmeasured], ignore_index=True)
     tables["variance"] = variance = load_validity.note_verdicts(variance, pooled)
     alpha = questions.ALPHA
-    if config.get("until") == "decided":  # each look tests at its boundary's level (analysis.sequential)
+    if config.until == "decided":  # each look tests at its boundary's level (analysis.sequential)
         repeats = int(pooled.groupby("arm")["rep"].nunique().min()) if len(pooled) else 0
-        alpha = sequential.look_alpha(config.order, config.get("max_repeats", 8), repeats)
+        alpha = sequential.look_alpha(config.order, config.max_repeats, repeats)
     # the level's plan asks the questions asked at it (levels.plan_at)
     tables["questions"], tables["acceptance"] = answer_questions(
         config, pooled, pd.concat([t["validity"] for t in every]), alpha

@@ -108,12 +108,12 @@ def _design(plan: Plan, windows: pd.DataFrame, asked_s: pd.Series | None = None)
     orders = ", ".join(map(md_text, pd.unique(windows["order"]))) if len(windows) else plan.order
     window = fmt_duration(float(windows["window_s"].median())) if len(windows) else "–"
     asked = pd.Series(dtype="float64") if asked_s is None else asked_s.dropna().astype(float)
-    if asked.nunique() > 1 and plan.get("until") == "decided":
+    if asked.nunique() > 1 and plan.until == "decided":
         window = (
             f"{fmt_duration(asked.max())}, {fmt_duration(asked.min())} once only questions of speed and"
             " energy per token were open (docs/planning.md)"
         )
-    design = "until decided" if plan.get("until") == "decided" else "a fixed number of repeats"
+    design = "until decided" if plan.until == "decided" else "a fixed number of repeats"
     load = (
         f"{load_shape(plan)}, prompts of {plan.get('prompt_tokens', '?')}"
         f" tokens, {plan.get('max_tokens', '?')} output tokens each"

@@ -7,13 +7,13 @@ head zone mean, head vLLM CPU, output throughput, the cluster's energy per outpu
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd  # noqa: E402
 
 from thermab import metric_names as names  # noqa: E402
 from thermab.analysis import energy  # noqa: E402
+from thermab.analysis.model import Plan, read_plan  # noqa: E402
 from thermab.headless import plt  # noqa: E402 (the Agg backend, literal text)
 from thermab.layout import RunDir  # noqa: E402
 from thermab.markup import md_text  # noqa: E402
@@ -22,8 +22,8 @@ from thermab.report.summary import DIGITS, fmt, markdown_table  # noqa: E402
 COLUMNS = ["cluster", "arm", "label", "n", "metric", "unit", "mean", "diff_pct", "finding", "verdict"]
 
 
-def metrics_of(run: dict) -> list[str]:
-    head, zone = run["head"], run["timeline_zone"]
+def metrics_of(run: Plan) -> list[str]:
+    head, zone = run.head, run.timeline_zone
     return [names.zone_mean(head, zone), names.cpu_median(head), names.OUTPUT_THROUGHPUT, energy.METRIC]
 
 
@@ -33,12 +33,12 @@ def fleet_table(run_dirs: dict[str, Path], analysis: dict | None = None) -> pd.D
     with, in place of run.json's (their metric names carry the timeline zone)."""
     frames = []
     for cluster, run_dir in run_dirs.items():
-        run = {**json.loads(RunDir(run_dir).run_json.read_text()), **(analysis or {})}
+        run = read_plan(RunDir(run_dir).run_json, analysis)
         variance = pd.read_csv(RunDir(run_dir).table("variance"))
         wanted = metrics_of(run)
         rows = variance[variance["metric"].isin(wanted)].copy()
         rows["metric"] = rows["metric"].replace(
-            {wanted[0]: names.zone_mean("head", run["timeline_zone"]), wanted[1]: names.cpu_median("head")}
+            {wanted[0]: names.zone_mean("head", run.timeline_zone), wanted[1]: names.cpu_median("head")}
         )
         # a run of levels: a row per cluster and level
         many = "load_level" in rows and rows["load_level"].nunique() > 1

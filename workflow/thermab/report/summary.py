@@ -10,6 +10,7 @@ import pandas as pd
 
 from thermab import metric_names as names
 from thermab.analysis import energy, load_validity, speed, stats, washout
+from thermab.analysis.model import Plan
 from thermab.load.validity import FULL_LENGTH_MIN, INFLIGHT_SLACK, MIN_ARRIVAL_SPAN_SHARE, MIN_TOKEN_ARRIVALS, bursts
 from thermab.markup import Markdown, md_cell, md_text
 from thermab.report import verdict
@@ -161,7 +162,7 @@ def completeness_section(frame: pd.DataFrame) -> str:
 
 
 def summary_markdown(
-    run: dict,
+    run: Plan,
     tables: dict,
     variance: pd.DataFrame,
     *,
@@ -176,25 +177,24 @@ def summary_markdown(
     performance), ``sample_interval_s`` the median sampling interval per telemetry kind,
     ``completeness`` the per host and source sample counts (``completeness.completeness``),
     ``open_plan`` the open questions' paragraph (``planning.open_questions_section``)."""
-    arms, reference = run["arms"], run["reference_arm"]
-    head, zone = run["head"], run["timeline_zone"]
+    arms, reference = run.arms, run.reference_arm
+    head, zone = run.head, run.timeline_zone
     windows = tables["windows"]
     if windows.empty:
         return (
-            f"# thermab: {md_text(run.get('cluster', ''))}\n\nNo complete load phase in this run: a phase is"
+            f"# thermab: {md_text(run.cluster)}\n\nNo complete load phase in this run: a phase is"
             " measured from its last load_start to the first load_end after it, and no phase has a"
             " load_end later than its load_start. Nothing to compare.\n"
         )
     phases = windows.groupby("arm").size()
     present = [a for a in arms if a in phases.index]
     # what run.json says is text: escaped once here, for the lines and the tables alike
-    labels = {a: md_text(arms[a]["label"]) for a in present}
-    values = {a: md_text(arms[a].get("value", "")) for a in present}
-    setting = md_text(run.get("setting", "setting"))
+    labels = {a: md_text(arms[a].label) for a in present}
+    values = {a: md_text(arms[a].value) for a in present}
+    setting = md_text(run.setting)
     head_text, zone_text = md_text(head), md_text(zone)
     parts = [
-        f"# thermab: {md_text(run.get('cluster', ''))} — {setting}, "
-        + " vs ".join(f"{labels[a]} ({values[a]})" for a in present),
+        f"# thermab: {md_text(run.cluster)} — {setting}, " + " vs ".join(f"{labels[a]} ({values[a]})" for a in present),
         "",
         "Arms: "
         + "; ".join(
@@ -226,7 +226,7 @@ def summary_markdown(
         zones = tables["zones"]
         head_zones = list(dict.fromkeys(zones.loc[zones["host"] == head, "sensor"]))
         parts += [f"## Time to reach a temperature after load start ({head_text} {zone_text})", ""]
-        if not run["thresholds_c"]:
+        if not run.thresholds_c:
             parts.append("No threshold was asked for (`analysis.thresholds_c` is empty).")
         elif zone in head_zones:
             parts += [
@@ -274,11 +274,11 @@ def summary_markdown(
     return "\n".join(parts) + "\n"
 
 
-def questions_section(answers: pd.DataFrame, run: dict) -> list[str]:
+def questions_section(answers: pd.DataFrame, run: Plan) -> list[str]:
     """The answer first: one line per declared question and arm (``tables/questions.csv``)."""
     if answers.empty:
         return ["## Questions", "", "No question was declared (`questions` is empty).", ""]
-    labels = {a: md_text(spec["label"]) for a, spec in run["arms"].items()}
+    labels = {a: md_text(spec.label) for a, spec in run.arms.items()}
     units = answers["unit"].fillna("") if "unit" in answers else pd.Series("", index=answers.index)
     rows = pd.DataFrame(
         {
@@ -301,14 +301,14 @@ def questions_section(answers: pd.DataFrame, run: dict) -> list[str]:
         rows["note"] = answers["note"].fillna("").astype(str).to_numpy()
     level = answers["level"].dropna()
     lines = []
-    if run.get("until") == "decided":
+    if run.until == "decided":
         open_ = answers.loc[answers["verdict"] == "undecided", "question"]
         reached = int(answers["phases_per_arm"].max())
         lines = [
-            f"Repeats until decided: {reached} of at most {run.get('max_repeats')} repeats"
+            f"Repeats until decided: {reached} of at most {run.max_repeats} repeats"
             + (
-                f" (at most what the budget of {run.get('budget_hours'):g} cluster-hours fits at the config's timings)"
-                if run.get("budget_hours") is not None
+                f" (at most what the budget of {run.budget_hours:g} cluster-hours fits at the config's timings)"
+                if run.budget_hours is not None
                 else ""
             )
             + ", each look at its level of O'Brien–Fleming-type alpha spending (docs/statistics.md); "
@@ -362,7 +362,7 @@ def adjustment_lines(answers: pd.DataFrame, labels: dict) -> list[str]:
     ]
 
 
-def load_validity_section(validity: pd.DataFrame, run: dict) -> list[str]:
+def load_validity_section(validity: pd.DataFrame, run: Plan) -> list[str]:
     """The "Load validity" section: one row per phase from its validity.json (the table
     ``tables/validity.csv``), whether its load was the configured one, and its warnings."""
     if validity["load_valid"].isna().all():
@@ -373,7 +373,7 @@ def load_validity_section(validity: pd.DataFrame, run: dict) -> list[str]:
             " of a phase was the configured one is unknown.",
             "",
         ]
-    labels = {a: spec["label"] for a, spec in run["arms"].items()}
+    labels = {a: spec.label for a, spec in run.arms.items()}
     rows = []
     for phase in validity.itertuples(index=False):
         row = {"phase": f"{phase.order} rep{phase.rep}-{phase.arm} ({labels.get(phase.arm, phase.arm)})"}
@@ -426,15 +426,15 @@ def load_validity_section(validity: pd.DataFrame, run: dict) -> list[str]:
     ]
 
 
-def start_balance_section(validity: pd.DataFrame, run: dict) -> list[str]:
+def start_balance_section(validity: pd.DataFrame, run: Plan) -> list[str]:
     """The "Balanced starts" section: per arm, where its phases started (the head's timeline
     zone at load_start), how idle the head was before each restart, and whether the arms
     started alike (washout.arm_starts); nothing where no phase has a start temperature."""
-    tolerance = run.get("start_balance_c", washout.DEFAULT_BALANCE_C)
-    starts = washout.arm_starts(validity, run["reference_arm"], tolerance)
+    tolerance = run.start_balance_c
+    starts = washout.arm_starts(validity, run.reference_arm, tolerance)
     if starts.empty:
         return []
-    labels = {a: spec["label"] for a, spec in run["arms"].items()}
+    labels = {a: spec.label for a, spec in run.arms.items()}
     rows = pd.DataFrame(
         {
             "arm": [f"{a} ({labels.get(a, a)})" for a in starts["arm"]],
@@ -444,7 +444,7 @@ def start_balance_section(validity: pd.DataFrame, run: dict) -> list[str]:
                 for m, lo, hi in zip(starts["start_c"], starts["start_min_c"], starts["start_max_c"], strict=False)
             ],
             "vs reference": [
-                "reference" if a == run["reference_arm"] else fmt(d, "°C", sign=True)
+                "reference" if a == run.reference_arm else fmt(d, "°C", sign=True)
                 for a, d in zip(starts["arm"], starts["diff_c"], strict=False)
             ],
             "head idle W before": [fmt(w, "", 1) for w in starts["idle_w_before"]],
@@ -468,14 +468,14 @@ def _by_arm(frame: pd.DataFrame, present: list[str]):
     return [(arm, frame[frame["arm"] == arm]) for arm in present]
 
 
-def _threshold_table(tables: dict, run: dict, present: list[str], labels: dict) -> pd.DataFrame:
-    head, zone = run["head"], run["timeline_zone"]
+def _threshold_table(tables: dict, run: Plan, present: list[str], labels: dict) -> pd.DataFrame:
+    head, zone = run.head, run.timeline_zone
     th = tables["thresholds"]
     th = th[(th["host"] == head) & (th["sensor"] == zone)]
     zones = tables["zones"]
     peaks = zones[(zones["host"] == head) & (zones["sensor"] == zone)]
     rows = []
-    for threshold in run["thresholds_c"]:
+    for threshold in run.thresholds_c:
         row = {"threshold": fmt(threshold, "°C", 0)}
         for arm, phase_rows in _by_arm(th[th["threshold_c"] == threshold], present):
             cells = []
@@ -503,8 +503,8 @@ def _mean_cell(values: pd.Series, unit: str) -> str:
     return f"{fmt(values.mean(), '', DIGITS.get(unit))} ± {fmt(values.std(), unit)}"
 
 
-def _zone_table(zones: pd.DataFrame, run: dict, present: list[str], labels: dict) -> pd.DataFrame:
-    head, zone, reference = run["head"], run["timeline_zone"], run["reference_arm"]
+def _zone_table(zones: pd.DataFrame, run: Plan, present: list[str], labels: dict) -> pd.DataFrame:
+    head, zone, reference = run.head, run.timeline_zone, run.reference_arm
     reference_means = zones[zones["arm"] == reference].groupby(["host", "sensor"])["mean_c"].mean()
     head_zones = (
         reference_means.loc[head].sort_values(ascending=False).index.tolist() if head in reference_means else []
@@ -513,7 +513,7 @@ def _zone_table(zones: pd.DataFrame, run: dict, present: list[str], labels: dict
     order = (
         [(head, zone)]
         + [(head, z) for z in head_zones if z != zone]
-        + [(host, zone) for host in run.get("hosts", []) if host != head]
+        + [(host, zone) for host in run.hosts if host != head]
     )
     rows = []
     for host, sensor in order:
@@ -535,10 +535,10 @@ def _zone_table(zones: pd.DataFrame, run: dict, present: list[str], labels: dict
     return pd.DataFrame(rows)
 
 
-def _cpu_performance_table(tables: dict, run: dict, present: list[str], labels: dict) -> pd.DataFrame:
+def _cpu_performance_table(tables: dict, run: Plan, present: list[str], labels: dict) -> pd.DataFrame:
     cpu, perf = tables["cpu"], tables["performance"]
     rows = []
-    for host in run.get("hosts", []):
+    for host in run.hosts:
         row = {"measure": f"{host} vLLM CPU sum, median (p5–p95 of the samples)"}
         for arm, arm_rows in _by_arm(cpu[cpu["host"] == host], present):
             if arm_rows.empty:
@@ -565,7 +565,7 @@ def _cpu_performance_table(tables: dict, run: dict, present: list[str], labels: 
         ("output throughput in the window (the verdicts')", lambda r: _mean_cell(r["output_tok_s_in_window"], "tok/s")),
         ("single-stream probe decode speed (median)", _probe_cell),
         (
-            f"stall gaps ≥ {fmt(run.get('stall_gap_s', math.nan), 's')} (largest gap)",
+            f"stall gaps ≥ {fmt(run.stall_gap_s, 's')} (largest gap)",
             lambda r: f"{fmt(r['stall_gaps'].sum(), 'gaps')} ({fmt(r['max_gap_s'].max(), 's', 2)})",
         ),
         ("failed requests", lambda r: f"{r['errors'].sum():.0f}"),
@@ -589,7 +589,7 @@ def _probe_cell(rows: pd.DataFrame) -> str:
     return f"not measurable: tokens arrived in {arrived}, n = {ok} probes"
 
 
-def _energy_section(tables: dict, run: dict, present: list[str], labels: dict) -> list[str]:
+def _energy_section(tables: dict, run: Plan, present: list[str], labels: dict) -> list[str]:
     """ "Energy under load": the cluster total's power, J/token, tokens/J and above-idle figures
     per arm, then each host's total; lines of summary.md."""
     table = tables.get("energy", pd.DataFrame(columns=energy.ENERGY_COLUMNS))
@@ -618,7 +618,7 @@ def _energy_section(tables: dict, run: dict, present: list[str], labels: dict) -
         ("cluster energy above idle per phase", "energy_above_idle_j", "J"),
     ]
     rows = [
-        _energy_row(name, total, column, unit, present, labels, run["reference_arm"]) for name, column, unit in measures
+        _energy_row(name, total, column, unit, present, labels, run.reference_arm) for name, column, unit in measures
     ]
     onboard = table[(table["host"] == energy.TOTAL_HOST) & (table["domain"] == energy.ONBOARD_DOMAIN)]
     if not onboard.empty:  # the total is at the wall: the boards' own meters beside it
@@ -630,7 +630,7 @@ def _energy_section(tables: dict, run: dict, present: list[str], labels: dict) -
                 "J/token",
                 present,
                 labels,
-                run["reference_arm"],
+                run.reference_arm,
             )
         ]
     per_host = energy.host_totals(table)
@@ -643,7 +643,7 @@ def _energy_section(tables: dict, run: dict, present: list[str], labels: dict) -
                 "W",
                 present,
                 labels,
-                run["reference_arm"],
+                run.reference_arm,
             )
         )
     rows.append({"measure": "n (phases)", **{labels[a]: str(int((total["arm"] == a).sum())) for a in present}})
@@ -723,7 +723,7 @@ def _energy_row(
     return row
 
 
-def _best_sentence(best: dict, run: dict) -> str:
+def _best_sentence(best: dict, run: Plan) -> str:
     excluded = "; ".join(f"{arm}: {md_text(why)}" for arm, why in best["excluded"].items()) or "none"
     unchecked = {"stalls", "throughput"} - set(best["checked"])
     caveat = f" Not checked for lack of request data: {', '.join(sorted(unchecked))}." if unchecked else ""
@@ -733,24 +733,24 @@ def _best_sentence(best: dict, run: dict) -> str:
             f"{', '.join(map(md_text, best['load_short']))} (see Load validity)."
         )
     return (
-        f"Lowest {md_text(run['head'])} {md_text(run['timeline_zone'])} mean among the settings without extra"
-        f" stalls or throughput loss beyond variance: {md_text(run.get('setting', 'setting'))} ="
+        f"Lowest {md_text(run.head)} {md_text(run.timeline_zone)} mean among the settings without extra"
+        f" stalls or throughput loss beyond variance: {md_text(run.setting)} ="
         f" {md_text(best['value'])} ({md_text(best['label'])}, arm {best['arm']}, {fmt(best['mean'], '°C')})."
         f" Excluded: {excluded}.{caveat}"
     )
 
 
-def _cpu_sentence(saver: dict, run: dict, variance: pd.DataFrame) -> str:
+def _cpu_sentence(saver: dict, run: Plan, variance: pd.DataFrame) -> str:
     """The setting that saves the most CPU (``stats.best_setting`` on the head's CPU)."""
-    reference = run["reference_arm"]
-    cpu = variance[variance["metric"] == names.cpu_median(run["head"])].set_index("arm")
+    reference = run.reference_arm
+    cpu = variance[variance["metric"] == names.cpu_median(run.head)].set_index("arm")
     excluded = "; ".join(f"{arm}: {md_text(why)}" for arm, why in saver["excluded"].items()) or "none"
     return (
         f"Most CPU saved without extra stalls or throughput loss beyond variance:"
-        f" {md_text(run.get('setting', 'setting'))} = {md_text(saver['value'])} ({md_text(saver['label'])},"
-        f" arm {saver['arm']}), {md_text(run['head'])} vLLM CPU median {fmt(saver['mean'], '% of one core')}"
+        f" {md_text(run.setting)} = {md_text(saver['value'])} ({md_text(saver['label'])},"
+        f" arm {saver['arm']}), {md_text(run.head)} vLLM CPU median {fmt(saver['mean'], '% of one core')}"
         f" against {fmt(cpu.at[reference, 'mean'], '% of one core')} for"
-        f" {md_text(run['arms'][reference]['label'])}."
+        f" {md_text(run.arms[reference].label)}."
         f" Excluded: {excluded}."
     )
 
@@ -760,9 +760,9 @@ def _sampling(sample_interval_s: dict, kind: str) -> str:
     return "not sampled in this run" if interval is None else f"sampled every {fmt_interval(interval)} (median)"
 
 
-def _definitions(run: dict, tables: dict, sample_interval_s: dict) -> str:
+def _definitions(run: Plan, tables: dict, sample_interval_s: dict) -> str:
     windows = tables["windows"]
-    labels = {a: md_text(spec["label"]) for a, spec in run["arms"].items()}
+    labels = {a: md_text(spec.label) for a, spec in run.arms.items()}
     phase_list = ", ".join(
         f"{o} rep{r}-{a} ({labels.get(a, a)}) {fmt(w / 60, 'min')}"
         for o, r, a, w in windows[["order", "rep", "arm", "window_s"]].itertuples(index=False)
@@ -787,8 +787,7 @@ def _definitions(run: dict, tables: dict, sample_interval_s: dict) -> str:
             f" measurable: at least {MIN_TOKEN_ARRIVALS} separate arrivals of tokens, from first to last"
             f" spanning at least {MIN_ARRIVAL_SPAN_SHARE * 100:.0f} % of t_end − t_first_token. Tokens that arrive in a"
             " few bursts divide by almost nothing; such a probe has no value and no verdict compares it.",
-            f"- Stall gaps: inter-token gaps ≥ {fmt(run.get('stall_gap_s', math.nan), 's')} summed over the"
-            " ok requests of the window.",
+            f"- Stall gaps: inter-token gaps ≥ {fmt(run.stall_gap_s, 's')} summed over the ok requests of the window.",
             "- Energy: per power domain, the time-weighted mean of its samples inside the window (trapezoid"
             " over them / the span they cover) × the window length; idle: the same mean over the baseline"
             " [baseline_start, baseline_end); above idle: energy − idle × window length; J/token: energy /"

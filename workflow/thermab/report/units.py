@@ -19,7 +19,7 @@ DIGITS = {
 SHORT_UNIT = {"% of one core": "% CPU"}
 
 
-def fmt(value, unit: str = "", digits: int | None = None, sign: bool = False) -> str:
+def fmt(value: float | None, unit: str = "", digits: int | None = None, sign: bool = False) -> str:
     """``89.53, "°C"`` → ``89.5 °C``; NaN → ``–``."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
