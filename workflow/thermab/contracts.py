@@ -351,7 +351,7 @@ class Decision:
     next_repeats: int | None
     load_s: int | None
     why: str
-    settings: dict = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def goes_on(self) -> bool:
@@ -371,7 +371,7 @@ class Decision:
         except (ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError) as error:
             raise UserError(f"{path}: not a look's decision: {' '.join(str(error).split())[:160]}") from None
 
-        def counted(value) -> bool:
+        def counted(value: object) -> bool:
             return _whole(value) and value > 0
 
         later = decision.next_repeats is None or (

@@ -77,6 +77,8 @@ def endpoint_address(url: str) -> tuple[str, int]:
     """The address and port an endpoint that ``endpoint_problem`` accepts is reached at (the
     scheme's port where it names none)."""
     parts = urlsplit(url)
+    if parts.hostname is None:
+        raise ValueError(f"endpoint {url!r} names no host (endpoint_problem refuses it)")
     return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
 
 
