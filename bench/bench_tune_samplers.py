@@ -10,7 +10,7 @@ least 80 % of the spin, and the median share of the spin saved.
     python bench/bench_tune_samplers.py [--trials 6] [--repeats 40] [--startup 3] [--samplers tpe,gp] [--grid] [--quick]
 
 ``--grid``: the first ``--startup`` trials are the tune's initial design (a grid across the
-range, ``thermab.tune.plan.initial_values``, the reference's 1 left out) instead of random draws.
+range, ``thermab.tune.racing.initial_values``, the reference's 1 left out) instead of random draws.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def run(sampler_name: str, trials: int, seed: int, threshold: float, startup: in
     study = optuna.create_study(sampler=sampler, direction="minimize")
     if grid:
         from thermab.config import Tune
-        from thermab.tune.plan import initial_values
+        from thermab.tune.racing import initial_values
 
         tune = Tune({"min": 0.0005, "max": 1, "scale": "log", "startup_trials": startup, "digits": 3})
         for value in initial_values(tune, reference=1.0):

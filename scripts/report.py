@@ -5,7 +5,7 @@ from pathlib import Path
 from thermab import jobs
 from thermab.report import provenance
 from thermab.report.analyze import compute
-from thermab.report.html_report import write_report
+from thermab.report.html_page import write_report
 from thermab.report.plots import render_figures
 
 with jobs.logged(snakemake.log[0]):

@@ -12,7 +12,7 @@ from support.study_chart import CHART, STUDY_ARMS
 from support.synthetic_run import PHASE_S, write_synthetic_run
 from thermab.analysis import PHASE_TABLES, chart_import, model
 from thermab.analysis.completeness import completeness
-from thermab.report import analyze, html_report, plots
+from thermab.report import analyze, html_page, plots
 
 # published: (stock mean, patched mean, stock max, patched max); maxima of the worker not published
 PUBLISHED = {
@@ -391,7 +391,7 @@ def test_bursty_probe_and_half_open_loop_are_stated_not_measured(tmp_path):
     assert set(variance.loc[variance["arm"] == "B", "load_short"]) == {"AB rep1-B"}
 
     plots.render_figures(result)
-    html_report.write_report(run_dir, run_dir / "report.html")
+    html_page.write_report(run_dir, run_dir / "report.html")
     page = (run_dir / "report.html").read_text()
     assert "<h2>Load validity</h2>" in page and "<strong>short</strong>: 3.20 of 4 requests in flight" in page
 

@@ -15,7 +15,7 @@ from thermab.analysis import planning, questions
 from thermab.analysis.model import Plan, load_run
 from thermab.config import question_words
 from thermab.report.analyze import analyze
-from thermab.report.html_report import write_report
+from thermab.report.html_page import write_report
 
 SHA_BEFORE = "ab" * 32
 

@@ -252,7 +252,7 @@ def test_a_short_load_or_unbalanced_starts_never_give_yes(tmp_path):
 def test_the_forest_plot_is_drawn_and_in_the_report(tmp_path):
     from thermab.report import plots
     from thermab.report.analyze import compute, write_outputs
-    from thermab.report.html_report import write_report
+    from thermab.report.html_page import write_report
 
     run_dir = write_synthetic_run(tmp_path / "AB", reps=2)
     result = compute(run_dir)

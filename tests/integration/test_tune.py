@@ -20,7 +20,7 @@ from thermab import layout
 from thermab.__main__ import main as thermab_main
 from thermab.config import ConfigError, Tune, read_file, thaw, validate, view
 from thermab.errors import UserError
-from thermab.tune import plan, report, study as tune_study
+from thermab.tune import answer, racing, study as tune_study
 
 RAW = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 TUNE = {"min": 0.0005, "max": 1, "scale": "log", "budget_phases": 40}
@@ -91,12 +91,12 @@ def test_unknown_keys_and_two_clusters_are_refused():
 @pytest.mark.parametrize("max_repeats, needed", [(2, 4), (3, 6), (4, 8), (8, 8)])
 def test_a_budget_below_one_decision_is_refused(max_repeats, needed):
     """One decision: both arms up to the first look that spends alpha (sequential.MIN_DF)."""
-    assert plan.decision_phases(max_repeats) == needed
+    assert racing.decision_phases(max_repeats) == needed
     config = view(validate({**tuned(budget_phases=needed - 1), "max_repeats": max_repeats}, ROOT))
     with pytest.raises(ConfigError) as caught:
-        plan.check_budget(config)
+        racing.check_budget(config)
     assert "'tune.budget_phases'" in str(caught.value) and "\n" not in str(caught.value)
-    plan.check_budget(view(validate({**tuned(budget_phases=needed), "max_repeats": max_repeats}, ROOT)))
+    racing.check_budget(view(validate({**tuned(budget_phases=needed), "max_repeats": max_repeats}, ROOT)))
 
 
 def test_the_command_answers_bad_input_with_one_line_and_status_2(tmp_path, capsys):
@@ -142,14 +142,14 @@ def test_any_range_is_a_search_space_or_one_line_naming_the_tune(low, high, scal
 @PROFILE
 @given(value=st.floats(min_value=1e-9, max_value=1e6), digits=st.integers(1, 12))
 def test_a_tried_value_is_a_literal_the_config_accepts(value, digits):
-    tried = plan.rounded(value, digits)
-    assert float(plan.literal(tried)) == tried
+    tried = racing.rounded(value, digits)
+    assert float(racing.literal(tried)) == tried
     assert math.isclose(tried, value, rel_tol=10 ** (1 - digits))
 
 
 def test_a_trial_is_the_reference_against_the_value_until_decided(tmp_path):
     config = view(validate(tuned(), ROOT))
-    trial = plan.trial_config(config, 0.00321)
+    trial = racing.trial_config(config, 0.00321)
     path = tmp_path / "trial.yaml"
     path.write_text(yaml.safe_dump(trial, sort_keys=False))
     again = validate(read_file(path), ROOT)  # what the trial's Snakemake reads
@@ -169,7 +169,7 @@ def look(
     objective: tuple[float, float, float] = (-1.0, -2.0, 0.0),
     objective_verdict: str = "undecided",
     repeats: int = 4,
-) -> plan.Look:
+) -> racing.Look:
     rows = [
         {"question": f"constraint {i}", "verdict": v, "estimate": 0.0, "ci_low": -1.0, "ci_high": 1.0, "level": 0.9}
         for i, v in enumerate(constraints)
@@ -185,34 +185,34 @@ def look(
             "level": 0.9,
         }
     )
-    return plan.Look(repeats=repeats, rows=rows)
+    return racing.Look(repeats=repeats, rows=rows)
 
 
 def test_a_constraint_decided_no_drops_the_trial_at_once():
-    action, why = plan.judge(look(["undecided", "no", "undecided"]), "lower", None, 8, 100)
-    assert action == plan.DROP and "constraint 1" in why
+    action, why = racing.judge(look(["undecided", "no", "undecided"]), "lower", None, 8, 100)
+    assert action == racing.DROP and "constraint 1" in why
 
 
 def test_a_trial_that_cannot_beat_the_best_so_far_stops():
     # its optimistic bound (-2) is worse than the best's estimate (-3): not a contender
-    action, why = plan.judge(look(["undecided"]), "lower", -3.0, 8, 100)
-    assert action == plan.BEATEN and "contender" in why
-    assert plan.judge(look(["undecided"]), "lower", -1.5, 8, 100)[0] == plan.CONTINUE  # it still may
-    assert plan.judge(look(["undecided"], (1.0, 0.0, 2.0)), "higher", 1.5, 8, 100)[0] == plan.CONTINUE
-    assert plan.judge(look(["undecided"], (1.0, 0.0, 2.0)), "higher", 2.5, 8, 100)[0] == plan.BEATEN
+    action, why = racing.judge(look(["undecided"]), "lower", -3.0, 8, 100)
+    assert action == racing.BEATEN and "contender" in why
+    assert racing.judge(look(["undecided"]), "lower", -1.5, 8, 100)[0] == racing.CONTINUE  # it still may
+    assert racing.judge(look(["undecided"], (1.0, 0.0, 2.0)), "higher", 1.5, 8, 100)[0] == racing.CONTINUE
+    assert racing.judge(look(["undecided"], (1.0, 0.0, 2.0)), "higher", 2.5, 8, 100)[0] == racing.BEATEN
 
 
 def test_a_contender_keeps_measuring_until_decided_capped_or_out_of_budget():
-    assert plan.judge(look(["yes", "yes"], objective_verdict="yes"), "lower", None, 8, 100)[0] == plan.DECIDED
-    assert plan.judge(look(["yes", "undecided"]), "lower", None, 8, 100)[0] == plan.CONTINUE
-    assert plan.judge(look(["yes", "undecided"], repeats=8), "lower", None, 8, 100)[0] == plan.CAP
-    action, why = plan.judge(look(["yes", "undecided"], repeats=4), "lower", None, 8, 3)
-    assert action == plan.BUDGET and "budget ran out before a decision" in why
-    assert plan.next_look_phases(8, 4) == 4 and plan.next_look_phases(8, 8) is None
+    assert racing.judge(look(["yes", "yes"], objective_verdict="yes"), "lower", None, 8, 100)[0] == racing.DECIDED
+    assert racing.judge(look(["yes", "undecided"]), "lower", None, 8, 100)[0] == racing.CONTINUE
+    assert racing.judge(look(["yes", "undecided"], repeats=8), "lower", None, 8, 100)[0] == racing.CAP
+    action, why = racing.judge(look(["yes", "undecided"], repeats=4), "lower", None, 8, 3)
+    assert action == racing.BUDGET and "budget ran out before a decision" in why
+    assert racing.next_look_phases(8, 4) == 4 and racing.next_look_phases(8, 8) is None
 
 
-def trial(number, value, objective, verdicts, beats="yes", action=plan.DECIDED, why="", phases=8):
-    return plan.Trial(
+def trial(number, value, objective, verdicts, beats="yes", action=racing.DECIDED, why="", phases=8):
+    return racing.Trial(
         number=number,
         value=value,
         phases=phases,
@@ -232,15 +232,15 @@ def trial(number, value, objective, verdicts, beats="yes", action=plan.DECIDED, 
 
 def test_the_best_is_the_best_feasible_estimate():
     trials = [
-        trial(0, 1e-3, -9.0, ["no"], action=plan.DROP),
+        trial(0, 1e-3, -9.0, ["no"], action=racing.DROP),
         trial(1, 1e-2, -5.0, ["yes", "yes"]),
-        trial(2, 0.1, -6.0, ["yes", "undecided"], action=plan.CAP),
+        trial(2, 0.1, -6.0, ["yes", "undecided"], action=racing.CAP),
         trial(3, 0.02, -4.0, ["yes", "yes"]),
     ]
-    assert plan.best(trials, "lower").number == 1
-    assert plan.best(trials, "higher").number == 3
-    assert plan.best(trials[:1], "lower") is None
-    assert [plan.violation(t) for t in trials] == [1.0, 0.0, 0.5, 0.0]
+    assert racing.best(trials, "lower").number == 1
+    assert racing.best(trials, "higher").number == 3
+    assert racing.best(trials[:1], "lower") is None
+    assert [racing.violation(t) for t in trials] == [1.0, 0.0, 0.5, 0.0]
 
 
 # -- the study: resumption ------------------------------------------------------------------
@@ -264,12 +264,12 @@ def test_an_interrupted_study_gives_back_its_running_trial(tmp_path):
 
 def test_the_first_trials_are_a_grid_across_the_range_without_the_reference(tmp_path):
     tune = tune_view(startup_trials=4)
-    assert plan.initial_values(tune, reference=1.0) == [0.0005, 0.0063, 0.0794]  # 1 is the reference
-    assert plan.initial_values(tune, reference=0.002) == [0.0005, 0.0063, 0.0794, 1.0]
+    assert racing.initial_values(tune, reference=1.0) == [0.0005, 0.0063, 0.0794]  # 1 is the reference
+    assert racing.initial_values(tune, reference=0.002) == [0.0005, 0.0063, 0.0794, 1.0]
     linear = tune_view(startup_trials=4, scale="linear", min=0, max=3)
-    assert plan.initial_values(linear, reference=1.0) == [0.0, 2.0, 3.0]
+    assert racing.initial_values(linear, reference=1.0) == [0.0, 2.0, 3.0]
     one = tune_view(startup_trials=1, scale="linear", min=0, max=3)
-    assert plan.initial_values(one, reference=0.0) == [1.5]
+    assert racing.initial_values(one, reference=0.0) == [1.5]
     study = tune_study.open_study(tune, layout.TuneDir(tmp_path).study, reference=1.0)
     asked = [tune_study.ask(study, tune) for _ in range(4)]
     assert [value for _, value in asked[:3]] == [0.0005, 0.0063, 0.0794]
@@ -285,14 +285,14 @@ def test_the_first_trials_are_a_grid_across_the_range_without_the_reference(tmp_
 def written(tmp_path, trials) -> tuple[dict, pd.DataFrame, str]:
     config = view(validate(tuned(), ROOT))
     tune_dir = layout.TuneDir(tmp_path)
-    report.write(tune_dir, config, trials)
+    answer.write(tune_dir, config, trials)
     assert tune_dir.figure.stat().st_size > 0
     return json.loads(tune_dir.best.read_text()), pd.read_csv(tune_dir.trials), tune_dir.summary.read_text()
 
 
 def test_the_answer_with_its_evidence(tmp_path):
     trials = [
-        trial(0, 0.001, -9.0, ["no", "yes"], action=plan.DROP, why="decided no: c0"),
+        trial(0, 0.001, -9.0, ["no", "yes"], action=racing.DROP, why="decided no: c0"),
         trial(1, 0.01, -5.0, ["yes", "yes"]),
     ]
     best, table, summary = written(tmp_path, trials)
@@ -301,7 +301,7 @@ def test_the_answer_with_its_evidence(tmp_path):
     assert best["constraints"] == {
         f"c{i}": {"verdict": "yes", "estimate": 0.0, "ci_low": -1.0, "ci_high": 1.0} for i in range(2)
     }
-    assert list(table.columns) == report.TRIAL_COLUMNS and len(table) == 2
+    assert list(table.columns) == answer.TRIAL_COLUMNS and len(table) == 2
     assert table["feasible"].tolist() == [False, True] and table["why_dropped"].iloc[0] == "decided no: c0"
     assert summary.splitlines()[2].startswith("Best: busy_loop_s = 0.01")
 
@@ -312,8 +312,8 @@ def test_it_says_plainly_when_nothing_beat_the_reference_or_the_budget_ran_out(t
     best, _, summary = written(
         tmp_path,
         [
-            trial(0, 0.001, 3.0, ["no"], action=plan.DROP),
-            trial(1, 0.1, -1.0, ["undecided"], action=plan.BUDGET, why="budget"),
+            trial(0, 0.001, 3.0, ["no"], action=racing.DROP),
+            trial(1, 0.1, -1.0, ["undecided"], action=racing.BUDGET, why="budget"),
         ],
     )
     assert best["value"] is None and best["budget_ran_out"] is True
@@ -328,7 +328,7 @@ def test_a_look_already_answered_is_judged_without_running_again(tmp_path):
     from thermab.tune.run import finished_look
 
     trial_dir = layout.TuneDir(tmp_path).trial(0)
-    run = trial_dir.run("sim", plan.ORDER)
+    run = trial_dir.run("sim", racing.ORDER)
     for phase in ("rep1-A", "rep1-B", "rep2-B", "rep2-A"):
         run.phase(phase).phase_json.parent.mkdir(parents=True)
         run.phase(phase).phase_json.write_text("{}")
@@ -360,7 +360,7 @@ def test_a_look_already_answered_is_judged_without_running_again(tmp_path):
     keys = [(0, None), (1, None)]
     look = finished_look(trial_dir, "sim", max_repeats=2, keys=keys, load={"users": 4})
     assert look.repeats == 2 and look.phases == 4 and look.objective["estimate"] == -150.0
-    assert plan.judge(look, "lower", None, 2, 100)[0] == plan.CAP
+    assert racing.judge(look, "lower", None, 2, 100)[0] == racing.CAP
     pd.DataFrame([{**row, "phases_per_arm": 1} for row in rows]).to_csv(look_tables.table("questions"), index=False)
     assert finished_look(trial_dir, "sim", max_repeats=2, keys=keys, load={"users": 4}) is None
 
@@ -371,7 +371,7 @@ def test_the_next_look_is_the_first_not_yet_decided(tmp_path):
     from thermab.tune.run import next_look
 
     trial_dir = layout.TuneDir(tmp_path).trial(0)
-    run = trial_dir.run("sim", plan.ORDER)
+    run = trial_dir.run("sim", racing.ORDER)
     assert next_look(trial_dir, "sim", 6, {"users": 4}) == 2
     for phase in ("rep1-A", "rep1-B", "rep2-B", "rep2-A"):
         run.phase(phase).phase_json.parent.mkdir(parents=True)
@@ -397,14 +397,14 @@ def test_in_a_run_of_levels_a_constraint_names_its_levels_and_the_objective_is_t
     raw["load"]["users"] = [1, 4]
     config = view(validate(raw, ROOT))
     path = tmp_path / "trial.yaml"
-    path.write_text(yaml.safe_dump(plan.trial_config(config, 0.005), sort_keys=False))
+    path.write_text(yaml.safe_dump(racing.trial_config(config, 0.005), sort_keys=False))
     trial_questions = validate(read_file(path), ROOT)["questions"]  # the trial's config is valid
     assert trial_questions[-1] == {"metric": "cluster energy per token", "kind": "lower", "levels": ["4 users"]}
-    keys = plan.answer_keys(config.tune, thaw(config.load))
+    keys = racing.answer_keys(config.tune, thaw(config.load))
     assert keys == [(0, "1 user"), (1, "1 user"), (1, "4 users"), (2, "4 users")]
 
     trial_dir = layout.TuneDir(tmp_path).trial(0)
-    run = trial_dir.run("sim", plan.ORDER)
+    run = trial_dir.run("sim", racing.ORDER)
     for phase in ("rep1-A", "rep1-B", "rep2-B", "rep2-A"):
         for users in (1, 4):
             run.phase(f"{phase}-u{users}").phase_json.parent.mkdir(parents=True)
@@ -439,8 +439,8 @@ def test_in_a_run_of_levels_a_constraint_names_its_levels_and_the_objective_is_t
         "stall gaps no worse than 0.5 (lower is better) at 1 user",
         "stall gaps no worse than 0.5 (lower is better) at 4 users",
     ]
-    action, why = plan.judge(look, "lower", None, 2, 100)
-    assert action == plan.DROP and "probe decode speed" in why and "at 1 user" in why
+    action, why = racing.judge(look, "lower", None, 2, 100)
+    assert action == racing.DROP and "probe decode speed" in why and "at 1 user" in why
     assert finished_look(trial_dir, "sim", max_repeats=2, keys=keys[:3], load=config["load"]) is None  # another
 
 

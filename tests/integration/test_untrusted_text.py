@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from support.synthetic_run import ARMS, plan_view, write_synthetic_run
 from thermab import markup
-from thermab.report import evidence, html_report, summary
+from thermab.report import evidence, html_page, summary
 from thermab.report.analyze import compute
 
 HOSTILE = [
@@ -74,7 +74,7 @@ def outputs(analysed, label_a, label_b, value_a, value_b, cluster, setting, host
         sources={},
         asked_s=tables["validity"]["load_s"],
     )
-    return summary_md, evidence_md, html_report.body_html(summary_md + "\n" + evidence_md)
+    return summary_md, evidence_md, html_page.body_html(summary_md + "\n" + evidence_md)
 
 
 def line_kinds(text: str) -> list:
@@ -134,6 +134,6 @@ def test_each_escape_reads_as_written_and_escaping_twice_changes_nothing(text):
     for escape in (markup.md_cell, markup.md_text):
         once = escape(text)
         assert escape(once) == once and "\n" not in once and "|" not in once and "<" not in once
-        rendered = html_report.body_html(f"| h |\n|---|\n| {once} |\n\nline {once}\n")
+        rendered = html_page.body_html(f"| h |\n|---|\n| {once} |\n\nline {once}\n")
         assert rendered.count("<td>") == 1 and "<script" not in rendered and "<a" not in rendered
     assert markup.html_text('<b>&"') == "&lt;b&gt;&amp;&quot;"

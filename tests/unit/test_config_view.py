@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from support.paths import REPO
 from thermab.analysis.model import Plan
 from thermab.config import load, load_schema
-from thermab.config.model import Config, Section, thaw, view
+from thermab.config.view import Config, Section, thaw, view
 from thermab.experiment import plan
 
 CONFIG_DIR = REPO / "config"

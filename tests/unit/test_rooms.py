@@ -103,6 +103,17 @@ def test_the_config_modules_import_only_lower_ones():
     assert not upward, f"config modules that import a higher one: {upward}"
 
 
+def test_no_two_modules_share_a_name():
+    """One name per job: a file name says which module it is wherever it is quoted (a
+    package's ``__init__`` aside)."""
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert not shared, f"modules that share a file name: {shared}"
+
+
 def test_the_agent_is_one_stdlib_file():
     tree = ast.parse((PACKAGE / "telemetry" / "agent.py").read_text())
     imported = {

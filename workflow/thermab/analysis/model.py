@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from thermab.config import Arm, Question, check_file, read_bounded, top_level_defaults
-from thermab.config.model import Analysis
+from thermab.config.view import Analysis
 from thermab.contracts import REQUEST_COLUMNS, REQUIRED_REQUEST_COLUMNS, PhaseValidity, validity_key
 from thermab.errors import UserError
 from thermab.experiment import events as events_file, plan

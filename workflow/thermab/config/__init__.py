@@ -19,22 +19,8 @@ The names below are the package's own: callers import them from ``thermab.config
 
 from thermab.config.addresses import endpoint_address, endpoint_problem, port_problem, redact_url
 from thermab.config.check import MAX_EXTRA_BODY, extra_body_problem, load, order_problems, thresholds_problems, validate
-from thermab.config.model import (
-    Arm,
-    ClusterSpec,
-    Config,
-    HostSpec,
-    Question,
-    Section,
-    Tune,
-    abort_threshold,
-    cluster_spec,
-    sensor_silence_s,
-    thaw,
-    view,
-)
 from thermab.config.problems import ConfigError
-from thermab.config.questions import default_questions, known_metric, question_words, questions_problems
+from thermab.config.question_keys import default_questions, known_metric, question_words, questions_problems
 from thermab.config.reader import DECIMAL_FLOAT, DECIMAL_INT, check_file, read_bounded, read_file
 from thermab.config.schema import (
     SCHEMA,
@@ -48,6 +34,20 @@ from thermab.config.schema import (
     typed_overrides,
 )
 from thermab.config.setting import literal_kind, literal_number
+from thermab.config.view import (
+    Arm,
+    ClusterSpec,
+    Config,
+    HostSpec,
+    Question,
+    Section,
+    Tune,
+    abort_threshold,
+    cluster_spec,
+    sensor_silence_s,
+    thaw,
+    view,
+)
 from thermab.errors import UserError  # the rules catch it as thermab_config.UserError
 
 __all__ = [

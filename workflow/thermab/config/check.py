@@ -22,7 +22,7 @@ from thermab.config.addresses import (
 )
 from thermab.config.patterns import _one_line, _regex
 from thermab.config.problems import ConfigError, _raise, _short
-from thermab.config.questions import _question_problems, _tune_problems, _wakeup_problems, fit_max_repeats_to_budget
+from thermab.config.question_keys import _question_problems, _tune_problems, _wakeup_problems, fit_max_repeats_to_budget
 from thermab.config.reader import read_layered
 from thermab.config.schema import MAX_VALUES, _describe, _validator, _value_problems, level_bounds
 from thermab.config.setting import _setting_problems

@@ -29,7 +29,7 @@ from thermab.analysis.sequential import completed_repeats, looks, read_answers
 from thermab.errors import StageFailed, UserError
 from thermab.experiment import plan as experiment_plan
 from thermab.experiment.launch import SNAKEFILE
-from thermab.tune import plan, report, study as tune_study
+from thermab.tune import answer, racing, study as tune_study
 
 
 def read_config(paths: list[str]) -> thermab_config.Config:
@@ -38,48 +38,48 @@ def read_config(paths: list[str]) -> thermab_config.Config:
     config = thermab_config.view(thermab_config.load(paths))
     if "tune" not in config:
         raise UserError(f"{paths[-1]}: no 'tune' section (config/README.md, 'tune')")
-    plan.check_budget(config)
+    racing.check_budget(config)
     return config
 
 
 def phases_run(trial: layout.TrialDir, cluster: str, load: dict) -> int:
     """Phase jobs the trial has run (in a run of levels each a restart and a window per level)."""
-    return len(plan.ORDER) * completed_repeats(
-        trial.run(cluster, plan.ORDER).path, plan.ORDER, experiment_plan.levels(load)
+    return len(racing.ORDER) * completed_repeats(
+        trial.run(cluster, racing.ORDER).path, racing.ORDER, experiment_plan.levels(load)
     )
 
 
 def finished_look(
     trial: layout.TrialDir, cluster: str, max_repeats: int, keys: list[tuple[int, str | None]], load: dict
-) -> plan.Look | None:
+) -> racing.Look | None:
     """The trial's last look, where the look's questions.csv answers the repeats on disk
-    (``keys``: ``plan.answer_keys``; ``load``: the config's load)."""
-    run = trial.run(cluster, plan.ORDER)
-    done = completed_repeats(run.path, plan.ORDER, experiment_plan.levels(load))
+    (``keys``: ``racing.answer_keys``; ``load``: the config's load)."""
+    run = trial.run(cluster, racing.ORDER)
+    done = completed_repeats(run.path, racing.ORDER, experiment_plan.levels(load))
     answers_path = run.look(done).table("questions")
-    if done not in looks(plan.ORDER, max_repeats) or not answers_path.exists():
+    if done not in looks(racing.ORDER, max_repeats) or not answers_path.exists():
         return None
     answers = read_answers(answers_path)
     if "arm" not in answers.columns:
         raise UserError(f"{answers_path}: missing column(s) arm")
-    answers = answers[answers["arm"] == plan.CANDIDATE]
+    answers = answers[answers["arm"] == racing.CANDIDATE]
     if len(answers) != len(keys) or answers["phases_per_arm"].max() < done:
         return None  # written by an earlier look
-    return plan.of_answers(done, answers.to_dict("records"), keys)
+    return racing.of_answers(done, answers.to_dict("records"), keys)
 
 
 def next_look(trial: layout.TrialDir, cluster: str, max_repeats: int, load: dict) -> int:
     """The repeats of the trial's next look: the first not yet decided at or after the
     repeats on disk (a look interrupted before its decision runs again)."""
-    run = trial.run(cluster, plan.ORDER)
-    done = completed_repeats(run.path, plan.ORDER, experiment_plan.levels(load))
-    points = looks(plan.ORDER, max_repeats)
+    run = trial.run(cluster, racing.ORDER)
+    done = completed_repeats(run.path, racing.ORDER, experiment_plan.levels(load))
+    points = looks(racing.ORDER, max_repeats)
     return next((r for r in points if r >= done and not run.look(r).decision.exists()), points[-1])
 
 
 def snakemake_look(trial: layout.TrialDir, cluster: str, repeats: int, cores: int, snakefile: Path) -> None:
     """One invocation of the workflow in the trial's directory: up to its look at ``repeats``."""
-    target = trial.run(cluster, plan.ORDER).look(repeats).decision.relative_to(trial.path)
+    target = trial.run(cluster, racing.ORDER).look(repeats).decision.relative_to(trial.path)
     command = [
         sys.executable,
         "-m",
@@ -113,27 +113,27 @@ def run_trial(
     best_estimate: float | None,
     cores: int,
     snakefile: Path,
-) -> plan.Trial:
-    """A trial's looks, until racing stops it (``plan.judge``)."""
+) -> racing.Trial:
+    """A trial's looks, until racing stops it (``racing.judge``)."""
     cluster = next(iter(config.clusters))
     tune, max_repeats = config.tune, config.max_repeats
     # the experiment's functions take load as the config writes it (users a number or a list)
     load = thermab_config.thaw(config.load)
     trial = tune_dir.trial(number)
     trial.path.mkdir(parents=True, exist_ok=True)
-    trial.config.write_text(yaml.safe_dump(plan.trial_config(config, value), sort_keys=False))
-    keys = plan.answer_keys(tune, load)
+    trial.config.write_text(yaml.safe_dump(racing.trial_config(config, value), sort_keys=False))
+    keys = racing.answer_keys(tune, load)
     while True:
         left = tune.budget_phases - used_elsewhere - phases_run(trial, cluster, load)
         look = finished_look(trial, cluster, max_repeats, keys, load)
         if look is not None:
-            action, why = plan.judge(look, tune.better, best_estimate, max_repeats, left)
+            action, why = racing.judge(look, tune.better, best_estimate, max_repeats, left)
             say(
                 f"{trial.path.name} ({config.setting.name} = {value:g}): look at {look.phases} phases: "
                 f"{action}{': ' + why if why else ''}"
             )
-            if action != plan.CONTINUE:
-                return plan.trial_from_look(number, value, look, action, why)
+            if action != racing.CONTINUE:
+                return racing.trial_from_look(number, value, look, action, why)
         say(
             f"{trial.path.name} ({config.setting.name} = {value:g}): running to its next look "
             f"({left} phases of the budget left)"
@@ -152,7 +152,7 @@ def tune(config: thermab_config.Config, cores: int = 1, snakefile: Path = SNAKEF
     tune_dir = layout.tune_dir(cluster)
     reference = thermab_config.literal_number(next(iter(config.arms.values())).value)
     study = tune_study.open_study(tune_cfg, tune_dir.study, reference)
-    budget, needed = tune_cfg.budget_phases, plan.decision_phases(config.max_repeats)
+    budget, needed = tune_cfg.budget_phases, racing.decision_phases(config.max_repeats)
     pending = tune_study.interrupted(study)
     while True:
         told = tune_study.results(study, tune_dir.study)
@@ -165,11 +165,11 @@ def tune(config: thermab_config.Config, cores: int = 1, snakefile: Path = SNAKEF
             number, value = tune_study.ask(study, tune_cfg)
             left_over(tune_dir.trial(number), tune_dir.study)
         result = run_trial(
-            config, tune_dir, number, value, used, plan.best_estimate(told, tune_cfg.better), cores, snakefile
+            config, tune_dir, number, value, used, racing.best_estimate(told, tune_cfg.better), cores, snakefile
         )
         tune_study.tell(study, result)
-        report.write(tune_dir, config, tune_study.results(study, tune_dir.study))  # the answer so far
-    report.write(tune_dir, config, tune_study.results(study, tune_dir.study))
+        answer.write(tune_dir, config, tune_study.results(study, tune_dir.study))  # the answer so far
+    answer.write(tune_dir, config, tune_study.results(study, tune_dir.study))
     return tune_dir
 
 

@@ -18,7 +18,7 @@ import sqlalchemy
 
 from thermab.config import ConfigError, Tune, check_file
 from thermab.errors import UserError
-from thermab.tune.plan import Trial, initial_values, rounded, violation
+from thermab.tune.racing import Trial, initial_values, rounded, violation
 
 STUDY_NAME = "thermab-tune"
 PARAM = "value"

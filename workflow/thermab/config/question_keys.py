@@ -204,7 +204,7 @@ def _one_question_problems(config: dict[str, Any], where: str, question: dict[st
 
 def _tune_problems(config: dict[str, Any], problems: list[str]) -> None:
     """``tune`` (docs/tune.md): a range that holds values, a metric that exists, one cluster.
-    The budget's floor (the phases one decision needs) is checked by thermab.tune.plan, which
+    The budget's floor (the phases one decision needs) is checked by thermab.tune.racing, which
     owns the looks' arithmetic with analysis.sequential."""
     tune = config.get("tune")
     if tune is None:

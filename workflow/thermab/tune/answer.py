@@ -17,7 +17,7 @@ from thermab import layout
 from thermab.analysis.questions import YES
 from thermab.config import Config
 from thermab.markup import md_text
-from thermab.tune import plan
+from thermab.tune import racing
 
 TRIAL_COLUMNS = [
     "trial",
@@ -39,7 +39,7 @@ def _number(value: float) -> float | None:
     return None if value is None or not math.isfinite(value) else float(value)
 
 
-def trials_table(trials: list[plan.Trial]) -> pd.DataFrame:
+def trials_table(trials: list[racing.Trial]) -> pd.DataFrame:
     rows = [
         {
             "trial": t.number,
@@ -60,10 +60,10 @@ def trials_table(trials: list[plan.Trial]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=TRIAL_COLUMNS)
 
 
-def verdict_line(trials: list[plan.Trial], chosen: plan.Trial | None, config: Config) -> str:
+def verdict_line(trials: list[racing.Trial], chosen: racing.Trial | None, config: Config) -> str:
     """What the search found, said plainly."""
     tune, name = config.tune, config.setting.name
-    ran_out = [t for t in trials if t.action == plan.BUDGET]
+    ran_out = [t for t in trials if t.action == racing.BUDGET]
     lines = []
     if not trials:
         lines.append("No trial ran: the budget holds no decision.")
@@ -94,7 +94,7 @@ def verdict_line(trials: list[plan.Trial], chosen: plan.Trial | None, config: Co
     return " ".join(lines)
 
 
-def best_record(trials: list[plan.Trial], chosen: plan.Trial | None, config: Config) -> dict:
+def best_record(trials: list[racing.Trial], chosen: racing.Trial | None, config: Config) -> dict:
     tune = config.tune
     record = {
         "setting": config.setting.name,
@@ -104,7 +104,7 @@ def best_record(trials: list[plan.Trial], chosen: plan.Trial | None, config: Con
         "phases_used": sum(t.phases for t in trials),
         "budget_phases": tune.budget_phases,
         "trials": len(trials),
-        "budget_ran_out": any(t.action == plan.BUDGET for t in trials),
+        "budget_ran_out": any(t.action == racing.BUDGET for t in trials),
         "verdict": verdict_line(trials, chosen, config),
     }
     if chosen is None:
@@ -138,7 +138,7 @@ def best_record(trials: list[plan.Trial], chosen: plan.Trial | None, config: Con
     }
 
 
-def figure(path: Path, trials: list[plan.Trial], chosen: plan.Trial | None, config: Config) -> None:
+def figure(path: Path, trials: list[racing.Trial], chosen: racing.Trial | None, config: Config) -> None:
     """Objective (against the reference) over value: each trial with its interval; hollow
     red where infeasible, the chosen one starred."""
     from thermab.headless import plt  # the Agg backend, literal text; only when a figure is drawn
@@ -182,7 +182,7 @@ def figure(path: Path, trials: list[plan.Trial], chosen: plan.Trial | None, conf
     plt.close(fig)
 
 
-def summary(trials: list[plan.Trial], chosen: plan.Trial | None, config: Config) -> str:
+def summary(trials: list[racing.Trial], chosen: racing.Trial | None, config: Config) -> str:
     tune = config.tune
     name, reference = md_text(config.setting.name), md_text(next(iter(config.arms.values())).value)
     lines = [
@@ -218,8 +218,8 @@ def summary(trials: list[plan.Trial], chosen: plan.Trial | None, config: Config)
     return "\n".join(lines)
 
 
-def write(tune_dir: layout.TuneDir, config: Config, trials: list[plan.Trial]) -> None:
-    chosen = plan.best(trials, config.tune.better)
+def write(tune_dir: layout.TuneDir, config: Config, trials: list[racing.Trial]) -> None:
+    chosen = racing.best(trials, config.tune.better)
     tune_dir.path.mkdir(parents=True, exist_ok=True)
     tune_dir.best.write_text(json.dumps(best_record(trials, chosen, config), indent=2, allow_nan=False) + "\n")
     trials_table(trials).to_csv(tune_dir.trials, index=False)
