@@ -28,6 +28,7 @@ include: "workflow/rules/fleet.smk"
 rule all:
     input:
         get_final_outputs,
+        get_stopping_looks,
     default_target: True
 
 

@@ -204,7 +204,7 @@ def test_every_printed_command_continues_this_run(ab_run, workdir):
     assert len(set().union(*commands.values())) == 1, commands
     words = shlex.split(commands["status"].pop())
     assert words[words.index("--cores") + 1] == "1"
-    assert words[words.index("--configfile") + 1 : words.index("--config")] == CONFIGS
+    assert words[words.index("--configfile") + 1 : words.index("--config")] == [*CONFIGS, ports_file(workdir)]
     dry = subprocess.run(
         [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), *words[1:], "--dry-run"],
         capture_output=True,
@@ -216,7 +216,7 @@ def test_every_printed_command_continues_this_run(ab_run, workdir):
     assert dry.returncode == 0, dry.stderr[-4000:]
     outputs = re.findall(r"^\s*output: (.*)$", dry.stdout + dry.stderr, re.MULTILINE)
     files = [path.strip() for line in outputs for path in line.split(",")]
-    assert files and all(path.startswith("results/sim/AB/") for path in files), files
+    assert files and all(path.startswith("results/sim/AB/") for path in files), (files, dry.stdout[-3000:])
     assert any("/phases/rep2-" in path for path in files), files
     assert not any("/phases/rep1-" in path or "/phases/baseline" in path for path in files), files
 

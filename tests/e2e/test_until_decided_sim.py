@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from support.command_line import snakemake_command
-from support.ports import free_port
-from support.sim_runs import CONFIGS, assert_clean, own_ports
+from support.sim_runs import CONFIGS, assert_clean, ports_file
 from thermab import layout
 from thermab.contracts import Decision
 
@@ -24,7 +22,7 @@ STUDY = ["--config", "until=decided", "max_repeats=4"]
 
 
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    command = snakemake_command(workdir, *args, configfiles=[*CONFIGS, workdir / "ports.yaml"])
+    command = snakemake_command(workdir, *args, configfiles=[*CONFIGS, ports_file(workdir)])
     result = subprocess.run(command, capture_output=True, text=True, timeout=1500)
     (workdir / f"snakemake-{len(list(workdir.glob('snakemake-*.log')))}.log").write_text(result.stdout + result.stderr)
     return result
@@ -33,7 +31,6 @@ def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("until-decided")
-    (workdir / "ports.yaml").write_text(yaml.safe_dump({"clusters": own_ports(free_port())}))
     result = snakemake(workdir, "all", *STUDY)
     assert result.returncode == 0, result.stderr[-4000:]
     return workdir, result.stdout + result.stderr

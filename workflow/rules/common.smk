@@ -60,6 +60,21 @@ def get_final_outputs(wildcards):
     return outputs
 
 
+def get_stopping_looks(wildcards):
+    """until: decided: the look that stops each cluster's study, asked for through each look's
+    checkpoint, so that a summary already on disk (a run of `repeats` continued until
+    decided) never keeps Snakemake from the looks it has not had. An input function of its
+    own: while a look is to come, it alone waits for the checkpoint."""
+    if not CROSSOVER:
+        return []
+    return [
+        layout.run_dir(cluster, config["order"]).look(
+            decided_repeats(cluster, config["order"], checkpointed(cluster, config["order"]))
+        ).decision
+        for cluster in config["clusters"]
+    ]
+
+
 def get_fleet_inputs(wildcards):
     return [layout.run_dir(cluster, wildcards.order).table("variance") for cluster in config["clusters"]]
 
@@ -127,8 +142,8 @@ def get_look_phases(name):
 
 
 def get_look_settings(wildcards):
-    """What the look ``{repeats}`` decides with (its params): the analysis settings, where the
-    study stops and the configfiles (evidence.md names them). A look that went on keeps the
+    """What the look ``{repeats}`` decides with (its params): the analysis settings and where
+    the study stops. A look that went on keeps the
     settings it decided with, so it never runs again (its block ran); a look that stopped
     decides again when they change, and the run goes on from it."""
     decision = layout.run_dir(wildcards.cluster, wildcards.order).look(wildcards.repeats).decision
@@ -140,7 +155,6 @@ def get_look_settings(wildcards):
         "analysis": plan.reanalysis(config["analysis"]),
         "max_repeats": config["max_repeats"],
         "budget_hours": config["budget_hours"],
-        "configfiles": [str(path) for path in workflow.overwrite_configfiles or []],
     }
 
 

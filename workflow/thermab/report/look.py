@@ -69,7 +69,8 @@ def decide(look: RunDir, run: ClusterRun, repeats: int, settings: dict) -> Decis
 def look(run: ClusterRun, repeats: int, settings: dict, out: Path) -> Decision:
     """The look at ``repeats``: every host put back and its logs pulled (the phases after it
     bring them up again), the look's tables, and its decision written to ``out``
-    (``settings``: the rule's, ``analysis`` and ``configfiles`` among them)."""
+    (``settings``: the rule's, ``analysis`` among them; the command a look prints comes from
+    run.json's record of how the run was started)."""
     every = plan.levels(run.config.load)
     stopped = RunDir(run.run_dir).look(repeats).stopped
     stopped.parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +78,7 @@ def look(run: ClusterRun, repeats: int, settings: dict, out: Path) -> Decision:
     files = view(run.run_dir, repeats, run.order, every)
     requests = [files.phase(phase.id).requests for phase in plan.phases(run.order, repeats, True, every)]
     ingest.ingest(files.path, requests, files.tidy_telemetry, files.tidy_requests)
-    analyze(files.path, analysis=settings["analysis"], configfiles=settings["configfiles"])
+    analyze(files.path, analysis=settings["analysis"])
     decision = decide(files, run, repeats, settings)
     decision.write(out)
     return decision
