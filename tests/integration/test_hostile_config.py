@@ -202,7 +202,11 @@ def yaml_file(tmp_path, text: str) -> Path:
 
 @PROFILE
 @given(
-    key=st.from_regex(r"[a-z]{1,8}", fullmatch=True), first=st.integers(), second=st.integers(), nested=st.booleans()
+    # yes, no, on and off: YAML 1.1 reads them as booleans, which the reader refuses first
+    key=st.from_regex(r"[a-z]{1,8}", fullmatch=True).filter(lambda k: k not in {"yes", "no", "on", "off"}),
+    first=st.integers(),
+    second=st.integers(),
+    nested=st.booleans(),
 )
 def test_a_key_twice_on_one_line_is_refused(tmp_path, key, first, second, nested):
     line = f"{{{key}: {first}, other: 1, {key}: {second}}}"
