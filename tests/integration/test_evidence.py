@@ -1,6 +1,6 @@
 """evidence.md, the answer a reviewer pastes: one verdict line per question with its
 estimate, interval and margin in units (the same line in summary.md and status), the
-design, the environment with the file's sha256 before and after, a link-free table of key
+design, the environment with the file's sha256 at preflight and as restored, a link-free table of key
 numbers and collapsed details; summary.md and report.html open with the same headline; a
 simulated cluster is named in the first lines; an undecided question says what would
 decide it and the command."""

@@ -161,11 +161,11 @@ def get_look_settings(wildcards):
 def get_opening_look(wildcards):
     """The decision of the look whose block the phase job ``rep{rep}-{arm}`` is in (none in
     the first block, or without until: decided): it runs only after the look goes on."""
-    before = plan.look_before(wildcards.order, config["max_repeats"], int(wildcards.rep)) if CROSSOVER else None
-    if before is None:
+    opening = plan.look_before(wildcards.order, config["max_repeats"], int(wildcards.rep)) if CROSSOVER else None
+    if opening is None:
         return []
     # ancient: a look decided again (new analysis settings or max_repeats) never reruns the phases it opened
-    return ancient(layout.run_dir(wildcards.cluster, wildcards.order).look(before).decision)
+    return ancient(layout.run_dir(wildcards.cluster, wildcards.order).look(opening).decision)
 
 
 def print_answers():

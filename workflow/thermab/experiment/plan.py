@@ -181,8 +181,8 @@ def block_window(
     recorded = recorded_windows(run_dir, order, rep, crossover=True, every=every)
     if rep in recorded:
         return recorded[rep]
-    before = look_before(order, max_repeats, rep)
-    decision = RunDir(run_dir).look(before).decision if before else None
+    opening = look_before(order, max_repeats, rep)
+    decision = RunDir(run_dir).look(opening).decision if opening else None
     if decision is None or not decision.is_file():
         return load_s
     decided = Decision.read(decision).load_s

@@ -180,7 +180,7 @@ def _environment(plan: Plan, preflight: dict | None, events: pd.DataFrame, sourc
     restored = _restored(events)
     rows = []
     for name, facts in preflight.get("hosts", {}).items():
-        before, after = facts.get("sha256"), restored.get(name)
+        at_preflight, restored_sha = facts.get("sha256"), restored.get(name)
         server = (
             "thermab's simulated vLLM"
             if name in simulated
@@ -192,9 +192,11 @@ def _environment(plan: Plan, preflight: dict | None, events: pd.DataFrame, sourc
                 "hardware": _host_hardware(facts, sources.get(name, {})),
                 "server": server + (f" in container {facts['container']}" if facts.get("container") else ""),
                 "setting's file": facts.get("file", "–"),
-                "sha256 before": Markdown(_sha(before)),
-                "sha256 after": Markdown(_sha(after) + (" (same)" if after == before else " (**differs**)"))
-                if after
+                "sha256 at preflight": Markdown(_sha(at_preflight)),
+                "sha256 restored": Markdown(
+                    _sha(restored_sha) + (" (same)" if restored_sha == at_preflight else " (**differs**)")
+                )
+                if restored_sha
                 else "–",
             }
         )
@@ -210,7 +212,7 @@ def _environment(plan: Plan, preflight: dict | None, events: pd.DataFrame, sourc
         model = "not recorded (the server never answered)"
     lines += [
         f"- Endpoint: {md_text(endpoint.get('url', '–'))}; model: {model}.",
-        "- sha256 after: the file as each host's restore wrote it back at the end of the run.",
+        "- sha256 restored: the file as each host's restore wrote it back at the end of the run.",
         "",
     ]
     return lines
