@@ -188,13 +188,14 @@ def test_ab_and_ba_pooled_separate_the_order_effect(tmp_path):
     assert row["finding"] == "real" and "Order (period) effect" in row["verdict"]
 
 
-def test_sweep_names_the_best_setting(tmp_path):
+def write_sweep(tmp_path, labels, **extra):
+    """A synthetic sweep of three arms (1, 0.1, 0.002), two repeats, each cooler and lighter on
+    CPU than the one before, at about the same speed; ``extra``: write_synthetic_run's other keys."""
     arms = {
-        "A": {"label": "stock", "value": "1"},
-        "B": {"label": "spin-100ms", "value": "0.1"},
-        "C": {"label": "spin-2ms", "value": "0.002"},
+        arm: {"label": label, "value": value}
+        for arm, label, value in zip("ABC", labels, ("1", "0.1", "0.002"), strict=True)
     }
-    run_dir = write_synthetic_run(
+    return write_synthetic_run(
         tmp_path / "ABC",
         order="ABC",
         arms=arms,
@@ -202,8 +203,12 @@ def test_sweep_names_the_best_setting(tmp_path):
         temperature={"A": 90.0, "B": 84.0, "C": 80.0},
         cpu={"A": 398, "B": 300, "C": 212},
         tok_s={"A": 85, "B": 86, "C": 86},
-        stalls={"C": 5},
+        **extra,
     )
+
+
+def test_sweep_names_the_best_setting(tmp_path):
+    run_dir = write_sweep(tmp_path, ("stock", "spin-100ms", "spin-2ms"), stalls={"C": 5})
     analyze.analyze(run_dir)
     text = (run_dir / "summary.md").read_text()
     assert "busy_loop_s = 0.1 (spin-100ms, arm B" in text
@@ -258,20 +263,8 @@ def _numbers_on(axis) -> bool:
 def test_every_figure_says_the_unit_of_each_value_axis(tmp_path, monkeypatch):
     """Every numeric axis of every figure of a sweep with power, requests and wake-up probes
     asked for names its unit; an axis of named ticks (arms, thresholds, percentiles) needs none."""
-    arms = {
-        "A": {"label": "stock", "value": "1"},
-        "B": {"label": "b", "value": "0.1"},
-        "C": {"label": "c", "value": "0.002"},
-    }
-    run_dir = write_synthetic_run(
-        tmp_path / "ABC",
-        order="ABC",
-        arms=arms,
-        reps=2,
-        temperature={"A": 90.0, "B": 84.0, "C": 80.0},
-        cpu={"A": 398, "B": 300, "C": 212},
-        tok_s={"A": 85, "B": 86, "C": 86},
-        power={("head", "node"): {"A": 90, "B": 85, "C": 80, "idle": 50}},
+    run_dir = write_sweep(
+        tmp_path, ("stock", "b", "c"), power={("head", "node"): {"A": 90, "B": 85, "C": 80, "idle": 50}}
     )
     run = json.loads((run_dir / "run.json").read_text())
     (run_dir / "run.json").write_text(json.dumps({**run, "wakeup_gaps_s": [0.5, 2.0]}))

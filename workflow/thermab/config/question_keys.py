@@ -100,6 +100,12 @@ def _covariate_problems(config: dict[str, Any], problems: list[str]) -> None:
             )
 
 
+def _phases_per_repeat(config: dict[str, Any]) -> int:
+    """Load phases in one repeat: one per arm of ``order`` at every level of ``load.users``."""
+    users = config["load"]["users"]
+    return len(config["order"]) * len(users if isinstance(users, list) else [users])
+
+
 def _budget_problems(config: dict[str, Any], problems: list[str]) -> None:
     """``budget_hours``: only with ``until: decided``, and at least one pair of phases (one
     of each arm, at every level) with the baseline, at the config's timings."""
@@ -109,8 +115,7 @@ def _budget_problems(config: dict[str, Any], problems: list[str]) -> None:
     if config["until"] != "decided":
         problems.append("config key 'budget_hours': a budget stops only `until: decided` runs; set until: decided")
         return
-    timings, users = config["timings"], config["load"]["users"]
-    phases = len(config["order"]) * len(users if isinstance(users, list) else [users])
+    timings, phases = config["timings"], _phases_per_repeat(config)
     pair_s = timings["baseline_s"] + phases * timings["load_s"]
     pair_h = pair_s * timings["time_scale"] / 3600
     if budget < pair_h:
@@ -128,8 +133,7 @@ def budget_repeats(config: dict[str, Any]) -> int | None:
     budget = config["budget_hours"]
     if budget is None or config["until"] != "decided":
         return None
-    timings, users = config["timings"], config["load"]["users"]
-    phases = len(config["order"]) * len(users if isinstance(users, list) else [users])
+    timings, phases = config["timings"], _phases_per_repeat(config)
     per_repeat_h: float = phases * (timings["load_s"] + timings["cooldown_max_s"]) * timings["time_scale"] / 3600
     room_h: float = budget - timings["baseline_s"] * timings["time_scale"] / 3600
     return max(0, math.floor(room_h / per_repeat_h + 1e-9))
