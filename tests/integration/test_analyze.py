@@ -494,7 +494,7 @@ def test_any_value_in_run_json_is_analysed_or_named(tmp_path_factory):
     for report in template.glob("phases/*/validity.json"):
         report.unlink()  # so that users, max_tokens, prompt_tokens and probe_n are used
     plan = json.loads((template / "run.json").read_text())
-    keys = sorted(set(plan_module.CONFIG_KEYS) | {"trip_point_c", "configfiles", "cores"})
+    keys = sorted(set(plan_module.CONFIG_KEYS) | {"trip_point_c", "configfiles", "cores", "overrides"})
     values = st.one_of(
         st.none(),
         st.booleans(),

@@ -174,6 +174,11 @@ def test_the_command_asks_for_the_phases_the_open_questions_need_in_pairs():
     assert planning.decide_command(frame(13.0), Plan({"order": "BA", "configfiles": (), "cores": 2})) == (
         "snakemake --cores 2 all --config order=BA until=decided max_repeats=14"
     )
+    # the run's own --config entries hold on (a budget, a load), but for those the command sets
+    given = {"order": "BA", "configfiles": (), "cores": 2, "overrides": {"budget_hours": "6", "repeats": "3"}}
+    assert planning.decide_command(frame(13.0), Plan(given)) == (
+        "snakemake --cores 2 all --config budget_hours=6 order=BA until=decided max_repeats=14"
+    )
 
 
 def test_the_command_that_decides_says_what_it_costs_at_the_runs_measured_jobs():

@@ -1,4 +1,9 @@
+import math
+
+from hypothesis import assume, given, settings, strategies as st
+
 from thermab.config import thaw, view
+from thermab.experiment import plan
 from thermab.experiment.plan import (
     BASELINE,
     SPEED_ONLY_PROBE_AT,
@@ -70,3 +75,40 @@ def test_a_speed_only_phase_cools_only_until_nothing_throttles(tmp_path):
     assert target == 104.8 - THROTTLE_MARGIN_C and "speed-only phase" in why
     Preflight(safety=Safety()).write(speed.files.preflight)  # no trip point found: the heat cooldown
     assert cooldown_target(speed) == (config.timings.cooldown_below_c, "")
+
+
+def _snakemake_reads(entry: str):
+    from snakemake.cli import parse_config
+
+    return parse_config([f"key={entry}"])["key"]
+
+
+@settings(deadline=None)  # the first example imports Snakemake's parser
+@given(typed=st.one_of(st.text(), st.from_regex(r"\{[a-z]+: [^,{}]*\}|\[[^\[\],]*\]", fullmatch=True)))
+def test_a_config_entry_is_recorded_as_text_snakemake_reads_back_to_what_it_was(typed):
+    """What Snakemake's --config parser made of what a user typed, written as text in
+    run.json's ``overrides``, is read by that parser as the same value: the command that
+    continues a run gives the run's own budget, load or cluster again, on one line."""
+    try:
+        value = _snakemake_reads(typed)
+    except (ValueError, AssertionError):  # Snakemake refuses it: no run is started with it
+        return
+    # no text gives the empty string back (Snakemake strips quotes), and no config key takes it
+    assume(value != "")
+    text = plan.override_text(value)
+    if not text.isprintable():  # it could not be printed into that command: the run is refused
+        assert plan.invocation_problems(plan.invocation([], 1, {"key": value}))
+        return
+    read = _snakemake_reads(text)
+    assert read == value or (isinstance(value, float) and math.isnan(value) and math.isnan(read))
+
+
+def test_the_entries_that_continue_a_run_are_its_own_but_those_the_continuation_sets():
+    recorded = plan.invocation([], 2, {"budget_hours": 6.5, "until": "decided", "repeats": 3, "load_s": 300})
+    assert recorded["overrides"] == {"budget_hours": "6.5", "until": "decided", "repeats": "3", "load_s": "300"}
+    assert plan.continuation_entries(recorded) == ["budget_hours=6.5", "load_s=300"]
+    assert plan.invocation_problems(recorded) == []
+    assert plan.invocation_problems({"overrides": {"budget_hours": "6`rm`"}}) == [
+        "--config entry 'budget_hours' (run.json's overrides): must be one printable line without a backtick"
+    ]
+    assert plan.invocation_problems({"overrides": ["budget_hours=6"]}) != []

@@ -16,10 +16,15 @@ from thermab.contracts import Decision
 from thermab.experiment import plan
 
 os.environ[jobs.CHECKOUT_ENV] = str(Path(workflow.basedir) / "workflow" / "thermab")
-# preflight records these in run.json: the command that continues the run starts it the same way
-os.environ[plan.INVOCATION_ENV] = json.dumps(
-    plan.invocation(workflow.overwrite_configfiles or [], workflow.resource_settings.cores)
+# preflight records these in run.json: the command that continues the run starts it the same
+# way, so what cannot be printed into that command is refused here, before any job
+INVOCATION = plan.invocation(
+    workflow.overwrite_configfiles or [], workflow.resource_settings.cores, workflow.config_settings.config
 )
+for problem in plan.invocation_problems(INVOCATION)[:1]:
+    print(f"thermab: {problem}", file=sys.stderr)
+    sys.exit(2)
+os.environ[plan.INVOCATION_ENV] = json.dumps(INVOCATION)
 
 # Every check of thermab.config before any job: the config files Snakemake merged are read
 # again strictly (Snakemake's own reader keeps the last of a key given twice), then the

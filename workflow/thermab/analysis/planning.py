@@ -57,6 +57,7 @@ from thermab.analysis.questions import (
     phases_needed as solve_phases,
 )
 from thermab.config import question_words
+from thermab.experiment import plan as experiment_plan
 from thermab.layout import RunDir
 from thermab.markup import md_text
 from thermab.metric_names import BETWEEN_RESTARTS, OUTPUT_THROUGHPUT
@@ -192,12 +193,14 @@ def decide_repeats(answers: pd.DataFrame, plan: Plan) -> int:
 
 def decide_command(answers: pd.DataFrame, plan: Plan) -> str:
     """The command that runs the run's study on until its open questions are decided, from
-    the directory the run was started in: the config files and ``--cores`` it was started
-    with (run.json's ``configfiles`` and ``cores``), its order, and ``decide_repeats``.  It
-    resumes from the phases on disk.  Every command a run prints that continues it is this one."""
+    the directory the run was started in: the config files, ``--cores`` and --config entries
+    it was started with (run.json's ``configfiles``, ``cores`` and ``overrides``), its order,
+    and ``decide_repeats``.  It resumes from the phases on disk.  Every command a run prints
+    that continues it is this one."""
     cores = plan.get("cores") or UNRECORDED_CORES
     files = plan.get("configfiles") or ()
-    words = ["snakemake", "--cores", str(cores), "all", *(["--configfile", *files] if files else []), "--config"]
+    words = ["snakemake", "--cores", str(cores), "all", *(["--configfile", *files] if files else [])]
+    words += ["--config", *experiment_plan.continuation_entries(plan)]
     if plan.order != "AB":
         words.append(f"order={plan.order}")
     words += ["until=decided", f"max_repeats={decide_repeats(answers, plan)}"]

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
+
+import yaml
 
 from thermab import atomic, load_levels, metric_names as names
 from thermab.config import (
@@ -330,28 +333,68 @@ def plan_problems(plan: dict) -> list[str]:
 
 # How Snakemake was started on the run, so that the command that continues it
 # (analysis.planning.decide_command) runs the same study: its --configfile files (absolute,
-# as Snakemake holds them; none: the default config) and its --cores. workflow/rules/common.smk
-# hands them to the jobs in this variable; preflight records them in run.json.
+# as Snakemake holds them; none: the default config), its --cores and its --config entries
+# (a budget or a load given on the command line must hold for the rest of the study too).
+# workflow/rules/common.smk hands them to the jobs in this variable; preflight records them in
+# run.json.
 INVOCATION_ENV = "THERMAB_INVOCATION"
 
+# the entries the command that continues a run sets itself
+CONTINUATION_KEYS = ("until", "max_repeats", "repeats", "order")
 
-def invocation(configfiles, cores: int | None) -> dict:
-    """run.json's ``configfiles`` and ``cores`` of a run started with these."""
-    return {"configfiles": [str(path) for path in configfiles], "cores": cores}
+
+def invocation(configfiles, cores: int | None, overrides: dict | None = None) -> dict:
+    """run.json's ``configfiles``, ``cores`` and ``overrides`` (each --config entry as text
+    that Snakemake reads back to the value it was given) of a run started with these."""
+    return {
+        "configfiles": [str(path) for path in configfiles],
+        "cores": cores,
+        "overrides": {str(key): override_text(value) for key, value in (overrides or {}).items()},
+    }
+
+
+def override_text(value) -> str:
+    """A --config value as the text Snakemake parsed it from: a mapping or a list in YAML's
+    flow style on one line, ``key=`` for None, anything else as itself (Snakemake strips
+    quotes around a value, so a text it read as a string reads as that string again)."""
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        return yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=math.inf).rstrip("\n")
+    return str(value)
+
+
+def continuation_entries(plan) -> list[str]:
+    """The --config entries of the run's own invocation that the command continuing it
+    repeats: all but the ones that command sets (``CONTINUATION_KEYS``)."""
+    overrides = plan.get("overrides") or {}
+    return [f"{key}={text}" for key, text in overrides.items() if key not in CONTINUATION_KEYS]
+
+
+def _printable(text) -> bool:
+    """One printable line without a backtick: it goes into a command in Markdown's backticks."""
+    return isinstance(text, str) and text.isprintable() and "`" not in text
 
 
 def invocation_problems(plan: dict) -> list[str]:
-    """What is wrong with run.json's ``configfiles`` and ``cores`` (a command is built of them)."""
+    """What is wrong with run.json's ``configfiles``, ``cores`` and ``overrides`` (a command
+    is built of them)."""
     problems = []
     files = plan.get("configfiles", [])
-    # each path goes into a one-line command in Markdown's backticks
-    if not isinstance(files, list) or not all(
-        isinstance(path, str) and path.isprintable() and "`" not in path for path in files
-    ):
+    if not isinstance(files, list) or not all(_printable(path) for path in files):
         problems.append("key 'configfiles': must be a list of paths, each one printable line without a backtick")
     cores = plan.get("cores")
     if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
         problems.append(f"key 'cores': {str(cores)[:40]!r} is not a whole number of at least 1")
+    overrides = plan.get("overrides", {})
+    if not isinstance(overrides, dict):
+        problems.append("key 'overrides': must map config keys to their --config text")
+    else:
+        problems += [
+            f"--config entry {str(key)[:40]!r} (run.json's overrides): must be one printable line without a backtick"
+            for key, text in overrides.items()
+            if not (re.fullmatch(r"[A-Za-z_](?:[\w-]*\w)?", str(key)) and _printable(text))
+        ]
     return problems
 
 
