@@ -37,7 +37,7 @@ def ports():
     the test."""
     head, worker = free_ports(2)
     yield head, worker
-    shutil.rmtree(f"{lease.ENDPOINT_LEASE}127.0.0.1:{head}", ignore_errors=True)
+    shutil.rmtree(f"{lease.ENDPOINT_LEASE}{head}", ignore_errors=True)
 
 
 @pytest.fixture
@@ -131,23 +131,25 @@ def test_one_host_refused_gives_back_the_others_this_run_took(config, tmp_path):
 
 
 def test_a_run_elsewhere_on_the_same_endpoint_is_refused_naming_the_holder(config, tmp_path, port):
-    """Other hosts (their own roots), the same address and port: the endpoint alone refuses."""
+    """Other hosts (their own roots), the same port by another name of the address: the
+    endpoint alone refuses."""
     first = run_of(config, tmp_path, "AB")  # a view: it copies the config
     config["clusters"]["sim"]["hosts"]["worker"]["root"] = ".thermab/elsewhere/worker"
     config["clusters"]["sim"]["hosts"]["head"]["root"] = ".thermab/elsewhere/head"
+    config["clusters"]["sim"]["endpoint"] = f"http://localhost:{port}"
     elsewhere = run_of(config, tmp_path, "BA")
     assert not {site.path for site in first.lease_sites[:2]} & {site.path for site in elsewhere.lease_sites[:2]}
     do_preflight(first)
     line = refused(elsewhere)
     holder = host_lease(first.head).holder
-    assert line.startswith(f"refused: endpoint 127.0.0.1:{port}: held by "), "its hosts are its own"
+    assert line.startswith(f"refused: endpoint localhost:{port}: held by "), "its hosts are its own"
     assert f"run {first.run_dir.resolve()} (id {holder.run_id}, controller pid {holder.pid}" in line
     assert exit_status(lease.LeaseError(line)) == 1, "another run's hold is a conflict, not the user's input"
     assert all(host_lease(host).free for host in elsewhere.hosts), "the hosts it took given back"
     first.shutdown("completed")
     assert all(found.free for found in leases(first).values())
     do_preflight(elsewhere)  # let in once the first run is over
-    assert leases(elsewhere)[f"endpoint 127.0.0.1:{port}"].holder.run_id == lease.run_id(elsewhere.run_dir)
+    assert leases(elsewhere)[f"endpoint localhost:{port}"].holder.run_id == lease.run_id(elsewhere.run_dir)
 
 
 def test_the_run_restarts_its_own_server_on_its_endpoint_and_gives_the_endpoint_back(config, tmp_path):
@@ -366,4 +368,4 @@ def test_a_holder_round_trips():
 
 def test_the_command_names_the_paths_the_leases_lie_at():
     doc = lease_command.__doc__.replace("\n", " ")
-    assert f"{lease.LEASE} on each host" in doc and f"{lease.ENDPOINT_LEASE}ADDRESS:PORT on the head host" in doc
+    assert f"{lease.LEASE} on each host" in doc and f"{lease.ENDPOINT_LEASE}PORT on the head host" in doc

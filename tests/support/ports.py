@@ -22,6 +22,6 @@ def free_ports(count: int) -> list[int]:
             sock = held.enter_context(socket.socket())
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-            if not Path(f"{ENDPOINT_LEASE}127.0.0.1:{port}").exists():
+            if not Path(f"{ENDPOINT_LEASE}{port}").exists():
                 ports.append(port)
         return ports

@@ -11,8 +11,8 @@ lease RUN_DIR --break``, ``lease_command``).
 A lease is a directory made with mkdir, which of two runs only one makes.  A host's lies at
 LEASE for every run (under the host's root where it has one, as its other files); the
 endpoint's on the head host itself, never under a root (a port belongs to the machine, which
-simulated nodes under their roots share), at ENDPOINT_LEASE with the address and port the
-config gives the endpoint: no setting of a run moves either where another run would not look.
+simulated nodes under their roots share), at ENDPOINT_LEASE with the port the config gives
+the endpoint (whatever name its address goes by): no setting of a run moves either where another run would not look.
 Its ``holder`` file says who holds it (user, controller host, since when, run directory and
 id, the controller's pid); an empty file named after the run id lets the run find its own
 lease again and give it back in one command.  The run id is made once per run directory (its
@@ -46,7 +46,7 @@ from thermab.hosts.transport import TransportError
 from thermab.layout import RunDir
 
 LEASE = "/tmp/thermab-lease"  # world-writable on every host, so any user's run meets any other's
-ENDPOINT_LEASE = "/tmp/thermab-lease-endpoint-"  # + address:port; beside LEASE, in a directory every user can write
+ENDPOINT_LEASE = "/tmp/thermab-lease-port-"  # + the port; beside LEASE, in a directory every user can write
 HOLDER_BYTES = 4096  # a holder record thermab writes is a few hundred bytes
 RUN_ID = re.compile(r"[0-9a-f]{16}")
 HOLDER_FIELDS = {"user": str, "controller": str, "since": str, "run_dir": str, "run_id": str, "pid": int}
@@ -117,10 +117,11 @@ def host_site(host: Host) -> Site:
 
 
 def endpoint_site(head: Host, endpoint: str) -> Site:
-    """The lease of the address and port the head's server listens on (``endpoint``, the
-    cluster's URL), kept on the head host itself."""
+    """The lease of the port the head's server listens on (``endpoint``, the cluster's URL),
+    kept on the head host itself and named by the port alone: ``localhost``, ``127.0.0.1``
+    and the head's own address reach one server there, which listens on every address."""
     address, port = endpoint_address(endpoint)
-    return Site(head, f"{ENDPOINT_LEASE}{address}:{port}", f"{address}:{port}")
+    return Site(head, f"{ENDPOINT_LEASE}{port}", f"{address}:{port}")
 
 
 @dataclass(frozen=True)

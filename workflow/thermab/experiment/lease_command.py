@@ -8,7 +8,7 @@ known to be gone) or how the lease is damaged, and with --break breaks each: for
 is over but could not give them back (its controller lost), never for one that is running.
 A run takes the leases at preflight and gives them back when it puts its hosts back; the
 lease is the directory /tmp/thermab-lease on each host (under its root where it has one),
-and the endpoint's /tmp/thermab-lease-endpoint-ADDRESS:PORT on the head host itself."""
+and the endpoint's /tmp/thermab-lease-port-PORT on the head host itself."""
 
 from __future__ import annotations
 
