@@ -6,3 +6,6 @@ writes and the workflow's outputs are declared from."""
 
 PHASE_TABLES = ["thresholds", "zones", "cpu", "performance", "validity", "energy", "speed", "latency"]
 TABLES = PHASE_TABLES + ["wakeup", "variance", "questions"]
+# ... and beside them in analysis/{name}.parquet with their types, with the frames the words
+# are also made from: each phase's load window and each arm's acceptance balance
+NUMBERS = TABLES + ["windows", "acceptance"]
