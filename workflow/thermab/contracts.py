@@ -2,7 +2,8 @@
 "Contracts"): ``preflight.json`` (preflight writes it; the interlock, the phase's clock check
 and ingest read it), ``validity.json`` (the load writes it; the phase and the analysis read
 it), ``phase.json`` (the phase and the baseline write it) and the columns of ``requests.parquet`` (the load
-writes them; ingest joins them, the analysis checks them).
+writes them; ingest joins them, the analysis checks them), and what analyze hands the report
+rules in ``analysis/`` (the frames' columns, ``analysis.json``).
 
 The lowest room, as the files cross rooms: a reader and the writer can never disagree on a
 key. The keys are the files' own, so the run directories of earlier versions still read
