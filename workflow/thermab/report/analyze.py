@@ -1,4 +1,5 @@
-"""Read a run directory, write its tables/ and summary.md.
+"""Read a run directory, write its numbers (tables/*.csv, analysis/) and its words
+(tables/*.md, summary.md, evidence.md).
 
     python -m thermab analyze RUN_DIR [--also OTHER_RUN_DIR ...] [--siblings] [--figures]
 
@@ -11,7 +12,9 @@ the same arms.
 """
 
 # This module does the I/O; the computations are the pure functions of metrics, energy,
-# stats and summary.
+# stats and summary. The rules split it at the files: analyze computes and writes the
+# numbers (``write_numbers``), summary, evidence and figures read them back
+# (``read_numbers``) and never compute; the command and a look do both in one process.
 
 import dataclasses
 import logging
