@@ -21,7 +21,8 @@ include: "workflow/rules/preflight.smk"
 include: "workflow/rules/monitor.smk"
 include: "workflow/rules/phase.smk"
 include: "workflow/rules/analyze.smk"
-include: "workflow/rules/report.smk"
+include: "workflow/rules/words.smk"
+include: "workflow/rules/figures.smk"
 include: "workflow/rules/fleet.smk"
 
 

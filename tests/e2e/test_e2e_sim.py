@@ -165,7 +165,7 @@ def test_report_figures_and_provenance(ab_run):
 
 
 def test_changed_analysis_settings_analyse_again(ab_run, workdir, tmp_path):
-    """analysis.* reach analyze and report through params: changed, `all` analyses again with
+    """analysis.* reach analyze and the report rules through params: changed, `all` analyses again with
     them (nothing else runs), while run.json keeps the values the run was made with."""
     copy = tmp_path / "copy"  # the module's run stays as it is for the tests after this one
     shutil.copytree(workdir, copy, symlinks=True, ignore=shutil.ignore_patterns(".thermab"))
@@ -175,7 +175,8 @@ def test_changed_analysis_settings_analyse_again(ab_run, workdir, tmp_path):
     dry = snakemake(copy, "all", "-n", *changed)
     assert dry.returncode == 0, dry.stderr[-4000:]
     jobs = dry.stdout + dry.stderr
-    assert "rule analyze:" in jobs and "rule report:" in jobs and "rule phase:" not in jobs, jobs[-4000:]
+    assert all(f"rule {name}:" in jobs for name in ("analyze", "summary", "evidence", "figures")), jobs[-4000:]
+    assert "rule phase:" not in jobs and "rule ingest:" not in jobs, jobs[-4000:]
     assert "params" in jobs.lower()  # Snakemake names the changed params as the reason
     result = snakemake(copy, "all", *changed)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -185,6 +186,40 @@ def test_changed_analysis_settings_analyse_again(ab_run, workdir, tmp_path):
     assert (run / "run.json").read_text() == made_with
     again = snakemake(copy, "all", "-n", *changed)
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def planned_rules(output: str) -> set[str]:
+    """The rules a dry run's output plans a job of."""
+    return set(re.findall(r"^(?:local)?rule (\w+):$", output, re.MULTILINE))
+
+
+def test_changed_wording_reruns_only_the_report_jobs(ab_run, workdir, tmp_path):
+    """The words and figures are made from analyze's files, and the report rules carry the
+    report room's code as a param (Snakemake's code trigger sees a rule's `script:` file, not
+    the modules it imports): in a checkout whose summary words changed, a dry run of the
+    finished run plans summary, evidence and figures for their changed params, and neither
+    analyze nor anything before it."""
+    checkout = tmp_path / "checkout"
+    keep = shutil.ignore_patterns("__pycache__")
+    for name in ("workflow", "scripts", "config", "envs"):  # copy2: each file keeps its mtime
+        shutil.copytree(REPO / name, checkout / name, symlinks=True, ignore=keep)
+    shutil.copy2(REPO / "Snakefile", checkout / "Snakefile")
+
+    def dry_run() -> str:
+        command = snakemake_command(
+            workdir, "all", "-n", configfiles=[*CONFIGS, ports_file(workdir)], snakefile=checkout / "Snakefile"
+        )
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-4000:]
+        return result.stdout + result.stderr
+
+    # the copy as it is: its words are the run's (figures keeps the Snakefile's path, which it draws the DAG with)
+    assert not planned_rules(dry_run()) & {"summary", "evidence", "analyze"}
+    words = checkout / "workflow/thermab/report/summary.py"
+    words.write_text(words.read_text().replace("no difference shown", "no difference seen"))
+    output = dry_run()
+    assert planned_rules(output) == {"summary", "evidence", "figures", "all"}, output[-4000:]
+    assert "params" in output.lower()
 
 
 def test_every_printed_command_continues_this_run(ab_run, workdir):

@@ -14,6 +14,7 @@ from support.synthetic_run import write_synthetic_run
 from thermab.analysis import planning, questions
 from thermab.analysis.model import Plan, load_run
 from thermab.config import question_words
+from thermab.report import plan_words
 from thermab.report.analyze import analyze
 from thermab.report.html_page import write_report
 
@@ -196,10 +197,10 @@ def test_the_command_that_decides_says_what_it_costs_at_the_runs_measured_jobs()
         ]
     )
     # 14 repeats of two arms at 90-s jobs plus the 20-s baseline, × 30: (20 + 28 × 90) × 30 / 3600
-    assert planning.decide_cost(answers, plan, events) == (
+    assert plan_words.decide_cost(answers, plan, events) == (
         " (at most 21.2 cluster-hours: this run's median phase job of 90 s × 30 study seconds per second)"
     )
-    assert planning.decide_cost(answers, plan, None) == ""
+    assert plan_words.decide_cost(answers, plan, None) == ""
 
 
 def test_status_gives_the_command_that_decides_what_is_open_and_its_cost(tmp_path):

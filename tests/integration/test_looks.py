@@ -71,7 +71,7 @@ def test_a_look_that_goes_on_plans_the_next_block_and_its_look_only(tmp_path):
     ), "the phases that ran are kept, the next block's planned"
     assert planned(text, "look") == [f"wildcards: cluster={CLUSTER}, order={ORDER}, repeats=4"]
     assert "--nolock" not in text and "checkpoint jobs" in text  # the DAG grows after the look, in this process
-    assert planned(text, "monitor_stop") and planned(text, "report")  # the run's end waits for the look
+    assert planned(text, "monitor_stop") and planned(text, "figures")  # the run's end waits for the look
 
 
 def test_a_look_that_stops_plans_the_run_end_from_it(tmp_path):

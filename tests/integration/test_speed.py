@@ -22,6 +22,7 @@ from thermab import metric_names as names
 from thermab.analysis import questions, speed, stats
 from thermab.analysis.model import Plan
 from thermab.config import ConfigError, default_questions, question_words, validate
+from thermab.report import summary
 from thermab.sim import restart
 from thermab.telemetry import server_metrics
 
@@ -328,8 +329,8 @@ def test_the_summary_reports_the_acceptance_check_without_gating_on_it():
         },
         "A",
     )
-    text = "\n".join(speed.balance_section(balance, run))
+    text = "\n".join(summary.balance_section(balance, run))
     assert "B (patched) vs A: mean acceptance length -1.0 % to +1.5 %" in text and ": balanced" in text
     assert "C (other) vs A: mean acceptance length -30.0 % to -20.0 %" in text and "**unbalanced**" in text
     assert "reported, not a gate" in text
-    assert speed.balance_section(speed.balance_frame({}, "A"), run) == []
+    assert summary.balance_section(speed.balance_frame({}, "A"), run) == []

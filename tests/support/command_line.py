@@ -24,17 +24,17 @@ def one_line_error(result: subprocess.CompletedProcess, *named: str) -> str:
     return lines[0]
 
 
-def snakemake_command(workdir, *args, configfiles=(), cores: int | None = 1) -> list[str]:
-    """``python -m snakemake`` as a user runs the checkout's workflow in ``workdir`` on
-    ``cores`` (None: a ``--profile`` in ``args`` sets them): ``configfiles`` (merged in their
-    order) and then ``args`` (targets, --config ...)."""
+def snakemake_command(workdir, *args, configfiles=(), cores: int | None = 1, snakefile=REPO / "Snakefile") -> list[str]:
+    """``python -m snakemake`` as a user runs the checkout's workflow (or ``snakefile``'s) in
+    ``workdir`` on ``cores`` (None: a ``--profile`` in ``args`` sets them): ``configfiles``
+    (merged in their order) and then ``args`` (targets, --config ...)."""
     configs = ["--configfile", *map(str, configfiles)] if configfiles else []
     return [
         sys.executable,
         "-m",
         "snakemake",
         "--snakefile",
-        str(REPO / "Snakefile"),
+        str(snakefile),
         "--directory",
         str(workdir),
         *configs,

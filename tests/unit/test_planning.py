@@ -18,7 +18,7 @@ from thermab.__main__ import main
 from thermab.analysis import metrics, planning, questions, sequential
 from thermab.analysis.model import Plan, load_run, read_events
 from thermab.config import ConfigError, validate
-from thermab.report import analyze
+from thermab.report import analyze, plan_words
 
 DEFAULT = default_config()
 
@@ -128,8 +128,10 @@ def test_the_budget_stops_when_the_next_look_cannot_fit(tmp_path):
     assert planning.resume_within_budget(path, "AB", 8) == 6
     assert planning.resume_within_budget(path, "AB", 8, budget_hours=3.1) == 6
     assert planning.resume_within_budget(path, "AB", 8, budget_hours=2.9) == 4
-    fits, sentence = planning.budget_check(read_events(path / "events.jsonl"), 2, 4, 6, 2.9)
-    assert not fits and "does not fit" in sentence and "2.03 used" in sentence
+    check = planning.budget_check(read_events(path / "events.jsonl"), 2, 4, 6, 2.9)
+    assert not check.fits and round(check.used, 2) == 2.03 and check.need == pytest.approx(1.0)
+    sentence = plan_words.budget_sentence(check)
+    assert "does not fit" in sentence and "2.03 used" in sentence
 
 
 @pytest.mark.parametrize(
@@ -248,7 +250,7 @@ def test_a_budget_never_offers_a_margin_of_zero_and_says_out_of_reach_once(tmp_p
         smallest_margin=6.2,
         smallest_margin_pct=6.2,
     )
-    line = planning.plan_lines(pd.DataFrame([row]), plan, None, hours=8)[-1]
+    line = plan_words.plan_lines(pd.DataFrame([row]), plan, None, hours=8)[-1]
     assert line.lower().count("out of reach") == 1 and "the smallest margin decided at this estimate is 6.2" in line
     # a superiority question no `by` of which a yes clears, needing more repeats than the budget runs
     lower = {
@@ -265,7 +267,7 @@ def test_a_budget_never_offers_a_margin_of_zero_and_says_out_of_reach_once(tmp_p
         "smallest_margin": math.nan,
         "smallest_margin_pct": math.nan,
     }
-    line = planning.plan_lines(pd.DataFrame([lower]), plan, None, hours=8)[-1]
+    line = plan_words.plan_lines(pd.DataFrame([lower]), plan, None, hours=8)[-1]
     assert line.endswith(
         "In 8 h: 4 phases per arm decide 0.18 from the bound; a yes clears no `by` at this estimate;"
         " out of reach in the budget: it needs 32 repeats."
@@ -273,7 +275,7 @@ def test_a_budget_never_offers_a_margin_of_zero_and_says_out_of_reach_once(tmp_p
     # a margin that would show as 0 is never the smallest decided: any margin above it is
     for kind, words in (("non_inferior", "any margin above 0 is decided"), ("lower", "clears no `by` above 0")):
         zero = {**lower, "kind": kind, "smallest_margin": 0.0, "smallest_margin_pct": 0.0}
-        line = planning.plan_lines(pd.DataFrame([zero]), plan, None, hours=8)[-1]
+        line = plan_words.plan_lines(pd.DataFrame([zero]), plan, None, hours=8)[-1]
         assert words in line and " 0 (" not in line and "up to 0" not in line
     # a plan with no spread yet keeps its reason, the budget that fits no block says its own once
     unknown = {
@@ -283,7 +285,7 @@ def test_a_budget_never_offers_a_margin_of_zero_and_says_out_of_reach_once(tmp_p
         "reach": "its spread between restarts is measured at the first look of until: decided that tests",
         "budget_repeats": 0,
     }
-    line = planning.plan_lines(pd.DataFrame([unknown]), plan, None, hours=1)[-1]
+    line = plan_words.plan_lines(pd.DataFrame([unknown]), plan, None, hours=1)[-1]
     assert "Its spread between restarts is measured at the first look" in line
     assert line.endswith("In 1 h: out of reach: the budget does not fit one crossover block of 2 repeats.")
 

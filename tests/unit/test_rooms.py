@@ -169,6 +169,59 @@ def test_the_matplotlib_check_can_fail():
     assert sorted(matplotlib_setups(tree)) == [1, 2, 4, 5, 6]
 
 
+COMMAND_HELP = {"parser", "add_argument"}  # cli.parser's description, an option's help
+
+
+def report_words(tree: ast.AST) -> list[int]:
+    """The lines of a module that build words for a report: a string literal (an f-string's
+    text with its fields as ``{}``) that, stripped, opens a Markdown heading (``#``) or list
+    item (``- ``), or is a sentence (ends in one ``.`` and holds a space). A docstring and a
+    command's help (the text given to ``cli.parser`` or ``add_argument``) are not a report's."""
+    exempt = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            exempt.add(id(body[0].value))  # a docstring
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in COMMAND_HELP:
+            exempt |= {id(inner) for argument in node.args + node.keywords for inner in ast.walk(argument)}
+        if isinstance(node, ast.JoinedStr):
+            exempt |= {id(part) for part in node.values}
+    lines = []
+    for node in ast.walk(tree):
+        if id(node) in exempt:
+            continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value.strip()
+        elif isinstance(node, ast.JoinedStr):
+            text = "".join(part.value if isinstance(part, ast.Constant) else "{}" for part in node.values).strip()
+        else:
+            continue
+        sentence = text.endswith(".") and not text.endswith("..") and " " in text
+        if text.startswith(("#", "- ")) or sentence:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_analysis_builds_no_words():
+    """The analysis room hands numbers to the report room, which puts them in words: no
+    heading, list item or sentence is built in analysis/."""
+    found = [
+        f"{path.relative_to(REPO)}:{line}"
+        for path in sorted((PACKAGE / "analysis").glob("*.py"))
+        for line in report_words(ast.parse(path.read_text()))
+    ]
+    assert not found, f"words built in analysis/ (the report room's job): {found}"
+
+
+def test_the_words_check_can_fail():
+    tree = ast.parse(
+        'def f(x):\n    """A docstring."""\n    lines = ["## Heading", ""]\n    lines.append(f"- {x} item")\n'
+        '    lines.append(f"It is {x}.")\n    path = "a.csv"\n    note = "no."\n'
+        '    cli.parser("p", "A command. Its help.")\n    parser.add_argument("--x", help="An option.")\n'
+    )
+    assert report_words(tree) == [3, 4, 5]
+
+
 def test_user_error_is_imported_from_its_owner():
     """UserError is thermab.errors' alone: no module takes it from elsewhere in the package."""
     found = [

@@ -41,9 +41,12 @@ rule ingest:
         "../../scripts/ingest.py"
 
 
-# The analysis settings come through params (not from run.json, which keeps the values the
-# run was made with): changing analysis.* in the config and running `all` again analyses
-# again with them, Snakemake's params trigger reruns this job.
+# The numbers (analysis room): tables/*.csv and analysis/ (docs/design.md, "The analysis
+# and its words"); the words and figures are the report rules' (words.smk, figures.smk),
+# which read these files and never analyse again. The analysis settings come through params
+# (not from run.json, which keeps the values the run was made with): changing analysis.* in
+# the config and running `all` again analyses again with them, Snakemake's params trigger
+# reruns this job.
 rule analyze:
     input:
         run=RUN.run_json,
@@ -51,9 +54,7 @@ rule analyze:
         requests=RUN.tidy_requests,
     output:
         tables=report(tables("csv"), caption="../report/tables.rst", category="Tables"),
-        markdown=tables("md"),
-        summary=RUN.summary,
-        evidence=RUN.evidence,
+        **ANALYSIS_FILES,
     params:
         analysis=plan.reanalysis(config["analysis"]),
     log:

@@ -1,3 +1,4 @@
+import hashlib
 import json
 import os
 import sys
@@ -11,7 +12,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow"))
 
 from thermab import config as thermab_config
 from thermab import jobs, layout
-from thermab.analysis import TABLES
+from thermab.analysis import NUMBERS, TABLES
 from thermab.contracts import Decision
 from thermab.experiment import plan
 
@@ -52,13 +53,44 @@ wildcard_constraints:
 # Every path a rule names comes from thermab.layout, with the wildcards left in.
 RUN = layout.RunDir(layout.RUN_PATTERN)
 FLEET = layout.fleet_dir("{order}")
+# What analyze hands the report rules besides tables/*.csv (contracts.py, "analysis/"), and
+# the run's own files the words and figures also read.
+ANALYSIS_FILES = {
+    **{f"{name}_frame": RUN.frame(name) for name in NUMBERS},
+    "pooled": RUN.pooled,
+    "open_plan": RUN.open_plan,
+    "record": RUN.analysis_record,
+}
+RUN_FILES = {
+    "run": RUN.run_json,
+    "preflight": RUN.preflight,
+    "telemetry": RUN.tidy_telemetry,
+    "requests": RUN.tidy_requests,
+}
+
+
+def room_digest(room):
+    """A digest of the checkout's sources of one room of the package. Snakemake's code
+    trigger sees a `script:` file's own changes, not the modules it imports; as a param of
+    the report rules this digest makes a change of the report room's code (its wording, its
+    figures) rerun those jobs, and only those."""
+    folder = Path(workflow.basedir) / "workflow" / "thermab" / room
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*.py")):
+        digest.update(path.relative_to(folder).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+REPORT_CODE = room_digest("report")
 
 
 def get_final_outputs(wildcards):
     outputs = [
         path
         for cluster in config["clusters"]
-        for path in (layout.run_dir(cluster, config["order"]).summary, layout.run_dir(cluster, config["order"]).report)
+        for files in [layout.run_dir(cluster, config["order"])]
+        for path in (files.summary, files.evidence, files.report)
     ]
     if len(config["clusters"]) > 1:
         outputs.append(layout.fleet_dir(config["order"]) / "fleet.md")

@@ -2,7 +2,8 @@
 "Contracts"): ``preflight.json`` (preflight writes it; the interlock, the phase's clock check
 and ingest read it), ``validity.json`` (the load writes it; the phase and the analysis read
 it), ``phase.json`` (the phase and the baseline write it) and the columns of ``requests.parquet`` (the load
-writes them; ingest joins them, the analysis checks them).
+writes them; ingest joins them, the analysis checks them), and what analyze hands the report
+rules in ``analysis/`` (the frames' columns, ``analysis.json``).
 
 The lowest room, as the files cross rooms: a reader and the writer can never disagree on a
 key. The keys are the files' own, so the run directories of earlier versions still read
@@ -386,3 +387,68 @@ class Decision:
         ):
             raise UserError(f"{path}: not a look's decision: repeats, next_repeats or load_s is no count in order")
         return decision
+
+
+# --- analysis/: the numbers analyze hands the report rules -----------------------------
+# Beside tables/*.csv, the frames the words and figures are made from; the report rules read
+# them and never analyse again. Each frame has these columns first; a run of levels adds
+# ``users`` and ``load_level`` to every row.
+
+POOLED_COLUMNS = ("order", "rep", "arm", "metric", "unit", "value", "load_valid")  # one phase's metric
+WINDOW_COLUMNS = ("order", "rep", "arm", "load_start", "load_end", "window_s", "load_valid")
+ACCEPTANCE_COLUMNS = ["arm", "reference", "state", "low_pct", "high_pct", "margin_pct", "n"]
+PLAN_COLUMNS = [  # per open question and arm: what would decide it (analysis/planning.py)
+    "question",
+    "metric",
+    "arm",
+    "kind",
+    "verdict",
+    "phases_per_arm",
+    "estimate",
+    "between_sd",
+    "within_sd",
+    "restart_sd",
+    "planned_sd",
+    "sd_from",
+    "distance",
+    "phases_needed",
+    "repeats_needed",
+    "hours_needed",
+    "budget_repeats",
+    "budget_distance",
+    "smallest_margin",
+    "smallest_margin_pct",
+    "reach",
+    "unit",
+]
+
+
+@dataclass(frozen=True)
+class AnalysisRecord:
+    """``analysis/analysis.json``: the run directories pooled (``sources``), a sweep's best
+    setting (``stats.best_setting``, None for two arms or a run of levels) and the measured
+    timings the open questions' plan rests on (``planning.Timings`` as a mapping, None
+    where no phase job was timed or no plan was made)."""
+
+    sources: list[str]
+    best: dict[str, Any] | None
+    timings: dict[str, Any] | None
+
+    def write(self, path: Path) -> None:
+        atomic.write_text(path, json.dumps(dataclasses.asdict(self), indent=1, default=_plain))
+
+    @classmethod
+    def read(cls, path: Path) -> AnalysisRecord:
+        try:
+            raw = json.loads(read_bounded(path, MAX_RECORD_BYTES))
+            return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls)})
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError) as error:
+            raise UserError(f"{path}: not an analysis record: {' '.join(str(error).split())[:160]}") from None
+
+
+def _plain(value: object) -> object:
+    """numpy's scalars as the Python numbers they hold (a best setting's means)."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    raise TypeError(f"{type(value).__name__} is not JSON")

@@ -176,6 +176,25 @@ class RunDir:
         return self.tables / f"{name}.{suffix}"
 
     @property
+    def numbers(self) -> Path:  # what analyze hands the report rules besides tables/ (contracts.py)
+        return self.path / "analysis"
+
+    @property
+    def pooled(self) -> Path:  # the per-phase metrics the comparisons pool (contracts.POOLED_COLUMNS)
+        return self.numbers / "pooled.parquet"
+
+    def frame(self, name: str) -> Path:  # a table of tables/ (or windows, acceptance) with its types
+        return self.numbers / f"{name}.parquet"
+
+    @property
+    def open_plan(self) -> Path:  # what would decide the open questions (contracts.PLAN_COLUMNS)
+        return self.numbers / "plan.parquet"
+
+    @property
+    def analysis_record(self) -> Path:  # the runs pooled, a sweep's best setting (contracts.AnalysisRecord)
+        return self.numbers / "analysis.json"
+
+    @property
     def summary(self) -> Path:
         return self.path / "summary.md"
 

@@ -6,8 +6,8 @@
 (imported runs) NA.  A phase with request rows in ``tidy/requests.parquet`` but no
 ``validity.json`` (a run written by another tool) is judged from those rows by the same
 rule (``derived_reports``), so a loop that was not closed never passes unnoticed. ``mark`` carries
-``load_valid`` into every per-phase table and the
-pooled metrics, ``note_verdicts`` makes each verdict built on such a phase say so.
+``load_valid`` into every per-phase table and the pooled metrics, ``short_phases`` names the
+phases behind a comparison that fell short (the summary's ``note_verdicts`` says so in words).
 Pure functions over frames; ``model.read_validity`` reads the files.
 """
 
@@ -257,24 +257,3 @@ def short_phases(frame: pd.DataFrame) -> list[str]:
     short = frame[is_short(frame)]
     names = short["order"].astype(str) + " rep" + short["rep"].astype(int).astype(str) + "-" + short["arm"]
     return list(dict.fromkeys(names))
-
-
-def note_verdicts(variance: pd.DataFrame, pooled: pd.DataFrame) -> pd.DataFrame:
-    """``variance`` with ``load_short``, the phases behind each row (its arm's and, for a
-    difference, the reference's) whose load fell short, and every verdict of a difference
-    built on one saying so."""
-
-    def phases(row) -> str:
-        arms = [row["arm"]] + ([row["reference"]] if pd.notna(row["reference"]) else [])
-        return ", ".join(short_phases(pooled[(pooled["metric"] == row["metric"]) & pooled["arm"].isin(arms)]))
-
-    load_short = (variance.apply(phases, axis=1) if len(variance) else pd.Series(dtype="string")).astype("string")
-    noted = variance["reference"].notna() & (load_short != "")
-    verdict = variance["verdict"].where(
-        ~noted,
-        variance["verdict"]
-        + " Built on phases whose load fell short of the configuration: "
-        + load_short
-        + " (see Load validity).",
-    )
-    return variance.assign(verdict=verdict, load_short=load_short)

@@ -509,3 +509,6 @@ class Analysis:
     tables: dict[str, pd.DataFrame]  # windows, the four phase tables, variance
     pooled: pd.DataFrame  # per-phase metrics of all pooled runs (metrics.phase_metrics)
     best: dict | None  # stats.best_setting for sweeps of more than two arms
+    # what would decide the open questions (planning.study_plan: its timings and plan_rows),
+    # None for a run of levels or without questions (``thermab plan`` plans those)
+    open_plan: tuple[Any, pd.DataFrame] | None = None

@@ -28,8 +28,8 @@ import pandas as pd
 
 from thermab import metric_names as names
 from thermab.analysis import stats
-from thermab.analysis.model import Plan, as_telemetry
-from thermab.markup import md_text
+from thermab.analysis.model import as_telemetry
+from thermab.contracts import ACCEPTANCE_COLUMNS
 from thermab.telemetry import server_metrics
 
 PHASE_KEYS = ["order", "rep", "arm"]
@@ -165,17 +165,6 @@ def acceptance_balance(effects: dict, margin_pct: float, alpha: float) -> dict:
     return balance
 
 
-def balance_words(arm: str, reference: str, check: dict) -> str:
-    """One arm's acceptance check in words."""
-    span = f"{check['low_pct']:+.1f} % to {check['high_pct']:+.1f} %"
-    if math.isnan(check["low_pct"]):
-        span = "no interval"
-    return (
-        f"acceptance length of {arm} vs {reference}: {span} (TOST at ± {check['margin_pct']:g} %, "
-        f"{check['n']} phase{'' if check['n'] == 1 else 's'} per arm): {check['state']}"
-    )
-
-
 def adjusted_effects(effects: dict, pooled: pd.DataFrame, reference: str, covariates, alpha: float) -> dict:
     """(metric, arm) → the effect a question on ``metric_names.ADJUSTED`` is answered on:
     adjusted for ``covariates`` (``stats.covariate_effects``, ANCOVA) where the arm is not
@@ -249,36 +238,7 @@ def two_sided_p(effect: dict) -> float:
     return float(2 * scipy_stats.t.sf(abs(effect["diff"]) / se, df))
 
 
-BALANCE_COLUMNS = ["arm", "reference", "state", "low_pct", "high_pct", "margin_pct", "n"]
-
-
 def balance_frame(balance: dict, reference: str) -> pd.DataFrame:
     """``acceptance_balance`` as rows, one per arm."""
     rows = [{"arm": arm, "reference": reference, **check} for arm, check in balance.items()]
-    return pd.DataFrame(rows, columns=BALANCE_COLUMNS)
-
-
-def balance_section(balance: pd.DataFrame | None, run: Plan) -> list[str]:
-    """The summary's "Balanced acceptance" section: each arm's check, and what it is for, in a
-    sentence; nothing where no phase measured the acceptance."""
-    if balance is None or balance.empty:
-        return []
-    labels = {a: md_text(spec.label) for a, spec in run.arms.items()}
-    lines = ["## Balanced acceptance", ""]
-    for row in balance.itertuples(index=False):
-        mark = row.state if row.state == BALANCED else f"**{row.state}**"
-        span = "no interval" if math.isnan(row.low_pct) else f"{row.low_pct:+.1f} % to {row.high_pct:+.1f} %"
-        lines.append(
-            f"- {row.arm} ({labels.get(row.arm, row.arm)}) vs {row.reference}: mean acceptance length {span}"
-            f" of the reference's ({row.n} phases per arm): {mark}"
-        )
-    margin = float(balance["margin_pct"].iloc[0])
-    lines += [
-        "",
-        f"Acceptance length is 1 + accepted / drafted tokens from the server's /metrics; arms are balanced"
-        f" when its interval lies inside ± {margin:g} % (TOST, analysis.acceptance_margin_pct), unbalanced"
-        " when wholly outside.  A restart moves it, a setting may too (docs/design.md).  The check is"
-        " reported, not a gate: speed and energy per token are adjusted for it unless the arm moves it"
-        " (two-sided t; the questions' adjustment column says which).",
-    ]
-    return lines + ["Per phase in tables/speed.csv.", ""]
+    return pd.DataFrame(rows, columns=ACCEPTANCE_COLUMNS)

@@ -1,4 +1,5 @@
-"""Read a run directory, write its tables/ and summary.md.
+"""Read a run directory, write its numbers (tables/*.csv, analysis/) and its words
+(tables/*.md, summary.md, evidence.md).
 
     python -m thermab analyze RUN_DIR [--also OTHER_RUN_DIR ...] [--siblings] [--figures]
 
@@ -11,8 +12,11 @@ the same arms.
 """
 
 # This module does the I/O; the computations are the pure functions of metrics, energy,
-# stats and summary.
+# stats and summary. The rules split it at the files: analyze computes and writes the
+# numbers (``write_numbers``), summary, evidence and figures read them back
+# (``read_numbers``) and never compute; the command and a look do both in one process.
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -20,6 +24,7 @@ import pandas as pd
 
 from thermab import atomic, cli, metric_names
 from thermab.analysis import (
+    NUMBERS,
     TABLES,
     energy,
     latency_table,
@@ -49,11 +54,18 @@ from thermab.analysis.model import (
     read_preflight,
     sibling_runs,
 )
+from thermab.contracts import (
+    ACCEPTANCE_COLUMNS,
+    PLAN_COLUMNS,
+    POOLED_COLUMNS,
+    WINDOW_COLUMNS,
+    AnalysisRecord,
+)
 from thermab.errors import UserError
 from thermab.experiment import plan
 from thermab.layout import RunDir
 from thermab.markup import md_text
-from thermab.report import evidence, levels_summary, summary
+from thermab.report import evidence, levels_summary, plan_words, summary
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +182,8 @@ def compute(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = N
         ignore_index=True,
     )
     best = parts[0][2] if len(parts) == 1 else None  # a sweep's best setting: of a run of one level
-    return Analysis(runs[0], [str(r.path) for r in runs], tables, pooled, best)
+    result = Analysis(runs[0], [str(r.path) for r in runs], tables, pooled, best)
+    return dataclasses.replace(result, open_plan=_open_plan(result))
 
 
 def compute_level(runs: list[RunData], detect_pct: float = 5.0) -> tuple[dict, pd.DataFrame, dict | None]:
@@ -185,7 +198,7 @@ def compute_level(runs: list[RunData], detect_pct: float = 5.0) -> tuple[dict, p
     unmeasured = speed.not_measured(tables["speed"], config.arms)
     if len(unmeasured):
         variance = pd.concat([variance, unmeasured], ignore_index=True)
-    tables["variance"] = variance = load_validity.note_verdicts(variance, pooled)
+    tables["variance"] = variance = summary.note_verdicts(variance, pooled)
     alpha = questions.ALPHA
     if config.until == "decided":  # each look tests at its boundary's level (analysis.sequential)
         repeats = int(pooled.groupby("arm")["rep"].nunique().min()) if len(pooled) else 0
@@ -222,21 +235,102 @@ def answer_questions(config: Plan, pooled: pd.DataFrame, validity: pd.DataFrame,
         config,
         alpha=alpha,
         withheld=questions.withheld_yes(pooled, unbalanced),
-        balance={arm: speed.balance_words(arm, config.reference_arm, check) for arm, check in balance.items()},
+        balance={arm: summary.balance_words(arm, config.reference_arm, check) for arm, check in balance.items()},
     )
     return answers, speed.balance_frame(balance, config.reference_arm)
 
 
 def analyze(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = None) -> dict[str, pd.DataFrame]:
-    """Write RUN_DIR/tables/{thresholds,zones,cpu,performance,validity,energy,variance}.{csv,md},
-    RUN_DIR/summary.md and RUN_DIR/evidence.md; return the frames (plus ``windows``)."""
+    """Write RUN_DIR's numbers (``write_numbers``) and its words (``write_words``) in one go,
+    as the rules analyze, summary and evidence do; return the frames (plus ``windows``)."""
     return write_outputs(compute(run_dir, also, detect_pct, analysis))
 
 
 def write_outputs(result: Analysis) -> dict[str, pd.DataFrame]:
+    """Both sides in one process: the numbers, then the words made from them."""
+    write_numbers(result)
+    write_words(result)
+    return result.tables
+
+
+def _open_plan(result: Analysis) -> tuple[planning.Timings | None, pd.DataFrame] | None:
+    """What would decide the open questions of a run of one level (a run of levels:
+    ``thermab plan``)."""
+    if "questions" not in result.tables or len(levels.of_run(result.run.plan)) > 1:
+        return None
+    tables = result.tables
+    return planning.study_plan(result.run, tables["performance"], result.pooled, tables["questions"])
+
+
+# --- the numbers: rule analyze's outputs, the report rules' inputs ----------------------
+
+
+def write_numbers(result: Analysis) -> None:
+    """RUN_DIR/tables/*.csv, and RUN_DIR/analysis/ (contracts.py): every table with its
+    types (a CSV cannot tell an empty text from a missing value), the load windows, the
+    acceptance balance, the pooled per-phase metrics, the open questions' plan and
+    analysis.json: everything the words and figures are made from."""
+    files = RunDir(result.run.path)
+    _write_csv(files.tables, result.tables)
+    files.numbers.mkdir(parents=True, exist_ok=True)
+    timings, rows = result.open_plan or (None, pd.DataFrame(columns=PLAN_COLUMNS))
+    frames = {files.frame(name): result.tables[name] for name in NUMBERS}
+    for path, frame in {**frames, files.pooled: result.pooled, files.open_plan: rows}.items():
+        with atomic.replacing(path) as temporary:
+            frame.to_parquet(temporary, index=False)
+    AnalysisRecord(result.sources, result.best, None if timings is None else dataclasses.asdict(timings)).write(
+        files.analysis_record
+    )
+
+
+def read_numbers(run_dir, analysis: dict | None = None) -> Analysis:
+    """What ``write_numbers`` wrote in RUN_DIR, with the run's own data (run.json, events,
+    tidy telemetry and requests) beside it: the analysis as the report rules see it."""
+    files = RunDir(Path(run_dir))
+    run = load_run(files.path, analysis)
+    tables = {name: _read_frame(files.frame(name), FRAME_COLUMNS.get(name, ())) for name in NUMBERS}
+    record = AnalysisRecord.read(files.analysis_record)
+    open_plan = None
+    if len(levels.of_run(run.plan)) == 1:
+        timings = None if record.timings is None else planning.Timings(**record.timings)
+        open_plan = (timings, _read_frame(files.open_plan, PLAN_COLUMNS))
+    pooled = _read_frame(files.pooled, POOLED_COLUMNS)
+    return Analysis(run, record.sources, tables, pooled, record.best, open_plan)
+
+
+FRAME_COLUMNS = {"windows": WINDOW_COLUMNS, "acceptance": ACCEPTANCE_COLUMNS}
+
+
+def _read_frame(path: Path, columns) -> pd.DataFrame:
+    """One frame of analysis/, or a UserError naming the file where it is none or lacks a
+    column of its contract."""
+    try:
+        frame = pd.read_parquet(path)
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path}: not a frame of the analysis: {' '.join(str(error).split())[:160]}") from None
+    missing = [column for column in columns if column not in frame.columns]
+    if missing:
+        raise UserError(f"{path}: lacks the column(s) {', '.join(missing)}")
+    return frame
+
+
+# --- the words: the report rules' outputs ----------------------------------------------
+
+
+def write_words(result: Analysis) -> None:
+    """RUN_DIR/tables/*.md, RUN_DIR/summary.md and RUN_DIR/evidence.md."""
+    write_table_words(result)
+    write_summary(result)
+    write_evidence(result)
+
+
+def write_table_words(result: Analysis) -> None:
+    _write_markdown(RunDir(result.run.path).tables, result.tables)
+
+
+def write_summary(result: Analysis) -> None:
     run = result.run
     files = RunDir(run.path)
-    _write_tables(files.tables, result.tables)
     every = levels.of_run(run.plan)
     if len(every) == 1:
         text = _summary(result, result.tables, run.plan)
@@ -246,11 +340,17 @@ def write_outputs(result: Analysis) -> dict[str, pd.DataFrame]:
             for level in every
         }
         text = levels_summary.markdown(run.plan, result.tables, result.pooled, texts)
-    preflight = read_preflight(files.preflight)
     tables = result.tables
-    opening = evidence.opening(tables["questions"], tables["variance"], run.plan, preflight, run.events)
+    opening = evidence.opening(
+        tables["questions"], tables["variance"], run.plan, read_preflight(files.preflight), run.events
+    )
     title, _, rest = text.partition("\n")  # the answer first, under the title
     atomic.write_text(files.summary, "\n".join([title, "", *opening, rest.lstrip("\n")]))
+
+
+def write_evidence(result: Analysis) -> None:
+    run, tables = result.run, result.tables
+    files = RunDir(run.path)
     atomic.write_text(
         files.evidence,
         evidence.evidence_markdown(
@@ -258,14 +358,13 @@ def write_outputs(result: Analysis) -> dict[str, pd.DataFrame]:
             tables["questions"],
             tables["variance"],
             tables["windows"],
-            preflight=preflight,
+            preflight=read_preflight(files.preflight),
             events=run.events,
             sources=run.sources,
             asked_s=tables["validity"]["load_s"],
             energy=tables.get("energy"),
         ),
     )
-    return result.tables
 
 
 def _summary(result: Analysis, tables: dict[str, pd.DataFrame], config: Plan) -> str:
@@ -285,17 +384,17 @@ def _summary(result: Analysis, tables: dict[str, pd.DataFrame], config: Plan) ->
             config.get("hosts_without_zones", []),
             result.run.sources,
         ),
-        open_plan=_open_plan(result, tables, config),
+        open_plan=_open_plan_words(result, tables, config),
     )
 
 
-def _open_plan(result: Analysis, tables: dict[str, pd.DataFrame], config: Plan) -> list[str]:
-    """The open questions' paragraph of a run of one level (a run of levels: ``thermab plan``)."""
-    if "questions" not in tables or len(levels.of_run(result.run.plan)) > 1:
+def _open_plan_words(result: Analysis, tables: dict[str, pd.DataFrame], config: Plan) -> list[str]:
+    """The open questions' paragraph of a run of one level."""
+    if result.open_plan is None:
         return []
-    timings, rows = planning.study_plan(result.run, tables["performance"], result.pooled, tables["questions"])
+    timings, rows = result.open_plan
     simulated = bool(evidence.simulated_hosts(read_preflight(RunDir(result.run.path).preflight)))
-    return planning.open_questions_section(
+    return plan_words.open_questions_section(
         rows, tables["questions"], config, timings, result.run.events, result.run.path, simulated
     )
 
@@ -307,7 +406,8 @@ def compare_runs(run_dirs: list[Path], out_dir: Path, analysis: dict | None = No
     result = compute(run_dirs[0], also=run_dirs[1:], analysis=analysis)
     variance = result.tables["variance"]
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_tables(out_dir, {"variance": variance})
+    _write_csv(out_dir, {"variance": variance})
+    _write_markdown(out_dir, {"variance": variance})
     orders = sorted(pd.unique(result.pooled["order"]))
     lines = [
         f"# {md_text(result.run.plan.cluster)}: every run pooled",
@@ -324,12 +424,17 @@ def compare_runs(run_dirs: list[Path], out_dir: Path, analysis: dict | None = No
     return variance
 
 
-def _write_tables(out: Path, tables: dict[str, pd.DataFrame]) -> None:
+def _write_csv(out: Path, tables: dict[str, pd.DataFrame]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in [n for n in TABLES if n in tables]:
+        with atomic.replacing(out / f"{name}.csv") as temporary:
+            tables[name].to_csv(temporary, index=False)
+
+
+def _write_markdown(out: Path, tables: dict[str, pd.DataFrame]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in [n for n in TABLES if n in tables]:
         frame = tables[name]
-        with atomic.replacing(out / f"{name}.csv") as temporary:
-            frame.to_csv(temporary, index=False)
         text = summary.markdown_table(frame)
         if name == "performance" and frame["requests_completed"].isna().all():
             text += "\nNo request data in this run (imported runs have none): performance is not measured.\n"

@@ -16,12 +16,12 @@ import math
 
 import pandas as pd
 
-from thermab.analysis import energy as energy_rows, levels, planning
+from thermab.analysis import energy as energy_rows, levels
 from thermab.analysis.model import Plan
 from thermab.load.shapes import Shape
 from thermab.load_levels import CLOSED
 from thermab.markup import Markdown, md_cell, md_text
-from thermab.report import verdict
+from thermab.report import plan_words, verdict
 from thermab.report.summary import fmt_duration, markdown_table
 from thermab.report.units import fmt
 
@@ -73,11 +73,11 @@ def headline(
     events: pd.DataFrame | None = None,
 ) -> list[str]:
     """One Markdown bullet per question and arm, its verdict line (``verdict``); an undecided
-    one says what would decide it (``planning.decide_call``: the command and what it costs).
+    one says what would decide it (``plan_words.decide_call``: the command and what it costs).
     ``events``: the run's, for the cost."""
     if answers.empty:
         return ["No question was declared (`questions` is empty): the tables below carry the numbers."]
-    call = planning.decide_call(answers, plan, events)
+    call = plan_words.decide_call(answers, plan, events)
     lines = [f"- {line}." for line in verdict.verdict_lines(answers, call, escape=md_text)]
     return lines
 

@@ -12,7 +12,7 @@ from thermab import cli
 from thermab.analysis import levels, planning
 from thermab.analysis.model import read_preflight
 from thermab.layout import RunDir
-from thermab.report import evidence
+from thermab.report import evidence, plan_words
 from thermab.report.analyze import compute
 
 MAX_RESTART_CV_PCT = 1000  # a spread ten times the mean: past it no plan means anything
@@ -43,10 +43,10 @@ def plan_text(run_dir, *, hours=None, restart_cv_pct=None, time_scale=None) -> s
             time_scale=time_scale,
         )
         title = f"Plan for {run_dir}" + (f" at {label}" if len(every) > 1 else "")
-        out += [title, "", *planning.plan_lines(rows, run.plan, timings, hours=hours, simulated=simulated), ""]
+        out += [title, "", *plan_words.plan_lines(rows, run.plan, timings, hours=hours, simulated=simulated), ""]
     answers = result.tables["questions"]
     if (answers["verdict"] == planning.UNDECIDED).any():
-        out += [f"To decide what is open: {planning.decide_call(answers, result.run.plan, result.run.events)}", ""]
+        out += [f"To decide what is open: {plan_words.decide_call(answers, result.run.plan, result.run.events)}", ""]
     return "\n".join(out)
 
 

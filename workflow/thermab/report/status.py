@@ -21,14 +21,13 @@ from pathlib import Path
 import pandas as pd
 
 from thermab import cli, layout
-from thermab.analysis import planning
 from thermab.analysis.model import read_events, read_plan
 from thermab.analysis.questions import UNDECIDED
 from thermab.analysis.sequential import read_answers
 from thermab.config import read_bounded
 from thermab.errors import UserError
 from thermab.experiment import events, progress
-from thermab.report import verdict
+from thermab.report import plan_words, verdict
 
 STALE_S = 60  # a status.json older than this: no load is running now
 ENDS = ("run_end", "abort", "restored")  # the events after which nothing more runs
@@ -72,14 +71,14 @@ def answer_lines(answers: pd.DataFrame | None, command: str = "") -> list[str]:
 
 def decide_command(run_dir: Path, answers: pd.DataFrame | None) -> str:
     """Where questions are open: the command that would decide them and its cluster-hours at
-    the run's measured phase jobs (``planning.decide_call``, as evidence.md gives them); ""
+    the run's measured phase jobs (``plan_words.decide_call``, as evidence.md gives them); ""
     where none is open or the run has no run.json."""
     files = layout.RunDir(run_dir)
     if answers is None or not files.run_json.is_file() or not (answers["verdict"] == UNDECIDED).any():
         return ""
     plan = read_plan(files.run_json)
     history = read_events(files.events) if files.events.is_file() else None
-    return planning.decide_call(answers, plan, history)
+    return plan_words.decide_call(answers, plan, history)
 
 
 def closing_lines(run_dir: Path) -> list[str]:

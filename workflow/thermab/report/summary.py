@@ -66,6 +66,29 @@ def verdicts(variance: pd.DataFrame) -> pd.Series:
     return variance.apply(lambda row: _verdict(row, labels), axis=1).rename("verdict")
 
 
+def note_verdicts(variance: pd.DataFrame, pooled: pd.DataFrame) -> pd.DataFrame:
+    """``variance`` with ``load_short``, the phases behind each row (its arm's and, for a
+    difference, the reference's) whose load fell short, and every verdict of a difference
+    built on one saying so."""
+
+    def phases(row) -> str:
+        arms = [row["arm"]] + ([row["reference"]] if pd.notna(row["reference"]) else [])
+        return ", ".join(
+            load_validity.short_phases(pooled[(pooled["metric"] == row["metric"]) & pooled["arm"].isin(arms)])
+        )
+
+    load_short = (variance.apply(phases, axis=1) if len(variance) else pd.Series(dtype="string")).astype("string")
+    noted = variance["reference"].notna() & (load_short != "")
+    verdict = variance["verdict"].where(
+        ~noted,
+        variance["verdict"]
+        + " Built on phases whose load fell short of the configuration: "
+        + load_short
+        + " (see Load validity).",
+    )
+    return variance.assign(verdict=verdict, load_short=load_short)
+
+
 def _verdict(row: pd.Series, labels: dict) -> str:
     if pd.isna(row["reference"]):
         return f"reference arm ({fmt(row['mean'], row['unit'])}, n = {row['n']} phases)"
@@ -176,7 +199,7 @@ def summary_markdown(
     was measured how.  ``tables`` holds the frames of analyze (windows, thresholds, zones, cpu,
     performance), ``sample_interval_s`` the median sampling interval per telemetry kind,
     ``completeness`` the per host and source sample counts (``completeness.completeness``),
-    ``open_plan`` the open questions' paragraph (``planning.open_questions_section``)."""
+    ``open_plan`` the open questions' paragraph (``plan_words.open_questions_section``)."""
     arms, reference = run.arms, run.reference_arm
     head, zone = run.head, run.timeline_zone
     windows = tables["windows"]
@@ -210,7 +233,7 @@ def summary_markdown(
     parts += open_plan or []
     parts += load_validity_section(tables["validity"], run)
     parts += start_balance_section(tables["validity"], run)
-    parts += speed.balance_section(tables.get("acceptance"), run)
+    parts += balance_section(tables.get("acceptance"), run)
     short_arms = set(tables["validity"].loc[load_validity.is_short(tables["validity"]), "arm"])
     marked = {a: labels[a] + (SHORT_MARK if a in short_arms else "") for a in present}
     if tables["zones"].empty:
@@ -424,6 +447,43 @@ def load_validity_section(validity: pd.DataFrame, run: Plan) -> list[str]:
         " figures, and every verdict built on it says so.",
         "",
     ]
+
+
+def balance_words(arm: str, reference: str, check: dict) -> str:
+    """One arm's acceptance check in words."""
+    span = f"{check['low_pct']:+.1f} % to {check['high_pct']:+.1f} %"
+    if math.isnan(check["low_pct"]):
+        span = "no interval"
+    return (
+        f"acceptance length of {arm} vs {reference}: {span} (TOST at ± {check['margin_pct']:g} %, "
+        f"{check['n']} phase{'' if check['n'] == 1 else 's'} per arm): {check['state']}"
+    )
+
+
+def balance_section(balance: pd.DataFrame | None, run: Plan) -> list[str]:
+    """The summary's "Balanced acceptance" section: each arm's check, and what it is for, in a
+    sentence; nothing where no phase measured the acceptance."""
+    if balance is None or balance.empty:
+        return []
+    labels = {a: md_text(spec.label) for a, spec in run.arms.items()}
+    lines = ["## Balanced acceptance", ""]
+    for row in balance.itertuples(index=False):
+        mark = row.state if row.state == speed.BALANCED else f"**{row.state}**"
+        span = "no interval" if math.isnan(row.low_pct) else f"{row.low_pct:+.1f} % to {row.high_pct:+.1f} %"
+        lines.append(
+            f"- {row.arm} ({labels.get(row.arm, row.arm)}) vs {row.reference}: mean acceptance length {span}"
+            f" of the reference's ({row.n} phases per arm): {mark}"
+        )
+    margin = float(balance["margin_pct"].iloc[0])
+    lines += [
+        "",
+        f"Acceptance length is 1 + accepted / drafted tokens from the server's /metrics; arms are balanced"
+        f" when its interval lies inside ± {margin:g} % (TOST, analysis.acceptance_margin_pct), unbalanced"
+        " when wholly outside.  A restart moves it, a setting may too (docs/design.md).  The check is"
+        " reported, not a gate: speed and energy per token are adjusted for it unless the arm moves it"
+        " (two-sided t; the questions' adjustment column says which).",
+    ]
+    return lines + ["Per phase in tables/speed.csv.", ""]
 
 
 def start_balance_section(validity: pd.DataFrame, run: Plan) -> list[str]:

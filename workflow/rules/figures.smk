@@ -1,11 +1,14 @@
 # Every figure is an output (thermab.layout.figures), so --report, --summary and reruns see
 # them: those the config gives data for (the wake-up figure only where load.wakeup_gaps_s
 # asks for probes); a sweep (more than two arms in the order, which names each arm once) also
-# draws the dose response, in report_sweep below.
-rule report:
+# draws the dose response, in figures_sweep below. report.html holds summary.md, and the
+# provenance's manifest every file of the run: the words come first.
+rule figures:
     input:
+        **ANALYSIS_FILES,
+        **RUN_FILES,
         summary=RUN.summary,
-        tables=tables("csv"),
+        evidence=RUN.evidence,
     output:
         **figure_outputs(layout.figures(2, WAKEUP)),
         html=RUN.report,
@@ -14,17 +17,18 @@ rule report:
         # the DAG archived in provenance/ is drawn by running this Snakefile with --dag
         snakefile=workflow.main_snakefile,
         analysis=plan.reanalysis(config["analysis"]),
+        report_code=REPORT_CODE,
     wildcard_constraints:
         order=f"{ARM}{ARM}?",
     log:
-        RUN.log("report.log"),
+        RUN.log("figures.log"),
     conda:
         "../../envs/analysis.yaml"
     script:
-        "../../scripts/report.py"
+        "../../scripts/figures.py"
 
 
-use rule report as report_sweep with:
+use rule figures as figures_sweep with:
     output:
         **figure_outputs(layout.figures(3, WAKEUP)),
         html=RUN.report,

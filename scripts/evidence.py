@@ -1,0 +1,9 @@
+"""Rule evidence: evidence.md, in words from the numbers analyze wrote."""
+
+from pathlib import Path
+
+from thermab import jobs
+from thermab.report.analyze import read_numbers, write_evidence
+
+with jobs.logged(snakemake.log[0]):
+    write_evidence(read_numbers(Path(snakemake.input.run).parent, analysis=dict(snakemake.params.analysis)))

@@ -1,0 +1,38 @@
+# The words (report room): summary.md with tables/*.md, and evidence.md, made from the
+# numbers analyze wrote and the run's own files; they never analyse again. The words read
+# the analysis settings too (the names of zones and thresholds, the margins), and the report
+# room's own code through its digest (REPORT_CODE, common.smk): a change of wording reruns these jobs
+# and the figures, never analyze or a phase.
+rule summary:
+    input:
+        **ANALYSIS_FILES,
+        **RUN_FILES,
+    output:
+        summary=RUN.summary,
+        markdown=tables("md"),
+    params:
+        analysis=plan.reanalysis(config["analysis"]),
+        report_code=REPORT_CODE,
+    log:
+        RUN.log("summary.log"),
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../../scripts/summary.py"
+
+
+rule evidence:
+    input:
+        **ANALYSIS_FILES,
+        **RUN_FILES,
+    output:
+        evidence=RUN.evidence,
+    params:
+        analysis=plan.reanalysis(config["analysis"]),
+        report_code=REPORT_CODE,
+    log:
+        RUN.log("evidence.log"),
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../../scripts/evidence.py"
