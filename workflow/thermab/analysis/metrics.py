@@ -8,7 +8,7 @@ partial or imported run never fails on a missing piece.
 
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -124,6 +124,12 @@ def load_windows(events: pd.DataFrame, start_event: str = "load_start", end_even
         rows.append((order, rep_number, arm, start, end, end - start))
     windows = pd.DataFrame(rows, columns=WINDOW_COLUMNS)
     return windows.sort_values("load_start", ignore_index=True)
+
+
+def phase_rows(requests: pd.DataFrame) -> dict[Hashable, np.ndarray]:
+    """The positions of each phase's rows, by (order, rep, arm): found once, not by comparing
+    every row with every window."""
+    return {key: np.asarray(rows) for key, rows in requests.groupby(PHASE_KEYS, sort=False).indices.items()}
 
 
 def window_rows(t: np.ndarray, windows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -287,8 +293,7 @@ def performance(requests: pd.DataFrame | None, windows: pd.DataFrame) -> pd.Data
     if requests is None or requests.empty:
         requests, phases = None, {}
     else:
-        # the requests of each phase found once, not by comparing every request with every window
-        phases = requests.groupby(PHASE_KEYS, sort=False).indices
+        phases = phase_rows(requests)
         # the columns used, not the tags and texts that every selection would copy
         requests = requests[[c for c in REQUEST_COLUMNS if c in requests]]
     rows = []
