@@ -72,7 +72,7 @@ class Span(Protocol):
     def load_end(self) -> float: ...
 
 
-class Window(NamedTuple):
+class LoadWindow(NamedTuple):
     """One load window, a row of ``load_windows``."""
 
     order: str
@@ -83,11 +83,11 @@ class Window(NamedTuple):
     window_s: float
 
 
-def each_window(windows: pd.DataFrame) -> list[Window]:
+def each_window(windows: pd.DataFrame) -> list[LoadWindow]:
     """The rows of a frame of load windows (``WINDOW_COLUMNS``; other columns left out), in its order."""
     columns = (windows[column].tolist() for column in WINDOW_COLUMNS)
     return [
-        Window(str(order), int(rep), str(arm), float(start), float(end), float(length))
+        LoadWindow(str(order), int(rep), str(arm), float(start), float(end), float(length))
         for order, rep, arm, start, end, length in zip(*columns, strict=True)
     ]
 
@@ -309,7 +309,7 @@ def performance(requests: pd.DataFrame | None, windows: pd.DataFrame) -> pd.Data
     return pd.DataFrame(rows, columns=PERFORMANCE_COLUMNS)
 
 
-def _window_requests(phase: pd.DataFrame, window: Window) -> dict[str, float]:
+def _window_requests(phase: pd.DataFrame, window: LoadWindow) -> dict[str, float]:
     """The figures of one window from the requests of its phase (order, rep, arm)."""
     t = phase["t_end"].fillna(phase["t_start"])
     phase = phase[(t >= window.load_start) & (t < window.load_end)]
@@ -357,14 +357,14 @@ def tokens_in_window(requests: pd.DataFrame | None, window: Span) -> float:
     return float(np.sum(tokens * share))
 
 
-def in_window_tok_s(phase: pd.DataFrame, window: Window) -> float:
+def in_window_tok_s(phase: pd.DataFrame, window: LoadWindow) -> float:
     """Output tok/s of the load requests of one phase, counted inside the window."""
     if not window.window_s > 0:
         return np.nan
     return tokens_in_window(phase[phase["kind"] == "load"], window) / window.window_s
 
 
-def in_window_se(phase: pd.DataFrame, window: Window, batches: int = BATCHES) -> float:
+def in_window_se(phase: pd.DataFrame, window: LoadWindow, batches: int = BATCHES) -> float:
     """The standard error of one phase's in-window throughput (``in_window_tok_s``), by batch
     means: the window cut into ``batches`` equal parts, the sd of the parts' rates over
     √batches.  NaN without a window or request data."""
