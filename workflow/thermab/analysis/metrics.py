@@ -87,7 +87,7 @@ def each_window(windows: pd.DataFrame) -> list[LoadWindow]:
     """The rows of a frame of load windows (``WINDOW_COLUMNS``; other columns left out), in its order."""
     columns = (windows[column].tolist() for column in WINDOW_COLUMNS)
     return [
-        LoadWindow(str(order), int(rep), str(arm), float(start), float(end), float(length))
+        LoadWindow(str(order), int(rep), str(arm), start, end, length)  # the times as the frame holds them
         for order, rep, arm, start, end, length in zip(*columns, strict=True)
     ]
 
