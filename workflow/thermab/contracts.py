@@ -204,6 +204,19 @@ class ZoneFacts(TypedDict):
     trip_point_c: float | None
 
 
+class MeterRecord(TypedDict):
+    """A wall meter as a host's facts keep it (telemetry/wall_meters.py): no credential, only where it is."""
+
+    host: str
+    domain: str  # its power rows' sensor: wall-N
+    kind: str
+    where: str
+    feeds: list[str]  # the hosts whose power it reads
+    interval_s: float
+    update_s: float | None
+    simulated: bool
+
+
 @dataclass
 class Safety:
     abort_at_c: float | None = None  # the interlock's threshold; None: off
