@@ -155,8 +155,8 @@ def test_the_in_window_throughput_has_its_batch_means_standard_error():
         phase = pd.DataFrame(
             {"kind": "load", "t_start": starts, "t_first_token": starts, "t_end": starts + 1, "ok": True}
         ).assign(completion_tokens=tokens)
-        span = pd.Series({"load_start": 0.0, "load_end": 60.0, "window_s": 60.0})
-        assert metrics.in_window_se(phase, span) == pytest.approx(expected, abs=1e-9)
+        window = metrics.LoadWindow("AB", 1, "A", load_start=0.0, load_end=60.0, window_s=60.0)
+        assert metrics.in_window_se(phase, window) == pytest.approx(expected, abs=1e-9)
 
 
 def test_requests_outside_the_window_other_phases_and_failures_are_not_counted():

@@ -174,7 +174,11 @@ def write_validity(path: Path, report: PhaseValidity) -> None:
     atomic.write_text(path, json.dumps(report, indent=2) + "\n")
 
 
-def validity_key(report: dict[str, Any], path: Path) -> tuple[str, int, str, int | None, str | None]:
+# a load window's (order, rep, arm, users, load_level): users and load_level None where a report predates levels
+WindowKey = tuple[str, int, str, int | None, str | None]
+
+
+def validity_key(report: dict[str, Any], path: Path) -> WindowKey:
     """The window a read ``validity.json`` belongs to, (order, rep, arm, users, load_level);
     users None where the report has none (written before levels), load_level None where it
     has none (written before levels of mixed shapes).  A report without the first three is a
@@ -199,6 +203,19 @@ def _whole(value: object) -> TypeGuard[int]:
 class ZoneFacts(TypedDict):
     name: str
     trip_point_c: float | None
+
+
+class MeterRecord(TypedDict):
+    """A wall meter as a host's facts keep it (telemetry/wall_meters.py): no credential, only where it is."""
+
+    host: str
+    domain: str  # its power rows' sensor: wall-N
+    kind: str
+    where: str
+    feeds: list[str]  # the hosts whose power it reads
+    interval_s: float
+    update_s: float | None
+    simulated: bool
 
 
 @dataclass

@@ -22,7 +22,9 @@ levels differ in them exactly when they differ.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 CLOSED, THINK, RATE = "closed", "think", "rate"
 USERS = "users"
@@ -81,7 +83,7 @@ class Level:
         return f"u{self.users}"
 
 
-def run_shape(load: dict) -> dict:
+def run_shape(load: Mapping[str, Any]) -> dict:
     """The shape a number of users is run at: ``load``'s (or run.json's) shape keys, the
     burstiness only with a rate."""
     rate = load.get("rate")
@@ -224,7 +226,7 @@ def _users_problems(load: dict, key: str, bounds: dict | None) -> list[str]:
 NAMES = "levels"  # a question's key naming levels by label or index (``users`` names them by users)
 
 
-def asked_levels(question: dict, levels: list[Level]) -> list[Level]:
+def asked_levels(question: Mapping[str, Any], levels: list[Level]) -> list[Level]:
     """The levels (of ``levels``, in the list's order) a question is asked at: those whose
     users its ``users`` names, those its ``levels`` names by label or by index in the list
     (from 0, as ``load.users.N`` counts), or every level where it names none.  A name that is

@@ -27,7 +27,9 @@ import io
 import json
 import math
 import numbers
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -45,9 +47,32 @@ NAMED_MARKS = {"baseline-start": "baseline_start", "baseline-end": "baseline_end
 DEFAULTS = {"trip_point_c": 104.8}
 MAX_SOURCE_BYTES = 2**30  # a chart source or marks file
 SOURCE_KINDS = {".json": "the study's chart JSON, .json", ".csv": "a wide CSV, .csv"}
+Mark = tuple[float, str]  # (t, name), t in the source's unit
 
 
-def chart_frames(chart: dict, head: str = "head", worker: str = "worker") -> tuple[dict, list]:
+class Phase(TypedDict):
+    order: str
+    rep: int
+    arm: str
+
+
+class _Event(TypedDict):
+    t: float
+    event: str
+
+
+class Event(_Event, total=False):
+    """An event of the imported run (events.jsonl): a phase's keys where it belongs to one."""
+
+    order: str
+    rep: int
+    arm: str
+    detail: str
+
+
+def chart_frames(
+    chart: Mapping[str, list[dict[str, float | str]]], head: str = "head", worker: str = "worker"
+) -> tuple[dict[str, pd.DataFrame], list[tuple[object, object]]]:
     """The chart JSON as {host: wide frame (t in minutes)} and [(t, mark)]."""
     frames = {head: pd.DataFrame(chart["head"])}
     if chart.get("workerTsoc"):
@@ -55,10 +80,10 @@ def chart_frames(chart: dict, head: str = "head", worker: str = "worker") -> tup
     return frames, [(m["t"], m["m"]) for m in chart.get("marks", [])]
 
 
-def csv_frames(table: pd.DataFrame, time_col: str = "t", head: str = "head") -> dict:
+def csv_frames(table: pd.DataFrame, time_col: str = "t", head: str = "head") -> dict[str, pd.DataFrame]:
     """A wide CSV as {host: wide frame}: ``ZONE`` columns are the head's, ``HOST:ZONE`` another host's.
     Each host's frame is one selection, not a column inserted at a time (10,000 zones)."""
-    columns: dict[str, list] = {}
+    columns: dict[str, list[str]] = {}
     for column in table.columns.drop(time_col):
         host, _, _zone = str(column).rpartition(":")
         columns.setdefault(host or head, []).append(column)
@@ -68,7 +93,7 @@ def csv_frames(table: pd.DataFrame, time_col: str = "t", head: str = "head") -> 
     }
 
 
-def telemetry_from_frames(frames: dict, epoch_s: float, minutes: bool = True) -> pd.DataFrame:
+def telemetry_from_frames(frames: Mapping[str, pd.DataFrame], epoch_s: float, minutes: bool = True) -> pd.DataFrame:
     """Long tidy telemetry (t, host, kind=thermal, sensor, value) from wide frames."""
     scale = 60.0 if minutes else 1.0
     # long by reshaping the value matrix at once (melt goes column by column: minutes for 10,000 zones)
@@ -103,28 +128,34 @@ def telemetry_from_frames(frames: dict, epoch_s: float, minutes: bool = True) ->
 
 
 def events_from_marks(
-    marks: list, load_s: float, start_s: float, end_s: float, epoch_s: float, minutes: bool = True
-) -> tuple[list[dict], dict, str]:
+    marks: Iterable[tuple[object, object]],
+    load_s: float,
+    start_s: float,
+    end_s: float,
+    epoch_s: float,
+    minutes: bool = True,
+) -> tuple[list[Event], dict[str, str], str]:
     """(events, {letter: label}, order) from chart marks; see the module docstring for the rules."""
     scale = 60.0 if minutes else 1.0
-    check_marks(marks)
-    marks = sorted((epoch_s + t * scale, name) for t, name in marks)
-    letters, reps, order = {}, {}, ""
-    for _, name in marks:
+    times = sorted((epoch_s + t * scale, name) for t, name in check_marks(marks))
+    letters: dict[str, str] = {}
+    reps: dict[str, int] = {}
+    order = ""
+    for _, name in times:
         if name.endswith("-load-start"):
             label = _label(name.removesuffix("-load-start"))
             if label not in letters:
                 letters[label] = chr(ord("A") + len(letters))
                 order += letters[label]
-    events = [{"t": start_s, "event": "run_start"}]
-    current = None
-    for t, name in marks:
-        detail = {"detail": f"mark {name}"}
+    events: list[Event] = [{"t": start_s, "event": "run_start"}]
+    current: Phase | None = None
+    for t, name in times:
+        detail = f"mark {name}"
         if name.endswith("-load-start"):
             label = _label(name.removesuffix("-load-start"))
             reps[label] = reps.get(label, 0) + 1
             current = {"order": order, "rep": reps[label], "arm": letters[label]}
-            events.append({"t": t, "event": "load_start", **current, **detail})
+            events.append({"t": t, "event": "load_start", **current, "detail": detail})
             events.append(
                 {
                     "t": t + load_s,
@@ -142,12 +173,14 @@ def events_from_marks(
                     "order": order,
                     "rep": reps.get(label, 0) + 1,
                     "arm": letters[label],
-                    **detail,
+                    "detail": detail,
                 }
             )
         elif name in NAMED_MARKS:
-            phase = current if NAMED_MARKS[name] == "cooldown_end" and current else {}
-            events.append({"t": t, "event": NAMED_MARKS[name], **phase, **detail})
+            if NAMED_MARKS[name] == "cooldown_end" and current:
+                events.append({"t": t, "event": NAMED_MARKS[name], **current, "detail": detail})
+            else:
+                events.append({"t": t, "event": NAMED_MARKS[name], "detail": detail})
         else:
             events.append({"t": t, "event": "note", "detail": name})
     events.append({"t": end_s, "event": "run_end"})
@@ -155,16 +188,19 @@ def events_from_marks(
     return events, {letter: label for label, letter in letters.items()}, order
 
 
-def check_marks(marks: list) -> None:
-    """Each mark a name (printable text, not blank) at a finite time, or a UserError saying which."""
+def check_marks(marks: Iterable[tuple[object, object]]) -> list[Mark]:
+    """The marks, each a name (printable text, not blank) at a finite time, or a UserError saying which."""
+    checked = []
     for t, name in marks:
         if not isinstance(name, str) or not name.strip() or not name.isprintable():
             raise UserError(f"mark {_shown(name)} at t = {_shown(t)} is not a name (text on one line)")
         if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t):
             raise UserError(f"mark {name!r}: its time {_shown(t)} is not a finite number")
+        checked.append((float(t), name))
+    return checked
 
 
-def _shown(value) -> str:
+def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:39] + "…"
 
@@ -174,18 +210,18 @@ def _label(mark_prefix: str) -> str:
 
 
 def write_run(
-    out_dir,
-    frames: dict,
-    marks: list,
+    out_dir: str | Path,
+    frames: Mapping[str, pd.DataFrame],
+    marks: Iterable[tuple[object, object]],
     load_minutes: float = 30.0,
-    arms: dict | None = None,
+    arms: Mapping[str, str] | None = None,
     *,
     minutes: bool = True,
     cluster: str = "imported",
     setting: str = "setting",
     epoch_s: float = 0.0,
     source: str = "",
-    **run_options,
+    **run_options: Any,  # run.json's facts, JSON values as plan.run_plan takes them
 ) -> Path:
     """Write the run directory from wide frames and marks.  ``arms`` maps a label to its
     setting value (e.g. {"stock": "1", "patched": "0.002"}); ``run_options`` override the
@@ -233,7 +269,7 @@ def write_run(
 
 
 @contextlib.contextmanager
-def _reading(path):
+def _reading(path: object) -> Iterator[None]:
     """What is wrong with a file the user gave becomes one line naming it."""
     try:
         yield
@@ -245,7 +281,7 @@ def _reading(path):
         raise UserError(f"{path}: {type(error).__name__}: {' '.join(str(error).split())[:200]}") from None
 
 
-def _read_csv(path) -> pd.DataFrame:
+def _read_csv(path: str | Path) -> pd.DataFrame:
     """A CSV the user named: bounded (read_bounded), then parsed; a header alone is no table."""
     try:
         table = pd.read_csv(io.BytesIO(read_bounded(path, MAX_SOURCE_BYTES)), engine="c")
@@ -258,7 +294,13 @@ def _read_csv(path) -> pd.DataFrame:
     return table
 
 
-def import_chart(json_path, out_dir, load_minutes: float = 30.0, arms: dict | None = None, **options) -> Path:
+def import_chart(
+    json_path: str | Path,
+    out_dir: str | Path,
+    load_minutes: float = 30.0,
+    arms: Mapping[str, str] | None = None,
+    **options: Any,  # write_run's
+) -> Path:
     """The study's chart JSON → run directory (see ``write_run`` for ``arms`` and options)."""
     with _reading(json_path):
         chart = json.loads(read_bounded(json_path, MAX_SOURCE_BYTES).decode("utf-8"))
@@ -269,15 +311,15 @@ def import_chart(json_path, out_dir, load_minutes: float = 30.0, arms: dict | No
 
 
 def import_wide_csv(
-    csv_path,
-    out_dir,
-    marks,
+    csv_path: str | Path,
+    out_dir: str | Path,
+    marks: str | Path | Iterable[tuple[object, object]],
     load_minutes: float = 30.0,
-    arms: dict | None = None,
+    arms: Mapping[str, str] | None = None,
     *,
     time_col: str = "t",
     time_unit: str = "min",
-    **options,
+    **options: Any,  # write_run's
 ) -> Path:
     """A wide CSV → run directory.  ``marks``: [(t, name)] or the path of a CSV with columns
     t, m, in the same time unit as the table (``min`` or ``s``)."""
@@ -286,8 +328,7 @@ def import_wide_csv(
             table = _read_csv(marks)
             if not {"t", "m"} <= set(table.columns):
                 raise UserError(f"needs columns t and m (has {', '.join(map(str, table.columns))})")
-            marks = list(table[["t", "m"]].itertuples(index=False, name=None))
-            check_marks(marks)
+            marks = check_marks(table[["t", "m"]].itertuples(index=False, name=None))
     with _reading(csv_path):
         table = _read_csv(csv_path)
         if time_col not in table.columns:
@@ -304,7 +345,7 @@ def import_wide_csv(
         )
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = cli.parser(
         "import-chart",
         "Import the study's chart data (.json) or a wide CSV of zone temperatures (.csv) as a run\n"

@@ -19,16 +19,18 @@ each source was sampled)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Mapping
 
 import numpy as np
 import pandas as pd
 
-from thermab.analysis.metrics import CPU_SENSOR, window_rows
-from thermab.analysis.model import as_telemetry
+from thermab.analysis.metrics import CPU_SENSOR, each_window, window_rows
+from thermab.analysis.model import Telemetry, as_telemetry
 from thermab.telemetry.server_metrics import EVENT_MEANS
 
 COLUMNS = ["host", "source", "interval_s", "expected", "got", "largest_gap_s"]
 ALWAYS = ("thermal", "cpu")  # a host reports these unless the run says it has no zones
+Sources = Mapping[str, Mapping[str, Mapping[str, str]]]  # host → kind → sensor → its source (model.read_sources)
 
 
 def _median_spacing(times: list[np.ndarray]) -> float:
@@ -38,7 +40,9 @@ def _median_spacing(times: list[np.ndarray]) -> float:
     return float(np.median(steps)) if len(steps) else math.nan
 
 
-def source_times(telemetry, host: str, sources: dict | None = None) -> dict[str, list[np.ndarray]]:
+def source_times(
+    telemetry: Telemetry | pd.DataFrame, host: str, sources: Sources | None = None
+) -> dict[str, list[np.ndarray]]:
     """The sample times of each series of ``host``, by the source it came from
     (``sources[host][kind][sensor]``, else its kind); the CPU source's threads come and go
     with the load, so its sum stands for it; the server's means of events (TTFT, inter-token
@@ -57,7 +61,9 @@ def source_times(telemetry, host: str, sources: dict | None = None) -> dict[str,
     return found
 
 
-def measured_intervals(telemetry, host: str, sources: dict | None = None) -> dict[str, float]:
+def measured_intervals(
+    telemetry: Telemetry | pd.DataFrame, host: str, sources: Sources | None = None
+) -> dict[str, float]:
     """How often each source of ``host`` was sampled: the median spacing of its distinct
     samples over the run; a source with fewer than two samples has none."""
     intervals = {source: _median_spacing(times) for source, times in source_times(telemetry, host, sources).items()}
@@ -69,12 +75,12 @@ def _largest_gap(t: np.ndarray, start: float, end: float) -> float:
 
 
 def completeness(
-    telemetry,
+    telemetry: Telemetry | pd.DataFrame,
     windows: pd.DataFrame,
     hosts: list[str],
-    intervals_s: dict[str, float] | None = None,
-    hosts_without_zones: list[str] = (),
-    sources: dict | None = None,
+    intervals_s: Mapping[str, float] | None = None,
+    hosts_without_zones: Collection[str] = (),
+    sources: Sources | None = None,
 ) -> pd.DataFrame:
     """One row per host and source: every source a host sent, plus thermal and cpu, which
     every host is expected to send (thermal not from ``hosts_without_zones``).
@@ -90,7 +96,7 @@ def completeness(
             interval = (intervals_s or {}).get(kind) or _median_spacing(times)
             cuts = [window_rows(t, windows) for t in times]
             expected = got = largest = 0.0
-            for i, window in enumerate(windows.itertuples(index=False)):
+            for i, window in enumerate(each_window(windows)):
                 if not math.isnan(interval) and interval > 0:
                     expected += math.floor(window.window_s / interval)
                 # the median over sensors, so one silent zone shows in the gap, not the count

@@ -40,12 +40,16 @@ functions.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, TypedDict
+
 import numpy as np
 import pandas as pd
 
 from thermab import metric_names as names
-from thermab.analysis.metrics import PHASE_KEYS, PHASE_METRIC_COLUMNS, tokens_in_window
-from thermab.analysis.model import as_telemetry
+from thermab.analysis.metrics import PHASE_KEYS, PHASE_METRIC_COLUMNS, each_window, phase_rows, tokens_in_window
+from thermab.analysis.model import Telemetry, as_telemetry
+from thermab.contracts import MeterRecord
 from thermab.telemetry.agent import domain_scope
 from thermab.telemetry.power import (
     WALL_SCOPE,
@@ -76,6 +80,25 @@ METRIC = names.CLUSTER_ENERGY_PER_TOKEN
 METRIC_UNIT = "J/token"
 
 
+class EnergyRow(TypedDict):
+    """A row of energy.csv (``ENERGY_COLUMNS``)."""
+
+    order: str
+    rep: int
+    arm: str
+    host: str
+    domain: str
+    window_s: float
+    mean_w: float
+    energy_j: float
+    idle_w: float
+    energy_above_idle_j: float
+    output_tokens: float
+    j_per_token: float
+    j_per_token_above_idle: float
+    scope: str
+
+
 def baseline_window(events: pd.DataFrame) -> tuple[float, float] | None:
     """``[baseline_start, baseline_end)``: the last baseline_start and the first baseline_end
     after it (a baseline redone after a failure is the one measured); None without one."""
@@ -103,17 +126,17 @@ def _mean_in(series: tuple[np.ndarray, np.ndarray], start: float, end: float) ->
     return time_weighted_mean(t[first:last], value[first:last])
 
 
-def _per_token(joules: float, tokens) -> float:
+def _per_token(joules: float, tokens: float) -> float:
     return joules / tokens if not pd.isna(tokens) and tokens > 0 else np.nan
 
 
 def energy_table(
-    telemetry,
+    telemetry: Telemetry | pd.DataFrame,
     windows: pd.DataFrame,
     events: pd.DataFrame,
     requests: pd.DataFrame | None,
     hosts: list[str] | None = None,
-    meters: list[dict] | None = None,
+    meters: list[MeterRecord] | None = None,
 ) -> pd.DataFrame:
     """energy.csv: one row per phase, host and power domain seen in the run, then the
     ``all``/``total`` row of the phase; phases in time order, hosts in the order of ``hosts``
@@ -152,13 +175,13 @@ def energy_table(
     walled = any(onboard[host] != domains[host] for host in host_order) or bool(fed)
     baseline = baseline_window(events)
     idle = {key: _mean_in(s, *baseline) if baseline else np.nan for key, s in series.items()}
-    measured = requests is not None and not requests.empty
-    phases = requests.groupby(PHASE_KEYS, sort=False).indices if measured else {}
-    rows = []
-    for window in windows.itertuples(index=False):
+    measured = None if requests is None or requests.empty else requests
+    phases = phase_rows(measured) if measured is not None else {}
+    rows: list[EnergyRow] = []
+    for window in each_window(windows):
         keys = (window.order, window.rep, window.arm)
-        output_tokens = tokens_in_window(requests.iloc[phases.get(keys, [])] if measured else None, window)
-        phase = []
+        output_tokens = tokens_in_window(measured.iloc[phases.get(keys, [])] if measured is not None else None, window)
+        phase: list[EnergyRow] = []
         for host in host_order:
             for domain in domains[host]:
                 mean_w = _mean_in(series[(host, domain)], window.load_start, window.load_end)
@@ -176,14 +199,14 @@ def energy_table(
     return pd.DataFrame(rows, columns=ENERGY_COLUMNS)
 
 
-def wall_meter_records(preflight: dict | None) -> list[dict]:
+def wall_meter_records(preflight: Mapping[str, Any] | None) -> list[MeterRecord]:
     """The wall meters preflight.json keeps with each host's facts (telemetry/wall_meters.py's
     ``Meter.record``: host, domain, kind, where, feeds, update_s)."""
     hosts = (preflight or {}).get("hosts") or {}
     return [meter for facts in hosts.values() for meter in facts.get("wall_meters") or []]
 
 
-def meter_text(meter: dict) -> str:
+def meter_text(meter: MeterRecord) -> str:
     """``shelly http://plug-a, its reading refreshed every 1 s, feeds head + worker``."""
     update = f", its reading refreshed every {meter['update_s']:g} s" if meter.get("update_s") else ""
     feeds = meter.get("feeds") or [meter["host"]]
@@ -206,11 +229,23 @@ def domain_scope_text(domain: str, domains: list[str]) -> str:
     return domain_scope(domain)[0] + (f" in {holder}" if holder else "")
 
 
-def _row(keys, host, domain, window_s, mean_w, idle_w, output_tokens, scope) -> dict:
+def _row(
+    keys: tuple[str, int, str],
+    host: str,
+    domain: str,
+    window_s: float,
+    mean_w: float,
+    idle_w: float,
+    output_tokens: float,
+    scope: str,
+) -> EnergyRow:
     energy_j = mean_w * window_s
     above_j = energy_j - idle_w * window_s
-    return dict(
-        zip(PHASE_KEYS, keys, strict=False),
+    order, rep, arm = keys
+    return EnergyRow(
+        order=order,
+        rep=rep,
+        arm=arm,
         host=host,
         domain=domain,
         window_s=window_s,
@@ -225,19 +260,21 @@ def _row(keys, host, domain, window_s, mean_w, idle_w, output_tokens, scope) -> 
     )
 
 
-def _total(phase: list[dict], domains: dict[str, list[str]]) -> tuple[float, float] | None:
+def _total(phase: list[EnergyRow], domains: dict[str, list[str]]) -> tuple[float, float] | None:
     """(mean_w, idle_w) of the cluster total in one phase, or None when no host has a total;
     NaN (never a partial sum) when a domain of a host total is empty."""
     summed = [row for row in phase if row["domain"] in host_total_domains(domains[row["host"]])]
     if not summed:
         return None
-    return tuple(float(np.sum([row[c] for row in summed])) for c in ("mean_w", "idle_w"))
+    return float(np.sum([row["mean_w"] for row in summed])), float(np.sum([row["idle_w"] for row in summed]))
 
 
 def total_hosts(energy: pd.DataFrame) -> dict[str, list[str]]:
     """Host -> the domains its total sums, for the hosts the ``all``/``total`` rows cover."""
     hosts = energy.loc[energy["host"] != TOTAL_HOST, ["host", "domain"]].drop_duplicates()
-    covered = {host: host_total_domains(rows["domain"].tolist()) for host, rows in hosts.groupby("host", sort=False)}
+    covered = {
+        str(host): host_total_domains(rows["domain"].tolist()) for host, rows in hosts.groupby("host", sort=False)
+    }
     scopes = energy.loc[(energy["host"] == TOTAL_HOST) & (energy["domain"] == TOTAL_DOMAIN), "scope"]
     inside = {
         part.split(":")[0] for text in scopes.dropna().unique() for part in text.split("; ") if f": {FED} " in part
@@ -249,7 +286,7 @@ def host_scopes(energy: pd.DataFrame) -> dict[str, tuple[list[str], list[str]]]:
     """Host -> (the scopes its total sums, the parts of the node they hold), for the hosts the
     ``all``/``total`` rows cover."""
     hosts = energy.loc[energy["host"] != TOTAL_HOST, ["host", "domain"]].drop_duplicates()
-    found = {host: total_scope(rows["domain"].tolist()) for host, rows in hosts.groupby("host", sort=False)}
+    found = {str(host): total_scope(rows["domain"].tolist()) for host, rows in hosts.groupby("host", sort=False)}
     return {host: (scopes, holds) for host, (summed, scopes, holds) in found.items() if summed}
 
 

@@ -8,11 +8,15 @@ table); goodput from the requests and the run's ``load.slo``. The definitions ar
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, TypeGuard
+
 import numpy as np
 import pandas as pd
 
 from thermab import metric_names as names
-from thermab.analysis.metrics import PHASE_KEYS, long, no_metrics
+from thermab.analysis.metrics import PHASE_KEYS, each_window, long, no_metrics, phase_rows
+from thermab.contracts import WindowKey
 from thermab.errors import UserError
 from thermab.load import latency, sketch
 
@@ -21,7 +25,9 @@ LATENCY_COLUMNS = [f"{stat}_{name}_ms" for name in latency.LATENCIES for stat in
 COLUMNS = PHASE_KEYS + ["completed", "failed", *LATENCY_COLUMNS, "goodput_pct", "goodput_tok_s"]
 
 
-def sketches(reports: dict[tuple, dict], requests: pd.DataFrame | None) -> dict[tuple, dict[int, int]]:
+def sketches(
+    reports: Mapping[WindowKey, Mapping[str, Any]], requests: pd.DataFrame | None
+) -> dict[tuple[str, int, str], dict[int, int]]:
     """The ITL sketch's bins of each window, by (order, rep, arm), from the latency.json
     reports (``model.read_latency``) of the level the requests are at (a run of levels has
     one report per level of each phase). A sketch of another accuracy or a malformed one is a
@@ -29,7 +35,7 @@ def sketches(reports: dict[tuple, dict], requests: pd.DataFrame | None) -> dict[
     if requests is None or requests.empty:
         return {}
     levels = set(requests["load_level"].dropna()) if "load_level" in requests else set()
-    bins = {}
+    bins: dict[tuple[str, int, str], dict[int, int]] = {}
     for (order, rep, arm, _users, level), report in reports.items():
         if levels and level is not None and level not in levels:
             continue
@@ -39,33 +45,37 @@ def sketches(reports: dict[tuple, dict], requests: pd.DataFrame | None) -> dict[
                 f"phases/rep{rep}-{arm}: latency.json's ITL sketch is not thermab's "
                 f"(relative accuracy {sketch.RELATIVE_ACCURACY}, itl_keys and itl_counts lists of whole numbers)"
             )
-        bins[(order, int(rep), arm)] = sketch.merged([(keys, counts)])
+        bins[(order, rep, arm)] = sketch.merged([(keys, counts)])
     return bins
 
 
-def _bins_ok(keys, counts) -> bool:
-    def whole(values):
-        return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+def _whole_numbers(values: object) -> TypeGuard[list[int]]:
+    return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
 
-    return whole(keys) and whole(counts) and len(keys) == len(counts) and all(c >= 0 for c in counts)
+
+def _bins_ok(keys: object, counts: object) -> bool:
+    return _whole_numbers(keys) and _whole_numbers(counts) and len(keys) == len(counts) and all(c >= 0 for c in counts)
 
 
 def latency_table(
-    requests: pd.DataFrame | None, windows: pd.DataFrame, bins: dict[tuple, dict], slo: dict | None
+    requests: pd.DataFrame | None,
+    windows: pd.DataFrame,
+    bins: Mapping[tuple[str, int, str], dict[int, int]],
+    slo: Mapping[str, float] | None,
 ) -> pd.DataFrame:
     """One row per load window: its ok load requests' count (``completed``), its failed
     ones, mean, median, p90 and p99 of TTFT, TPOT, ITL and E2EL in ms, and against an SLO
     the share of good requests (``goodput_pct``) and their output tok/s. NaN where nothing
     was measured (ITL: where the window has no sketch)."""
-    rows = []
-    phases = requests.groupby(PHASE_KEYS, sort=False).indices if requests is not None and len(requests) else {}
-    if phases:  # every request's latencies once, as arrays; each window takes its rows of them
+    rows: list[dict[str, object]] = []
+    phases = phase_rows(requests) if requests is not None and len(requests) else {}
+    if requests is not None and phases:  # every request's latencies once, as arrays; each window takes its rows of them
         every = latency.request_latencies(requests)
         t_start, t_end = (requests[c].to_numpy("float64", na_value=np.nan) for c in ("t_start", "t_end"))
         load = (requests["kind"] == "load").to_numpy()
         ok = requests["ok"].to_numpy(bool, na_value=False)
-    for window in windows.itertuples(index=False):
-        key = (window.order, int(window.rep), window.arm)
+    for window in each_window(windows):
+        key = (window.order, window.rep, window.arm)
         row = {"order": window.order, "rep": window.rep, "arm": window.arm}
         if key in phases:
             positions = phases[key]

@@ -9,6 +9,8 @@ model.RunData.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 
@@ -31,15 +33,15 @@ def of_run(config: Plan) -> list[Level | None]:
     """The levels of a run's plan in the order an odd repeat runs them (ascending by users,
     levels of equal users in the list's order); ``[None]`` for a plan without users (an
     imported run), whose every window is its one level."""
-    if config.get(USERS) is None:
+    if USERS not in config:
         return [None]
-    return load_levels.ascending(_parsed(config))
+    return list(load_levels.ascending(_parsed(config)))
 
 
 def single_level(config: Plan) -> Level | None:
     """The one level of a plan whose users is a number (what a load mark without a level,
     written before levels, was run at); None for a run of levels or a plan without users."""
-    return _parsed(config)[0] if isinstance(config.get(USERS), int) else None
+    return _parsed(config)[0] if USERS in config and isinstance(config.users, int) else None
 
 
 def labels(frame: pd.DataFrame, config: Plan, fallback: str) -> pd.Series:
@@ -50,7 +52,7 @@ def labels(frame: pd.DataFrame, config: Plan, fallback: str) -> pd.Series:
     if USERS in frame:
         users = pd.to_numeric(frame[USERS], errors="coerce")
         known = users.notna()
-        out[known] = [Level(int(u), **shape).label for u in users[known]]
+        out[known] = pd.Series([Level(int(u), **shape).label for u in users[known]], index=users.index[known])
     if LEVEL in frame:
         own = frame[LEVEL].astype("object")
         known = own.notna()
@@ -87,7 +89,9 @@ def at_level(run: RunData, level: Level | None) -> RunData:
     return dataclasses.replace(run, events=events, requests=requests, validity=validity, plan=plan_at(run.plan, level))
 
 
-def asked_at(questions, level: Level | None, every: list[Level]) -> list:
+def asked_at(
+    questions: Iterable[Mapping[str, Any]], level: Level | None, every: list[Level]
+) -> list[Mapping[str, Any]]:
     """The questions asked at ``level`` of the levels ``every`` (as the list gives them):
     those naming it by users or by label or index, and those naming none."""
     return [q for q in questions if level is None or level in load_levels.asked_levels(q, every)]
@@ -102,8 +106,8 @@ def with_level(frame: pd.DataFrame, level: Level | None) -> pd.DataFrame:
     if USERS not in out.columns:
         out[USERS] = pd.array([None if level is None else level.users] * len(out), dtype="Int64")
     if LEVEL not in out.columns:
-        label = pd.array([None if level is None else level.label] * len(out), dtype="string")
-        out.insert(out.columns.get_loc(USERS) + 1, LEVEL, label)
+        label = pd.Series(None if level is None else level.label, index=out.index, dtype="string")
+        out.insert(list(out.columns).index(USERS) + 1, LEVEL, label)
     return out
 
 
@@ -123,14 +127,14 @@ def tables_at(tables: dict[str, pd.DataFrame], level: Level) -> dict[str, pd.Dat
     return {name: frame[frame[LEVEL] == level.label].reset_index(drop=True) for name, frame in tables.items()}
 
 
-def rows_of(answers: pd.DataFrame, question: dict) -> pd.DataFrame:
+def rows_of(answers: pd.DataFrame, question: Mapping[str, Any]) -> pd.DataFrame:
     """The rows of questions.csv that answer ``question`` (its words, then any note)."""
     words = question_words(question)
     text = answers["question"].astype(str)
     return answers[(text == words) | text.str.startswith(words + " (") | text.str.startswith(words + ": ")]
 
 
-def answer_changes(answers: pd.DataFrame, questions: list[dict], order: list[str]) -> pd.DataFrame:
+def answer_changes(answers: pd.DataFrame, questions: Iterable[Mapping[str, Any]], order: list[str]) -> pd.DataFrame:
     """For each declared question and arm of questions.csv, the levels at which its answer
     changes from the level before it, ``order`` giving the levels' labels in the run's order
     (``of_run``); NA where it is the same at every level it was asked at: columns question,

@@ -11,16 +11,18 @@ phases behind a comparison that fell short (the summary's ``note_verdicts`` says
 Pure functions over frames; ``model.read_validity`` reads the files.
 """
 
+from collections.abc import Mapping
+
 import numpy as np
 import pandas as pd
 
-from thermab.analysis.metrics import PHASE_KEYS
-from thermab.analysis.model import Plan
-from thermab.contracts import REQUEST_COLUMNS
+from thermab.analysis.metrics import PHASE_KEYS, LoadWindow, each_window
+from thermab.analysis.model import Plan, Telemetry
+from thermab.contracts import REQUEST_COLUMNS, PhaseValidity, Validity
 from thermab.errors import UserError
 from thermab.load.shapes import Shape
 from thermab.load.validity import shortfalls, validity_report
-from thermab.load_levels import CLOSED
+from thermab.load_levels import CLOSED, run_shape
 
 VALIDITY_COLUMNS = PHASE_KEYS + [
     "users",
@@ -69,17 +71,30 @@ DTYPES = {
 }
 NO_RECORDS = "no load records"
 DERIVED = "no validity.json: judged from tidy/requests.parquet"
+PhaseKey = tuple[str, int, str]  # (order, rep, arm)
+
+
+class DerivedValidity(Validity):
+    """The validity report of a window without validity.json, derived from its requests
+    (``derived_reports``)."""
+
+    duration_s: int | None  # the window the plan asked, as the load stage records it
+    aborted: str | None  # why, where an abort event falls inside the window
 
 
 def derived_reports(
-    requests: pd.DataFrame | None, windows: pd.DataFrame, events: pd.DataFrame, plan: Plan, written: dict
-) -> dict:
+    requests: pd.DataFrame | None,
+    windows: pd.DataFrame,
+    events: pd.DataFrame,
+    plan: Plan,
+    written: Mapping[PhaseKey, PhaseValidity],
+) -> dict[PhaseKey, DerivedValidity]:
     """The validity report of each window that has request rows but no report ``written``
     (validity.json), from those rows: the
     configured users, shape, max_tokens, prompt size and probes where the plan (run.json) has them,
     else what the rows show (the load's distinct users, its longest ok completion, no prompt
     target, the probes sent).  An ``abort`` event inside the window marks the load aborted."""
-    windows = windows[[(w.order, int(w.rep), w.arm) not in written for w in windows.itertuples(index=False)]]
+    windows = windows[[(w.order, w.rep, w.arm) not in written for w in each_window(windows)]]
     if requests is None or requests.empty or windows.empty:
         return {}
     # diagnostics another writer may not have are unknown (NA), not zero: counts become nullable
@@ -89,7 +104,7 @@ def derived_reports(
     frame = requests.copy()
     for column, dtype in dtypes.items():
         if column not in frame:
-            frame[column] = pd.array([None] * len(frame), dtype=dtype)
+            frame[column] = pd.array([None] * len(frame), dtype=dtype)  # type: ignore[call-overload]  # pandas-stubs: a dtype by name
     try:
         frame = frame.astype({column: dtype for column, dtype in dtypes.items() if str(frame[column].dtype) != dtype})
     except (ValueError, TypeError) as error:
@@ -98,24 +113,28 @@ def derived_reports(
             f"{' '.join(str(error).split())[:160]}"
         ) from None
     phases = dict(tuple(frame.groupby(PHASE_KEYS, sort=False)))  # a week holds hundreds of phases
-    reports = {}
-    for window in windows.itertuples(index=False):
-        rows = phases.get((window.order, int(window.rep), window.arm))
+    reports: dict[PhaseKey, DerivedValidity] = {}
+    for window in each_window(windows):
+        rows = phases.get((window.order, window.rep, window.arm))
         if rows is None:
             continue
         load, probes = rows[rows["kind"] == "load"], rows[rows["kind"] == "probe"]
         ok_tokens = load.loc[load["ok"], "completion_tokens"].dropna()
-        users = plan.get("users") or int(load["user"].nunique())
-        max_tokens = plan.get("max_tokens") or (int(ok_tokens.max()) if len(ok_tokens) else None)
+        # a plan's facts where it has them (an imported plan may not), else what the rows show
+        users = plan.users if "users" in plan and isinstance(plan.users, int) else int(load["user"].nunique())
+        if "max_tokens" in plan:
+            max_tokens: int | None = plan.max_tokens
+        else:
+            max_tokens = int(ok_tokens.max()) if len(ok_tokens) else None
         report = validity_report(
             rows.reset_index(drop=True),
             (window.load_start, window.load_end),
             users=users,
             max_tokens=max_tokens,
-            prompt_tokens=plan.get("prompt_tokens"),
-            probe_n=plan.get("probe_n", len(probes)),
+            prompt_tokens=plan.prompt_tokens if "prompt_tokens" in plan else None,
+            probe_n=plan.probe_n if "probe_n" in plan else len(probes),
             stall_gap_s=plan.stall_gap_s,
-            shape=Shape(users, plan.get("rate"), plan.get("burstiness", 1.0), plan.get("think_s")),
+            shape=Shape(users, **run_shape(plan)),
         )
         aborts = events[
             (events["event"] == "abort")
@@ -124,28 +143,29 @@ def derived_reports(
             & (events["arm"] == window.arm)
             & events["t"].between(window.load_start, window.load_end)
         ]
+        aborted = None
         if len(aborts):
             detail = aborts["detail"].iloc[0] if "detail" in aborts else None
-            report["aborted"] = (detail.get("reason") if isinstance(detail, dict) else None) or "abort event"
-        report["duration_s"] = plan.get("load_s")  # the window the plan asked, as the load stage records it
-        report["warnings"] = [DERIVED] + report["warnings"]
-        reports[(window.order, int(window.rep), window.arm)] = report
+            aborted = (detail.get("reason") if isinstance(detail, dict) else None) or "abort event"
+        reports[(window.order, window.rep, window.arm)] = {
+            **report,
+            "warnings": [DERIVED, *report["warnings"]],
+            "duration_s": plan.load_s if "load_s" in plan else None,
+            "aborted": aborted,
+        }
     return reports
 
 
-def validity_table(reports: dict, windows: pd.DataFrame) -> pd.DataFrame:
+def validity_table(reports: Mapping[PhaseKey, PhaseValidity | DerivedValidity], windows: pd.DataFrame) -> pd.DataFrame:
     """One row per load window from the phase's validity report (``model.read_validity``);
     ``cached_share`` is the share of the load requests reporting cached tokens that had any."""
-    rows = [
-        _row(window, reports.get((window.order, int(window.rep), window.arm)))
-        for window in windows.itertuples(index=False)
-    ]
+    rows = [_row(window, reports.get((window.order, window.rep, window.arm))) for window in each_window(windows)]
     table = pd.DataFrame(rows, columns=VALIDITY_COLUMNS)
     return table.astype(DTYPES)
 
 
-def _row(window, report: dict | None) -> dict:
-    row = {"order": window.order, "rep": int(window.rep), "arm": window.arm}
+def _row(window: LoadWindow, report: PhaseValidity | DerivedValidity | None) -> dict[str, object]:
+    row: dict[str, object] = {"order": window.order, "rep": window.rep, "arm": window.arm}
     if report is None:
         return {**row, "warnings": NO_RECORDS}
     requests, concurrency, cached = report["requests"], report["concurrency"], report["cached"]
@@ -180,7 +200,7 @@ SERVER_COLUMNS = ["server_running_mean", "server_waiting_mean", "server_held_max
 SERVER_SLACK = 1.0  # requests: a disagreement beyond this is a warning
 
 
-def server_view(validity: pd.DataFrame, telemetry, windows: pd.DataFrame) -> pd.DataFrame:
+def server_view(validity: pd.DataFrame, telemetry: Telemetry, windows: pd.DataFrame) -> pd.DataFrame:
     """``validity`` (``validity_table``) with the server's own view of each load window from its ``/metrics``
     (telemetry kind ``server``): the mean of vLLM's running and waiting gauges, the most
     requests it held at once (running + waiting of one scrape), NaN where it was not scraped.
@@ -198,36 +218,45 @@ def server_view(validity: pd.DataFrame, telemetry, windows: pd.DataFrame) -> pd.
     in flight."""
     server = telemetry.frame(kind="server")
     server = server[server["sensor"].isin(["running", "waiting"])]
-    rows, shared = [], []
-    for window, row in zip(windows.itertuples(index=False), validity.itertuples(index=False), strict=False):
+    rows: list[dict[str, object]] = []
+    shared: list[str] = []
+    phases = zip(
+        each_window(windows),
+        validity["warnings"],
+        validity["inflight_mean"].astype("float64"),
+        validity["shape"],
+        validity["users"],
+        strict=False,
+    )
+    for window, warning, inflight_mean, shape, users in phases:
         inside = server[(server["t"] >= window.load_start) & (server["t"] < window.load_end)]
         running = inside.loc[inside["sensor"] == "running", "value"]
         waiting = inside.loc[inside["sensor"] == "waiting", "value"]
         held = inside.groupby("t")["value"].sum()
         view = {
-            "server_running_mean": running.mean() if len(running) else np.nan,
-            "server_waiting_mean": waiting.mean() if len(waiting) else np.nan,
-            "server_held_max": held.max() if len(held) else np.nan,
+            "server_running_mean": float(running.mean()) if len(running) else np.nan,
+            "server_waiting_mean": float(waiting.mean()) if len(waiting) else np.nan,
+            "server_held_max": float(held.max()) if len(held) else np.nan,
         }
-        warnings = [w for w in [row.warnings] if isinstance(w, str) and w]
+        warnings = [w for w in [warning] if isinstance(w, str) and w]
         shared.append("")
-        if len(held) and pd.notna(row.inflight_mean):
+        if len(held) and pd.notna(inflight_mean):
             server_mean = view["server_running_mean"] + np.nan_to_num(view["server_waiting_mean"])
-            if server_mean > row.inflight_mean + SERVER_SLACK:
+            if server_mean > inflight_mean + SERVER_SLACK:
                 shared[-1] = (
                     f"the server held {server_mean:.2f} requests on average, more than the load's "
-                    f"{row.inflight_mean:.2f} in flight: another client shares it"
+                    f"{inflight_mean:.2f} in flight: another client shares it"
                 )
                 warnings.append(shared[-1])
-            if row.shape == CLOSED and pd.notna(row.users) and view["server_held_max"] < row.users - SERVER_SLACK:
+            if shape == CLOSED and pd.notna(users) and view["server_held_max"] < users - SERVER_SLACK:
                 warnings.append(
                     f"the server never held more than {view['server_held_max']:.0f} of the "
-                    f"{row.users} users' requests at once: something in front of it holds them back"
+                    f"{users} users' requests at once: something in front of it holds them back"
                 )
         rows.append({**view, "warnings": "; ".join(warnings)})
-    view = pd.DataFrame(rows, columns=SERVER_COLUMNS + ["warnings"], index=validity.index)
+    views = pd.DataFrame(rows, columns=SERVER_COLUMNS + ["warnings"], index=validity.index)
     validity = validity.assign(
-        **{column: view[column].astype("float64") for column in SERVER_COLUMNS}, warnings=view["warnings"]
+        **{column: views[column].astype("float64") for column in SERVER_COLUMNS}, warnings=views["warnings"]
     )
     if "load_valid" in validity and any(shared):  # what was measured was two loads: never a valid phase
         validity["load_valid"] = [

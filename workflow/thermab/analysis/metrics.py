@@ -8,13 +8,14 @@ partial or imported run never fails on a missing piece.
 
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import pandas as pd
 
 from thermab import metric_names as names
-from thermab.analysis.model import as_telemetry
+from thermab.analysis.model import Telemetry, as_telemetry
 from thermab.load import validity
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,37 @@ REQUEST_COLUMNS = [
 CPU_SENSOR = "vllm_cpu_pct"
 
 
+class Span(Protocol):
+    """A stretch ``[load_start, load_end)`` of a run's time: a load window, a part of one, or
+    a row of a frame of windows."""
+
+    @property
+    def load_start(self) -> float: ...
+
+    @property
+    def load_end(self) -> float: ...
+
+
+class LoadWindow(NamedTuple):
+    """One load window, a row of ``load_windows``."""
+
+    order: str
+    rep: int
+    arm: str
+    load_start: float
+    load_end: float
+    window_s: float
+
+
+def each_window(windows: pd.DataFrame) -> list[LoadWindow]:
+    """The rows of a frame of load windows (``WINDOW_COLUMNS``; other columns left out), in its order."""
+    columns = (windows[column].tolist() for column in WINDOW_COLUMNS)
+    return [
+        LoadWindow(str(order), int(rep), str(arm), start, end, length)  # the times as the frame holds them
+        for order, rep, arm, start, end, length in zip(*columns, strict=True)
+    ]
+
+
 def load_windows(events: pd.DataFrame, start_event: str = "load_start", end_event: str = "load_end") -> pd.DataFrame:
     """One row per phase with its load window ``[load_start, load_end)``, in time order (or
     the window between two other marks, e.g. the idle window's: its bounds in the same columns).
@@ -88,9 +120,16 @@ def load_windows(events: pd.DataFrame, start_event: str = "load_start", end_even
             )
             continue
         end = after["t"].min()
-        rows.append((order, int(rep), arm, start, end, end - start))
+        rep_number = int(rep)  # type: ignore[call-overload]  # pandas-stubs: a group's key is any Hashable
+        rows.append((order, rep_number, arm, start, end, end - start))
     windows = pd.DataFrame(rows, columns=WINDOW_COLUMNS)
     return windows.sort_values("load_start", ignore_index=True)
+
+
+def phase_rows(requests: pd.DataFrame) -> dict[Hashable, np.ndarray]:
+    """The positions of each phase's rows, by (order, rep, arm): found once, not by comparing
+    every row with every window."""
+    return {key: np.asarray(rows) for key, rows in requests.groupby(PHASE_KEYS, sort=False).indices.items()}
 
 
 def window_rows(t: np.ndarray, windows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -101,7 +140,9 @@ def window_rows(t: np.ndarray, windows: pd.DataFrame) -> tuple[np.ndarray, np.nd
     return starts, np.maximum(stops, starts)
 
 
-def series_in_windows(telemetry, windows: pd.DataFrame, **selection) -> Iterator[tuple[dict, pd.DataFrame]]:
+def series_in_windows(
+    telemetry: Telemetry | pd.DataFrame, windows: pd.DataFrame, **selection: str | None
+) -> Iterator[tuple[dict[str, str], pd.DataFrame]]:
     """Each series of ``telemetry`` (a model.Telemetry or the tidy frame) that matches
     ``selection`` (kind, sensor, host) with its samples inside the load windows: ({host,
     kind, sensor}, frame of phase, t, t_rel, value), phase = the window's position in
@@ -127,7 +168,12 @@ def series_in_windows(telemetry, windows: pd.DataFrame, **selection) -> Iterator
 
 
 def per_window(
-    telemetry, windows: pd.DataFrame, by: list[str], aggregate, columns: list[str], **selection
+    telemetry: Telemetry | pd.DataFrame,
+    windows: pd.DataFrame,
+    by: list[str],
+    aggregate: Callable[[pd.DataFrame], pd.DataFrame],
+    columns: list[str],
+    **selection: str | None,
 ) -> pd.DataFrame:
     """``aggregate(samples)`` of each selected series inside the windows (samples as of
     ``series_in_windows``; it returns rows with a ``phase`` column), tagged with the phase
@@ -146,10 +192,10 @@ def per_window(
     return pd.concat([keys, rows.drop(columns="phase")], axis=1).reindex(columns=columns)
 
 
-def zone_stats(telemetry, windows: pd.DataFrame) -> pd.DataFrame:
+def zone_stats(telemetry: Telemetry | pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     """Mean, max and sample count of every thermal zone of every host per load window."""
 
-    def aggregate(samples):
+    def aggregate(samples: pd.DataFrame) -> pd.DataFrame:
         stats = samples.groupby("phase")["value"].agg(max_c="max", n="count")
         stats.insert(0, "mean_c", exact_means(samples))
         return stats.reset_index()
@@ -170,12 +216,14 @@ def exact_means(samples: pd.DataFrame) -> pd.Series:
     return pd.Series(means, index=pd.unique(phase) if len(phase) else [], dtype="float64")
 
 
-def time_to_threshold(telemetry, windows: pd.DataFrame, thresholds_c) -> pd.DataFrame:
+def time_to_threshold(
+    telemetry: Telemetry | pd.DataFrame, windows: pd.DataFrame, thresholds_c: Sequence[float]
+) -> pd.DataFrame:
     """Seconds from load_start to the first sample at or above each threshold (NaN when
     never), and how many samples were, so that a single grazing sample is visible."""
     thresholds = np.asarray(thresholds_c, dtype="float64")
 
-    def aggregate(samples):
+    def aggregate(samples: pd.DataFrame) -> pd.DataFrame:
         phase, t_rel, value = (samples[c].to_numpy() for c in ("phase", "t_rel", "value"))
         phases = np.unique(phase)  # the windows with samples, each with a row per threshold
         reached, count = [], []
@@ -197,10 +245,10 @@ def time_to_threshold(telemetry, windows: pd.DataFrame, thresholds_c) -> pd.Data
     return per_window(telemetry, windows, ["host", "sensor"], aggregate, THRESHOLD_COLUMNS, kind="thermal")
 
 
-def cpu_stats(telemetry, windows: pd.DataFrame, sensor: str = CPU_SENSOR) -> pd.DataFrame:
+def cpu_stats(telemetry: Telemetry | pd.DataFrame, windows: pd.DataFrame, sensor: str = CPU_SENSOR) -> pd.DataFrame:
     """Median and 5th/95th percentiles of the vLLM CPU sum (% of one core) per host and window."""
 
-    def aggregate(samples):
+    def aggregate(samples: pd.DataFrame) -> pd.DataFrame:
         values = samples.groupby("phase")["value"]
         stats = values.agg(median_pct="median", n="count")
         stats["p5_pct"] = values.quantile(0.05)
@@ -242,16 +290,17 @@ def performance(requests: pd.DataFrame | None, windows: pd.DataFrame) -> pd.Data
     ``output_tok_s_se`` is that throughput's standard error within its window
     (``in_window_se``).
     """
-    measured = requests is not None and not requests.empty
-    # the requests of each phase found once, not by comparing every request with every window
-    phases = requests.groupby(PHASE_KEYS, sort=False).indices if measured else {}
-    if measured:  # the columns used, not the tags and texts that every selection would copy
+    if requests is None or requests.empty:
+        requests, phases = None, {}
+    else:
+        phases = phase_rows(requests)
+        # the columns used, not the tags and texts that every selection would copy
         requests = requests[[c for c in REQUEST_COLUMNS if c in requests]]
     rows = []
-    for window in windows.itertuples(index=False):
-        row = dict.fromkeys(PERFORMANCE_COLUMNS, np.nan)
+    for window in each_window(windows):
+        row: dict[str, object] = dict.fromkeys(PERFORMANCE_COLUMNS, np.nan)
         row.update(order=window.order, rep=window.rep, arm=window.arm, window_s=window.window_s)
-        if measured:
+        if requests is not None:
             positions = phases.get((window.order, window.rep, window.arm), np.array([], dtype=int))
             row.update(_window_requests(requests.iloc[positions], window))
             row["output_tok_s_in_window"] = in_window_tok_s(requests.iloc[positions], window)
@@ -260,7 +309,7 @@ def performance(requests: pd.DataFrame | None, windows: pd.DataFrame) -> pd.Data
     return pd.DataFrame(rows, columns=PERFORMANCE_COLUMNS)
 
 
-def _window_requests(phase: pd.DataFrame, window) -> dict:
+def _window_requests(phase: pd.DataFrame, window: LoadWindow) -> dict[str, float]:
     """The figures of one window from the requests of its phase (order, rep, arm)."""
     t = phase["t_end"].fillna(phase["t_start"])
     phase = phase[(t >= window.load_start) & (t < window.load_end)]
@@ -289,7 +338,7 @@ def _window_requests(phase: pd.DataFrame, window) -> dict:
     }
 
 
-def tokens_in_window(requests: pd.DataFrame | None, window) -> float:
+def tokens_in_window(requests: pd.DataFrame | None, window: Span) -> float:
     """Output tokens generated inside ``window`` (load_start, load_end) by ``requests`` (one
     phase's): each ok request's ``completion_tokens`` times the share of its span from first
     token (``t_start`` where none was recorded) to ``t_end`` inside the window; a request
@@ -298,8 +347,8 @@ def tokens_in_window(requests: pd.DataFrame | None, window) -> float:
     if requests is None or requests.empty:
         return np.nan
     ok = requests[requests["ok"].astype(bool) & requests["t_end"].notna()]
-    first = (ok["t_first_token"] if "t_first_token" in ok else ok["t_start"]).fillna(ok["t_start"])
-    first, last = first.to_numpy(float), ok["t_end"].to_numpy(float)
+    first = (ok["t_first_token"] if "t_first_token" in ok else ok["t_start"]).fillna(ok["t_start"]).to_numpy(float)
+    last = ok["t_end"].to_numpy(float)
     tokens = ok["completion_tokens"].to_numpy(float)
     overlap = np.minimum(last, window.load_end) - np.maximum(first, window.load_start)
     span = last - first
@@ -308,14 +357,14 @@ def tokens_in_window(requests: pd.DataFrame | None, window) -> float:
     return float(np.sum(tokens * share))
 
 
-def in_window_tok_s(phase: pd.DataFrame, window) -> float:
+def in_window_tok_s(phase: pd.DataFrame, window: LoadWindow) -> float:
     """Output tok/s of the load requests of one phase, counted inside the window."""
     if not window.window_s > 0:
         return np.nan
     return tokens_in_window(phase[phase["kind"] == "load"], window) / window.window_s
 
 
-def in_window_se(phase: pd.DataFrame, window, batches: int = BATCHES) -> float:
+def in_window_se(phase: pd.DataFrame, window: LoadWindow, batches: int = BATCHES) -> float:
     """The standard error of one phase's in-window throughput (``in_window_tok_s``), by batch
     means: the window cut into ``batches`` equal parts, the sd of the parts' rates over
     √batches.  NaN without a window or request data."""
@@ -325,7 +374,7 @@ def in_window_se(phase: pd.DataFrame, window, batches: int = BATCHES) -> float:
     edges = np.linspace(window.load_start, window.load_end, batches + 1)
     part_s = window.window_s / batches
     rates = [
-        tokens_in_window(load, pd.Series({"load_start": start, "load_end": end})) / part_s
+        tokens_in_window(load, window._replace(load_start=start, load_end=end, window_s=part_s)) / part_s
         for start, end in zip(edges[:-1], edges[1:], strict=True)
     ]
     return float(np.std(rates, ddof=1) / math.sqrt(batches))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,9 @@ NUMBERS = ["rep", "window_s", "output_tok_s_in_window", "output_tok_s_se"]  # wh
 MAX_TABLE_BYTES = 64 * 2**20  # a performance.csv of 100 repeats at 32 levels is far less
 
 
-def next_window_s(open_metrics, within_se_1s: float, restart_sd: float, load_s: int, min_load_s: int) -> int:
+def next_window_s(
+    open_metrics: Iterable[str], within_se_1s: float, restart_sd: float, load_s: int, min_load_s: int
+) -> int:
     """The load window of the next block of phases: ``load_s`` unless every open metric is one
     of BETWEEN_RESTARTS, a spread between restarts was seen and a within-phase error measured;
     then the shortest whole seconds w at which ``within_se_1s`` / √w is at most WITHIN_SHARE ×
@@ -145,5 +148,5 @@ def full_window_only(values: pd.DataFrame, validity: pd.DataFrame) -> pd.DataFra
     lengths = phases.set_index(PHASE_KEYS)["load_s"]
     keys = pd.MultiIndex.from_frame(values[PHASE_KEYS].astype({"rep": "int64"}))
     asked = pd.Series(lengths.reindex(keys).to_numpy(), index=values.index)
-    keep = values["metric"].isin(BETWEEN_RESTARTS) | ~(asked < lengths.max())
+    keep = values["metric"].isin(BETWEEN_RESTARTS) | ~(asked < float(lengths.max()))
     return values[keep].reset_index(drop=True)

@@ -8,6 +8,7 @@ import pandas as pd
 
 from thermab import metric_names as names
 from thermab.analysis import energy, metrics
+from thermab.analysis.model import Telemetry
 
 
 def idle_windows(events: pd.DataFrame) -> pd.DataFrame:
@@ -15,7 +16,9 @@ def idle_windows(events: pd.DataFrame) -> pd.DataFrame:
     return metrics.load_windows(events, "idle_start", "idle_end")
 
 
-def rest_metrics(telemetry, events: pd.DataFrame, hosts: list[str], zone: str) -> pd.DataFrame:
+def rest_metrics(
+    telemetry: Telemetry | pd.DataFrame, events: pd.DataFrame, hosts: list[str], zone: str
+) -> pd.DataFrame:
     """The per-phase metrics of the idle windows, long (order, rep, arm, metric, unit, value)."""
     windows = idle_windows(events)
     if windows.empty:

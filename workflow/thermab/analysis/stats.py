@@ -23,6 +23,8 @@ metric's unit, where there is no %).
 """
 
 import math
+from collections.abc import Iterable, Mapping
+from typing import TypedDict
 
 import pandas as pd
 
@@ -65,6 +67,57 @@ VARIANCE_UNKNOWN = "restart variance unknown"
 INSIDE_VARIANCE = "inside restart variance"
 REAL = "real"
 
+Estimate = tuple[float, float, float]  # an estimate with its interval: (estimate, low, high)
+
+
+class Description(TypedDict):
+    """One arm's phase values (``describe``)."""
+
+    n: int
+    mean: float
+    sd: float
+    cv_pct: float
+
+
+class Interval(TypedDict):
+    """A difference of means (arm − reference) with its interval (``welch_interval``)."""
+
+    diff: float
+    ci_low: float
+    ci_high: float
+
+
+class ArmPeriodFit(TypedDict):
+    """The OLS fit of ``arm_period_fit``."""
+
+    arms: dict[str, Estimate]  # arm → its effect against the reference
+    period: Estimate  # per position step
+    se: dict[str, tuple[float, float]]  # arm → (standard error, residual df)
+
+
+class Effect(TypedDict):
+    """An arm's effect on one metric as the tests of declared questions read it (``arm_effects``)."""
+
+    diff: float
+    se: float
+    df: float
+    method: str
+    n: int
+    ref_n: int
+    ref: Description  # the reference arm's phase values
+    unit: str
+
+
+class BestSetting(TypedDict):
+    """The arm ``best_setting`` chose, and why the others were left out."""
+
+    arm: str
+    label: str
+    value: str | None
+    mean: float
+    excluded: dict[str, str]  # arm → the reason
+    checked: list[str]  # the criteria there were data for: stalls, throughput
+
 
 def t_quantile(p: float, df: float) -> float:
     """Quantile of Student's t distribution."""
@@ -73,7 +126,7 @@ def t_quantile(p: float, df: float) -> float:
     return float(scipy_stats.t.ppf(p, df))
 
 
-def describe(values: pd.Series) -> dict:
+def describe(values: pd.Series) -> Description:
     """n, mean, sd (n − 1) and CV in % of the mean; sd and CV are NaN for a single value."""
     n = int(values.count())
     mean = float(values.mean()) if n else math.nan
@@ -85,7 +138,7 @@ def describe(values: pd.Series) -> dict:
     return {"n": n, "mean": mean, "sd": sd, "cv_pct": cv}
 
 
-def welch_interval(reference: pd.Series, arm: pd.Series, alpha: float = 0.05) -> dict:
+def welch_interval(reference: pd.Series, arm: pd.Series, alpha: float = 0.05) -> Interval:
     """Difference of means (arm − reference) with its Welch t interval; NaN interval with fewer
     than two values in either group."""
     diff = float(arm.mean() - reference.mean())
@@ -102,7 +155,7 @@ def welch_interval(reference: pd.Series, arm: pd.Series, alpha: float = 0.05) ->
     return {"diff": diff, "ci_low": float(low), "ci_high": float(high)}
 
 
-def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> dict | None:
+def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> ArmPeriodFit | None:
     """OLS ``value ~ arm + position`` over all arms of one metric (arm as treatment contrasts
     against ``reference``, position as a number: a linear drift per step).
 
@@ -126,8 +179,9 @@ def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> d
     fit = model.fit()
     interval = fit.conf_int(alpha)
 
-    def estimate(name):
-        return (fit.params[name], *interval.loc[name])
+    def estimate(name: str) -> Estimate:
+        low, high = interval.loc[name]
+        return float(fit.params[name]), float(low), float(high)
 
     others = [a for a in pd.unique(data["arm"]) if a != reference]
     return {
@@ -137,7 +191,7 @@ def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> d
     }
 
 
-def arm_effects(long: pd.DataFrame, reference: str) -> dict:
+def arm_effects(long: pd.DataFrame, reference: str) -> dict[tuple[str, str], Effect]:
     """The arm effect ``compare`` reports, as (metric, arm) → {"diff", "se", "df", "method",
     "n", "ref_n", "ref"} (``ref``: ``describe`` of the reference), for the tests of declared
     questions at any level: the OLS fit where orders are pooled, else Welch's (standard error
@@ -145,7 +199,7 @@ def arm_effects(long: pd.DataFrame, reference: str) -> dict:
     in either arm."""
     from statsmodels.stats.weightstats import CompareMeans, DescrStatsW
 
-    effects = {}
+    effects: dict[tuple[str, str], Effect] = {}
     for metric, data in long.groupby("metric", sort=False):
         fit = arm_period_fit(data, reference)
         ref_values = data.loc[data["arm"] == reference, "value"].dropna()
@@ -166,7 +220,7 @@ def arm_effects(long: pd.DataFrame, reference: str) -> dict:
                 else:
                     means = CompareMeans(DescrStatsW(values.to_numpy(float)), DescrStatsW(ref_values.to_numpy(float)))
                     se, df = float(means.std_meandiff_separatevar), float(means.ttest_ind(usevar="unequal")[2])
-            effects[(metric, arm)] = {
+            effects[(str(metric), arm)] = {
                 "diff": float(diff),
                 "se": se,
                 "df": df,
@@ -174,12 +228,14 @@ def arm_effects(long: pd.DataFrame, reference: str) -> dict:
                 "n": len(values),
                 "ref_n": ref["n"],
                 "ref": ref,
-                "unit": data["unit"].iloc[0],
+                "unit": str(data["unit"].iloc[0]),
             }
     return effects
 
 
-def covariate_effects(long: pd.DataFrame, reference: str, metrics, covariates) -> dict:
+def covariate_effects(
+    long: pd.DataFrame, reference: str, metrics: Iterable[str], covariates: Iterable[str]
+) -> dict[tuple[str, str], Effect]:
     """``arm_effects`` of ``metrics`` adjusted for per-phase ``covariates`` (metrics of the same
     phases in ``long``): the OLS fit ``value ~ arm + position + covariates`` (ANCOVA; position
     only where orders are pooled, as ``arm_period_fit``), its arm coefficient, standard error
@@ -194,7 +250,7 @@ def covariate_effects(long: pd.DataFrame, reference: str, metrics, covariates) -
         covariate_values[f"covariate{index}"] = values.set_index(keys)["value"]
     if not covariate_values:
         return {}
-    effects = {}
+    effects: dict[tuple[str, str], Effect] = {}
     for metric in metrics:
         data = long[long["metric"] == metric].join(pd.DataFrame(covariate_values), on=keys)
         data = data.dropna(subset=["value", *covariate_values])
@@ -203,7 +259,7 @@ def covariate_effects(long: pd.DataFrame, reference: str, metrics, covariates) -
     return effects
 
 
-def _covariate_fit(data: pd.DataFrame, reference: str, covariates: list[str]) -> dict:
+def _covariate_fit(data: pd.DataFrame, reference: str, covariates: list[str]) -> dict[str, Effect]:
     """arm → the arm effect of one metric's OLS fit with ``covariates``; {} where it cannot be fitted."""
     if data.empty or not (data["arm"] == reference).any() or data["arm"].nunique() < 2:
         return {}
@@ -218,7 +274,7 @@ def _covariate_fit(data: pd.DataFrame, reference: str, covariates: list[str]) ->
         return {}
     fit = model.fit()
     ref = describe(data.loc[data["arm"] == reference, "value"])
-    effects = {}
+    effects: dict[str, Effect] = {}
     for arm in pd.unique(data["arm"]):
         if arm == reference:
             continue
@@ -231,7 +287,7 @@ def _covariate_fit(data: pd.DataFrame, reference: str, covariates: list[str]) ->
             "n": int((data["arm"] == arm).sum()),
             "ref_n": ref["n"],
             "ref": ref,
-            "unit": data["unit"].iloc[0],
+            "unit": str(data["unit"].iloc[0]),
         }
     return effects
 
@@ -256,7 +312,12 @@ def repeats_needed(sd: float, difference: float, alpha: float = 0.05, power: flo
 
 
 def compare(
-    long: pd.DataFrame, arms: dict, reference: str, detect_pct: float = 5.0, alpha: float = 0.05, power: float = 0.8
+    long: pd.DataFrame,
+    arms: Mapping[str, Mapping[str, str]],
+    reference: str,
+    detect_pct: float = 5.0,
+    alpha: float = 0.05,
+    power: float = 0.8,
 ) -> pd.DataFrame:
     """variance.csv without the verdict: one row per metric and arm (in the order of ``arms``,
     a mapping letter → {"label", "value"}); non-reference rows carry the difference to
@@ -271,21 +332,32 @@ def compare(
             values = data.loc[data["arm"] == arm, "value"]
             if values.empty:
                 continue
-            row = {
+            described = describe(values)
+            row: dict[str, object] = {
                 "metric": metric,
                 "unit": data["unit"].iloc[0],
                 "arm": arm,
                 "label": spec.get("label", arm),
-                **describe(values),
+                **described,
             }
             if arm != reference and ref["n"]:
-                row.update(_difference(ref, ref_values, row, values, fit, arm, alpha, power, detect_pct))
+                row.update(_difference(ref, ref_values, described, values, fit, arm, alpha, power, detect_pct))
                 row.update(reference=reference, ref_n=ref["n"])
             rows.append(row)
     return pd.DataFrame(rows).reindex(columns=VARIANCE_COLUMNS)
 
 
-def _difference(ref: dict, ref_values, arm_stats: dict, values, fit, arm, alpha, power, detect_pct) -> dict:
+def _difference(
+    ref: Description,
+    ref_values: pd.Series,
+    arm_stats: Description,
+    values: pd.Series,
+    fit: ArmPeriodFit | None,
+    arm: str,
+    alpha: float,
+    power: float,
+    detect_pct: float,
+) -> dict[str, float | str]:
     if fit is not None:
         diff, low, high = fit["arms"][arm]
         period = fit["period"]
@@ -293,7 +365,7 @@ def _difference(ref: dict, ref_values, arm_stats: dict, values, fit, arm, alpha,
     else:
         welch = welch_interval(ref_values, values, alpha)
         diff, low, high = welch["diff"], welch["ci_low"], welch["ci_high"]
-        period = (math.nan,) * 3
+        period = (math.nan, math.nan, math.nan)
         method = "Welch t" if not math.isnan(low) else "none (n = 1)"
     scale = per_cent_of(ref)
     pooled_sd = _pooled_sd(ref, arm_stats)
@@ -317,19 +389,19 @@ def _difference(ref: dict, ref_values, arm_stats: dict, values, fit, arm, alpha,
     }
 
 
-def _pooled_sd(a: dict, b: dict) -> float:
+def _pooled_sd(a: Description, b: Description) -> float:
     if min(a["n"], b["n"]) < 2:
         return math.nan
     return math.sqrt(((a["n"] - 1) * a["sd"] ** 2 + (b["n"] - 1) * b["sd"] ** 2) / (a["n"] + b["n"] - 2))
 
 
-def _restart_cv(ref: dict, arm: dict) -> float:
+def _restart_cv(ref: Description, arm: Description) -> float:
     """The larger CV between repeats of the two arms (a zero mean has none: the other's)."""
     known = [cv for cv in (ref["cv_pct"], arm["cv_pct"]) if not math.isnan(cv)]
     return max(known) if known else math.nan
 
 
-def per_cent_of(ref: dict) -> float:
+def per_cent_of(ref: Description) -> float:
     """100 / the reference mean: the factor to a share of it, or NaN where a share of it says
     nothing, for a mean of zero or one whose own 95 % interval contains zero (a stall in one
     of three phases: "+2900 %" of that is noise over noise)."""
@@ -341,7 +413,9 @@ def per_cent_of(ref: dict) -> float:
     return 100 / mean
 
 
-def _finding(diff: float, low: float, high: float, ref: dict, arm: dict, restart_cv: float, scale: float) -> str:
+def _finding(
+    diff: float, low: float, high: float, ref: Description, arm: Description, restart_cv: float, scale: float
+) -> str:
     if math.isnan(low):
         return UNDEFINED
     if low <= 0 <= high:
@@ -359,13 +433,13 @@ def _finding(diff: float, low: float, high: float, ref: dict, arm: dict, restart
 
 def best_setting(
     variance: pd.DataFrame,
-    arms: dict,
+    arms: Mapping[str, Mapping[str, str]],
     reference: str,
     temperature_metric: str,
     throughput_metric: str = names.OUTPUT_THROUGHPUT,
     stall_metric: str = names.STALL_GAPS,
     tolerance_pct: float = 5.0,
-) -> dict | None:
+) -> BestSetting | None:
     """The arm with the lowest mean of ``temperature_metric`` among those that neither stall
     more than the reference (mean stall-gap count above the reference's: every stall is
     visible to a user) nor lose throughput beyond variance (a "real" loss, or where the
@@ -373,32 +447,32 @@ def best_setting(
     {"arm", "label", "value", "mean", "excluded": {arm: reason}, "checked": [criteria]} or None
     without temperature data."""
 
-    def rows_of(metric):
+    def rows_of(metric: str) -> pd.DataFrame:
         return variance[variance["metric"] == metric].set_index("arm")
 
     temperature, throughput, stalls = rows_of(temperature_metric), rows_of(throughput_metric), rows_of(stall_metric)
     if temperature.empty:
         return None
-    excluded = {}
-    for arm in temperature.index.drop(reference, errors="ignore"):
-        if arm in stalls.index and reference in stalls.index and stalls.at[arm, "mean"] > stalls.at[reference, "mean"]:
-            excluded[arm] = (
-                f"more stall gaps than {reference} ({stalls.at[arm, 'mean']:.1f} vs {stalls.at[reference, 'mean']:.1f})"
-            )
-        elif arm in throughput.index and _throughput_loss(throughput.loc[arm], tolerance_pct):
-            loss = throughput.loc[arm]
+    stall_means = stalls["mean"].astype(float)
+    throughput_of = {str(arm): row for arm, row in throughput.iterrows()}
+    excluded: dict[str, str] = {}
+    for arm in map(str, temperature.index.drop(reference, errors="ignore")):
+        if arm in stall_means and reference in stall_means and stall_means[arm] > stall_means[reference]:
+            excluded[arm] = f"more stall gaps than {reference} ({stall_means[arm]:.1f} vs {stall_means[reference]:.1f})"
+        elif arm in throughput_of and _throughput_loss(throughput_of[arm], tolerance_pct):
+            loss = throughput_of[arm]
             excluded[arm] = "throughput loss " + (
                 f"{loss['diff_pct']:+.1f} %"
                 if not math.isnan(loss["diff_pct"])
                 else f"{loss['diff']:+.1f} {loss['unit']}"
             )
-    candidates = temperature.drop(index=list(excluded))
-    best = candidates["mean"].idxmin()
+    candidates = temperature.drop(index=list(excluded))["mean"].astype(float)
+    best = str(candidates.idxmin())
     return {
         "arm": best,
         "label": arms[best].get("label", best),
         "value": arms[best].get("value"),
-        "mean": float(candidates.at[best, "mean"]),
+        "mean": float(candidates[best]),
         "excluded": excluded,
         "checked": [name for name, table in (("stalls", stalls), ("throughput", throughput)) if not table.empty],
     }
@@ -408,5 +482,5 @@ def _throughput_loss(row: pd.Series, tolerance_pct: float) -> bool:
     if not row["diff"] < 0:  # a gain, no change, or no difference known
         return False
     if row["finding"] in (UNDEFINED, VARIANCE_UNKNOWN):
-        return abs(row["diff_pct"]) > tolerance_pct
-    return row["finding"] == REAL
+        return bool(abs(row["diff_pct"]) > tolerance_pct)
+    return bool(row["finding"] == REAL)

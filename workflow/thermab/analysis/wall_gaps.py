@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from thermab.analysis.model import as_telemetry
+from thermab.analysis.metrics import each_window
+from thermab.analysis.model import Telemetry, as_telemetry
 from thermab.telemetry.agent import domain_scope
 from thermab.telemetry.power import WALL_SCOPE
 
@@ -28,7 +29,7 @@ def largest_gap(t: np.ndarray, start: float, end: float) -> tuple[float, float]:
     return float(steps[longest]), float(edges[longest])
 
 
-def wall_gaps(telemetry, windows: pd.DataFrame) -> list[str]:
+def wall_gaps(telemetry: Telemetry | pd.DataFrame, windows: pd.DataFrame) -> list[str]:
     """Per window (in the windows' order), what the wall meters left out: ``head wall-0: no
     reading for 12.0 s from 31.0 s into the load window`` (``; ``-joined), empty where none."""
     power = as_telemetry(telemetry).frame(kind="power")
@@ -37,7 +38,7 @@ def wall_gaps(telemetry, windows: pd.DataFrame) -> list[str]:
     walls = power[[domain_scope(str(sensor))[0] == WALL_SCOPE for sensor in power["sensor"]]]
     series = {key: np.sort(rows["t"].to_numpy(float)) for key, rows in walls.groupby(["host", "sensor"], sort=True)}
     said = []
-    for window in windows.itertuples(index=False):
+    for window in each_window(windows):
         gaps = []
         for (host, domain), t in series.items():
             spacing = np.median(np.diff(t)) if len(t) > 1 else np.nan
@@ -49,7 +50,7 @@ def wall_gaps(telemetry, windows: pd.DataFrame) -> list[str]:
     return said
 
 
-def with_wall_gaps(validity: pd.DataFrame, telemetry, windows: pd.DataFrame) -> pd.DataFrame:
+def with_wall_gaps(validity: pd.DataFrame, telemetry: Telemetry | pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     """``validity`` with each phase's wall meter gaps added to its ``warnings`` (the rows of
     ``validity`` and ``windows`` are the same phases, in the same order)."""
     gaps = wall_gaps(telemetry, windows)

@@ -4,6 +4,7 @@ range and constraints, and the wake-up gaps."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from thermab import load_levels, metric_names as names
@@ -47,7 +48,7 @@ def known_metric(config: dict[str, Any], metric: str) -> bool:
     )
 
 
-def question_words(question: dict[str, Any]) -> str:
+def question_words(question: Mapping[str, Any]) -> str:
     """A question in words, for its errors and its row of questions.csv."""
     margin = (
         f"{question['margin_pct']:g} %"

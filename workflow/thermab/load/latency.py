@@ -18,6 +18,7 @@ Pure: the locustfile, the load runner and the analysis all read their figures he
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -60,7 +61,7 @@ def select(latencies: dict[str, np.ndarray], rows) -> dict[str, np.ndarray]:
     return {name: values[rows] for name, values in latencies.items()}
 
 
-def good(latencies: dict[str, np.ndarray], slo: dict) -> np.ndarray:
+def good(latencies: dict[str, np.ndarray], slo: Mapping[str, float]) -> np.ndarray:
     """Whether each request meets every declared SLO (``load.slo``: ttft_ms, tpot_ms,
     e2el_ms), as ``vllm bench serve --goodput`` judges it: at or under each bound, a
     one-token reply's TPOT counted as 0, an unmeasured latency as missed."""
@@ -100,7 +101,9 @@ def _itl_ms(bins: dict[int, int], span_s: float) -> dict:
     return stats
 
 
-def summary(latencies: dict[str, np.ndarray], bins: dict[int, int], window_s: float, slo: dict | None = None) -> dict:
+def summary(
+    latencies: dict[str, np.ndarray], bins: dict[int, int], window_s: float, slo: Mapping[str, float] | None = None
+) -> dict:
     """``vllm bench serve``'s result keys of the ok requests of one kind in one window (their
     ``request_latencies``): ``completed``, ``total_output_tokens``, ``mean_``/``median_``/
     ``p90_``/``p99_`` of ``ttft_ms``, ``tpot_ms``, ``itl_ms`` and ``e2el_ms``, with ``bins``
@@ -117,7 +120,7 @@ def summary(latencies: dict[str, np.ndarray], bins: dict[int, int], window_s: fl
     return result
 
 
-def goodput(latencies: dict[str, np.ndarray], slo: dict, window_s: float) -> dict:
+def goodput(latencies: dict[str, np.ndarray], slo: Mapping[str, float], window_s: float) -> dict:
     """The good requests per second, their share in % and their output tokens per second."""
     meets = good(latencies, slo)
     seconds = window_s if window_s and window_s > 0 else math.nan

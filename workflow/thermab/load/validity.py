@@ -71,7 +71,7 @@ def decode_measurable(frame):
     )
 
 
-def decode_speed(frame):
+def decode_speed(frame: pd.DataFrame) -> pd.Series:
     """Decode speed of each request in tok/s, (completion_tokens − 1) / (t_end − t_first_token):
     the first token is excluded because its latency is prefill, not decode. NaN where it was
     not measurable (``decode_measurable``)."""

@@ -23,6 +23,8 @@ appends (never truncates) and writes an ``agent_start`` row to ``agent_events.cs
 gap is visible.  ``out_dir/agent.json`` says what each source found at start.
 """
 
+from __future__ import annotations  # annotations stay text: the hosts may run Python 3.8
+
 import argparse
 import contextlib
 import csv
@@ -1203,7 +1205,7 @@ PLAUSIBLE_W = {
 ACPI_UNKNOWN = 0xFFFFFFFF  # ACPI 4.0 _PMM's "unknown" (mW), which the driver passes on × 1000
 
 
-def domain_scope(domain):
+def domain_scope(domain: str) -> tuple[str, int | None]:
     """(scope, socket number or None) of a power domain (see :data:`DOMAIN_SCOPES`)."""
     for pattern, scope in DOMAIN_SCOPES:
         match = pattern.search(domain)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from thermab.config import thaw
+from thermab.contracts import MeterRecord
 from thermab.errors import HostError
 from thermab.telemetry.agent import plausible_watts
 
@@ -91,7 +92,7 @@ class Meter:
     def name(self) -> str:
         return f"host {self.host}: wall meter {self.kind} {self.where}"
 
-    def record(self) -> dict:
+    def record(self) -> MeterRecord:
         """What monitor/wall.json keeps of the meter: no credential, only where it is."""
         return {
             "host": self.host,
