@@ -109,7 +109,8 @@ def test_the_boundaries_are_lan_demets_spending():
     # O'Brien–Fleming-type spending, 4 equally spaced looks, one-sided 0.025: the published
     # boundaries (Jennison & Turnbull; gsDesign's sfLDOF) 4.3326, 2.9631, 2.3590, 2.0141
     fractions = [0.25, 0.5, 0.75, 1.0]
-    assert sequential.boundaries(fractions, 0.025) == pytest.approx([4.3326, 2.9631, 2.3590, 2.0141], abs=2e-4)
+    obrien_fleming = sequential.boundaries(fractions, 0.025, sequential.OBRIEN_FLEMING)
+    assert obrien_fleming == pytest.approx([4.3326, 2.9631, 2.3590, 2.0141], abs=2e-4)
     # independently: the chance of any crossing of either boundary under the null is α
     # (scipy's multivariate normal, corr √(tⱼ/tₖ))
     t = np.array(fractions)
@@ -126,11 +127,17 @@ def test_the_boundaries_are_lan_demets_spending():
 
 def test_the_looks_test_at_the_boundarys_nominal_levels():
     alphas = sequential.look_alphas("AB", MAX_REPEATS)
-    assert list(alphas) == [2, 4, 6, 8] and alphas[2] == 0  # 1 residual df: the look does not test
-    assert alphas[4] < alphas[6] < alphas[8] < questions.ALPHA  # O'Brien–Fleming: strict early, near α at the end
+    # a look after every repeat from the first with 3 residual df (3 repeats of two arms)
+    assert list(alphas) == [3, 4, 5, 6, 7, 8]
+    # Pocock-type: nearly the same level at every look, most of α within reach of the first
+    levels = list(alphas.values())
+    assert all(0.01 < a < questions.ALPHA for a in levels) and max(levels) / min(levels) < 1.6
+    obrien_fleming = sequential.look_alphas("AB", MAX_REPEATS, method=sequential.OBRIEN_FLEMING)
+    assert obrien_fleming[3] < alphas[3] / 10  # strict early, keeping α for looks a budget may never reach
+    assert list(sequential.look_alphas("ABC", 4)) == [3, 4]  # three arms: 2 residual df at 2 repeats, 5 at 3
     bonferroni = sequential.look_alphas("AB", MAX_REPEATS, method=sequential.BONFERRONI)
     assert sum(bonferroni.values()) == pytest.approx(questions.ALPHA)
-    assert sequential.look_alpha("AB", 8, 5) == alphas[4]
+    assert sequential.look_alpha("AB", 8, 5) == alphas[5] and sequential.look_alpha("AB", 8, 2) == 0.0
     assert sequential.williams_orders("AB") == ["AB", "BA"]
     orders = sequential.williams_orders("ABCD")
     assert orders[0] == "ABCD" and len(orders) == 4
@@ -140,7 +147,7 @@ def test_the_looks_test_at_the_boundarys_nominal_levels():
     assert len({(o[i], o[i + 1]) for o in orders for i in range(3)}) == 12
     assert len(sequential.williams_orders("ABC")) == 6
     assert sequential.next_repeats("AB", 8, 4, ["yes", "no"]) is None
-    assert sequential.next_repeats("AB", 8, 4, ["yes", "undecided"]) == 6
+    assert sequential.next_repeats("AB", 8, 4, ["yes", "undecided"]) == 5
     assert sequential.next_repeats("AB", 8, 8, ["undecided"]) is None
 
 
@@ -153,8 +160,9 @@ def test_no_true_difference_gives_a_wrong_yes_at_the_nominal_level():
     n = 50_000
     designs = {
         "rule": (sequential.METHOD, "df"),
-        "O'Brien–Fleming on repeats": (sequential.METHOD, "repeats"),
-        "Pocock": (sequential.POCOCK, "df"),
+        "Pocock-type on repeats": (sequential.METHOD, "repeats"),
+        "O'Brien–Fleming-type": (sequential.OBRIEN_FLEMING, "df"),
+        "O'Brien–Fleming-type on repeats": (sequential.OBRIEN_FLEMING, "repeats"),
         "Bonferroni": (sequential.BONFERRONI, "df"),
         FIXED: (FIXED, "df"),
     }
@@ -240,30 +248,30 @@ def test_an_interrupted_sequential_run_resumes_at_its_look(tmp_path):
             tmp_path / "tables" / "questions.csv", index=False
         )
 
-    assert sequential.resume_repeats(tmp_path, "AB", 8) == 2
-    done("rep1-A", "rep1-B", "rep2-B")
-    assert sequential.resume_repeats(tmp_path, "AB", 8) == 2  # rep2-A was interrupted: redo it
-    done("rep2-A")
-    assert sequential.resume_repeats(tmp_path, "AB", 8) == 2  # its look has not been analysed yet
-    answered(2, "yes", "undecided")
+    assert sequential.resume_repeats(tmp_path, "AB", 8) == 3
+    done("rep1-A", "rep1-B", "rep2-B", "rep2-A", "rep3-A")
+    assert sequential.resume_repeats(tmp_path, "AB", 8) == 3  # rep3-B was interrupted: redo it
+    done("rep3-B")
+    assert sequential.resume_repeats(tmp_path, "AB", 8) == 3  # its look has not been analysed yet
+    answered(3, "yes", "undecided")
     assert sequential.resume_repeats(tmp_path, "AB", 8) == 4
-    answered(2, "yes", "no")
-    assert sequential.resume_repeats(tmp_path, "AB", 8) == 2  # decided: stay
-    answered(2, "yes", "undecided")
-    done("rep3-A")
+    answered(3, "yes", "no")
+    assert sequential.resume_repeats(tmp_path, "AB", 8) == 3  # decided: stay
+    answered(3, "yes", "undecided")
+    done("rep4-B")
     assert sequential.resume_repeats(tmp_path, "AB", 8) == 4
-    assert sequential.look_alpha("AB", 8, 5) == sequential.look_alphas("AB", 8)[4]
+    assert sequential.look_alpha("AB", 8, 5) == sequential.look_alphas("AB", 8)[5]
 
 
 def answered_run(tmp_path, content: bytes):
-    for phase_id in ("rep1-A", "rep1-B", "rep2-B", "rep2-A"):
+    for phase_id in ("rep1-A", "rep1-B", "rep2-B", "rep2-A", "rep3-A", "rep3-B"):
         (tmp_path / "phases" / phase_id).mkdir(parents=True, exist_ok=True)
         (tmp_path / "phases" / phase_id / "phase.json").write_text("{}")
     (tmp_path / "tables").mkdir(exist_ok=True)
     (tmp_path / "tables" / "questions.csv").write_bytes(content)
 
 
-CELLS = st.one_of(st.sampled_from(["yes", "no", "undecided", "2", "2.5", "-1", "nan", ""]), st.text(max_size=4))
+CELLS = st.one_of(st.sampled_from(["yes", "no", "undecided", "3", "2.5", "-1", "nan", ""]), st.text(max_size=4))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -273,7 +281,7 @@ CELLS = st.one_of(st.sampled_from(["yes", "no", "undecided", "2", "2.5", "-1", "
         st.lists(st.tuples(CELLS, CELLS), max_size=4).map(
             lambda rows: ("phases_per_arm,verdict\n" + "".join(f"{a},{b}\n" for a, b in rows)).encode()
         ),
-        st.sampled_from([b"verdict\nyes\n", b"phases_per_arm\n2\n", b"\xff\xfe\x00garbage", b""]),
+        st.sampled_from([b"verdict\nyes\n", b"phases_per_arm\n3\n", b"\xff\xfe\x00garbage", b""]),
     )
 )
 def test_a_damaged_questions_csv_is_one_line_naming_it_never_decided(tmp_path, content):
@@ -288,5 +296,5 @@ def test_a_damaged_questions_csv_is_one_line_naming_it_never_decided(tmp_path, c
         return
     answers = sequential.read_answers(path)
     assert set(answers["verdict"]) <= {"yes", "no", "undecided"}
-    still_open = len(answers) and answers["phases_per_arm"].max() >= 2 and (answers["verdict"] == "undecided").any()
-    assert reached == (4 if still_open else 2)
+    still_open = len(answers) and answers["phases_per_arm"].max() >= 3 and (answers["verdict"] == "undecided").any()
+    assert reached == (4 if still_open else 3)

@@ -56,7 +56,7 @@ from thermab.analysis.questions import (
     margin_in_unit,
     phases_needed as solve_phases,
 )
-from thermab.config import question_words
+from thermab.config import first_testing_repeats, question_words, repeats_in_budget
 from thermab.layout import RunDir
 from thermab.markup import md_text
 from thermab.metric_names import BETWEEN_RESTARTS, OUTPUT_THROUGHPUT
@@ -111,14 +111,18 @@ class Timings:
         """Cluster-hours of a study of ``repeats`` repeats of ``arms`` arms, baseline included."""
         return (self.baseline_s + repeats * arms * self.job_s) * self.time_scale / 3600
 
-    def repeats_within(self, hours: float, arms: int, block: int) -> int:
-        """The most repeats, in whole blocks, whose study fits in ``hours`` (0: not one block)."""
-        per_block = block * arms * self.job_s * self.time_scale / 3600
-        room = hours - self.baseline_s * self.time_scale / 3600
-        if per_block <= 0 or room < per_block:
+    def repeats_within(self, hours: float, arms: int) -> int:
+        """The most repeats whose study fits in ``hours`` (0: not one crossover pair), every
+        phase job at the measured median (``config.repeats_in_budget``, which prices the
+        budget at the config read and the budget stop too)."""
+        room_s = (hours * 3600 / self.time_scale if self.time_scale > 0 else math.inf) - self.baseline_s
+        if self.job_s <= 0 or room_s < 2 * arms * self.job_s:  # not one crossover pair (AB, BA)
             return 0
-        blocks = min(room / per_block, MAX_PLANNED_REPEATS)  # a tiny block would floor an infinity
-        return int(min(MAX_PLANNED_REPEATS, math.floor(blocks + 1e-9) * block))
+        if room_s / (arms * self.job_s) >= MAX_PLANNED_REPEATS:  # a tiny job would floor an infinity
+            return MAX_PLANNED_REPEATS
+        return min(
+            MAX_PLANNED_REPEATS, repeats_in_budget(room_s, arms, self.job_s, self.job_s, first_testing_repeats(arms))
+        )
 
 
 def study_plan(
@@ -238,21 +242,30 @@ def elapsed_hours(events: pd.DataFrame, time_scale: float = 1.0) -> float:
 
 
 def budget_check(
-    events: pd.DataFrame, arms: int, repeats: int, target: int, budget_hours: float, time_scale: float = 1.0
+    events: pd.DataFrame,
+    arms: int,
+    repeats: int,
+    target: int,
+    budget_hours: float,
+    time_scale: float = 1.0,
+    job_s: float | None = None,
 ) -> tuple[bool, str]:
     """Whether the look at ``target`` repeats fits in what is left of ``budget_hours`` after
-    ``repeats``, at the run's measured phase jobs; (fits, the sentence that says so).  Before
-    any job was measured the look runs (the config check keeps a budget of less than one
-    pair of phases out)."""
+    ``repeats``; (fits, the sentence that says so).  Each phase job of the next look at
+    ``job_s`` (the price ``config.phase_job_s`` gives the window it runs: a speed-only one
+    waits out no heat cooldown), or where none is given at the run's measured median.
+    Before any job was measured the look runs (the config check keeps a budget of less than
+    one pair of phases out)."""
     timings = measured_timings(events, time_scale)
     if timings is None or target <= repeats:
         return True, ""
     used = elapsed_hours(events, time_scale)
-    need = (target - repeats) * arms * timings.job_s * time_scale / 3600
+    price, priced = (timings.job_s, "the measured") if job_s is None else (job_s, "at most")
+    need = (target - repeats) * arms * price * time_scale / 3600
     fits = used + need <= budget_hours
     sentence = (
         f"Budget {budget_hours:g} cluster-hours: {used:.2f} used after {repeats} repeats; the next look"
-        f" ({target - repeats} more repeats, {need:.2f} h at the measured {timings.job_s:.0f} s per phase job)"
+        f" ({target - repeats} more repeats, {need:.2f} h at {priced} {price:.0f} s per phase job)"
         + (" fits." if fits else " does not fit, so the run stopped here.")
     )
     return fits, sentence
@@ -265,9 +278,11 @@ def resume_within_budget(
     every: list | None = None,
     budget_hours: float | None = None,
     time_scale: float = 1.0,
+    job_s: float | None = None,
 ) -> int:
     """``sequential.resume_repeats``, stopped at the repeats done when the look it asks for
-    does not fit in what is left of ``budget_hours`` (``budget_check``)."""
+    does not fit in what is left of ``budget_hours`` (``budget_check``, its phase jobs at
+    ``job_s``)."""
     wanted = sequential.resume_repeats(run_dir, order, max_repeats, every)
     if budget_hours is None:
         return wanted
@@ -275,7 +290,7 @@ def resume_within_budget(
     if done == 0 or wanted <= done:
         return wanted
     events = read_events(RunDir(run_dir).events)
-    return wanted if budget_check(events, len(order), done, wanted, budget_hours, time_scale)[0] else done
+    return wanted if budget_check(events, len(order), done, wanted, budget_hours, time_scale, job_s)[0] else done
 
 
 def smallest_effect(repeats: int, alpha: float = ALPHA, power: float = POWER) -> float:
@@ -336,7 +351,7 @@ def plan_rows(
     verdicts = {}
     if answers is not None and len(answers):
         verdicts = {(m, a): v for m, a, v in zip(answers["metric"], answers["arm"], answers["verdict"], strict=False)}
-    budget_repeats = timings.repeats_within(hours, len(run.arms), block) if hours and timings else None
+    budget_repeats = timings.repeats_within(hours, len(run.arms)) if hours and timings else None
     rows = []
     for question in questions:
         metric = resolve_metric(question["metric"], run)
@@ -398,7 +413,7 @@ def _reach(margin: float, distance: float, sd: float, needed: float, run: Plan, 
     if math.isnan(margin):
         return "no margin to plan for: it is in % of a reference mean that cannot be told from zero"
     if math.isnan(sd):
-        first = first_testing_look(len(run.arms), sequential.pair_size(run.order))
+        first = first_testing_repeats(len(run.arms))
         cost = f", {timings.hours(first, len(run.arms)):.1f} cluster-hours" if timings else ""
         return (
             f"its spread between restarts is measured at the first look of until: decided that tests"
@@ -435,14 +450,6 @@ def _within_budget(question, effect, row, budget_repeats, alpha, power) -> dict:
     }
 
 
-def first_testing_look(arms: int, block: int) -> int:
-    """The repeats of the first look of ``until: decided`` that tests (``sequential.MIN_DF``)."""
-    repeats = block
-    while sequential.residual_df(arms, repeats) < sequential.MIN_DF:
-        repeats += block
-    return repeats
-
-
 def one_more_pair(arms: int, block: int, timings: Timings | None) -> str:
     """What a run of one phase per arm cannot estimate, and what more phases would give: the
     spread between restarts on the residual df of the OLS arm + position fit, and the 80 %
@@ -460,7 +467,7 @@ def one_more_pair(arms: int, block: int, timings: Timings | None) -> str:
             f" its 80 % upper bound {upper:.1f}× the estimate"
         )
 
-    first_look = first_testing_look(arms, block)
+    first_look = first_testing_repeats(arms)
     return (
         "One phase per arm: the spread between restarts cannot be estimated, so no plan rests on the"
         f" measured spread. One more pair (the arms in reverse order) gives {gives(2)}; the first look"

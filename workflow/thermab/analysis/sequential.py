@@ -45,22 +45,14 @@ import pandas as pd
 from scipy import integrate, optimize, stats as scipy_stats
 
 from thermab.analysis.questions import ALPHA, NO, UNDECIDED, YES
-from thermab.config import read_bounded
+from thermab.config import MIN_DF, read_bounded, residual_df  # noqa: F401 (re-exported)
 from thermab.errors import UserError
 from thermab.experiment.plan import looks, order_of_repeat, pair_size, phases, williams_orders  # noqa: F401 (re-exported)
 from thermab.layout import RunDir
 
-MIN_DF = 3
-
-
-def residual_df(arms: int, repeats: int) -> int:
-    """Residual df of ``value ~ arm + position`` over ``repeats`` repeats of every arm."""
-    return arms * repeats - arms - 1
-
-
 OBRIEN_FLEMING, POCOCK, BONFERRONI = "obrien_fleming", "pocock", "bonferroni"
 METHODS = (OBRIEN_FLEMING, POCOCK, BONFERRONI)
-METHOD = OBRIEN_FLEMING
+METHOD = POCOCK
 INFORMATION = "df"  # the information scale of the looks (module docstring)
 GRID_POINTS = 601  # per look: the boundaries to about 1e-5 in z (tests/integration/test_sequential.py checks 1e-4)
 
@@ -121,12 +113,18 @@ def information_fractions(order: str, max_repeats: int, repeats, information: st
 
 
 def look_alphas(
-    order: str, max_repeats: int, alpha: float = ALPHA, method: str = METHOD, information: str = INFORMATION
+    order: str,
+    max_repeats: int,
+    alpha: float = ALPHA,
+    method: str = METHOD,
+    information: str = INFORMATION,
+    points: list[int] | None = None,
 ) -> dict[int, float]:
     """repeat → the nominal one-sided α its look tests at (zero below MIN_DF residual df).
     Spending methods: 1 − Φ(zₖ) of the Lan–DeMets boundary over the looks that test, at
-    their ``information_fractions``; ``bonferroni``: equal shares summing to α."""
-    points = looks(order, max_repeats)
+    their ``information_fractions``; ``bonferroni``: equal shares summing to α.  ``points``:
+    the looks' repeats, ``looks`` where None (the simulations compare other schedules)."""
+    points = looks(order, max_repeats) if points is None else points
     testing = [r for r in points if residual_df(len(order), r) >= MIN_DF] or points[-1:]
     if method == BONFERRONI:
         nominal = [alpha / len(testing)] * len(testing)
