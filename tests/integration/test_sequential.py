@@ -132,6 +132,8 @@ def test_the_looks_test_at_the_boundarys_nominal_levels():
     # Pocock-type: nearly the same level at every look, most of α within reach of the first
     levels = list(alphas.values())
     assert all(0.01 < a < questions.ALPHA for a in levels) and max(levels) / min(levels) < 1.6
+    # on the df-less-one scale they rise: a later look never tests the same phases at a smaller α
+    assert levels == sorted(levels)
     obrien_fleming = sequential.look_alphas("AB", MAX_REPEATS, method=sequential.OBRIEN_FLEMING)
     assert obrien_fleming[3] < alphas[3] / 10  # strict early, keeping α for looks a budget may never reach
     assert list(sequential.look_alphas("ABC", 4)) == [3, 4]  # three arms: 2 residual df at 2 repeats, 5 at 3
@@ -152,19 +154,20 @@ def test_the_looks_test_at_the_boundarys_nominal_levels():
 
 
 def test_no_true_difference_gives_a_wrong_yes_at_the_nominal_level():
-    """Test: the rule's one-sided ``lower`` at α = 0.05 over its looks (4, 6, 8 repeats);
+    """Test: the rule's one-sided ``lower`` at α = 0.05 over its looks (3 to 8 repeats);
     n = 50,000 experiments with B = A for each design.  The rule's wrong-yes rate has a 95 %
     Wilson interval that holds 0.05 (or lies below it) and reaches above 0.045 (it spends its
-    α, unlike Bonferroni).  Also printed: the same boundary on the repeats scale of
-    information (the textbook's for a known variance), which lets a little more through."""
+    α, unlike Bonferroni).  Also printed: the same boundaries with information counted in
+    residual df and in repeats (the textbook's for a known variance), which let more through."""
     n = 50_000
     designs = {
-        "rule": (sequential.METHOD, "df"),
-        "Pocock-type on repeats": (sequential.METHOD, "repeats"),
-        "O'Brien–Fleming-type": (sequential.OBRIEN_FLEMING, "df"),
-        "O'Brien–Fleming-type on repeats": (sequential.OBRIEN_FLEMING, "repeats"),
-        "Bonferroni": (sequential.BONFERRONI, "df"),
-        FIXED: (FIXED, "df"),
+        "rule": (sequential.METHOD, sequential.INFORMATION),
+        "Pocock-type on df": (sequential.POCOCK, sequential.DF),
+        "Pocock-type on repeats": (sequential.POCOCK, sequential.REPEATS),
+        "O'Brien–Fleming-type": (sequential.OBRIEN_FLEMING, sequential.INFORMATION),
+        "O'Brien–Fleming-type on df": (sequential.OBRIEN_FLEMING, sequential.DF),
+        "Bonferroni": (sequential.BONFERRONI, sequential.INFORMATION),
+        FIXED: (FIXED, sequential.INFORMATION),
     }
     rates = {}
     for name, (method, information) in designs.items():
