@@ -65,9 +65,9 @@ def test_a_look_that_goes_on_plans_the_next_block_and_its_look_only(tmp_path):
     looked(tmp_path, as_bytes(Decision(3, 4, 30, "questions still open")))
     text = dry_run(tmp_path)
     phases = planned(text, "phase")
-    assert sorted(phases) == sorted(
-        f"wildcards: cluster={CLUSTER}, order={ORDER}, rep=4, arm={arm}" for arm in "BA"
-    ), "the phases that ran are kept, the next block's planned"
+    assert sorted(phases) == sorted(f"wildcards: cluster={CLUSTER}, order={ORDER}, rep=4, arm={arm}" for arm in "BA"), (
+        "the phases that ran are kept, the next block's planned"
+    )
     assert planned(text, "look") == [f"wildcards: cluster={CLUSTER}, order={ORDER}, repeats=4"]
     assert "--nolock" not in text and "checkpoint jobs" in text  # the DAG grows after the look, in this process
     assert planned(text, "monitor_stop") and planned(text, "report")  # the run's end waits for the look
