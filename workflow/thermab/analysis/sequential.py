@@ -62,6 +62,7 @@ from thermab.layout import RunDir
 OBRIEN_FLEMING, POCOCK, BONFERRONI = "obrien_fleming", "pocock", "bonferroni"
 METHODS = (OBRIEN_FLEMING, POCOCK, BONFERRONI)
 METHOD = POCOCK
+METHOD_WORDS = {OBRIEN_FLEMING: "O'Brien–Fleming-type", POCOCK: "Pocock-type", BONFERRONI: "Bonferroni"}
 DF_LESS_ONE, DF, REPEATS = "df_less_one", "df", "repeats"  # the information scales (module docstring)
 INFORMATION = DF_LESS_ONE
 GRID_POINTS = 601  # per look: the boundaries to about 1e-5 in z (tests/integration/test_sequential.py checks 1e-4)
