@@ -1,7 +1,7 @@
 """`until: decided` on the simulated cluster, whole: one Snakemake process with its lock
-runs the first block, its look (a checkpoint) goes on, the DAG grows by the next block in
-the same process, the look at ``max_repeats`` stops the run, and the run's own tables are
-the last look's.  Tier e2e (eight phase jobs of the short config, minutes)."""
+runs the first block (3 repeats), its look (a checkpoint) goes on, the DAG grows by the
+next repeat in the same process, the look at ``max_repeats`` stops the run, and the run's
+own tables are the last look's.  Tier e2e (eight phase jobs of the short config, minutes)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,31 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from support.command_line import snakemake_command
 from support.sim_runs import CONFIGS, assert_clean, ports_file
 from thermab import layout
+from thermab.config import default_questions
 from thermab.contracts import Decision
 
 STUDY = ["--config", "until=decided", "max_repeats=4"]
+# beside the default questions, one no run can decide (equivalence within ± 0 is never
+# `yes`, and `no` would need the arms' stall gaps to differ significantly), so the look at
+# 3 repeats goes on whatever the others answer
+UNDECIDABLE = {"metric": "stall gaps", "kind": "equivalent", "margin": 0}
+
+
+def questions_file(workdir: Path) -> str:
+    path = workdir / "questions.yaml"
+    if not path.exists():
+        path.write_text(yaml.safe_dump({"questions": [*default_questions(), UNDECIDABLE]}))
+    return str(path)
 
 
 def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    command = snakemake_command(workdir, *args, configfiles=[*CONFIGS, ports_file(workdir)])
+    configfiles = [*CONFIGS, ports_file(workdir), questions_file(workdir)]
+    command = snakemake_command(workdir, *args, configfiles=configfiles)
     result = subprocess.run(command, capture_output=True, text=True, timeout=1500)
     (workdir / f"snakemake-{len(list(workdir.glob('snakemake-*.log')))}.log").write_text(result.stdout + result.stderr)
     return result
@@ -46,8 +60,8 @@ def test_one_snakemake_process_runs_every_look(study):
     assert output.count("Building DAG of jobs") == 1 and output.count("Complete log(s):") == 1
     assert "18 of 18 steps (100%) done" in output  # both blocks, both looks and the run's end
     run = run_of(workdir)
-    first, last = Decision.read(run.look(2).decision), Decision.read(run.look(4).decision)
-    assert first.next_repeats == 4 and first.load_s is not None  # 1 residual df at 2 repeats: nothing is tested
+    first, last = Decision.read(run.look(3).decision), Decision.read(run.look(4).decision)
+    assert first.next_repeats == 4 and first.load_s is not None  # the first look that tests: 3 residual df
     assert not last.goes_on and "thermab: until decided: stopped at 4 repeats" in output
     assert len(list(run.phases.glob("rep*/phase.json"))) == 8
 
@@ -64,7 +78,7 @@ def test_the_runs_tables_are_its_last_looks(study):
 def test_the_archived_dag_shows_every_look(study):
     dag = (run_of(study[0]).provenance / "dag.mmd").read_text()
     looks = [line for line in dag.splitlines() if '["look' in line]
-    assert len(looks) == 2 and all(any(f"repeats: {r}" in line for line in looks) for r in (2, 4))
+    assert len(looks) == 2 and all(any(f"repeats: {r}" in line for line in looks) for r in (3, 4))
 
 
 def test_a_dry_run_after_the_study_has_nothing_to_do_and_nothing_was_left_running(study):

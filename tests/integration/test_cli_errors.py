@@ -149,7 +149,7 @@ def test_numeric_flags_are_bounded_like_their_keys_in_one_line(capsys, args, fla
 def test_a_budget_plan_at_a_tiny_time_scale_is_capped_not_an_overflow():
     from thermab.analysis.planning import MAX_PLANNED_REPEATS, Timings
 
-    assert Timings(50.0, 435.0, 2, time_scale=1e-320).repeats_within(1e6, 2, 2) == MAX_PLANNED_REPEATS
+    assert Timings(50.0, 435.0, 2, time_scale=1e-320).repeats_within(1e6, 2) == MAX_PLANNED_REPEATS
 
 
 @pytest.mark.parametrize("cores", ["--cores 0", "--cores=-2", "-c 99999", "--cores two"])

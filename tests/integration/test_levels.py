@@ -174,7 +174,7 @@ def test_until_decided_takes_levels_and_counts_a_repeat_by_all_of_them(tmp_path)
     done("rep2-B-u1", "rep2-A-u4", "rep2-A-u1")
     assert sequential.completed_repeats(tmp_path, "AB", every) == 2
     assert sequential.completed_repeats(tmp_path, "AB") == 0  # the phases of a run without levels
-    assert sequential.resume_repeats(tmp_path, "AB", 4, every) == 2
+    assert sequential.resume_repeats(tmp_path, "AB", 4, every) == 3  # the first look that tests
 
 
 def _run(config, events, requests, validity):

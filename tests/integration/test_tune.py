@@ -88,7 +88,7 @@ def test_unknown_keys_and_two_clusters_are_refused():
     assert "one cluster" in refused(raw, "'tune'")
 
 
-@pytest.mark.parametrize("max_repeats, needed", [(2, 4), (3, 6), (4, 8), (8, 8)])
+@pytest.mark.parametrize("max_repeats, needed", [(2, 4), (3, 6), (4, 6), (8, 6)])
 def test_a_budget_below_one_decision_is_refused(max_repeats, needed):
     """One decision: both arms up to the first look that spends alpha (sequential.MIN_DF)."""
     assert racing.decision_phases(max_repeats) == needed
@@ -206,9 +206,9 @@ def test_a_contender_keeps_measuring_until_decided_capped_or_out_of_budget():
     assert racing.judge(look(["yes", "yes"], objective_verdict="yes"), "lower", None, 8, 100)[0] == racing.DECIDED
     assert racing.judge(look(["yes", "undecided"]), "lower", None, 8, 100)[0] == racing.CONTINUE
     assert racing.judge(look(["yes", "undecided"], repeats=8), "lower", None, 8, 100)[0] == racing.CAP
-    action, why = racing.judge(look(["yes", "undecided"], repeats=4), "lower", None, 8, 3)
+    action, why = racing.judge(look(["yes", "undecided"], repeats=4), "lower", None, 8, 1)
     assert action == racing.BUDGET and "budget ran out before a decision" in why
-    assert racing.next_look_phases(8, 4) == 4 and racing.next_look_phases(8, 8) is None
+    assert racing.next_look_phases(8, 4) == 2 and racing.next_look_phases(8, 8) is None
 
 
 def trial(number, value, objective, verdicts, beats="yes", action=racing.DECIDED, why="", phases=8):
@@ -372,13 +372,13 @@ def test_the_next_look_is_the_first_not_yet_decided(tmp_path):
 
     trial_dir = layout.TuneDir(tmp_path).trial(0)
     run = trial_dir.run("sim", racing.ORDER)
-    assert next_look(trial_dir, "sim", 6, {"users": 4}) == 2
-    for phase in ("rep1-A", "rep1-B", "rep2-B", "rep2-A"):
+    assert next_look(trial_dir, "sim", 6, {"users": 4}) == 3
+    for phase in ("rep1-A", "rep1-B", "rep2-B", "rep2-A", "rep3-A", "rep3-B"):
         run.phase(phase).phase_json.parent.mkdir(parents=True)
         run.phase(phase).phase_json.write_text("{}")
-    assert next_look(trial_dir, "sim", 6, {"users": 4}) == 2
-    run.look(2).decision.parent.mkdir(parents=True)
-    run.look(2).decision.write_text("{}")
+    assert next_look(trial_dir, "sim", 6, {"users": 4}) == 3
+    run.look(3).decision.parent.mkdir(parents=True)
+    run.look(3).decision.write_text("{}")
     assert next_look(trial_dir, "sim", 6, {"users": 4}) == 4
 
 

@@ -35,10 +35,11 @@ def test_timings_are_the_runs_own_and_cluster_hours_scale_them(tmp_path):
     assert timings.job_s == pytest.approx(15 + PHASE_S + 120) and timings.jobs == 4
     assert timings.baseline_s == pytest.approx(50)
     assert timings.hours(4, 2) == pytest.approx((50 + 8 * 435) * 30 / 3600)
-    # a budget buys whole crossover blocks: 2 repeats of 2 arms at 435 s (×30) is 14.5 h
-    assert timings.repeats_within(14.0, 2, 2) == 0
-    assert timings.repeats_within(20.0, 2, 2) == 2
-    assert timings.repeats_within(45.0, 2, 2) == 6
+    # a budget buys at least one crossover pair (2 repeats of 2 arms at 435 s, ×30, is 14.5 h),
+    # then single repeats: the looks test after every one
+    assert timings.repeats_within(14.0, 2) == 0
+    assert timings.repeats_within(20.0, 2) == 2
+    assert timings.repeats_within(40.0, 2) == 5
     assert planning.measured_timings(run.events.iloc[:0]) is None
 
 
@@ -61,13 +62,13 @@ def test_one_phase_per_arm_says_what_it_cannot_estimate_and_what_one_more_pair_g
     assert main(["plan", str(path)]) == 0
     out = capsys.readouterr().out
     assert "One phase per arm: the spread between restarts cannot be estimated" in out
-    assert "2 phases per arm" in out and "1 residual df" in out and "5 residual df" in out
+    assert "2 phases per arm" in out and "1 residual df" in out and "3 phases per arm" in out and "3 residual df" in out
     # speed plans on the field's restart spread, labelled as assumed; heat says where its spread is measured
     throughput = next(line for line in out.splitlines() if line.startswith("- output throughput"))
     assert "restart CV 7.5 % assumed (vLLM's at 4 streams" in throughput and "cluster-hours" in throughput
     assert " tok/s (restart CV" in throughput and " tok/s from the decisive bound" in throughput  # in units
     heat = next(line for line in out.splitlines() if line.startswith("- head TSOC mean"))
-    assert "measured at the first look of until: decided that tests (4 repeats" in heat
+    assert "measured at the first look of until: decided that tests (3 repeats" in heat
     assert "no spread to plan on" not in out
 
 
@@ -124,14 +125,18 @@ def test_the_budget_stops_when_the_next_look_cannot_fit(tmp_path):
     (path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     (path / "tables").mkdir()
     pd.DataFrame({"phases_per_arm": [4], "verdict": ["undecided"]}).to_csv(path / "tables" / "questions.csv")
-    # 4 repeats took 8 × 900 s + 100 s = 2.03 h; the next look (2 repeats) needs 1 h more
-    assert planning.resume_within_budget(path, "AB", 8) == 6
-    assert planning.resume_within_budget(path, "AB", 8, budget_hours=3.1) == 6
-    assert planning.resume_within_budget(path, "AB", 8, budget_hours=2.9) == 4
-    check = planning.budget_check(read_events(path / "events.jsonl"), 2, 4, 6, 2.9)
-    assert not check.fits and round(check.used, 2) == 2.03 and check.need == pytest.approx(1.0)
+    # 4 repeats took 8 × 900 s + 100 s = 2.03 h; the next look (1 repeat) needs 0.5 h more
+    # at the measured job, or what the price of its window says (a speed-only job's, 200 s)
+    assert planning.resume_within_budget(path, "AB", 8) == 5
+    assert planning.resume_within_budget(path, "AB", 8, budget_hours=2.6) == 5
+    assert planning.resume_within_budget(path, "AB", 8, budget_hours=2.5) == 4
+    assert planning.resume_within_budget(path, "AB", 8, budget_hours=2.2, job_s=200) == 5
+    check = planning.budget_check(read_events(path / "events.jsonl"), 2, 4, 5, 2.5)
+    assert not check.fits and round(check.used, 2) == 2.03 and check.need == pytest.approx(0.5)
     sentence = plan_words.budget_sentence(check)
-    assert "does not fit" in sentence and "2.03 used" in sentence
+    assert "does not fit" in sentence and "2.03 used" in sentence and "the measured 900 s" in sentence
+    check = planning.budget_check(read_events(path / "events.jsonl"), 2, 4, 5, 2.2, job_s=200)
+    assert check.fits and "price of at most 200 s per phase job" in plan_words.budget_sentence(check)
 
 
 @pytest.mark.parametrize(
@@ -184,9 +189,10 @@ def test_budget_hours_is_accepted_exactly_when_it_fits_one_pair(budget):
 def test_a_budget_lowers_max_repeats_to_the_repeats_it_fits_at_the_configs_timings(
     budget, max_repeats, repeats, cooldown_max_s
 ):
-    """The validated ``max_repeats`` is the most repeats whose study, each phase at its load
-    and a full cooldown, fits the budget: one more would not (unless ``max_repeats`` or the
-    floor of ``repeats`` and one pair set it)."""
+    """The validated ``max_repeats`` is the most repeats whose study fits the budget, each
+    phase up to the first testing look (3 repeats) at its load and a full cooldown, and
+    after it at the shortest window with no heat cooldown: one more would not (unless
+    ``max_repeats`` or the floor of ``repeats`` and one pair set it)."""
     raw = copy.deepcopy(DEFAULT)
     raw.update(until="decided", budget_hours=budget, max_repeats=max_repeats, repeats=repeats)
     raw["timings"]["cooldown_max_s"] = cooldown_max_s
@@ -196,7 +202,9 @@ def test_a_budget_lowers_max_repeats_to_the_repeats_it_fits_at_the_configs_timin
     fitted = validate(raw, ROOT)["max_repeats"]
 
     def hours(r):
-        return (timings["baseline_s"] + r * 2 * (timings["load_s"] + cooldown_max_s)) * timings["time_scale"] / 3600
+        full, speed_only = min(r, 3), max(0, r - 3)
+        seconds = full * 2 * (timings["load_s"] + cooldown_max_s) + speed_only * 2 * timings["min_load_s"]
+        return (timings["baseline_s"] + seconds) * timings["time_scale"] / 3600
 
     floor = max(2, repeats)
     assert fitted <= max_repeats and fitted >= min(floor, max_repeats)

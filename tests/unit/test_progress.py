@@ -78,7 +78,7 @@ def test_a_phase_runs_toward_the_look_that_ends_its_block(config):
     raw = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     raw.update(until="decided", max_repeats=5)
     decided = thermab_config.view(thermab_config.validate(raw))
-    assert [progress.look_repeats(decided, "AB", rep) for rep in range(1, 6)] == [2, 2, 4, 4, 5]
+    assert [progress.look_repeats(decided, "AB", rep) for rep in range(1, 6)] == [3, 3, 3, 4, 5]
 
 
 def write_run(run_dir: Path, config: thermab_config.Config, now: float) -> None:

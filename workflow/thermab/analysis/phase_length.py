@@ -9,7 +9,7 @@ small beside the restart spread decides them almost as fast and takes less clust
 The rule: the within-phase standard error of the throughput (``metrics.in_window_se``)
 scales as 1/√window; the next block runs the shortest window at which it is at most
 ``WITHIN_SHARE`` of the spread between restarts seen so far, not below ``timings.min_load_s``
-and never above ``timings.load_s``.  Every phase of a block, so both arms of each pair, runs
+and never above ``timings.load_s``.  Every phase of a block, so both arms of each repeat, runs
 the same window.  The other speed and per-token metrics follow the throughput: J/token is
 the window's energy over its tokens, whose relative error is the throughput's (the power
 moves far less), and the probes' decode speed does not depend on the window at all.

@@ -56,7 +56,7 @@ from thermab.analysis.questions import (
     margin_in_unit,
     phases_needed as solve_phases,
 )
-from thermab.config import question_words
+from thermab.config import first_testing_repeats, question_words, repeats_in_budget
 from thermab.contracts import PLAN_COLUMNS
 from thermab.experiment import plan as experiment_plan
 from thermab.layout import RunDir
@@ -88,14 +88,18 @@ class Timings:
         """Cluster-hours of a study of ``repeats`` repeats of ``arms`` arms, baseline included."""
         return (self.baseline_s + repeats * arms * self.job_s) * self.time_scale / 3600
 
-    def repeats_within(self, hours: float, arms: int, block: int) -> int:
-        """The most repeats, in whole blocks, whose study fits in ``hours`` (0: not one block)."""
-        per_block = block * arms * self.job_s * self.time_scale / 3600
-        room = hours - self.baseline_s * self.time_scale / 3600
-        if per_block <= 0 or room < per_block:
+    def repeats_within(self, hours: float, arms: int) -> int:
+        """The most repeats whose study fits in ``hours`` (0: not one crossover pair), every
+        phase job at the measured median (``config.repeats_in_budget``, which prices the
+        budget at the config read and the budget stop too)."""
+        room_s = (hours * 3600 / self.time_scale if self.time_scale > 0 else math.inf) - self.baseline_s
+        if self.job_s <= 0 or room_s < 2 * arms * self.job_s:  # not one crossover pair (AB, BA)
             return 0
-        blocks = min(room / per_block, MAX_PLANNED_REPEATS)  # a tiny block would floor an infinity
-        return int(min(MAX_PLANNED_REPEATS, math.floor(blocks + 1e-9) * block))
+        if room_s / (arms * self.job_s) >= MAX_PLANNED_REPEATS:  # a tiny job would floor an infinity
+            return MAX_PLANNED_REPEATS
+        return min(
+            MAX_PLANNED_REPEATS, repeats_in_budget(room_s, arms, self.job_s, self.job_s, first_testing_repeats(arms))
+        )
 
 
 def study_plan(
@@ -197,8 +201,8 @@ def elapsed_hours(events: pd.DataFrame, time_scale: float = 1.0) -> float:
 @dataclass(frozen=True)
 class BudgetCheck:
     """Whether the look at ``target`` repeats fits in what is left of ``budget_hours`` after
-    ``repeats``: cluster-hours ``used`` so far and ``need`` for the next look, at the
-    measured ``job_s`` per phase job."""
+    ``repeats``: cluster-hours ``used`` so far and ``need`` for the next look, at ``job_s``
+    per phase job (``measured``: the run's median job; else the price of its window)."""
 
     fits: bool
     used: float
@@ -207,20 +211,31 @@ class BudgetCheck:
     target: int
     budget_hours: float
     job_s: float
+    measured: bool
 
 
 def budget_check(
-    events: pd.DataFrame, arms: int, repeats: int, target: int, budget_hours: float, time_scale: float = 1.0
+    events: pd.DataFrame,
+    arms: int,
+    repeats: int,
+    target: int,
+    budget_hours: float,
+    time_scale: float = 1.0,
+    job_s: float | None = None,
 ) -> BudgetCheck | None:
-    """The budget's check of the look at ``target`` repeats after ``repeats``, at the run's
-    measured phase jobs; None where there is none to make: before any job was measured the
-    look runs (the config check keeps a budget of less than one pair of phases out)."""
+    """The budget's check of the look at ``target`` repeats after ``repeats``; None where
+    there is none to make: before any job was measured the look runs (the config check keeps
+    a budget of less than one pair of phases out).  Each phase job of the next look at
+    ``job_s`` (the price ``config.phase_job_s`` gives the window it runs: a speed-only one
+    waits out no heat cooldown), or where none is given at the run's measured median."""
     timings = measured_timings(events, time_scale)
     if timings is None or target <= repeats:
         return None
     used = elapsed_hours(events, time_scale)
-    need = (target - repeats) * arms * timings.job_s * time_scale / 3600
-    return BudgetCheck(used + need <= budget_hours, used, need, repeats, target, budget_hours, timings.job_s)
+    measured = job_s is None
+    price = timings.job_s if job_s is None else job_s
+    need = (target - repeats) * arms * price * time_scale / 3600
+    return BudgetCheck(used + need <= budget_hours, used, need, repeats, target, budget_hours, price, measured)
 
 
 def resume_within_budget(
@@ -230,9 +245,11 @@ def resume_within_budget(
     every: list | None = None,
     budget_hours: float | None = None,
     time_scale: float = 1.0,
+    job_s: float | None = None,
 ) -> int:
     """``sequential.resume_repeats``, stopped at the repeats done when the look it asks for
-    does not fit in what is left of ``budget_hours`` (``budget_check``)."""
+    does not fit in what is left of ``budget_hours`` (``budget_check``, its phase jobs at
+    ``job_s``)."""
     wanted = sequential.resume_repeats(run_dir, order, max_repeats, every)
     if budget_hours is None:
         return wanted
@@ -240,7 +257,7 @@ def resume_within_budget(
     if done == 0 or wanted <= done:
         return wanted
     events = read_events(RunDir(run_dir).events)
-    check = budget_check(events, len(order), done, wanted, budget_hours, time_scale)
+    check = budget_check(events, len(order), done, wanted, budget_hours, time_scale, job_s)
     return wanted if check is None or check.fits else done
 
 
@@ -302,7 +319,7 @@ def plan_rows(
     verdicts = {}
     if answers is not None and len(answers):
         verdicts = {(m, a): v for m, a, v in zip(answers["metric"], answers["arm"], answers["verdict"], strict=False)}
-    budget_repeats = timings.repeats_within(hours, len(run.arms), block) if hours and timings else None
+    budget_repeats = timings.repeats_within(hours, len(run.arms)) if hours and timings else None
     rows = []
     for question in questions:
         metric = resolve_metric(question["metric"], run)
@@ -364,7 +381,7 @@ def _reach(margin: float, distance: float, sd: float, needed: float, run: Plan, 
     if math.isnan(margin):
         return "no margin to plan for: it is in % of a reference mean that cannot be told from zero"
     if math.isnan(sd):
-        first = first_testing_look(len(run.arms), sequential.pair_size(run.order))
+        first = first_testing_repeats(len(run.arms))
         cost = f", {timings.hours(first, len(run.arms)):.1f} cluster-hours" if timings else ""
         return (
             f"its spread between restarts is measured at the first look of until: decided that tests"
@@ -399,11 +416,3 @@ def _within_budget(question, effect, row, budget_repeats, alpha, power) -> dict:
         "smallest_margin_pct": margin / mean * 100 if mean and not math.isnan(margin) else math.nan,
         "reach": reach,
     }
-
-
-def first_testing_look(arms: int, block: int) -> int:
-    """The repeats of the first look of ``until: decided`` that tests (``sequential.MIN_DF``)."""
-    repeats = block
-    while sequential.residual_df(arms, repeats) < sequential.MIN_DF:
-        repeats += block
-    return repeats

@@ -2,15 +2,19 @@
 spend, the crossover order of each repeat, and when to stop.  Pure functions; the
 simulation of tests/integration/test_sequential.py checks the error rate they give.
 
-The run adds one crossover pair of repeats at a time (the reference order, then its reverse;
-for more than two arms the rows of a Williams design), so arm and position stay balanced and
-the OLS arm + position fit of ``stats`` applies at every look.  After each pair every
-question is tested again (``questions.answer``) at the look's α; the run stops when every
-question is ``yes`` or ``no``, or at ``max_repeats``.
+The run adds one repeat at a time in crossover order (the reference order, then its reverse;
+for more than two arms the rows of a Williams design in turn), and from the first repeat
+whose arm + position fit of ``stats`` has ``MIN_DF`` residual df every question is tested
+again (``questions.answer``) at the look's α after each repeat; the position term takes up
+the imbalance of a repeat past a balanced block.  The run stops when every question is
+``yes`` or ``no``, or at ``max_repeats``.
 
-Error control: **a group-sequential boundary by Lan–DeMets alpha spending, the
-O'Brien–Fleming-type function** α(t) = 2 − 2Φ(z₁₋α/₂ / √t) (``METHOD``), t the information
-fraction of a look.  The boundary zₖ of look k is found so that, with no true difference, the
+Error control: **a group-sequential boundary by Lan–DeMets alpha spending, the Pocock-type
+function** α(t) = α·ln(1 + (e − 1)t) (``METHOD``), t the information fraction of a look:
+it spends α nearly evenly, so the few looks a cluster-time budget reaches can decide
+(docs/statistics.md, "Repeats until decided", measures it against O'Brien–Fleming-type
+spending, which keeps α for looks a budget may never reach).  The boundary zₖ of look k
+is found so that, with no true difference, the
 chance of a first crossing at look k is α(tₖ) − α(tₖ₋₁); those chances come from the joint
 normal law of the looks' statistics (corr √(tⱼ/tₖ)), integrated numerically on a grid (the
 recursion of Armitage, McPherson and Rowe, with scipy's normal law, trapezoid rule and
@@ -18,16 +22,21 @@ Brent's root finder).  Each look then tests at the nominal one-sided α′ₖ = 
 the exact t quantile of its residual degrees of freedom (the nominal-significance-level use
 of a z boundary for t statistics).
 
-The information fraction is measured in **residual degrees of freedom** (dfₖ / df at
-``max_repeats``), not in repeats, because the looks' t statistics estimate the variance
-afresh: on 5–13 df they correlate less than the z statistics' √(rⱼ/rₖ) (simulated: 0.78
-between 4 and 6 repeats of two arms, where √(4/6) = 0.82), so a boundary built on √(rⱼ/rₖ)
-lets slightly more than α through (0.052 in 200,000 null experiments); √(dfⱼ/dfₖ) (0.75
-there) is below the t statistics' correlation, and the simulated rate is 0.050
-(tests/integration/test_sequential.py measures both).  Looks with fewer than ``MIN_DF`` residual df do
-not test (a t quantile on 1 df is ±6.3 at 5 %: such a look cannot decide); what they would
-have spent stays for the next look, as Lan–DeMets spending allows.  The Pocock-type function
-α·ln(1 + (e − 1)t) and the union bound (Bonferroni: equal shares summing
+The information fraction is measured in **residual degrees of freedom less one**
+((dfₖ − 1) / (df − 1) at ``max_repeats``), not in repeats, because the looks' t statistics
+estimate the variance afresh: on 3–13 df they correlate less than the z statistics'
+√(rⱼ/rₖ) (simulated: 0.78 between 4 and 6 repeats of two arms, where √(4/6) = 0.82), and
+their joint tails are heavier than the normal law the boundary is computed on.  Measured by
+simulation (tests/integration/test_sequential.py and test_decision_time.py, looks after
+every repeat from 3): a boundary built on repeats lets 0.0575 through in 50,000 null
+experiments, one on dfₖ / df 0.0527 in 100,000 (95 % Wilson 0.0513–0.0541), and one on
+(dfₖ − 1) / (df − 1) 0.0500 (0.0487–0.0514) at 8 repeats and at 16; it also makes the
+looks' nominal levels rise from each look to the next, so a later look never tests the same
+phases at a smaller α than an earlier one.  The scale is thus calibrated, not derived: a
+rule with other looks would be measured again.  There are no looks below
+``MIN_DF`` residual df (a t quantile on 1 df is ±6.3 at 5 %: such a look cannot decide;
+``config.first_testing_repeats``).  The O'Brien–Fleming-type function
+α(t) = 2 − 2Φ(z₁₋α/₂ / √t) and the union bound (Bonferroni: equal shares summing
 to α) are kept as ``METHODS`` for that simulation's comparison (docs/statistics.md,
 "Repeats until decided").  Why not a library: spotify-confidence's boundaries are this Lan–DeMets
 computation for z statistics; anytime-valid confidence sequences (confseq, savvi) allow
@@ -45,23 +54,17 @@ import pandas as pd
 from scipy import integrate, optimize, stats as scipy_stats
 
 from thermab.analysis.questions import ALPHA, NO, UNDECIDED, YES
-from thermab.config import read_bounded
+from thermab.config import MIN_DF, read_bounded, residual_df  # noqa: F401 (re-exported)
 from thermab.errors import UserError
 from thermab.experiment.plan import looks, order_of_repeat, pair_size, phases, williams_orders  # noqa: F401 (re-exported)
 from thermab.layout import RunDir
 
-MIN_DF = 3
-
-
-def residual_df(arms: int, repeats: int) -> int:
-    """Residual df of ``value ~ arm + position`` over ``repeats`` repeats of every arm."""
-    return arms * repeats - arms - 1
-
-
 OBRIEN_FLEMING, POCOCK, BONFERRONI = "obrien_fleming", "pocock", "bonferroni"
 METHODS = (OBRIEN_FLEMING, POCOCK, BONFERRONI)
-METHOD = OBRIEN_FLEMING
-INFORMATION = "df"  # the information scale of the looks (module docstring)
+METHOD = POCOCK
+METHOD_WORDS = {OBRIEN_FLEMING: "O'Brien–Fleming-type", POCOCK: "Pocock-type", BONFERRONI: "Bonferroni"}
+DF_LESS_ONE, DF, REPEATS = "df_less_one", "df", "repeats"  # the information scales (module docstring)
+INFORMATION = DF_LESS_ONE
 GRID_POINTS = 601  # per look: the boundaries to about 1e-5 in z (tests/integration/test_sequential.py checks 1e-4)
 
 
@@ -111,22 +114,30 @@ def boundaries(fractions, alpha: float = ALPHA, method: str = METHOD) -> list[fl
 
 
 def information_fractions(order: str, max_repeats: int, repeats, information: str = INFORMATION) -> list[float]:
-    """The information fractions of looks at ``repeats``: residual df over the last look's
-    (``df``, the rule) or repeats over ``max_repeats`` (``repeats``, the textbook's for a
-    known variance)."""
-    if information == "repeats":
+    """The information fractions of looks at ``repeats``: residual df less one over the last
+    look's (``df_less_one``, the rule), residual df over the last look's (``df``), or
+    repeats over ``max_repeats`` (``repeats``, the textbook's for a known variance)."""
+    if information == REPEATS:
         return [r / max_repeats for r in repeats]
-    last = residual_df(len(order), max_repeats)
-    return [residual_df(len(order), r) / last for r in repeats]
+    # a cap below MIN_DF has its one look, at the whole of the information
+    less = 1 if information == DF_LESS_ONE and residual_df(len(order), max_repeats) > 1 else 0
+    last = residual_df(len(order), max_repeats) - less
+    return [(residual_df(len(order), r) - less) / last for r in repeats]
 
 
 def look_alphas(
-    order: str, max_repeats: int, alpha: float = ALPHA, method: str = METHOD, information: str = INFORMATION
+    order: str,
+    max_repeats: int,
+    alpha: float = ALPHA,
+    method: str = METHOD,
+    information: str = INFORMATION,
+    points: list[int] | None = None,
 ) -> dict[int, float]:
     """repeat → the nominal one-sided α its look tests at (zero below MIN_DF residual df).
     Spending methods: 1 − Φ(zₖ) of the Lan–DeMets boundary over the looks that test, at
-    their ``information_fractions``; ``bonferroni``: equal shares summing to α."""
-    points = looks(order, max_repeats)
+    their ``information_fractions``; ``bonferroni``: equal shares summing to α.  ``points``:
+    the looks' repeats, ``looks`` where None (the simulations compare other schedules)."""
+    points = looks(order, max_repeats) if points is None else points
     testing = [r for r in points if residual_df(len(order), r) >= MIN_DF] or points[-1:]
     if method == BONFERRONI:
         nominal = [alpha / len(testing)] * len(testing)

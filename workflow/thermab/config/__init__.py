@@ -20,7 +20,17 @@ The names below are the package's own: callers import them from ``thermab.config
 from thermab.config.addresses import endpoint_address, endpoint_problem, port_problem, redact_url
 from thermab.config.check import MAX_EXTRA_BODY, extra_body_problem, load, order_problems, thresholds_problems, validate
 from thermab.config.problems import ConfigError
-from thermab.config.question_keys import default_questions, known_metric, question_words, questions_problems
+from thermab.config.question_keys import (
+    MIN_DF,
+    default_questions,
+    first_testing_repeats,
+    known_metric,
+    phase_job_s,
+    question_words,
+    questions_problems,
+    repeats_in_budget,
+    residual_df,
+)
 from thermab.config.reader import DECIMAL_FLOAT, DECIMAL_INT, check_file, read_bounded, read_file
 from thermab.config.schema import (
     SCHEMA,
@@ -54,6 +64,7 @@ __all__ = [
     "DECIMAL_FLOAT",
     "DECIMAL_INT",
     "MAX_EXTRA_BODY",
+    "MIN_DF",
     "SCHEMA",
     "Arm",
     "ClusterSpec",
@@ -72,6 +83,7 @@ __all__ = [
     "endpoint_address",
     "endpoint_problem",
     "extra_body_problem",
+    "first_testing_repeats",
     "key_problem",
     "key_problems",
     "known_metric",
@@ -82,12 +94,15 @@ __all__ = [
     "load",
     "load_schema",
     "order_problems",
+    "phase_job_s",
     "port_problem",
     "question_words",
     "questions_problems",
     "read_bounded",
     "read_file",
     "redact_url",
+    "repeats_in_budget",
+    "residual_df",
     "sensor_silence_s",
     "thaw",
     "thresholds_problems",

@@ -101,10 +101,46 @@ def _covariate_problems(config: dict[str, Any], problems: list[str]) -> None:
             )
 
 
+MIN_DF = 3  # a look whose fit has fewer residual df does not test (analysis/sequential.py)
+
+
+def residual_df(arms: int, repeats: int) -> int:
+    """Residual df of ``value ~ arm + position`` over ``repeats`` repeats of every arm."""
+    return arms * repeats - arms - 1
+
+
+def first_testing_repeats(arms: int) -> int:
+    """The repeats of the first look of ``until: decided`` that tests: the fewest whose fit
+    has MIN_DF residual df (3 for two arms)."""
+    return max(1, math.ceil((MIN_DF + arms + 1) / arms))
+
+
 def _phases_per_repeat(config: dict[str, Any]) -> int:
     """Load phases in one repeat: one per arm of ``order`` at every level of ``load.users``."""
     users = config["load"]["users"]
     return len(config["order"]) * len(users if isinstance(users, list) else [users])
+
+
+def phase_job_s(load_s: float, cooldown_max_s: float, window_s: float | None = None) -> float:
+    """The most a phase job of load window ``window_s`` costs (None: the run's ``load_s``):
+    the full window waits out the heat cooldown (``cooldown_max_s`` at its longest); a
+    shorter one is speed-only (analysis/phase_length.py), which waits for no heat cooldown."""
+    if window_s is None or window_s >= load_s:
+        return load_s + cooldown_max_s
+    return window_s
+
+
+def repeats_in_budget(room_s: float, phases: int, full_job_s: float, speed_job_s: float, first_look: int) -> int:
+    """The most repeats of ``phases`` phase jobs that fit in ``room_s`` (what is left after
+    the baseline): up to the first testing look (``first_look`` repeats) at the full job's
+    price, and after it at the speed-only job's, which is how a run goes on once that look
+    decided its heat questions.  A run whose heat questions stay open pays the full price
+    and the budget stops it sooner (``analysis.planning.budget_check``): fewer looks lose
+    power, never error control, and the looks' α stays laid out over these repeats."""
+    full, speed = phases * full_job_s, phases * speed_job_s
+    if room_s < first_look * full:
+        return max(0, math.floor(room_s / full + 1e-9))
+    return first_look + math.floor((room_s - first_look * full) / speed + 1e-9)
 
 
 def _budget_problems(config: dict[str, Any], problems: list[str]) -> None:
@@ -129,24 +165,29 @@ def _budget_problems(config: dict[str, Any], problems: list[str]) -> None:
 
 def budget_repeats(config: dict[str, Any]) -> int | None:
     """The most repeats ``budget_hours`` fits at the config's own timings (None: no budget):
-    after the baseline, each phase job at its longest, its load and a full cooldown
-    (``timings.load_s`` + ``timings.cooldown_max_s``), at every level of the load."""
+    after the baseline, each phase job at its most (``phase_job_s``), at every level of the
+    load, the repeats after the first testing look at the speed-only price
+    (``repeats_in_budget``)."""
     budget = config["budget_hours"]
     if budget is None or config["until"] != "decided":
         return None
-    timings, phases = config["timings"], _phases_per_repeat(config)
-    per_repeat_h: float = phases * (timings["load_s"] + timings["cooldown_max_s"]) * timings["time_scale"] / 3600
-    room_h: float = budget - timings["baseline_s"] * timings["time_scale"] / 3600
-    return max(0, math.floor(room_h / per_repeat_h + 1e-9))
+    timings = config["timings"]
+    room_s = budget * 3600 / timings["time_scale"] - timings["baseline_s"]
+    return repeats_in_budget(
+        room_s,
+        _phases_per_repeat(config),
+        phase_job_s(timings["load_s"], timings["cooldown_max_s"]),
+        phase_job_s(timings["load_s"], timings["cooldown_max_s"], timings["min_load_s"]),
+        first_testing_repeats(len(config["order"])),
+    )
 
 
 def fit_max_repeats_to_budget(config: dict[str, Any]) -> None:
     """Lower ``max_repeats`` to what the budget fits (``budget_repeats``), never below
     ``repeats`` or one crossover pair.  The looks' α is laid out over ``max_repeats``
-    (analysis/sequential.py), and O'Brien–Fleming-type spending keeps most of it for the
-    last looks: a budget that stops the run before them would leave that α unspent, and
-    the first looks would test at a small part of it.  Fixed from the config alone, before
-    any phase ran, so the spending stays pre-specified (docs/planning.md)."""
+    (analysis/sequential.py): a budget that stops the run before the last looks would leave
+    their α unspent.  Fixed from the config alone, before any phase ran, so the spending
+    stays pre-specified (docs/planning.md)."""
     fits = budget_repeats(config)
     if fits is not None:
         config["max_repeats"] = min(config["max_repeats"], max(2, config["repeats"], fits))

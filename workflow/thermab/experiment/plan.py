@@ -20,6 +20,7 @@ from thermab.config import (
     Config,
     default_questions,
     defaults as schema_defaults,
+    first_testing_repeats,
     key_problems,
     level_bounds,
     maximum,
@@ -83,11 +84,13 @@ def pair_size(order: str) -> int:
 
 
 def looks(order: str, max_repeats: int) -> list[int]:
-    """The repeats after which the questions are tested: after every balanced block, and at
-    ``max_repeats``."""
-    block = pair_size(order)
-    points = list(range(block, max_repeats + 1, block))
-    return points if points and points[-1] == max_repeats else points + [max_repeats]
+    """The repeats after which the questions are tested: after every repeat from the first
+    whose arm + position fit has ``MIN_DF`` residual df (3 repeats of two arms), and at
+    ``max_repeats``.  A repeat past a balanced block leaves the arms' positions unbalanced
+    by one; the fit's position term takes that up, and a look a repeat sooner is a
+    decision a repeat sooner (docs/statistics.md, "Repeats until decided")."""
+    first = first_testing_repeats(len(order))
+    return list(range(first, max_repeats + 1)) or [max_repeats]
 
 
 def look_of(order: str, max_repeats: int, rep: int) -> int:

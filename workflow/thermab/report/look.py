@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from thermab.analysis import phase_length, planning, sequential
+from thermab.config import phase_job_s
 from thermab.contracts import Decision
 from thermab.experiment import monitor, plan
 from thermab.experiment.cluster import ClusterRun
@@ -50,14 +51,17 @@ def decide(look: RunDir, run: ClusterRun, repeats: int, settings: dict) -> Decis
     ``max_repeats`` is not reached and the next look fits in ``budget_hours`` (``settings``:
     what it decides with, kept in the decision)."""
     config, order, every = run.config, run.order, plan.levels(run.config.load)
-    scale = config.timings.time_scale
-    reached = planning.resume_within_budget(look.path, order, config.max_repeats, every, config.budget_hours, scale)
-    if reached > repeats:
-        window = phase_length.next_block_window(
-            look.path, order, next(iter(config.arms)), config.timings.load_s, config.timings.min_load_s
-        )
-        return Decision(repeats, reached, window, f"questions still open: going on to {reached} repeats", settings)
+    timings = config.timings
     if sequential.resume_repeats(look.path, order, config.max_repeats, every) > repeats:
+        window = phase_length.next_block_window(
+            look.path, order, next(iter(config.arms)), timings.load_s, timings.min_load_s
+        )
+        job_s = phase_job_s(timings.load_s, timings.cooldown_max_s, window) * len(every or [None])  # every level's
+        reached = planning.resume_within_budget(
+            look.path, order, config.max_repeats, every, config.budget_hours, timings.time_scale, job_s
+        )
+        if reached > repeats:
+            return Decision(repeats, reached, window, f"questions still open: going on to {reached} repeats", settings)
         why = f"the next look does not fit in budget_hours {config.budget_hours:g}"
     elif repeats >= config.max_repeats:
         why = f"max_repeats {config.max_repeats} reached"

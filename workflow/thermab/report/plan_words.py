@@ -10,6 +10,7 @@ import pandas as pd
 
 from thermab.analysis import planning, sequential
 from thermab.analysis.model import Plan
+from thermab.config import first_testing_repeats
 from thermab.markup import md_text
 
 
@@ -52,7 +53,7 @@ def one_more_pair(arms: int, block: int, timings: planning.Timings | None) -> st
             f" its 80 % upper bound {upper:.1f}× the estimate"
         )
 
-    first_look = planning.first_testing_look(arms, block)
+    first_look = first_testing_repeats(arms)
     return (
         "One phase per arm: the spread between restarts cannot be estimated, so no plan rests on the"
         f" measured spread. One more pair (the arms in reverse order) gives {gives(2)}; the first look"
@@ -226,6 +227,7 @@ def budget_sentence(check: planning.BudgetCheck) -> str:
     """The budget's account of the next look, in a sentence."""
     return (
         f"Budget {check.budget_hours:g} cluster-hours: {check.used:.2f} used after {check.repeats} repeats;"
-        f" the next look ({check.target - check.repeats} more repeats, {check.need:.2f} h at the measured"
-        f" {check.job_s:.0f} s per phase job)" + (" fits." if check.fits else " does not fit, so the run stopped here.")
+        f" the next look ({check.target - check.repeats} more repeats, {check.need:.2f} h at"
+        f" {'the measured' if check.measured else 'its window’s price of at most'} {check.job_s:.0f} s per phase job)"
+        + (" fits." if check.fits else " does not fit, so the run stopped here.")
     )

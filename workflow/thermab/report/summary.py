@@ -9,7 +9,7 @@ import math
 import pandas as pd
 
 from thermab import metric_names as names
-from thermab.analysis import energy, load_validity, speed, stats, washout
+from thermab.analysis import energy, load_validity, sequential, speed, stats, washout
 from thermab.analysis.model import Plan
 from thermab.load.validity import FULL_LENGTH_MIN, INFLIGHT_SLACK, MIN_ARRIVAL_SPAN_SHARE, MIN_TOKEN_ARRIVALS, bursts
 from thermab.markup import Markdown, md_cell, md_text
@@ -334,7 +334,8 @@ def questions_section(answers: pd.DataFrame, run: Plan) -> list[str]:
                 if run.budget_hours is not None
                 else ""
             )
-            + ", each look at its level of O'Brien–Fleming-type alpha spending (docs/statistics.md); "
+            + f", each look at its level of {sequential.METHOD_WORDS[sequential.METHOD]} alpha spending"
+            + " (docs/statistics.md); "
             + (
                 f"still open: {'; '.join(dict.fromkeys(map(md_text, open_)))}."
                 if len(open_)
