@@ -5,8 +5,8 @@ A trial is a two-arm run, ``A`` the config's reference arm and ``B`` the candida
 with ``until: decided`` and the config's ``max_repeats``: repeats in crossover order (AB,
 BA, …) of restarted, loaded and cooled phases, looked at after every repeat from the first
 that tests with the α that look may spend (``analysis.sequential``).  Its questions are the
-tune's constraints and, last, the objective as a superiority question (``lower`` or ``higher`` than the reference), whose
-interval is the objective's.  After each look the tuner judges the trial:
+tune's constraints and, last, the objective as a superiority question (``lower`` or
+``higher`` than the reference), whose interval is the objective's.  After each look the tuner judges the trial:
 
 - **drop**: a constraint is decided ``no`` (infeasible, measured no further);
 - **beaten**: its objective cannot beat the best feasible trial so far (the optimistic
