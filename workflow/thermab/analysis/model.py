@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -223,6 +225,38 @@ def _read_row_groups(path, parquet, row_groups: tuple[int, ...], columns: list[s
 # as the config's defaults run one: a fixed number of repeats
 STUDY_DESIGN = top_level_defaults("until", "max_repeats", "budget_hours")
 
+# What each of run.json's facts that an older, imported or inferred run may lack reads as
+# where it is absent: None (not recorded), an empty tuple (none), or what a run recorded
+# before the key existed ran at.  Read through the attribute, never put into the plan, so a
+# plan thawed or copied holds the keys its run.json held and no more.
+UNRECORDED: Mapping[str, object] = MappingProxyType(
+    {
+        "time_scale": 1.0,
+        "trip_point_c": None,
+        "users": None,
+        "rate": None,
+        "burstiness": None,
+        "think_s": None,
+        "load_level": None,
+        "max_tokens": None,
+        "prompt_tokens": None,
+        "probe_n": None,
+        "load_s": None,
+        "idle_s": None,
+        "wakeup_gaps_s": None,
+        "slo": None,
+        "sample_intervals_s": None,
+        "hosts_without_zones": (),
+        "configfiles": None,
+        "cores": None,
+        "overrides": None,
+        "model": None,
+        "inferred": False,
+        "imported_from": None,
+        "epoch_s": None,
+    }
+)
+
 
 class Plan(Analysis):  # the analysis settings at its top level, as run.json holds them
     """A run's plan as the analysis reads it, typed and read-only as the config's view is
@@ -233,10 +267,19 @@ class Plan(Analysis):  # the analysis settings at its top level, as run.json hol
     possibly written by an older thermab or another tool, and for a run without run.json
     inferred.  ``_check_plan`` and ``inferred_plan`` fill it through ``plan.run_plan``, so
     the keys down to ``questions`` are always there, and the study's design after them
-    (``STUDY_DESIGN``: the config's defaults where run.json has none); the rest are facts
-    an older, imported or inferred run lacks, asked with ``in`` or ``get`` as their absence
-    means something (no ``users``: the run is its one level; no ``trip_point_c``: no line
-    drawn)."""
+    (``STUDY_DESIGN``: the config's defaults where run.json has none).
+
+    The rest are optional: facts an older, imported or inferred run lacks.  Each reads as
+    ``UNRECORDED`` gives where run.json has none, and that absence means something:
+    ``users`` None, the run is its one level, of users the requests show; ``max_tokens``,
+    ``prompt_tokens``, ``probe_n``, ``load_s`` None, what the requests show or nothing;
+    ``trip_point_c`` None, no line drawn; ``slo`` None, no goodput; ``sample_intervals_s``
+    None, the intervals as measured; ``hosts_without_zones`` empty, every host has zones;
+    ``configfiles`` None, the command that continues the run says to add them (an empty
+    tuple: it was started with the default config); ``cores`` None, a count of cores
+    assumed; ``overrides`` None, no --config entry; ``time_scale`` 1, each second of the
+    run one of the study; ``inferred`` False, run.json was there.  ``in`` and ``get`` still
+    answer what run.json holds."""
 
     cluster: str
     order: str
@@ -252,28 +295,37 @@ class Plan(Analysis):  # the analysis settings at its top level, as run.json hol
     budget_hours: float | None
     time_scale: float
     trip_point_c: float | None
-    users: int | tuple[int | Mapping[str, float], ...]  # a level's plan (levels.plan_at): its users
+    users: int | tuple[int | Mapping[str, float], ...] | None  # a level's plan (levels.plan_at): its users
     rate: float | None
-    burstiness: float
+    burstiness: float | None
     think_s: float | None
-    load_level: str  # a level's plan: its label
-    max_tokens: int
-    prompt_tokens: int
-    probe_n: int
-    load_s: int
-    idle_s: float
+    load_level: str | None  # a level's plan: its label
+    max_tokens: int | None
+    prompt_tokens: int | None
+    probe_n: int | None  # 0: the run had no probe
+    load_s: int | None
+    idle_s: float | None
     wakeup_gaps_s: tuple[float, ...] | None
-    slo: Mapping[str, float] | None  # load.slo (goodput's bounds in ms); an older run has none
-    sample_intervals_s: Mapping[str, float]
+    slo: Mapping[str, float] | None  # load.slo (goodput's bounds in ms)
+    sample_intervals_s: Mapping[str, float] | None
     hosts_without_zones: tuple[str, ...]
-    configfiles: tuple[str, ...]  # how Snakemake was started on the run (plan.invocation)
+    configfiles: tuple[str, ...] | None  # how Snakemake was started on the run (plan.invocation)
     cores: int | None
+    overrides: Mapping[str, str] | None
+    model: str | None  # another tool's run.json may name it; thermab's preflight.json does
     inferred: bool
-    imported_from: str
-    epoch_s: float
+    imported_from: str | None
+    epoch_s: float | None
 
     def __init__(self, values: Mapping[str, Any]) -> None:
         super().__init__({**STUDY_DESIGN, **values})
+
+    if not typing.TYPE_CHECKING:  # hidden as Section's is, so a name no annotation gives stays a type error
+
+        def __getattr__(self, name: str) -> Any:
+            if name in UNRECORDED and name not in self:
+                return UNRECORDED[name]
+            return super().__getattr__(name)
 
 
 @dataclass(frozen=True)
