@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from thermab.config import Arm, Question, check_file, read_bounded, top_level_defaults
-from thermab.config.view import Analysis
-from thermab.contracts import REQUEST_COLUMNS, REQUIRED_REQUEST_COLUMNS, PhaseValidity, validity_key
+from thermab.config.view import Analysis as AnalysisSettings
+from thermab.contracts import REQUEST_COLUMNS, REQUIRED_REQUEST_COLUMNS, PhaseValidity, WindowKey, validity_key
 from thermab.errors import UserError
 from thermab.experiment import events as events_file, plan
 from thermab.jsonl import MAX_JSONL_BYTES
@@ -32,10 +32,12 @@ from thermab.telemetry.ingest import SERIES_KEYS, TELEMETRY_COLUMNS
 INDEX_COLUMNS = SERIES_KEYS + ["rows", "t_min", "t_max", "where"]
 MAX_JSON_BYTES = 64 * 2**20  # run.json, validity.json: a larger one is not thermab's
 MAX_PARQUET_BYTES = 64 * 2**30  # read by row group and column, never whole: a bound on what a run can be
+# host → kind → sensor → the agent source it came from (tidy/ingest.json's ``sources``)
+Sources = Mapping[str, Mapping[str, Mapping[str, str]]]
 TELEMETRY_DTYPES = {"t": "float64", "value": "float64", "host": "string", "kind": "string", "sensor": "string"}
 
 
-def _dtype_kind(dtype) -> str:
+def _dtype_kind(dtype: np.dtype[Any] | pd.api.extensions.ExtensionDtype) -> str:
     if pd.api.types.is_bool_dtype(dtype):
         return "bool"
     if pd.api.types.is_numeric_dtype(dtype):
@@ -45,7 +47,7 @@ def _dtype_kind(dtype) -> str:
     return str(dtype)
 
 
-def check_columns(path, frame: pd.DataFrame, dtypes: dict[str, str], required) -> None:
+def check_columns(path: Path, frame: pd.DataFrame, dtypes: Mapping[str, str], required: Iterable[str]) -> None:
     """A parquet file another tool wrote: the ``required`` columns there, and every known
     column of the kind docs/design.md gives it (times and values numbers, not timestamps
     or text), or a UserError naming the file and the column."""
@@ -79,12 +81,13 @@ class Telemetry:
     and last t, and ``where`` (its row groups, or its rows in the sorted frame).
     """
 
-    def __init__(self, index: pd.DataFrame, read: Callable[[object, list[str]], dict[str, np.ndarray]]):
+    # ``read(where, columns)``: ``where`` as the index holds it (row groups, or rows of a sorted frame)
+    def __init__(self, index: pd.DataFrame, read: Callable[[Any, list[str]], dict[str, np.ndarray]]) -> None:
         self.index = index.reindex(columns=INDEX_COLUMNS)
         self._read = read
 
     @classmethod
-    def open(cls, path) -> Telemetry:
+    def open(cls, path: Path) -> Telemetry:
         check_file(path, MAX_PARQUET_BYTES)
         # opened once, footer and row groups read through one handle: a file replaced meanwhile
         # (another ingest) is never read as this one's footer over another's bytes
@@ -118,7 +121,7 @@ class Telemetry:
             rows=stops - starts,
             t_min=t[starts],
             t_max=t[stops - 1],
-            where=[slice(a, b) for a, b in zip(starts, stops, strict=False)],
+            where=pd.Series([slice(a, b) for a, b in zip(starts, stops, strict=False)], index.index, dtype=object),
         )
         columns = {"t": t, "value": value}
         return cls(index, lambda where, names: {name: columns[name][where] for name in names})
@@ -132,8 +135,12 @@ class Telemetry:
         return index
 
     def series(
-        self, kind: str | None = None, sensor: str | None = None, host: str | None = None, columns=("t", "value")
-    ) -> Iterator[tuple[dict, dict[str, np.ndarray]]]:
+        self,
+        kind: str | None = None,
+        sensor: str | None = None,
+        host: str | None = None,
+        columns: Sequence[str] = ("t", "value"),
+    ) -> Iterator[tuple[dict[str, str], dict[str, np.ndarray]]]:
         """Each matching series as ({host, kind, sensor}, {column: array}), in (host, kind,
         sensor) order, its samples in time order (stably: equal times keep the file's order).
         A sample whose time or value is not a finite number (NaN, ±inf in a file ingest did not
@@ -170,18 +177,18 @@ class Telemetry:
         return float(self.index["t_max"].max()) if len(self.index) else np.nan
 
 
-def as_telemetry(telemetry) -> Telemetry:
+def as_telemetry(telemetry: Telemetry | pd.DataFrame) -> Telemetry:
     """A Telemetry, from one or from a tidy frame (tests and small runs pass frames)."""
     return telemetry if isinstance(telemetry, Telemetry) else Telemetry.from_frame(telemetry)
 
 
-def _row_group_index(metadata) -> pd.DataFrame | None:
+def _row_group_index(metadata: pq.FileMetaData) -> pd.DataFrame | None:
     """Series → row groups from the footer's statistics; None when a row group holds more
     than one series or lacks statistics."""
     names = [metadata.schema.column(i).name for i in range(metadata.num_columns)]
     if not set(TELEMETRY_COLUMNS) <= set(names):
         return None
-    rows = {}
+    rows: dict[tuple[str, ...], list[Any]] = {}  # series → [rows, t_min, t_max, row groups]
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
         if row_group.num_rows == 0:
@@ -212,7 +219,9 @@ def _sorted_categories(values: pd.Series) -> pd.Categorical:
     return categorical.reorder_categories(categorical.categories.sort_values())
 
 
-def _read_row_groups(path, parquet, row_groups: tuple[int, ...], columns: list[str]) -> dict[str, np.ndarray]:
+def _read_row_groups(
+    path: Path, parquet: pq.ParquetFile, row_groups: tuple[int, ...], columns: list[str]
+) -> dict[str, np.ndarray]:
     """A damaged page (its footer intact) is found only here: one line naming the file."""
     try:
         table = parquet.read_row_groups(list(row_groups), columns=columns)
@@ -258,7 +267,7 @@ UNRECORDED: Mapping[str, object] = MappingProxyType(
 )
 
 
-class Plan(Analysis):  # the analysis settings at its top level, as run.json holds them
+class Plan(AnalysisSettings):  # the analysis settings at its top level, as run.json holds them
     """A run's plan as the analysis reads it, typed and read-only as the config's view is
     (``plan.head``, ``plan.arms["A"].label``; ``thaw`` gives the dict back).
 
@@ -335,11 +344,12 @@ class RunData:
     events: pd.DataFrame
     telemetry: Telemetry
     requests: pd.DataFrame | None  # None when the run has no request data (imported runs)
-    validity: dict  # (order, rep, arm, users, load_level) → the window's validity.json (levels.at_level:
-    # one level's, by (order, rep, arm)); empty for imported runs
-    # host → kind → sensor → the agent source it came from (tidy/ingest.json); empty for a run
-    # ingested before it was kept, or imported: each kind is then one source
-    sources: dict = field(default_factory=dict)
+    # (order, rep, arm, users, load_level) → the window's validity.json (levels.at_level: one
+    # level's, by (order, rep, arm)); empty for imported runs
+    validity: dict[tuple[Any, ...], PhaseValidity]
+    # the agent source of each series (tidy/ingest.json); empty for a run ingested before it
+    # was kept, or imported: each kind is then one source
+    sources: Sources = field(default_factory=dict)
 
 
 def read_events(path: Path) -> pd.DataFrame:
@@ -350,7 +360,7 @@ def read_events(path: Path) -> pd.DataFrame:
     return events.sort_values("t", kind="stable", ignore_index=True)
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(read_bounded(path, MAX_JSON_BYTES).decode("utf-8"))
     except RecursionError:
@@ -369,15 +379,15 @@ def _unreadable(path: Path, error: Exception) -> UserError:
     return UserError(f"{path}: cannot read as parquet: {' '.join(str(error).split())[:200]}")
 
 
-def _read_parquet(path: Path, **options) -> pd.DataFrame:
+def _read_parquet(path: Path) -> pd.DataFrame:
     check_file(path, MAX_PARQUET_BYTES)
     try:
-        return pd.read_parquet(path, **options)
+        return pd.read_parquet(path)
     except PARQUET_ERRORS as error:
         raise _unreadable(path, error) from None
 
 
-def inferred_plan(path: Path, events: pd.DataFrame, telemetry: Telemetry) -> dict:
+def inferred_plan(path: Path, events: pd.DataFrame, telemetry: Telemetry) -> dict[str, Any]:
     """The plan of a run directory that has no run.json, as docs/design.md allows: the
     arms are the letters of its phases in events.jsonl (each its own label, the first the
     reference), the hosts those of its telemetry (the head the first by name), the
@@ -400,7 +410,7 @@ def inferred_plan(path: Path, events: pd.DataFrame, telemetry: Telemetry) -> dic
     )
 
 
-def _check_plan(path: Path, written: dict) -> dict:
+def _check_plan(path: Path, written: dict[str, Any]) -> dict[str, Any]:
     """What the analysis needs of a run.json (``written``, as read), with the defaults for
     what an older one lacks; a value the config's checks refuse is a UserError naming the
     file and key."""
@@ -422,7 +432,7 @@ def _check_plan(path: Path, written: dict) -> dict:
     )
 
 
-def run_directory(run_dir) -> Path:
+def run_directory(run_dir: str | Path) -> Path:
     """``run_dir`` as a Path, or a UserError naming it where it is no directory (missing, a
     file, a link that loops or dangles)."""
     path = Path(run_dir)
@@ -431,7 +441,7 @@ def run_directory(run_dir) -> Path:
     return path
 
 
-def load_run(run_dir, analysis: dict | None = None) -> RunData:
+def load_run(run_dir: str | Path, analysis: dict[str, Any] | None = None) -> RunData:
     """A run directory as the analysis reads it; what is wrong with it is a UserError
     naming the file.  Without run.json the plan is inferred (``inferred_plan``).
     ``analysis``: settings that replace the plan's (the workflow's current config, through
@@ -462,24 +472,24 @@ def load_run(run_dir, analysis: dict | None = None) -> RunData:
     return RunData(path, Plan(config), events, telemetry, requests, read_validity(path), sources)
 
 
-def read_plan(path: Path, analysis: dict | None = None) -> Plan:
+def read_plan(path: Path, analysis: dict[str, Any] | None = None) -> Plan:
     """A run.json as the analysis reads it, checked: what is wrong is a UserError naming the
     file and key.  ``analysis``: settings that replace the plan's, as ``load_run``'s."""
     return Plan({**_check_plan(path, _read_json(path)), **plan.reanalysis(analysis or {})})
 
 
-def read_preflight(path: Path) -> dict | None:
+def read_preflight(path: Path) -> dict[str, Any] | None:
     """preflight.json as read (host facts, endpoint), None where the run has none (imported)."""
     return _read_json(path) if path.exists() else None
 
 
-def read_sources(path: Path) -> dict:
+def read_sources(path: Path) -> Sources:
     """The agent source of each series (``sources`` of tidy/ingest.json: host → kind →
     sensor → source), {} where the file or the key is absent; any other shape is a
     UserError naming the file."""
     if not path.exists():
         return {}
-    sources = _read_json(path).get("sources", {})
+    sources: Sources = _read_json(path).get("sources", {})
     if not (
         isinstance(sources, dict)
         and all(
@@ -496,33 +506,36 @@ def read_sources(path: Path) -> dict:
     return sources
 
 
-def read_validity(path: Path) -> dict[tuple, PhaseValidity]:
+def read_validity(path: Path) -> dict[WindowKey, PhaseValidity]:
     """Each window's validity.json by (order, rep, arm, users, load_level), either None where
     the report has none (analysis.levels.at_level gives one level's by (order, rep, arm)).  The load stage
     writes it even for a load that was aborted; tidy/requests.parquet waits for every phase,
     so when the analysis runs they are all there."""
-    reports = {}
+    reports: dict[WindowKey, PhaseValidity] = {}
     for report_path in sorted(path.glob(str(RunDir(path).phase("*").validity.relative_to(path)))):
         report = _read_json(report_path)
-        reports[validity_key(report, report_path)] = report
+        # the contract the load wrote it by (contracts.write_validity); the window's key checked
+        reports[validity_key(report, report_path)] = typing.cast(PhaseValidity, report)
     return reports
 
 
-def read_latency(path: Path) -> dict[tuple, dict]:
+def read_latency(path: Path) -> dict[WindowKey, dict[str, Any]]:
     """Each window's latency.json (load/latency.py: its ITL sketch) by the key of
     ``read_validity``; none where the load wrote none (an imported run, an older one)."""
-    reports = {}
+    reports: dict[WindowKey, dict[str, Any]] = {}
     for report_path in sorted(path.glob(str(RunDir(path).phase("*").latency.relative_to(path)))):
         report = _read_json(report_path)
         reports[validity_key(report, report_path)] = report
     return reports
 
 
-def distinct_runs(run_dirs) -> tuple[list[Path], list[tuple[Path, Path]]]:
+def distinct_runs(run_dirs: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
     """Each run once: the run directories given, without any that is the same run as one
     before it (the same directory by another name, link or glob, or a copy of it: two runs
     never share every event's time); returns them and the (dropped, same as) pairs."""
-    kept, dropped, seen = [], [], {}
+    kept: list[Path] = []
+    dropped: list[tuple[Path, Path]] = []
+    seen: dict[str, Path] = {}
     for run_dir in map(run_directory, run_dirs):
         events = RunDir(run_dir).events
         data = read_bounded(events, MAX_JSONL_BYTES) if events.is_file() else b""
@@ -535,7 +548,7 @@ def distinct_runs(run_dirs) -> tuple[list[Path], list[tuple[Path, Path]]]:
     return kept, dropped
 
 
-def sibling_runs(run_dir) -> list[Path]:
+def sibling_runs(run_dir: str | Path) -> list[Path]:
     """Other run directories next to ``run_dir`` with the same cluster in their run.json."""
     path = Path(run_dir).resolve()
     run_json = RunDir(path).run_json
@@ -560,7 +573,7 @@ class Analysis:
     sources: list[str]  # every run directory pooled for the comparison
     tables: dict[str, pd.DataFrame]  # windows, the four phase tables, variance
     pooled: pd.DataFrame  # per-phase metrics of all pooled runs (metrics.phase_metrics)
-    best: dict | None  # stats.best_setting for sweeps of more than two arms
+    best: dict[str, Any] | None  # stats.best_setting for sweeps of more than two arms
     # what would decide the open questions (planning.study_plan: its timings and plan_rows),
     # None for a run of levels or without questions (``thermab plan`` plans those)
     open_plan: tuple[Any, pd.DataFrame] | None = None
