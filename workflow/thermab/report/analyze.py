@@ -160,7 +160,7 @@ def _check_poolable(runs: list[RunData]) -> None:
     first = runs[0].plan
     for run in runs[1:]:
         for key in ("cluster", "arms", "reference_arm"):
-            if run.plan.get(key) != first.get(key):
+            if getattr(run.plan, key) != getattr(first, key):
                 raise UserError(f"cannot pool {run.path} with {runs[0].path}: {key} differs")
 
 
