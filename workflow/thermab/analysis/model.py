@@ -287,8 +287,10 @@ class Plan(AnalysisSettings):  # the analysis settings at its top level, as run.
     ``configfiles`` None, the command that continues the run says to add them (an empty
     tuple: it was started with the default config); ``cores`` None, a count of cores
     assumed; ``overrides`` None, no --config entry; ``time_scale`` 1, each second of the
-    run one of the study; ``inferred`` False, run.json was there.  ``in`` and ``get`` still
-    answer what run.json holds."""
+    run one of the study; ``inferred`` False, run.json was there; ``load_level`` None, the
+    whole run's plan, not one level's (``levels.plan_at``); ``model`` None, preflight's
+    endpoint names it; the others None, not recorded.  ``in`` and ``get`` still answer what
+    run.json holds."""
 
     cluster: str
     order: str
