@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from support.paths import REPO as ROOT
 from support.synthetic_run import plan_view, write_synthetic_run
 from thermab.analysis import levels
-from thermab.analysis.model import RunData
+from thermab.analysis.model import Plan, RunData
 from thermab.config import ConfigError, validate
 from thermab.experiment import plan
 from thermab.load_levels import Level
@@ -234,7 +234,7 @@ def test_a_run_made_before_levels_is_its_one_level():
         {"t": 3, "event": "load_end", "order": "AB", "rep": 1, "arm": "A"},
     ]
     run = _run({"users": 4}, events, pd.DataFrame({"t_start": [2.5]}), {("AB", 1, "A", 4, None): {}})
-    assert levels.of_run(run.plan) == [Level(4)] and levels.of_run({}) == [None]
+    assert levels.of_run(run.plan) == [Level(4)] and levels.of_run(Plan({})) == [None]
     same = levels.at_level(run, Level(4))
     assert len(same.events) == 2 and len(same.requests) == 1 and list(same.validity) == [("AB", 1, "A")]
     table = levels.with_level(pd.DataFrame({"order": ["AB"], "rep": [1], "arm": ["A"], "n": [3]}), Level(4))

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from support.paths import REPO
-from thermab.analysis.model import Plan
+from thermab.analysis import levels
+from thermab.analysis.model import STUDY_DESIGN, UNRECORDED, Plan
 from thermab.config import load, load_schema
 from thermab.config.view import Config, Section, thaw, view
 from thermab.experiment import plan
@@ -127,12 +128,31 @@ def test_a_run_plan_is_typed_as_run_json_holds_it():
     config = load(CONFIG_DIR / "config.yaml")
     facts = {key: functools.reduce(operator.getitem, path, config) for key, path in plan.CONFIG_KEYS.items()}
     facts |= {"users": [1, {"users": 4, "rate": 0.5}], "trip_point_c": 95.0, "hosts_without_zones": ["worker"]}
-    facts |= {"inferred": True, "imported_from": "chart.csv", "epoch_s": 0.0, "load_level": "4 users"}
+    facts |= {"inferred": True, "imported_from": "chart.csv", "epoch_s": 0.0, "load_level": "4 users", "model": "m"}
+    facts |= plan.invocation(["/study/config.yaml"], 2, {"budget_hours": 6.5})
     written = plan.run_plan(cluster="sim", setting="s", head="head", hosts=["head", "worker"], **facts)
     written = json.loads(json.dumps(written))  # as read back from run.json
     plan_view = Plan(written)
     same_values(plan_view, written)
     assert plan_view.arms["A"].label == written["arms"]["A"]["label"] and plan_view.users[1].rate == 0.5
+
+
+def test_a_fact_run_json_lacks_reads_as_its_absence_and_is_never_added():
+    """A run.json of what every writer writes and no more: each other annotated fact reads as
+    what its absence means (``UNRECORDED``), typed as annotated, and is no key of the plan,
+    so a plan thawed, or a level's plan made of it, holds run.json's keys alone."""
+    arms = {"A": {"label": "a", "value": "1"}, "B": {"label": "b", "value": "2"}}
+    written = plan.run_plan(cluster="sim", order="AB", repeats=1, arms=arms, setting="s", head="h", hosts=["h"])
+    plan_view = Plan(json.loads(json.dumps(written)))
+    hints = typing.get_type_hints(Plan)
+    assert set(hints) == set(written) | set(STUDY_DESIGN) | set(UNRECORDED)
+    for name, absent in UNRECORDED.items():
+        assert name not in plan_view and getattr(plan_view, name) == absent, name
+        assert conforms(absent, hints[name]), name
+    assert plan_view.users is None and plan_view.configfiles is None and plan_view.hosts_without_zones == ()
+    assert thaw(plan_view) == thaw(levels.plan_at(plan_view, None)) == {**STUDY_DESIGN, **written}
+    with pytest.raises(AttributeError, match="'lod_s': not in the config"):
+        _ = plan_view.lod_s
 
 
 def test_nothing_in_the_view_changes():

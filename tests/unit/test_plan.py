@@ -106,7 +106,7 @@ def test_a_config_entry_is_recorded_as_text_snakemake_reads_back_to_what_it_was(
 def test_the_entries_that_continue_a_run_are_its_own_but_those_the_continuation_sets():
     recorded = plan.invocation([], 2, {"budget_hours": 6.5, "until": "decided", "repeats": 3, "load_s": 300})
     assert recorded["overrides"] == {"budget_hours": "6.5", "until": "decided", "repeats": "3", "load_s": "300"}
-    assert plan.continuation_entries(recorded) == ["budget_hours=6.5", "load_s=300"]
+    assert plan.continuation_entries(recorded["overrides"]) == ["budget_hours=6.5", "load_s=300"]
     assert plan.invocation_problems(recorded) == []
     assert plan.invocation_problems({"overrides": {"budget_hours": "6`rm`"}}) == [
         "--config entry 'budget_hours' (run.json's overrides): must be one printable line without a backtick"

@@ -25,12 +25,11 @@ import numpy as np
 import pandas as pd
 
 from thermab.analysis.metrics import CPU_SENSOR, each_window, window_rows
-from thermab.analysis.model import Telemetry, as_telemetry
+from thermab.analysis.model import Sources, Telemetry, as_telemetry
 from thermab.telemetry.server_metrics import EVENT_MEANS
 
 COLUMNS = ["host", "source", "interval_s", "expected", "got", "largest_gap_s"]
 ALWAYS = ("thermal", "cpu")  # a host reports these unless the run says it has no zones
-Sources = Mapping[str, Mapping[str, Mapping[str, str]]]  # host → kind → sensor → its source (model.read_sources)
 
 
 def _median_spacing(times: list[np.ndarray]) -> float:

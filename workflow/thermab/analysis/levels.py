@@ -33,7 +33,7 @@ def of_run(config: Plan) -> list[Level | None]:
     """The levels of a run's plan in the order an odd repeat runs them (ascending by users,
     levels of equal users in the list's order); ``[None]`` for a plan without users (an
     imported run), whose every window is its one level."""
-    if USERS not in config:
+    if config.users is None:
         return [None]
     return list(load_levels.ascending(_parsed(config)))
 
@@ -41,7 +41,7 @@ def of_run(config: Plan) -> list[Level | None]:
 def single_level(config: Plan) -> Level | None:
     """The one level of a plan whose users is a number (what a load mark without a level,
     written before levels, was run at); None for a run of levels or a plan without users."""
-    return _parsed(config)[0] if USERS in config and isinstance(config.users, int) else None
+    return _parsed(config)[0] if isinstance(config.users, int) else None
 
 
 def labels(frame: pd.DataFrame, config: Plan, fallback: str) -> pd.Series:

@@ -121,18 +121,17 @@ def derived_reports(
         load, probes = rows[rows["kind"] == "load"], rows[rows["kind"] == "probe"]
         ok_tokens = load.loc[load["ok"], "completion_tokens"].dropna()
         # a plan's facts where it has them (an imported plan may not), else what the rows show
-        users = plan.users if "users" in plan and isinstance(plan.users, int) else int(load["user"].nunique())
-        if "max_tokens" in plan:
-            max_tokens: int | None = plan.max_tokens
-        else:
+        users = plan.users if isinstance(plan.users, int) else int(load["user"].nunique())
+        max_tokens = plan.max_tokens
+        if max_tokens is None:
             max_tokens = int(ok_tokens.max()) if len(ok_tokens) else None
         report = validity_report(
             rows.reset_index(drop=True),
             (window.load_start, window.load_end),
             users=users,
             max_tokens=max_tokens,
-            prompt_tokens=plan.prompt_tokens if "prompt_tokens" in plan else None,
-            probe_n=plan.probe_n if "probe_n" in plan else len(probes),
+            prompt_tokens=plan.prompt_tokens,
+            probe_n=len(probes) if plan.probe_n is None else plan.probe_n,
             stall_gap_s=plan.stall_gap_s,
             shape=Shape(users, **run_shape(plan)),
         )
@@ -150,7 +149,7 @@ def derived_reports(
         reports[(window.order, window.rep, window.arm)] = {
             **report,
             "warnings": [DERIVED, *report["warnings"]],
-            "duration_s": plan.load_s if "load_s" in plan else None,
+            "duration_s": plan.load_s,
             "aborted": aborted,
         }
     return reports

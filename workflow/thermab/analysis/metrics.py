@@ -141,10 +141,15 @@ def window_rows(t: np.ndarray, windows: pd.DataFrame) -> tuple[np.ndarray, np.nd
 
 
 def series_in_windows(
-    telemetry: Telemetry | pd.DataFrame, windows: pd.DataFrame, **selection: str | None
+    telemetry: Telemetry | pd.DataFrame,
+    windows: pd.DataFrame,
+    *,
+    kind: str | None = None,
+    sensor: str | None = None,
+    host: str | None = None,
 ) -> Iterator[tuple[dict[str, str], pd.DataFrame]]:
     """Each series of ``telemetry`` (a model.Telemetry or the tidy frame) that matches
-    ``selection`` (kind, sensor, host) with its samples inside the load windows: ({host,
+    ``kind``, ``sensor`` and ``host`` (those given) with its samples inside the load windows: ({host,
     kind, sensor}, frame of phase, t, t_rel, value), phase = the window's position in
     ``windows`` and t_rel = t − load_start; in window order, then time order.
 
@@ -152,7 +157,7 @@ def series_in_windows(
     series, and keeps of them only what is inside the windows, one series at a time."""
     telemetry = as_telemetry(telemetry)
     load_start = windows["load_start"].to_numpy("float64")
-    for key, arrays in telemetry.series(**selection):
+    for key, arrays in telemetry.series(kind, sensor, host):
         starts, stops = window_rows(arrays["t"], windows)
         phase = np.repeat(np.arange(len(windows)), stops - starts)
         rows = (

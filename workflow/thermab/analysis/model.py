@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator, Mapping
+import typing
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -19,8 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from thermab.config import Arm, Question, check_file, read_bounded, top_level_defaults
-from thermab.config.view import Analysis
-from thermab.contracts import REQUEST_COLUMNS, REQUIRED_REQUEST_COLUMNS, PhaseValidity, validity_key
+from thermab.config.view import Analysis as AnalysisSettings
+from thermab.contracts import REQUEST_COLUMNS, REQUIRED_REQUEST_COLUMNS, PhaseValidity, WindowKey, validity_key
 from thermab.errors import UserError
 from thermab.experiment import events as events_file, plan
 from thermab.jsonl import MAX_JSONL_BYTES
@@ -30,10 +32,12 @@ from thermab.telemetry.ingest import SERIES_KEYS, TELEMETRY_COLUMNS
 INDEX_COLUMNS = SERIES_KEYS + ["rows", "t_min", "t_max", "where"]
 MAX_JSON_BYTES = 64 * 2**20  # run.json, validity.json: a larger one is not thermab's
 MAX_PARQUET_BYTES = 64 * 2**30  # read by row group and column, never whole: a bound on what a run can be
+# host → kind → sensor → the agent source it came from (tidy/ingest.json's ``sources``)
+Sources = Mapping[str, Mapping[str, Mapping[str, str]]]
 TELEMETRY_DTYPES = {"t": "float64", "value": "float64", "host": "string", "kind": "string", "sensor": "string"}
 
 
-def _dtype_kind(dtype) -> str:
+def _dtype_kind(dtype: np.dtype[Any] | pd.api.extensions.ExtensionDtype) -> str:
     if pd.api.types.is_bool_dtype(dtype):
         return "bool"
     if pd.api.types.is_numeric_dtype(dtype):
@@ -43,7 +47,7 @@ def _dtype_kind(dtype) -> str:
     return str(dtype)
 
 
-def check_columns(path, frame: pd.DataFrame, dtypes: dict[str, str], required) -> None:
+def check_columns(path: Path, frame: pd.DataFrame, dtypes: Mapping[str, str], required: Iterable[str]) -> None:
     """A parquet file another tool wrote: the ``required`` columns there, and every known
     column of the kind docs/design.md gives it (times and values numbers, not timestamps
     or text), or a UserError naming the file and the column."""
@@ -77,12 +81,13 @@ class Telemetry:
     and last t, and ``where`` (its row groups, or its rows in the sorted frame).
     """
 
-    def __init__(self, index: pd.DataFrame, read: Callable[[object, list[str]], dict[str, np.ndarray]]):
+    # ``read(where, columns)``: ``where`` as the index holds it (row groups, or rows of a sorted frame)
+    def __init__(self, index: pd.DataFrame, read: Callable[[Any, list[str]], dict[str, np.ndarray]]) -> None:
         self.index = index.reindex(columns=INDEX_COLUMNS)
         self._read = read
 
     @classmethod
-    def open(cls, path) -> Telemetry:
+    def open(cls, path: Path) -> Telemetry:
         check_file(path, MAX_PARQUET_BYTES)
         # opened once, footer and row groups read through one handle: a file replaced meanwhile
         # (another ingest) is never read as this one's footer over another's bytes
@@ -116,7 +121,7 @@ class Telemetry:
             rows=stops - starts,
             t_min=t[starts],
             t_max=t[stops - 1],
-            where=[slice(a, b) for a, b in zip(starts, stops, strict=False)],
+            where=pd.Series([slice(a, b) for a, b in zip(starts, stops, strict=False)], index.index, dtype=object),
         )
         columns = {"t": t, "value": value}
         return cls(index, lambda where, names: {name: columns[name][where] for name in names})
@@ -130,8 +135,12 @@ class Telemetry:
         return index
 
     def series(
-        self, kind: str | None = None, sensor: str | None = None, host: str | None = None, columns=("t", "value")
-    ) -> Iterator[tuple[dict, dict[str, np.ndarray]]]:
+        self,
+        kind: str | None = None,
+        sensor: str | None = None,
+        host: str | None = None,
+        columns: Sequence[str] = ("t", "value"),
+    ) -> Iterator[tuple[dict[str, str], dict[str, np.ndarray]]]:
         """Each matching series as ({host, kind, sensor}, {column: array}), in (host, kind,
         sensor) order, its samples in time order (stably: equal times keep the file's order).
         A sample whose time or value is not a finite number (NaN, ±inf in a file ingest did not
@@ -168,18 +177,18 @@ class Telemetry:
         return float(self.index["t_max"].max()) if len(self.index) else np.nan
 
 
-def as_telemetry(telemetry) -> Telemetry:
+def as_telemetry(telemetry: Telemetry | pd.DataFrame) -> Telemetry:
     """A Telemetry, from one or from a tidy frame (tests and small runs pass frames)."""
     return telemetry if isinstance(telemetry, Telemetry) else Telemetry.from_frame(telemetry)
 
 
-def _row_group_index(metadata) -> pd.DataFrame | None:
+def _row_group_index(metadata: pq.FileMetaData) -> pd.DataFrame | None:
     """Series → row groups from the footer's statistics; None when a row group holds more
     than one series or lacks statistics."""
     names = [metadata.schema.column(i).name for i in range(metadata.num_columns)]
     if not set(TELEMETRY_COLUMNS) <= set(names):
         return None
-    rows = {}
+    rows: dict[tuple[str, ...], list[Any]] = {}  # series → [rows, t_min, t_max, row groups]
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
         if row_group.num_rows == 0:
@@ -210,7 +219,9 @@ def _sorted_categories(values: pd.Series) -> pd.Categorical:
     return categorical.reorder_categories(categorical.categories.sort_values())
 
 
-def _read_row_groups(path, parquet, row_groups: tuple[int, ...], columns: list[str]) -> dict[str, np.ndarray]:
+def _read_row_groups(
+    path: Path, parquet: pq.ParquetFile, row_groups: tuple[int, ...], columns: list[str]
+) -> dict[str, np.ndarray]:
     """A damaged page (its footer intact) is found only here: one line naming the file."""
     try:
         table = parquet.read_row_groups(list(row_groups), columns=columns)
@@ -223,8 +234,40 @@ def _read_row_groups(path, parquet, row_groups: tuple[int, ...], columns: list[s
 # as the config's defaults run one: a fixed number of repeats
 STUDY_DESIGN = top_level_defaults("until", "max_repeats", "budget_hours")
 
+# What each of run.json's facts that an older, imported or inferred run may lack reads as
+# where it is absent: None (not recorded), an empty tuple (none), or what a run recorded
+# before the key existed ran at.  Read through the attribute, never put into the plan, so a
+# plan thawed or copied holds the keys its run.json held and no more.
+UNRECORDED: Mapping[str, object] = MappingProxyType(
+    {
+        "time_scale": 1.0,
+        "trip_point_c": None,
+        "users": None,
+        "rate": None,
+        "burstiness": None,
+        "think_s": None,
+        "load_level": None,
+        "max_tokens": None,
+        "prompt_tokens": None,
+        "probe_n": None,
+        "load_s": None,
+        "idle_s": None,
+        "wakeup_gaps_s": None,
+        "slo": None,
+        "sample_intervals_s": None,
+        "hosts_without_zones": (),
+        "configfiles": None,
+        "cores": None,
+        "overrides": None,
+        "model": None,
+        "inferred": False,
+        "imported_from": None,
+        "epoch_s": None,
+    }
+)
 
-class Plan(Analysis):  # the analysis settings at its top level, as run.json holds them
+
+class Plan(AnalysisSettings):  # the analysis settings at its top level, as run.json holds them
     """A run's plan as the analysis reads it, typed and read-only as the config's view is
     (``plan.head``, ``plan.arms["A"].label``; ``thaw`` gives the dict back).
 
@@ -233,10 +276,21 @@ class Plan(Analysis):  # the analysis settings at its top level, as run.json hol
     possibly written by an older thermab or another tool, and for a run without run.json
     inferred.  ``_check_plan`` and ``inferred_plan`` fill it through ``plan.run_plan``, so
     the keys down to ``questions`` are always there, and the study's design after them
-    (``STUDY_DESIGN``: the config's defaults where run.json has none); the rest are facts
-    an older, imported or inferred run lacks, asked with ``in`` or ``get`` as their absence
-    means something (no ``users``: the run is its one level; no ``trip_point_c``: no line
-    drawn)."""
+    (``STUDY_DESIGN``: the config's defaults where run.json has none).
+
+    The rest are optional: facts an older, imported or inferred run lacks.  Each reads as
+    ``UNRECORDED`` gives where run.json has none, and that absence means something:
+    ``users`` None, the run is its one level, of users the requests show; ``max_tokens``,
+    ``prompt_tokens``, ``probe_n``, ``load_s`` None, what the requests show or nothing;
+    ``trip_point_c`` None, no line drawn; ``slo`` None, no goodput; ``sample_intervals_s``
+    None, the intervals as measured; ``hosts_without_zones`` empty, every host has zones;
+    ``configfiles`` None, the command that continues the run says to add them (an empty
+    tuple: it was started with the default config); ``cores`` None, a count of cores
+    assumed; ``overrides`` None, no --config entry; ``time_scale`` 1, each second of the
+    run one of the study; ``inferred`` False, run.json was there; ``load_level`` None, the
+    whole run's plan, not one level's (``levels.plan_at``); ``model`` None, preflight's
+    endpoint names it; the others None, not recorded.  ``in`` and ``get`` still answer what
+    run.json holds."""
 
     cluster: str
     order: str
@@ -252,28 +306,37 @@ class Plan(Analysis):  # the analysis settings at its top level, as run.json hol
     budget_hours: float | None
     time_scale: float
     trip_point_c: float | None
-    users: int | tuple[int | Mapping[str, float], ...]  # a level's plan (levels.plan_at): its users
+    users: int | tuple[int | Mapping[str, float], ...] | None  # a level's plan (levels.plan_at): its users
     rate: float | None
-    burstiness: float
+    burstiness: float | None
     think_s: float | None
-    load_level: str  # a level's plan: its label
-    max_tokens: int
-    prompt_tokens: int
-    probe_n: int
-    load_s: int
-    idle_s: float
+    load_level: str | None  # a level's plan: its label
+    max_tokens: int | None
+    prompt_tokens: int | None
+    probe_n: int | None  # 0: the run had no probe
+    load_s: int | None
+    idle_s: float | None
     wakeup_gaps_s: tuple[float, ...] | None
-    slo: Mapping[str, float] | None  # load.slo (goodput's bounds in ms); an older run has none
-    sample_intervals_s: Mapping[str, float]
+    slo: Mapping[str, float] | None  # load.slo (goodput's bounds in ms)
+    sample_intervals_s: Mapping[str, float] | None
     hosts_without_zones: tuple[str, ...]
-    configfiles: tuple[str, ...]  # how Snakemake was started on the run (plan.invocation)
+    configfiles: tuple[str, ...] | None  # how Snakemake was started on the run (plan.invocation)
     cores: int | None
+    overrides: Mapping[str, str] | None
+    model: str | None  # another tool's run.json may name it; thermab's preflight.json does
     inferred: bool
-    imported_from: str
-    epoch_s: float
+    imported_from: str | None
+    epoch_s: float | None
 
     def __init__(self, values: Mapping[str, Any]) -> None:
         super().__init__({**STUDY_DESIGN, **values})
+
+    if not typing.TYPE_CHECKING:  # hidden as Section's is, so a name no annotation gives stays a type error
+
+        def __getattr__(self, name: str) -> Any:
+            if name in UNRECORDED and name not in self:
+                return UNRECORDED[name]
+            return super().__getattr__(name)
 
 
 @dataclass(frozen=True)
@@ -283,11 +346,12 @@ class RunData:
     events: pd.DataFrame
     telemetry: Telemetry
     requests: pd.DataFrame | None  # None when the run has no request data (imported runs)
-    validity: dict  # (order, rep, arm, users, load_level) → the window's validity.json (levels.at_level:
-    # one level's, by (order, rep, arm)); empty for imported runs
-    # host → kind → sensor → the agent source it came from (tidy/ingest.json); empty for a run
-    # ingested before it was kept, or imported: each kind is then one source
-    sources: dict = field(default_factory=dict)
+    # (order, rep, arm, users, load_level) → the window's validity.json (levels.at_level: one
+    # level's, by (order, rep, arm)); empty for imported runs
+    validity: dict[tuple[Any, ...], PhaseValidity]
+    # the agent source of each series (tidy/ingest.json); empty for a run ingested before it
+    # was kept, or imported: each kind is then one source
+    sources: Sources = field(default_factory=dict)
 
 
 def read_events(path: Path) -> pd.DataFrame:
@@ -298,7 +362,7 @@ def read_events(path: Path) -> pd.DataFrame:
     return events.sort_values("t", kind="stable", ignore_index=True)
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(read_bounded(path, MAX_JSON_BYTES).decode("utf-8"))
     except RecursionError:
@@ -317,15 +381,15 @@ def _unreadable(path: Path, error: Exception) -> UserError:
     return UserError(f"{path}: cannot read as parquet: {' '.join(str(error).split())[:200]}")
 
 
-def _read_parquet(path: Path, **options) -> pd.DataFrame:
+def _read_parquet(path: Path) -> pd.DataFrame:
     check_file(path, MAX_PARQUET_BYTES)
     try:
-        return pd.read_parquet(path, **options)
+        return pd.read_parquet(path)
     except PARQUET_ERRORS as error:
         raise _unreadable(path, error) from None
 
 
-def inferred_plan(path: Path, events: pd.DataFrame, telemetry: Telemetry) -> dict:
+def inferred_plan(path: Path, events: pd.DataFrame, telemetry: Telemetry) -> dict[str, Any]:
     """The plan of a run directory that has no run.json, as docs/design.md allows: the
     arms are the letters of its phases in events.jsonl (each its own label, the first the
     reference), the hosts those of its telemetry (the head the first by name), the
@@ -348,7 +412,7 @@ def inferred_plan(path: Path, events: pd.DataFrame, telemetry: Telemetry) -> dic
     )
 
 
-def _check_plan(path: Path, written: dict) -> dict:
+def _check_plan(path: Path, written: dict[str, Any]) -> dict[str, Any]:
     """What the analysis needs of a run.json (``written``, as read), with the defaults for
     what an older one lacks; a value the config's checks refuse is a UserError naming the
     file and key."""
@@ -370,7 +434,7 @@ def _check_plan(path: Path, written: dict) -> dict:
     )
 
 
-def run_directory(run_dir) -> Path:
+def run_directory(run_dir: str | Path) -> Path:
     """``run_dir`` as a Path, or a UserError naming it where it is no directory (missing, a
     file, a link that loops or dangles)."""
     path = Path(run_dir)
@@ -379,7 +443,7 @@ def run_directory(run_dir) -> Path:
     return path
 
 
-def load_run(run_dir, analysis: dict | None = None) -> RunData:
+def load_run(run_dir: str | Path, analysis: dict[str, Any] | None = None) -> RunData:
     """A run directory as the analysis reads it; what is wrong with it is a UserError
     naming the file.  Without run.json the plan is inferred (``inferred_plan``).
     ``analysis``: settings that replace the plan's (the workflow's current config, through
@@ -410,24 +474,24 @@ def load_run(run_dir, analysis: dict | None = None) -> RunData:
     return RunData(path, Plan(config), events, telemetry, requests, read_validity(path), sources)
 
 
-def read_plan(path: Path, analysis: dict | None = None) -> Plan:
+def read_plan(path: Path, analysis: dict[str, Any] | None = None) -> Plan:
     """A run.json as the analysis reads it, checked: what is wrong is a UserError naming the
     file and key.  ``analysis``: settings that replace the plan's, as ``load_run``'s."""
     return Plan({**_check_plan(path, _read_json(path)), **plan.reanalysis(analysis or {})})
 
 
-def read_preflight(path: Path) -> dict | None:
+def read_preflight(path: Path) -> dict[str, Any] | None:
     """preflight.json as read (host facts, endpoint), None where the run has none (imported)."""
     return _read_json(path) if path.exists() else None
 
 
-def read_sources(path: Path) -> dict:
+def read_sources(path: Path) -> Sources:
     """The agent source of each series (``sources`` of tidy/ingest.json: host → kind →
     sensor → source), {} where the file or the key is absent; any other shape is a
     UserError naming the file."""
     if not path.exists():
         return {}
-    sources = _read_json(path).get("sources", {})
+    sources: Sources = _read_json(path).get("sources", {})
     if not (
         isinstance(sources, dict)
         and all(
@@ -444,33 +508,36 @@ def read_sources(path: Path) -> dict:
     return sources
 
 
-def read_validity(path: Path) -> dict[tuple, PhaseValidity]:
+def read_validity(path: Path) -> dict[WindowKey, PhaseValidity]:
     """Each window's validity.json by (order, rep, arm, users, load_level), either None where
     the report has none (analysis.levels.at_level gives one level's by (order, rep, arm)).  The load stage
     writes it even for a load that was aborted; tidy/requests.parquet waits for every phase,
     so when the analysis runs they are all there."""
-    reports = {}
+    reports: dict[WindowKey, PhaseValidity] = {}
     for report_path in sorted(path.glob(str(RunDir(path).phase("*").validity.relative_to(path)))):
         report = _read_json(report_path)
-        reports[validity_key(report, report_path)] = report
+        # the contract the load wrote it by (contracts.write_validity); the window's key checked
+        reports[validity_key(report, report_path)] = typing.cast(PhaseValidity, report)
     return reports
 
 
-def read_latency(path: Path) -> dict[tuple, dict]:
+def read_latency(path: Path) -> dict[WindowKey, dict[str, Any]]:
     """Each window's latency.json (load/latency.py: its ITL sketch) by the key of
     ``read_validity``; none where the load wrote none (an imported run, an older one)."""
-    reports = {}
+    reports: dict[WindowKey, dict[str, Any]] = {}
     for report_path in sorted(path.glob(str(RunDir(path).phase("*").latency.relative_to(path)))):
         report = _read_json(report_path)
         reports[validity_key(report, report_path)] = report
     return reports
 
 
-def distinct_runs(run_dirs) -> tuple[list[Path], list[tuple[Path, Path]]]:
+def distinct_runs(run_dirs: Iterable[str | Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
     """Each run once: the run directories given, without any that is the same run as one
     before it (the same directory by another name, link or glob, or a copy of it: two runs
     never share every event's time); returns them and the (dropped, same as) pairs."""
-    kept, dropped, seen = [], [], {}
+    kept: list[Path] = []
+    dropped: list[tuple[Path, Path]] = []
+    seen: dict[str, Path] = {}
     for run_dir in map(run_directory, run_dirs):
         events = RunDir(run_dir).events
         data = read_bounded(events, MAX_JSONL_BYTES) if events.is_file() else b""
@@ -483,7 +550,7 @@ def distinct_runs(run_dirs) -> tuple[list[Path], list[tuple[Path, Path]]]:
     return kept, dropped
 
 
-def sibling_runs(run_dir) -> list[Path]:
+def sibling_runs(run_dir: str | Path) -> list[Path]:
     """Other run directories next to ``run_dir`` with the same cluster in their run.json."""
     path = Path(run_dir).resolve()
     run_json = RunDir(path).run_json
@@ -508,7 +575,7 @@ class Analysis:
     sources: list[str]  # every run directory pooled for the comparison
     tables: dict[str, pd.DataFrame]  # windows, the four phase tables, variance
     pooled: pd.DataFrame  # per-phase metrics of all pooled runs (metrics.phase_metrics)
-    best: dict | None  # stats.best_setting for sweeps of more than two arms
+    best: dict[str, Any] | None  # stats.best_setting for sweeps of more than two arms
     # what would decide the open questions (planning.study_plan: its timings and plan_rows),
     # None for a run of levels or without questions (``thermab plan`` plans those)
     open_plan: tuple[Any, pd.DataFrame] | None = None

@@ -118,7 +118,7 @@ def study_plan(
     from thermab.analysis import speed, stats
 
     config = run.plan
-    scale = time_scale if time_scale is not None else float(config.get("time_scale", 1.0))
+    scale = time_scale if time_scale is not None else float(config.time_scale)
     timings = measured_timings(run.events, scale)
     se = performance["output_tok_s_se"].dropna()
     within = {OUTPUT_THROUGHPUT: float(np.sqrt(np.mean(se**2)))} if len(se) else {}
@@ -177,10 +177,10 @@ def decide_command(answers: pd.DataFrame, plan: Plan) -> str:
     it was started with (run.json's ``configfiles``, ``cores`` and ``overrides``), its order,
     and ``decide_repeats``.  It resumes from the phases on disk.  Every command a run prints
     that continues it is this one."""
-    cores = plan.get("cores") or UNRECORDED_CORES
-    files = plan.get("configfiles") or ()
+    cores = plan.cores or UNRECORDED_CORES
+    files = plan.configfiles or ()
     words = ["snakemake", "--cores", str(cores), "all", *(["--configfile", *files] if files else [])]
-    words += ["--config", *experiment_plan.continuation_entries(plan)]
+    words += ["--config", *experiment_plan.continuation_entries(plan.overrides)]
     if plan.order != "AB":
         words.append(f"order={plan.order}")
     words += ["until=decided", f"max_repeats={decide_repeats(answers, plan)}"]

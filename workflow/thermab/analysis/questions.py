@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 
@@ -81,13 +83,13 @@ def resolve_metric(metric: str, plan: Plan) -> str:
     return metric
 
 
-def gain_sign(question: dict) -> int:
+def gain_sign(question: Mapping[str, Any]) -> int:
     """+1 where a larger value (arm − reference) is what the question hopes for, −1 where a smaller."""
     wanted = question.get("better") if question["kind"] == "non_inferior" else question["kind"]
     return 1 if wanted == "higher" else -1
 
 
-def better(question: dict) -> str:
+def better(question: Mapping[str, Any]) -> str:
     """The way the question hopes the arm moves the metric (questions.csv's ``better``):
     ``higher`` or ``lower``; "" for equivalence, which hopes for neither."""
     if question["kind"] == "equivalent":
@@ -95,11 +97,11 @@ def better(question: dict) -> str:
     return "higher" if gain_sign(question) > 0 else "lower"
 
 
-def margin_in_unit(question: dict, ref: dict) -> float:
+def margin_in_unit(question: Mapping[str, Any], ref: stats.Description) -> float:
     """The question's margin (or ``by``) in the metric's unit; NaN where it is in % of a
     reference mean that cannot be told from zero."""
     if "margin_pct" in question:
-        return question["margin_pct"] / abs(stats.per_cent_of(ref))
+        return float(question["margin_pct"]) / abs(stats.per_cent_of(ref))
     return float(question.get("margin", question.get("by", 0.0)))
 
 
@@ -115,7 +117,7 @@ def interval(estimate: float, se: float, df: float, alpha: float) -> tuple[float
     return float(low), float(high)
 
 
-def effect_interval(effect: dict, alpha: float) -> tuple[float, float]:
+def effect_interval(effect: Mapping[str, Any], alpha: float) -> tuple[float, float]:
     """The 1 − 2α interval of an arm effect (``stats.arm_effects``)."""
     return interval(effect["diff"], effect["se"], effect["df"], alpha)
 
@@ -136,7 +138,7 @@ def verdict(kind: str, sign: int, margin: float, low: float, high: float) -> str
     return NO if gain_high < bound else UNDECIDED
 
 
-def decisive_bounds(question: dict, margin: float) -> list[float]:
+def decisive_bounds(question: Mapping[str, Any], margin: float) -> list[float]:
     """Where the interval of (arm − reference) must lie beyond for a ``yes``: the margin
     lines of the forest plot."""
     if question["kind"] == "equivalent":
@@ -174,13 +176,13 @@ def phases_needed(distance: float, sd: float, alpha: float = ALPHA, power: float
 
 
 def answer(
-    questions: list[dict],
-    effects: dict,
+    questions: Iterable[Mapping[str, Any]],
+    effects: Mapping[tuple[str, str], Mapping[str, Any]],
     plan: Plan,
     *,
     alpha: float = ALPHA,
-    withheld: dict | None = None,
-    balance: dict | None = None,
+    withheld: Mapping[tuple[str, str], str] | None = None,
+    balance: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
     """questions.csv: one row per question and non-reference arm.  ``effects`` is
     ``stats.arm_effects``; ``withheld`` maps (metric, arm) to why a ``yes`` may not be
@@ -190,7 +192,7 @@ def answer(
     reference = plan.reference_arm
     arms = [arm for arm in plan.arms if arm != reference]
     withheld, balance = withheld or {}, balance or {}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for question in questions:
         metric = resolve_metric(question["metric"], plan)
         for arm in arms:
@@ -220,7 +222,9 @@ def answer(
     return pd.DataFrame(rows).reindex(columns=QUESTION_COLUMNS)
 
 
-def _tested(question: dict, effect: dict, alpha: float, withheld: str | None) -> dict:
+def _tested(
+    question: Mapping[str, Any], effect: Mapping[str, Any], alpha: float, withheld: str | None
+) -> dict[str, Any]:
     kind, sign = question["kind"], gain_sign(question)
     margin = margin_in_unit(question, effect["ref"])
     low, high = effect_interval(effect, alpha)
@@ -265,21 +269,22 @@ def _tested(question: dict, effect: dict, alpha: float, withheld: str | None) ->
     }
 
 
-def withheld_yes(pooled: pd.DataFrame, start_balance: dict | None = None) -> dict:
+def withheld_yes(pooled: pd.DataFrame, start_balance: Mapping[str, str] | None = None) -> dict[tuple[str, str], str]:
     """(metric, arm) → why a ``yes`` is withheld: a phase of the arm or the reference whose
     load was short (``load_valid`` False), or for a metric in °C unbalanced starts
     (``start_balance``: arm → reason, the reference's own reason applies to every arm)."""
     start_balance = start_balance or {}
-    reasons = {}
+    reasons: dict[tuple[str, str], str] = {}
     short = pooled[pooled["load_valid"].eq(False)] if "load_valid" in pooled else pooled.iloc[:0]
     for metric, data in pooled.groupby("metric", sort=False):
         for arm in pd.unique(data["arm"]):
             why = []
             bad = short[(short["metric"] == metric)]
             if not bad.empty:
-                why.append("short load in " + ", ".join(f"rep{int(r.rep)}-{r.arm}" for r in bad.itertuples()))
+                phases = zip(bad["rep"], bad["arm"], strict=True)
+                why.append("short load in " + ", ".join(f"rep{int(rep)}-{short_arm}" for rep, short_arm in phases))
             if data["unit"].iloc[0] == THERMAL_UNIT and arm in start_balance:
                 why.append(start_balance[arm])
             if why:
-                reasons[(metric, arm)] = "; ".join(why)
+                reasons[(str(metric), str(arm))] = "; ".join(why)
     return reasons

@@ -367,11 +367,11 @@ def override_text(value) -> str:
     return str(value)
 
 
-def continuation_entries(plan) -> list[str]:
-    """The --config entries of the run's own invocation that the command continuing it
-    repeats: all but the ones that command sets (``CONTINUATION_KEYS``)."""
-    overrides = plan.get("overrides") or {}
-    return [f"{key}={text}" for key, text in overrides.items() if key not in CONTINUATION_KEYS]
+def continuation_entries(overrides: Mapping[str, str] | None) -> list[str]:
+    """The --config entries of the run's own invocation (run.json's ``overrides``, None where
+    it has none) that the command continuing it repeats: all but the ones that command sets
+    (``CONTINUATION_KEYS``)."""
+    return [f"{key}={text}" for key, text in (overrides or {}).items() if key not in CONTINUATION_KEYS]
 
 
 def _printable(text) -> bool:

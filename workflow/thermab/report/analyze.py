@@ -107,7 +107,7 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
         ),
         "speed": speed.phase_speed(run.telemetry, windows, run.plan.head),
         "latency": latency_table.latency_table(
-            run.requests, windows, latency_table.sketches(read_latency(run.path), run.requests), run.plan.get("slo")
+            run.requests, windows, latency_table.sketches(read_latency(run.path), run.requests), run.plan.slo
         ),
     }
     # energy.csv keeps docs/design.md's columns exactly; a short phase's energy rows are
@@ -160,7 +160,7 @@ def _check_poolable(runs: list[RunData]) -> None:
     first = runs[0].plan
     for run in runs[1:]:
         for key in ("cluster", "arms", "reference_arm"):
-            if run.plan.get(key) != first.get(key):
+            if getattr(run.plan, key) != getattr(first, key):
                 raise UserError(f"cannot pool {run.path} with {runs[0].path}: {key} differs")
 
 
@@ -380,8 +380,8 @@ def _summary(result: Analysis, tables: dict[str, pd.DataFrame], config: Plan) ->
             telemetry,
             tables["windows"],
             ordered_hosts(config),
-            config.get("sample_intervals_s"),
-            config.get("hosts_without_zones", []),
+            config.sample_intervals_s,
+            config.hosts_without_zones,
             result.run.sources,
         ),
         open_plan=_open_plan_words(result, tables, config),

@@ -48,7 +48,7 @@ def simulated_note(preflight: dict | None) -> list[str]:
 def _level(row, plan: Plan) -> str | None:
     """The load level (its label) of a row of a run of levels, None in a run of one."""
     label = getattr(row, levels.LEVEL, None)
-    if not isinstance(plan.get("users"), tuple) or label is None or pd.isna(label):
+    if not isinstance(plan.users, tuple) or label is None or pd.isna(label):
         return None
     return str(label)
 
@@ -58,7 +58,7 @@ def load_shape(plan: Plan) -> str:
     every = levels.of_run(plan)
     if every == [None]:
         return "a load whose users run.json does not name"
-    if isinstance(plan.get("users"), tuple):
+    if isinstance(plan.users, tuple):
         return "levels of load, one window each after each restart: " + "; ".join(one.label for one in every)
     one = every[0]
     if one.kind == CLOSED:
@@ -115,10 +115,10 @@ def _design(plan: Plan, windows: pd.DataFrame, asked_s: pd.Series | None = None)
         )
     design = "until decided" if plan.until == "decided" else "a fixed number of repeats"
     load = (
-        f"{load_shape(plan)}, prompts of {plan.get('prompt_tokens', '?')}"
-        f" tokens, {plan.get('max_tokens', '?')} output tokens each"
+        f"{load_shape(plan)}, prompts of {'?' if plan.prompt_tokens is None else plan.prompt_tokens}"
+        f" tokens, {'?' if plan.max_tokens is None else plan.max_tokens} output tokens each"
     )
-    if plan.get("probe_n"):
+    if plan.probe_n:
         load += f", {plan.probe_n} single-stream probes per phase"
     return [
         "### Design",
@@ -202,7 +202,7 @@ def _environment(plan: Plan, preflight: dict | None, events: pd.DataFrame, sourc
         )
     lines.append(markdown_table(pd.DataFrame(rows)))
     endpoint = preflight.get("endpoint") or {}
-    model = plan.get("model") or endpoint.get("model")
+    model = plan.model or endpoint.get("model")
     served = _served_models(events)
     if model:
         model = md_text(model)

@@ -17,7 +17,7 @@ from thermab.markup import md_text
 def decide_cost(answers: pd.DataFrame, plan: Plan, events: pd.DataFrame | None) -> str:
     """What the command that decides would cost: the whole study's cluster-hours at this
     run's measured phase jobs, × its time scale; "" where no job was measured."""
-    timings = None if events is None else planning.measured_timings(events, float(plan.get("time_scale", 1.0)))
+    timings = None if events is None else planning.measured_timings(events, float(plan.time_scale))
     if timings is None:
         return ""
     hours = timings.hours(planning.decide_repeats(answers, plan), len(plan.arms))
@@ -31,7 +31,7 @@ def decide_call(answers: pd.DataFrame, plan: Plan, events: pd.DataFrame | None) 
     """The command that decides, in backticks, with its cost; where run.json does not record
     the config files the run was started with, the reader is told to add them."""
     unrecorded = (
-        "" if "configfiles" in plan else " (add the `--configfile` the run was made with: run.json does not say)"
+        "" if plan.configfiles is not None else " (add the `--configfile` the run was made with: run.json does not say)"
     )
     return f"`{planning.decide_command(answers, plan)}`{decide_cost(answers, plan, events)}{unrecorded}"
 

@@ -82,7 +82,7 @@ def render_figures(result: Analysis) -> list[Path]:
     # layout.figures names them from run.json as the report rule does from the config: the
     # wake-up figure where the run made probes, a sweep's dose response
     plan = result.run.plan
-    named = layout.figures(len(set(plan.order)), wakeup=bool(plan.get("wakeup_gaps_s")))
+    named = layout.figures(len(set(plan.order)), wakeup=bool(plan.wakeup_gaps_s))
     if set(layout.WAKEUP_FIGURES) <= set(named):
         written.append(wakeup_png(result.tables["wakeup"], plan, colors, out("wakeup.png")))
     if set(layout.SWEEP_FIGURES) <= set(named):
@@ -214,7 +214,7 @@ def _window_label(window, config: Plan) -> str:
 
 
 def _reference_lines(config: Plan) -> list[tuple[float, str, str]]:
-    lines = [(trip, f"trip point {trip:g} °C", "#67001f")] if (trip := config.get("trip_point_c")) else []
+    lines = [(trip, f"trip point {trip:g} °C", "#67001f")] if (trip := config.trip_point_c) else []
     return lines + [(c, f"{c:g} °C", "#555555") for c in config.reference_lines_c]
 
 

@@ -34,7 +34,7 @@ def panels(config: Plan) -> list[tuple[str, str, str]]:
         (names.CLUSTER_ENERGY_PER_TOKEN, "energy per token (cluster)", "J/token"),
         (names.TTFT_MEDIAN, "latency: TTFT median (load)", "s"),
         (names.OUTPUT_THROUGHPUT, names.OUTPUT_THROUGHPUT, "tok/s"),
-        *([(names.GOODPUT, "goodput: requests meeting load.slo", "%")] if config.get("slo") else []),
+        *([(names.GOODPUT, "goodput: requests meeting load.slo", "%")] if config.slo else []),
         (names.PROBE_DECODE_SPEED, "decode speed per stream (probe)", "tok/s"),
     ]
 
