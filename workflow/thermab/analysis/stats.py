@@ -371,7 +371,9 @@ def best_setting(
     visible to a user) nor lose throughput beyond variance (a "real" loss, or where the
     variance is unknown a loss larger than ``tolerance_pct`` %).  Returns
     {"arm", "label", "value", "mean", "excluded": {arm: reason}, "checked": [criteria]} or None
-    without temperature data."""
+    without temperature data; a reason is {"criterion": "stalls", "mean", "reference_mean"}
+    (the stall-gap counts) or {"criterion": "throughput", "diff_pct", "diff", "unit"} (the
+    loss), which the report puts in words."""
 
     def rows_of(metric):
         return variance[variance["metric"] == metric].set_index("arm")
@@ -382,16 +384,19 @@ def best_setting(
     excluded = {}
     for arm in temperature.index.drop(reference, errors="ignore"):
         if arm in stalls.index and reference in stalls.index and stalls.at[arm, "mean"] > stalls.at[reference, "mean"]:
-            excluded[arm] = (
-                f"more stall gaps than {reference} ({stalls.at[arm, 'mean']:.1f} vs {stalls.at[reference, 'mean']:.1f})"
-            )
+            excluded[arm] = {
+                "criterion": "stalls",
+                "mean": float(stalls.at[arm, "mean"]),
+                "reference_mean": float(stalls.at[reference, "mean"]),
+            }
         elif arm in throughput.index and _throughput_loss(throughput.loc[arm], tolerance_pct):
             loss = throughput.loc[arm]
-            excluded[arm] = "throughput loss " + (
-                f"{loss['diff_pct']:+.1f} %"
-                if not math.isnan(loss["diff_pct"])
-                else f"{loss['diff']:+.1f} {loss['unit']}"
-            )
+            excluded[arm] = {
+                "criterion": "throughput",
+                "diff_pct": float(loss["diff_pct"]),
+                "diff": float(loss["diff"]),
+                "unit": loss["unit"],
+            }
     candidates = temperature.drop(index=list(excluded))
     best = candidates["mean"].idxmin()
     return {
