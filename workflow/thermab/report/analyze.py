@@ -68,7 +68,7 @@ def in_words(result: Analysis) -> Analysis:
     tables["variance"] = _placed(
         variance.drop(columns=[speed.NOT_MEASURED], errors="ignore"), "verdict", verdicts, before="load_short"
     )
-    tables["questions"] = _answers_in_words(tables["questions"], tables["acceptance"], result.run.plan)
+    tables["questions"] = answers_in_words(tables["questions"], tables["acceptance"], result.run.plan)
     return dataclasses.replace(result, tables=tables)
 
 
@@ -78,7 +78,7 @@ def _placed(frame: pd.DataFrame, column: str, values, before: str) -> pd.DataFra
     return out
 
 
-def _answers_in_words(answers: pd.DataFrame, acceptance: pd.DataFrame, config: Plan) -> pd.DataFrame:
+def answers_in_words(answers: pd.DataFrame, acceptance: pd.DataFrame, config: Plan) -> pd.DataFrame:
     """questions.csv from the answers (``questions.ANSWER_COLUMNS``) and the acceptance check
     per arm (and level): the adjustment in words, and each answer on speed and energy per
     token with its arm's acceptance check in words."""
