@@ -12,6 +12,8 @@ from support.study_chart import CHART, STUDY_ARMS
 from support.synthetic_run import PHASE_S, write_synthetic_run
 from thermab.analysis import PHASE_TABLES, chart_import, model, run_analysis
 from thermab.analysis.completeness import completeness
+from thermab.analysis.questions import ANSWER_COLUMNS, QUESTION_COLUMNS
+from thermab.layout import RunDir
 from thermab.report import analyze, html_page, plots
 
 # published: (stock mean, patched mean, stock max, patched max); maxima of the worker not published
@@ -47,6 +49,27 @@ def test_study_zone_table_is_reproduced(study, host, sensor):
     if stock_max is not None:
         assert zones.at[("A", host, sensor), "max_c"] == pytest.approx(stock_max, abs=0.5)
         assert zones.at[("B", host, sensor), "max_c"] == pytest.approx(patched_max, abs=0.5)
+
+
+def test_the_numbers_hold_no_words_and_the_tables_users_read_do(study):
+    """analysis/ holds the numbers: variance without its verdicts, the answers without the
+    acceptance check in words and with the adjustment as a code. tables/*.csv, which the
+    report writes from them, have the word columns where questions.csv always had them, and
+    the numbers read back and put in words give the same verdicts."""
+    run_dir, tables = study
+    files = RunDir(run_dir)
+    variance, answers = (pd.read_parquet(files.frame(name)) for name in ("variance", "questions"))
+    assert "verdict" not in variance.columns and "load_short" in variance.columns
+    levels = ["users", "load_level"]
+    assert list(answers.columns) == ANSWER_COLUMNS + levels
+    assert list(pd.read_csv(files.table("questions")).columns) == QUESTION_COLUMNS + levels
+    written = pd.read_csv(files.table("variance"))
+    assert list(written.columns) == list(tables["variance"].columns)
+    assert written["verdict"].str.contains(" vs ").sum() == (written["reference"].notna()).sum() > 0
+    again = analyze.read_report(run_dir)
+    assert again.tables["variance"]["verdict"].tolist() == written["verdict"].tolist()
+    assert again.sample_intervals_s == run_analysis.compute(run_dir).sample_intervals_s != {}
+    assert list(again.tables["completeness"]["host"].unique()) == ["head", "worker"]
 
 
 def test_study_window_boundaries(study):
