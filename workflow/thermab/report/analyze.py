@@ -85,7 +85,7 @@ def answers_in_words(answers: pd.DataFrame, acceptance: pd.DataFrame, config: Pl
     leveled = levels.LEVEL in answers.columns and levels.LEVEL in acceptance.columns
 
     def key(arm, level):
-        return (arm, level) if leveled else arm
+        return (arm, None if pd.isna(level) else str(level)) if leveled else arm
 
     checks = {key(row["arm"], row.get(levels.LEVEL)): row for row in acceptance.to_dict("records")}
     balance, adjustment = [], []
