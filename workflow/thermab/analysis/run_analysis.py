@@ -224,9 +224,10 @@ def compute_level(runs: list[RunData], detect_pct: float = 5.0) -> tuple[dict, p
 
 
 def answer_questions(config: Plan, pooled: pd.DataFrame, validity: pd.DataFrame, alpha: float = questions.ALPHA):
-    """The answers (questions.csv's numbers) from the pooled per-phase metrics: a yes is withheld where a load fell
-    short or, for a temperature, where the arms' starts were not balanced; speed and energy
-    per token are answered adjusted for what each restart draws (``speed.adjusted_effects``).
+    """The answers (questions.csv's numbers) from the pooled per-phase metrics: a yes is
+    withheld where a load fell short or, for a temperature, where the arms' starts were not
+    balanced; speed and energy per token are answered adjusted for what each restart draws
+    (``speed.adjusted_effects``).
     Also the acceptance check per arm (``speed.balance_frame``), which the report puts in
     words in the answers' ``balance``."""
     unbalanced = washout.unbalanced(validity, config.reference_arm, config.start_balance_c)
