@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from thermab import jobs
-from thermab.report.analyze import read_numbers, write_evidence
+from thermab.report.analyze import read_report, write_evidence
 
 with jobs.logged(snakemake.log[0]):
-    write_evidence(read_numbers(Path(snakemake.input.run).parent, analysis=dict(snakemake.params.analysis)))
+    write_evidence(read_report(Path(snakemake.input.run).parent, analysis=dict(snakemake.params.analysis)))

@@ -4,8 +4,8 @@ from the numbers analyze wrote."""
 from pathlib import Path
 
 from thermab import jobs
+from thermab.analysis.run_analysis import read_numbers
 from thermab.report import provenance
-from thermab.report.analyze import read_numbers
 from thermab.report.html_page import write_report
 from thermab.report.plots import render_figures
 

@@ -1,11 +1,9 @@
-"""Rule summary: summary.md and tables/*.md, in words from the numbers analyze wrote."""
+"""Rule summary: summary.md, in words from the numbers analyze wrote."""
 
 from pathlib import Path
 
 from thermab import jobs
-from thermab.report.analyze import read_numbers, write_summary, write_table_words
+from thermab.report.analyze import read_report, write_summary
 
 with jobs.logged(snakemake.log[0]):
-    result = read_numbers(Path(snakemake.input.run).parent, analysis=dict(snakemake.params.analysis))
-    write_table_words(result)
-    write_summary(result)
+    write_summary(read_report(Path(snakemake.input.run).parent, analysis=dict(snakemake.params.analysis)))

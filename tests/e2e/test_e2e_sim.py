@@ -175,7 +175,8 @@ def test_changed_analysis_settings_analyse_again(ab_run, workdir, tmp_path):
     dry = snakemake(copy, "all", "-n", *changed)
     assert dry.returncode == 0, dry.stderr[-4000:]
     jobs = dry.stdout + dry.stderr
-    assert all(f"rule {name}:" in jobs for name in ("analyze", "summary", "evidence", "figures")), jobs[-4000:]
+    rules = ("analyze", "tables", "summary", "evidence", "figures")
+    assert all(f"rule {name}:" in jobs for name in rules), jobs[-4000:]
     assert "rule phase:" not in jobs and "rule ingest:" not in jobs, jobs[-4000:]
     assert "params" in jobs.lower()  # Snakemake names the changed params as the reason
     result = snakemake(copy, "all", *changed)
@@ -194,11 +195,11 @@ def planned_rules(output: str) -> set[str]:
 
 
 def test_changed_wording_reruns_only_the_report_jobs(ab_run, workdir, tmp_path):
-    """The words and figures are made from analyze's files, and the report rules carry the
-    report room's code as a param (Snakemake's code trigger sees a rule's `script:` file, not
-    the modules it imports): in a checkout whose summary words changed, a dry run of the
-    finished run plans summary, evidence and figures for their changed params, and neither
-    analyze nor anything before it."""
+    """The tables users read, the words and the figures are made from analyze's files, and the
+    report rules carry the report room's code as a param (Snakemake's code trigger sees a
+    rule's `script:` file, not the modules it imports): in a checkout whose verdict words
+    changed, a dry run of the finished run plans tables, summary, evidence and figures for
+    their changed params, and neither analyze nor anything before it."""
     checkout = tmp_path / "checkout"
     keep = shutil.ignore_patterns("__pycache__")
     for name in ("workflow", "scripts", "config", "envs"):  # copy2: each file keeps its mtime
@@ -214,11 +215,12 @@ def test_changed_wording_reruns_only_the_report_jobs(ab_run, workdir, tmp_path):
         return result.stdout + result.stderr
 
     # the copy as it is: its words are the run's (figures keeps the Snakefile's path, which it draws the DAG with)
-    assert not planned_rules(dry_run()) & {"summary", "evidence", "analyze"}
+    assert not planned_rules(dry_run()) & {"tables", "summary", "evidence", "analyze"}
     words = checkout / "workflow/thermab/report/summary.py"
     words.write_text(words.read_text().replace("no difference shown", "no difference seen"))
     output = dry_run()
-    assert planned_rules(output) == {"summary", "evidence", "figures", "all"}, output[-4000:]
+    assert "analyze" not in planned_rules(output), output[-4000:]
+    assert planned_rules(output) == {"tables", "summary", "evidence", "figures", "all"}, output[-4000:]
     assert "params" in output.lower()
 
 

@@ -10,8 +10,10 @@ import pytest
 
 from support.study_chart import CHART, STUDY_ARMS
 from support.synthetic_run import PHASE_S, write_synthetic_run
-from thermab.analysis import PHASE_TABLES, chart_import, model
+from thermab.analysis import PHASE_TABLES, chart_import, model, run_analysis
 from thermab.analysis.completeness import completeness
+from thermab.analysis.questions import ANSWER_COLUMNS, QUESTION_COLUMNS
+from thermab.layout import RunDir
 from thermab.report import analyze, html_page, plots
 
 # published: (stock mean, patched mean, stock max, patched max); maxima of the worker not published
@@ -47,6 +49,27 @@ def test_study_zone_table_is_reproduced(study, host, sensor):
     if stock_max is not None:
         assert zones.at[("A", host, sensor), "max_c"] == pytest.approx(stock_max, abs=0.5)
         assert zones.at[("B", host, sensor), "max_c"] == pytest.approx(patched_max, abs=0.5)
+
+
+def test_the_numbers_hold_no_words_and_the_tables_users_read_do(study):
+    """analysis/ holds the numbers: variance without its verdicts, the answers without the
+    acceptance check in words and with the adjustment as a code. tables/*.csv, which the
+    report writes from them, have the word columns where questions.csv always had them, and
+    the numbers read back and put in words give the same verdicts."""
+    run_dir, tables = study
+    files = RunDir(run_dir)
+    variance, answers = (pd.read_parquet(files.frame(name)) for name in ("variance", "questions"))
+    assert "verdict" not in variance.columns and "load_short" in variance.columns
+    levels = ["users", "load_level"]
+    assert list(answers.columns) == ANSWER_COLUMNS + levels
+    assert list(pd.read_csv(files.table("questions")).columns) == QUESTION_COLUMNS + levels
+    written = pd.read_csv(files.table("variance"))
+    assert list(written.columns) == list(tables["variance"].columns)
+    assert written["verdict"].str.contains(" vs ").sum() == (written["reference"].notna()).sum() > 0
+    again = analyze.read_report(run_dir)
+    assert again.tables["variance"]["verdict"].tolist() == written["verdict"].tolist()
+    assert again.sample_intervals_s == run_analysis.compute(run_dir).sample_intervals_s != {}
+    assert list(again.tables["completeness"]["host"].unique()) == ["head", "worker"]
 
 
 def test_study_window_boundaries(study):
@@ -115,7 +138,7 @@ def test_study_summary_and_verdict(study):
 
 
 def test_figures_render_for_the_study(study):
-    paths = plots.render_figures(analyze.compute(study[0]))
+    paths = plots.render_figures(run_analysis.compute(study[0]))
     names = {p.name for p in paths}
     assert names == {
         "timeline.png",
@@ -212,7 +235,7 @@ def test_sweep_names_the_best_setting(tmp_path):
     analyze.analyze(run_dir)
     text = (run_dir / "summary.md").read_text()
     assert "busy_loop_s = 0.1 (spin-100ms, arm B" in text
-    result = analyze.compute(run_dir)
+    result = run_analysis.compute(run_dir)
     path = plots.dose_response_png(result.pooled, result.run.plan, result.best, tmp_path / "dose.png")
     assert path.stat().st_size > 1000
 
@@ -269,7 +292,7 @@ def test_every_figure_says_the_unit_of_each_value_axis(tmp_path, monkeypatch):
     run = json.loads((run_dir / "run.json").read_text())
     (run_dir / "run.json").write_text(json.dumps({**run, "wakeup_gaps_s": [0.5, 2.0]}))
     drawn = _drawn_figures(monkeypatch)
-    plots.render_figures(analyze.compute(run_dir))
+    plots.render_figures(run_analysis.compute(run_dir))
     assert {"cpu.png", "throughput.png", "time_to_threshold.png", "tradeoff.png", "latency.png"} <= set(drawn)
     assert {"timeline.png", "wakeup.png", "dose_response.png"} <= set(drawn)
     for name, figure in drawn.items():
@@ -312,7 +335,7 @@ def test_no_legend_covers_a_data_point(tmp_path, monkeypatch):
     phases that reach each threshold halfway through the window (a row of points across the
     middle of the axes, where a legend inside them would lie over one)."""
     run_dir = write_synthetic_run(tmp_path / "AB", reps=2, temperature={"A": 93.0, "B": 86.0})
-    result = analyze.compute(run_dir)
+    result = run_analysis.compute(run_dir)
     drawn = _drawn_figures(monkeypatch)
     plots.render_figures(result)
     assert all(not _covered(figure) for figure in drawn.values()), [n for n, f in drawn.items() if _covered(f)]
@@ -329,7 +352,7 @@ def test_the_throughput_figure_plots_what_the_verdict_tests(tmp_path, monkeypatc
     """The throughput panel's points are the in-window throughput of each phase (the numbers
     the verdicts pool), not the ended requests' throughput."""
     run_dir = write_synthetic_run(tmp_path / "AB", reps=2, tok_s={"A": 85.0, "B": 92.0})
-    result = analyze.compute(run_dir)
+    result = run_analysis.compute(run_dir)
     drawn = _drawn_figures(monkeypatch)
     plots.render_figures(result)
     ax = drawn["throughput.png"].axes[0]
@@ -351,7 +374,7 @@ def test_bursty_probe_and_half_open_loop_are_stated_not_measured(tmp_path):
     two bursts each (255 tokens in 3 ms: 85,000 tok/s if divided): the summary and the report
     say both, show no decode speed for it, and no verdict compares one."""
     run_dir = write_synthetic_run(tmp_path / "AB", loop_share={"B": 0.8}, probe_arrivals={"B": 2})
-    result = analyze.compute(run_dir)
+    result = run_analysis.compute(run_dir)
     analyze.write_outputs(result)
     text = (run_dir / "summary.md").read_text()
 
@@ -421,7 +444,7 @@ def test_a_loop_not_closed_is_found_without_validity_json(tmp_path, run_json):
     requests.to_parquet(run_dir / "tidy/requests.parquet")
     if not run_json:
         (run_dir / "run.json").unlink(missing_ok=True)
-    result = analyze.compute(run_dir)
+    result = run_analysis.compute(run_dir)
     validity = result.tables["validity"].set_index("arm")
     assert validity.at["A", "inflight_mean"] == pytest.approx(4.0, abs=0.01) and validity.at["A", "load_valid"]
     assert validity.at["B", "inflight_mean"] == pytest.approx(2.0, abs=0.05) and not validity.at["B", "load_valid"]
@@ -433,7 +456,7 @@ def test_a_loop_not_closed_is_found_without_validity_json(tmp_path, run_json):
 
 def test_a_written_validity_json_wins_over_the_requests(tmp_path):
     run_dir = write_synthetic_run(tmp_path / "AB", loop_share={"B": 0.5})
-    validity = analyze.compute(run_dir).tables["validity"]
+    validity = run_analysis.compute(run_dir).tables["validity"]
     assert not validity["warnings"].str.contains("no validity.json").any()
 
 
@@ -442,12 +465,12 @@ def test_samples_that_are_not_finite_are_no_readings(tmp_path):
     run_dir = write_synthetic_run(tmp_path / "AB")
     path = run_dir / "tidy/telemetry.parquet"
     clean = pd.read_parquet(path)
-    expected = analyze.compute(run_dir).tables["zones"]
+    expected = run_analysis.compute(run_dir).tables["zones"]
     damaged = clean.copy()
     extra = damaged[damaged["sensor"] == "TSOC"].copy()
     extra["value"] = [math.inf, -math.inf, math.nan] * (len(extra) // 3) + [math.inf] * (len(extra) % 3)
     pd.concat([damaged, extra], ignore_index=True).to_parquet(path)
-    zones = analyze.compute(run_dir).tables["zones"]
+    zones = run_analysis.compute(run_dir).tables["zones"]
     pd.testing.assert_frame_equal(zones, expected)
 
 
@@ -459,7 +482,7 @@ def test_a_sample_given_twice_is_no_interval(tmp_path):
     path = run_dir / "tidy/telemetry.parquet"
     once = pd.read_parquet(path)
     pd.concat([once, once], ignore_index=True).to_parquet(path)
-    result = analyze.compute(run_dir)
+    result = run_analysis.compute(run_dir)
     analyze.write_outputs(result)
     table = completeness(result.run.telemetry, result.tables["windows"], ["head", "worker"])
     assert table.set_index(["host", "source"]).at[("head", "thermal"), "interval_s"] == pytest.approx(15.0)
@@ -474,7 +497,7 @@ def test_a_head_without_the_timeline_zone_is_told_which_zones_it_has(tmp_path):
     telemetry = pd.read_parquet(path)
     telemetry["sensor"] = telemetry["sensor"].replace({"TSOC": "x86_pkg_temp"})
     telemetry.to_parquet(path)
-    result = analyze.compute(run_dir)
+    result = run_analysis.compute(run_dir)
     analyze.write_outputs(result)
     section = (run_dir / "summary.md").read_text().split("## Time to reach", 1)[1].split("\n## ", 1)[0]
     assert "The head (head) has no zone TSOC (`analysis.timeline_zone`)" in section
@@ -509,7 +532,7 @@ def test_any_value_in_run_json_is_analysed_or_named(tmp_path_factory):
     def check(key, value):
         (template / "run.json").write_text(json.dumps({**plan, key: value}))
         try:
-            analyze.compute(template)
+            run_analysis.compute(template)
         except UserError as error:
             assert "\n" not in str(error) and f"key '{key}" in str(error)
 
@@ -522,7 +545,7 @@ def test_no_thresholds_asked_for(tmp_path):
     run_dir = write_synthetic_run(tmp_path / "AB")
     plan = json.loads((run_dir / "run.json").read_text())
     (run_dir / "run.json").write_text(json.dumps({**plan, "thresholds_c": []}))
-    result = analyze.compute(run_dir)
+    result = run_analysis.compute(run_dir)
     analyze.write_outputs(result)
     plots.render_figures(result)
     assert result.tables["thresholds"].empty

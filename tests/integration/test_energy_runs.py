@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from support.synthetic_run import PHASE_S, write_synthetic_run
-from thermab.analysis import energy
+from thermab.analysis import energy, run_analysis
 from thermab.report import analyze, fleet, plots
 
 POWER = {
@@ -27,7 +27,7 @@ def test_synthetic_run_energy_table_summary_and_verdicts(tmp_path):
     assert written.columns.tolist() == energy.ENERGY_COLUMNS + ["users", "load_level"]
     assert set(written["load_level"]) == {"4 users"}
     total = written[(written["host"] == "all") & (written["domain"] == "total")].set_index(["rep", "arm"])
-    run = analyze.compute(run_dir).run
+    run = run_analysis.compute(run_dir).run
     windows = tables["windows"].set_index(["rep", "arm"])
     tokens = {
         (rep, arm): energy.tokens_in_window(
@@ -68,7 +68,7 @@ def test_runs_without_power_say_so(tmp_path):
 def test_timeline_power_panel_and_fleet_energy(tmp_path):
     run_dir = write_synthetic_run(tmp_path / "AB", reps=2, power=POWER)
     analyze.analyze(run_dir)
-    result = analyze.compute(run_dir)
+    result = run_analysis.compute(run_dir)
     lines = plots._power_lines(result.run, 0.0)
     assert [(host, domain) for host, domain, _ in lines] == [
         ("head", "dram-0"),

@@ -21,12 +21,11 @@ from support.command_line import run_thermab
 from support.paths import REPO
 from support.synthetic_run import write_synthetic_run
 from thermab import atomic, config, load_levels
-from thermab.analysis import chart_import, model
+from thermab.analysis import chart_import, model, run_analysis
 from thermab.config.schema import level_bounds
 from thermab.errors import UserError
 from thermab.experiment import plan as plan_module
 from thermab.jsonl import read_checked
-from thermab.report import analyze
 
 PROFILE = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
@@ -62,16 +61,16 @@ def test_one_run_given_twice_is_pooled_once(run_dir, tmp_path):
     alias = tmp_path / "alias"
     alias.symlink_to(run_dir)
     copy = copy_of(run_dir, tmp_path / "copy")
-    once = analyze.compute(run_dir)
+    once = run_analysis.compute(run_dir)
     for also in ([run_dir], [alias], [copy], [run_dir, alias, copy]):
-        twice = analyze.compute(run_dir, also=also)
+        twice = run_analysis.compute(run_dir, also=also)
         assert twice.sources == [str(run_dir)]
         pd.testing.assert_frame_equal(twice.tables["variance"], once.tables["variance"])
 
 
 def test_two_runs_are_still_pooled(run_dir, tmp_path):
     other = write_synthetic_run(tmp_path / "sim" / "AB", seed=1, t0=1.8e9)
-    assert analyze.compute(run_dir, also=[other]).sources == [str(run_dir), str(other)]
+    assert run_analysis.compute(run_dir, also=[other]).sources == [str(run_dir), str(other)]
 
 
 TELEMETRY_BREAKS = {
@@ -186,7 +185,7 @@ def test_names_that_read_as_mathtext_are_drawn_as_written(run_dir, tmp_path):
     from thermab.report import plots
 
     copy = copy_of(run_dir, tmp_path / "copy")
-    result = analyze.compute(copy, analysis={"timeline_zone": "$x^$ $\\frac$"})
+    result = run_analysis.compute(copy, analysis={"timeline_zone": "$x^$ $\\frac$"})
     assert all(path.stat().st_size > 0 for path in plots.render_figures(result))
 
 
@@ -319,7 +318,7 @@ def test_a_run_plan_the_config_would_refuse_is_one_line_naming_its_key(run_dir, 
     copy = copy_of(run_dir, tmp_path / "copy")
     plan = json.loads((copy / "run.json").read_text())
     (copy / "run.json").write_text(json.dumps({**plan, **change}))
-    one_line_naming(lambda: analyze.compute(copy), copy / "run.json", f"key '{key}")
+    one_line_naming(lambda: run_analysis.compute(copy), copy / "run.json", f"key '{key}")
 
 
 JSON_VALUES = st.recursive(

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from support.paths import REPO as ROOT
 from support.synthetic_run import plan_view, write_synthetic_run
-from thermab.analysis import levels
+from thermab.analysis import levels, run_analysis
 from thermab.analysis.model import Plan, RunData
 from thermab.config import ConfigError, validate
 from thermab.experiment import plan
@@ -331,7 +331,7 @@ def test_a_run_of_mixed_shapes_is_analysed_level_by_level(tmp_path):
     run_dir = write_synthetic_run(
         tmp_path / "AB", reps=2, levels=MIXED, level_temperature={RATE: {"A": 80.0, "B": 80.0}}
     )
-    result = analyze.compute(run_dir)
+    result = run_analysis.compute(run_dir)
     analyze.write_outputs(result)
     order = ["4 users", RATE, "4 users think 2 s"]
     for name in ("zones", "cpu", "performance", "validity", "variance", "questions"):

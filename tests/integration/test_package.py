@@ -42,13 +42,14 @@ def test_the_defaults_are_the_schema_defaults():
 
 
 def test_the_workflow_declares_the_tables_the_analysis_writes():
-    """analyze declares the tables' CSVs and analysis/'s files (NUMBERS), summary the tables
-    in Markdown, and each report rule reads analysis/'s files."""
+    """analyze declares analysis/'s files (NUMBERS) and no table, the report rule tables the
+    tables' CSVs and Markdown, and each report rule reads analysis/'s files."""
     rules = REPO / "workflow" / "rules"
     analyze_rule, words, figures = ((rules / name).read_text() for name in ("analyze.smk", "words.smk", "figures.smk"))
     common = (rules / "common.smk").read_text()
-    assert 'tables("csv")' in analyze_rule and "**ANALYSIS_FILES" in analyze_rule
-    assert 'tables("md")' in words and words.count("**ANALYSIS_FILES") == 2 and "**ANALYSIS_FILES" in figures
+    assert "tables(" not in analyze_rule and "**ANALYSIS_FILES" in analyze_rule
+    assert 'tables("csv")' in words and 'tables("md")' in words and words.count("**ANALYSIS_FILES") == 3
+    assert "**ANALYSIS_FILES" in figures
     assert "table=TABLES" in common and "from thermab.analysis import NUMBERS, TABLES" in common
     assert "for name in NUMBERS" in common
     assert TABLES[-2:] == ["variance", "questions"]

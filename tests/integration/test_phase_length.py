@@ -15,7 +15,7 @@ from support.crossover import design, least_squares
 from support.paths import default_config
 from support.synthetic_run import plan_view, write_synthetic_run
 from thermab import metric_names as names
-from thermab.analysis import levels, phase_length, sequential
+from thermab.analysis import levels, phase_length, run_analysis, sequential
 from thermab.analysis.model import load_run
 from thermab.config import ConfigError, default_questions, validate
 from thermab.contracts import Decision
@@ -23,7 +23,7 @@ from thermab.errors import UserError
 from thermab.experiment import plan
 from thermab.layout import RunDir
 from thermab.load_levels import Level
-from thermab.report import analyze, evidence
+from thermab.report import evidence
 
 DEFAULT = default_config()
 
@@ -197,14 +197,14 @@ def test_heat_pools_only_the_full_windows_and_speed_every_window(tmp_path):
             report = tmp_path / "AB" / "phases" / f"rep{rep}-{arm}" / "validity.json"
             report.write_text(json.dumps({**json.loads(report.read_text()), "duration_s": length}))
     run = levels.at_level(load_run(path), Level(4))  # the reports by phase, as the analysis reads them
-    tables = analyze.phase_tables(run)
+    tables = run_analysis.phase_tables(run)
     assert tables["validity"].set_index(["rep", "arm"])["load_s"].to_dict() == {
         (1, "A"): 300,
         (1, "B"): 300,
         (2, "A"): 100,
         (2, "B"): 100,
     }
-    pooled = analyze.run_metrics(run, tables)
+    pooled = run_analysis.run_metrics(run, tables)
     reps = pooled.groupby("metric")["rep"].unique().map(sorted)
     assert reps[HEAT] == [1] and reps[names.cpu_median("head")] == [1] and reps[names.STALL_GAPS] == [1]
     assert reps[names.OUTPUT_THROUGHPUT] == [1, 2] and reps[names.PROBE_DECODE_SPEED] == [1, 2]
@@ -212,9 +212,9 @@ def test_heat_pools_only_the_full_windows_and_speed_every_window(tmp_path):
 
 def test_phases_without_a_recorded_window_all_count_as_full(tmp_path):
     run = levels.at_level(load_run(write_synthetic_run(tmp_path / "AB", reps=2)), Level(4))
-    tables = analyze.phase_tables(run)
+    tables = run_analysis.phase_tables(run)
     assert tables["validity"]["load_s"].isna().all()
-    assert analyze.run_metrics(run, tables).groupby("metric")["rep"].nunique().eq(2).all()
+    assert run_analysis.run_metrics(run, tables).groupby("metric")["rep"].nunique().eq(2).all()
 
 
 def test_sampling_slower_than_the_shortest_window_is_a_config_error_naming_the_floor():

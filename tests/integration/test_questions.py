@@ -250,8 +250,9 @@ def test_a_short_load_or_unbalanced_starts_never_give_yes(tmp_path):
 
 
 def test_the_forest_plot_is_drawn_and_in_the_report(tmp_path):
+    from thermab.analysis.run_analysis import compute
     from thermab.report import plots
-    from thermab.report.analyze import compute, write_outputs
+    from thermab.report.analyze import write_outputs
     from thermab.report.html_page import write_report
 
     run_dir = write_synthetic_run(tmp_path / "AB", reps=2)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from support.synthetic_run import plan_view, write_synthetic_run
+from thermab.analysis.run_analysis import compute
 from thermab.headless import plt
 from thermab.report import plots, scale, tradeoff
-from thermab.report.analyze import compute
 from thermab.report.html_page import figure_order
 
 CONFIG = plan_view(arms={"A": {"label": "stock", "value": "1"}, "B": {"label": "patched", "value": "0"}})

@@ -62,7 +62,8 @@ def test_a_server_without_spec_decoding_has_steps_but_no_acceptance_and_says_why
     rows = speed.not_measured(table, {"A": {"label": "stock"}, "B": {"label": "patched"}})
     assert list(rows["metric"]) == [names.ACCEPTANCE_LENGTH] * 2
     assert rows["mean"].isna().all()
-    assert all(speed.NO_SPEC in verdict for verdict in rows["verdict"])
+    assert all(speed.NO_SPEC in reasons for reasons in rows[speed.NOT_MEASURED])
+    assert all(verdict.startswith("not measured: ") for verdict in summary.verdicts(rows))
 
 
 def test_counters_that_went_back_in_one_phase_empty_the_acceptance_of_every_phase():
@@ -289,18 +290,27 @@ def _effects(acceptance_diff: float, acceptance_se: float = 0.01) -> tuple[dict,
 
 def test_adjusted_effects_say_which_answer_and_why():
     covariates = [names.ACCEPTANCE_LENGTH]
+
+    def words(effect):
+        fields = (effect.get("adjustment_covariate", ""), effect.get("adjustment_p", math.nan))
+        return summary.adjustment_words(effect["adjustment"], *fields, covariates)
+
     effects, long = _effects(0.0)
     chosen = speed.adjusted_effects(effects, long, "A", covariates, ALPHA)[(names.OUTPUT_THROUGHPUT, "B")]
-    assert chosen["adjustment"] == "adjusted for acceptance length"
+    assert chosen["adjustment"] == speed.ADJUSTED and words(chosen) == "adjusted for acceptance length"
     assert chosen["method"].startswith("ANCOVA") and chosen["raw"] is effects[(names.OUTPUT_THROUGHPUT, "B")]
     moved = speed.adjusted_effects(*_effects(0.1), "A", covariates, ALPHA)[(names.OUTPUT_THROUGHPUT, "B")]
-    assert moved["adjustment"].startswith("raw: the arm moves acceptance length (two-sided t, p = ")
+    assert moved["adjustment"] == speed.RAW_MOVED_CONFIRM and moved["adjustment_p"] < ALPHA
+    assert words(moved).startswith("raw: the arm moves acceptance length (two-sided t, p = ")
+    assert words(moved).endswith("; a yes needs the adjusted too")
     assert moved["diff"] == effects[(names.OUTPUT_THROUGHPUT, "B")]["diff"]
     declared = speed.adjusted_effects(effects, long, "A", [], ALPHA)[(names.OUTPUT_THROUGHPUT, "B")]
-    assert declared["adjustment"].startswith("raw: analysis.covariates is empty")
+    assert declared["adjustment"] == speed.RAW_NO_COVARIATES
+    assert words(declared).startswith("raw: analysis.covariates is empty")
     unmeasured = {key: value for key, value in effects.items() if key[0] != names.ACCEPTANCE_LENGTH}
     missing = speed.adjusted_effects(unmeasured, long, "A", covariates, ALPHA)[(names.OUTPUT_THROUGHPUT, "B")]
-    assert missing["adjustment"] == "raw: no acceptance length measured"
+    assert missing["adjustment"] == speed.RAW_NOT_MEASURED
+    assert words(missing) == "raw: no acceptance length measured"
 
 
 @pytest.mark.parametrize(

@@ -143,7 +143,8 @@ def test_sweep_compares_every_arm_and_names_the_best_setting():
     assert set(variance.loc[variance["reference"] == "A", "arm"]) == {"B", "C", "D"}
     best = stats.best_setting(variance, arms, "A", "head TSOC mean")
     assert best["arm"] == "C" and best["value"] == "0.01"
-    assert "D" in best["excluded"] and "stall" in best["excluded"]["D"]
+    assert best["excluded"] == {"D": {"criterion": "stalls", "mean": 6.0, "reference_mean": 0.0}}
+    assert summary.excluded_words(best["excluded"], "A") == "D: more stall gaps than A (6.0 vs 0.0)"
 
 
 @pytest.mark.parametrize("seed", range(5))

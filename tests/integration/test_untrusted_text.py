@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from support.synthetic_run import ARMS, plan_view, write_synthetic_run
 from thermab import markup
+from thermab.analysis.run_analysis import compute
 from thermab.report import evidence, html_page, summary
-from thermab.report.analyze import compute
 
 HOSTILE = [
     "<script>alert(1)</script>",

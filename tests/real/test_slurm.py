@@ -64,7 +64,7 @@ def test_the_fleet_through_slurm_gives_the_local_run_s_files(fleet_runs, slurm):
             path = f"results/{cluster}/AB/tables/{table}.csv"
             assert list(pd.read_csv(batch / path).columns) == list(pd.read_csv(local / path).columns), path
     assert set(pd.read_csv(batch / "results/fleet/AB/fleet.csv")["cluster"]) == {"sim-a", "sim-b"}
-    # the analysis went to SLURM (ingest, analyze, summary, evidence, figures per cluster and the fleet report)
+    # the analysis went to SLURM (ingest, analyze, tables, summary, evidence, figures per cluster and the fleet report)
     states = [state for _id, _name, state in slurm.jobs()]
     assert len(states) >= 7 and set(states) == {"COMPLETED"}, states
     for directory in (local, batch):

@@ -7,8 +7,9 @@ import pytest
 
 from support.study_chart import CHART, STUDY_ARMS
 from thermab.analysis import chart_import
+from thermab.analysis.run_analysis import compute
 from thermab.report import plots
-from thermab.report.analyze import analyze, compute
+from thermab.report.analyze import analyze
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

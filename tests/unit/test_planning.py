@@ -15,10 +15,10 @@ from hypothesis import given, settings, strategies as st
 from support.paths import REPO as ROOT, default_config
 from support.synthetic_run import PHASE_S, write_synthetic_run
 from thermab.__main__ import main
-from thermab.analysis import metrics, planning, questions, sequential
+from thermab.analysis import metrics, planning, questions, run_analysis, sequential
 from thermab.analysis.model import Plan, load_run, read_events
 from thermab.config import ConfigError, validate
-from thermab.report import analyze, plan_words
+from thermab.report import plan_words
 
 DEFAULT = default_config()
 
@@ -52,7 +52,7 @@ def test_throughput_in_the_window_counts_each_requests_share(tmp_path):
     in_window = performance["output_tok_s_in_window"]
     assert in_window.to_dict() == pytest.approx({"A": 85.0, "B": 92.0}, rel=0.04)
     assert in_window["B"] / in_window["A"] == pytest.approx(92 / 85, rel=0.005)
-    pooled = analyze.run_metrics(run, analyze.phase_tables(run))
+    pooled = run_analysis.run_metrics(run, run_analysis.phase_tables(run))
     throughput = pooled[pooled["metric"] == "output throughput"].set_index("arm")["value"]
     assert throughput.to_dict() == pytest.approx(performance["output_tok_s_in_window"].to_dict())
 

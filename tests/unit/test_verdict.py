@@ -7,9 +7,9 @@ import math
 
 import pandas as pd
 
-from thermab.analysis import questions
+from thermab.analysis import questions, speed
 from thermab.analysis.model import Plan
-from thermab.report import verdict
+from thermab.report import analyze, verdict
 
 NAN = math.nan
 
@@ -114,7 +114,9 @@ def test_a_table_written_before_the_unit_columns_gives_bare_numbers():
 
 
 def test_answers_carry_unit_direction_note_and_balance_in_their_own_columns():
-    plan = Plan({"reference_arm": "A", "arms": {"A": {}, "B": {}}, "hosts": {"head": {}}, "head": "head"})
+    plan = Plan(
+        {"reference_arm": "A", "arms": {"A": {}, "B": {}}, "hosts": {"head": {}}, "head": "head", "covariates": []}
+    )
 
     def effect(diff, unit, n=4):
         se = 0.5 if n > 1 else NAN
@@ -127,7 +129,10 @@ def test_answers_carry_unit_direction_note_and_balance_in_their_own_columns():
         {"metric": "stall gaps", "kind": "non_inferior", "better": "lower", "margin": 0.5},
     ]
     effects = {("output throughput", "B"): effect(-1.0, "tok/s"), ("head TSOC mean", "B"): effect(-3.0, "°C", n=1)}
-    answers = questions.answer(asked, effects, plan, balance={"B": "acceptance length of B vs A: balanced"})
+    numbers = questions.answer(asked, effects, plan)
+    assert list(numbers.columns) == questions.ANSWER_COLUMNS
+    check = {"state": speed.BALANCED, "low_pct": -1.0, "high_pct": 2.0, "margin_pct": 5.0, "n": 4}
+    answers = analyze.answers_in_words(numbers, speed.balance_frame({"B": check}, "A"), plan)
     assert list(answers.columns) == questions.QUESTION_COLUMNS
     answers = answers.set_index("metric")
     assert answers["question"].tolist() == [
@@ -139,5 +144,7 @@ def test_answers_carry_unit_direction_note_and_balance_in_their_own_columns():
     assert answers["better"].tolist() == ["higher", "lower", "lower"]
     assert answers.at["head TSOC mean", "note"] == "one phase in an arm: no interval"
     assert answers.at["stall gaps", "note"] == "no data for stall gaps in this run"
-    assert answers.at["output throughput", "balance"] == "acceptance length of B vs A: balanced"
+    assert answers.at["output throughput", "balance"] == (
+        "acceptance length of B vs A: -1.0 % to +2.0 % (TOST at ± 5 %, 4 phases per arm): balanced"
+    )
     assert answers.at["head TSOC mean", "balance"] == ""

@@ -41,9 +41,9 @@ rule ingest:
         "../../scripts/ingest.py"
 
 
-# The numbers (analysis room): tables/*.csv and analysis/ (docs/design.md, "The analysis
-# and its words"); the words and figures are the report rules' (words.smk, figures.smk),
-# which read these files and never analyse again. The analysis settings come through params
+# The numbers (analysis room): analysis/ (docs/design.md, "The analysis and its words");
+# the tables users read, the words and figures are the report rules' (words.smk,
+# figures.smk), which read these files and never analyse again. The analysis settings come through params
 # (not from run.json, which keeps the values the run was made with): changing analysis.* in
 # the config and running `all` again analyses again with them, Snakemake's params trigger
 # reruns this job.
@@ -53,7 +53,6 @@ rule analyze:
         telemetry=RUN.tidy_telemetry,
         requests=RUN.tidy_requests,
     output:
-        tables=report(tables("csv"), caption="../report/tables.rst", category="Tables"),
         **ANALYSIS_FILES,
     params:
         analysis=plan.reanalysis(config["analysis"]),

@@ -2,13 +2,14 @@
 # them: those the config gives data for (the wake-up figure only where load.wakeup_gaps_s
 # asks for probes); a sweep (more than two arms in the order, which names each arm once) also
 # draws the dose response, in figures_sweep below. report.html holds summary.md, and the
-# provenance's manifest every file of the run: the words come first.
+# provenance's manifest every file of the run: the tables and words come first.
 rule figures:
     input:
         **ANALYSIS_FILES,
         **RUN_FILES,
         summary=RUN.summary,
         evidence=RUN.evidence,
+        tables=tables("csv"),
     output:
         **figure_outputs(layout.figures(2, WAKEUP)),
         html=RUN.report,

@@ -414,6 +414,8 @@ class Decision:
 POOLED_COLUMNS = ("order", "rep", "arm", "metric", "unit", "value", "load_valid")  # one phase's metric
 WINDOW_COLUMNS = ("order", "rep", "arm", "load_start", "load_end", "window_s", "load_valid")
 ACCEPTANCE_COLUMNS = ["arm", "reference", "state", "low_pct", "high_pct", "margin_pct", "n"]
+# per host and source: the samples expected in the load windows, got, and the largest gap
+COMPLETENESS_COLUMNS = ["host", "source", "interval_s", "expected", "got", "largest_gap_s"]
 PLAN_COLUMNS = [  # per open question and arm: what would decide it (analysis/planning.py)
     "question",
     "metric",
@@ -445,11 +447,13 @@ class AnalysisRecord:
     """``analysis/analysis.json``: the run directories pooled (``sources``), a sweep's best
     setting (``stats.best_setting``, None for two arms or a run of levels) and the measured
     timings the open questions' plan rests on (``planning.Timings`` as a mapping, None
-    where no phase job was timed or no plan was made)."""
+    where no phase job was timed or no plan was made), and how often each source of the head
+    was sampled (``sample_intervals_s``: source → median spacing in s)."""
 
     sources: list[str]
     best: dict[str, Any] | None
     timings: dict[str, Any] | None
+    sample_intervals_s: dict[str, float]
 
     def write(self, path: Path) -> None:
         atomic.write_text(path, json.dumps(dataclasses.asdict(self), indent=1, default=_plain))

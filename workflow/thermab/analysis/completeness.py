@@ -26,9 +26,10 @@ import pandas as pd
 
 from thermab.analysis.metrics import CPU_SENSOR, each_window, window_rows
 from thermab.analysis.model import Sources, Telemetry, as_telemetry
+from thermab.contracts import COMPLETENESS_COLUMNS
 from thermab.telemetry.server_metrics import EVENT_MEANS
 
-COLUMNS = ["host", "source", "interval_s", "expected", "got", "largest_gap_s"]
+COLUMNS = COMPLETENESS_COLUMNS
 ALWAYS = ("thermal", "cpu")  # a host reports these unless the run says it has no zones
 
 

@@ -7,7 +7,7 @@
 ``validity.json`` (a run written by another tool) is judged from those rows by the same
 rule (``derived_reports``), so a loop that was not closed never passes unnoticed. ``mark`` carries
 ``load_valid`` into every per-phase table and the pooled metrics, ``short_phases`` names the
-phases behind a comparison that fell short (the summary's ``note_verdicts`` says so in words).
+phases behind a comparison that fell short (the report's ``summary.verdicts`` says so in words).
 Pure functions over frames; ``model.read_validity`` reads the files.
 """
 

@@ -573,9 +573,11 @@ def ordered_hosts(config: Plan) -> list[str]:
 class Analysis:
     run: RunData  # the run the tables describe
     sources: list[str]  # every run directory pooled for the comparison
-    tables: dict[str, pd.DataFrame]  # windows, the four phase tables, variance
+    tables: dict[str, pd.DataFrame]  # analysis.NUMBERS: the tables, windows, acceptance, completeness
     pooled: pd.DataFrame  # per-phase metrics of all pooled runs (metrics.phase_metrics)
     best: dict[str, Any] | None  # stats.best_setting for sweeps of more than two arms
     # what would decide the open questions (planning.study_plan: its timings and plan_rows),
     # None for a run of levels or without questions (``thermab plan`` plans those)
     open_plan: tuple[Any, pd.DataFrame] | None = None
+    # how often each source of the head was sampled (completeness.measured_intervals)
+    sample_intervals_s: dict[str, float] = field(default_factory=dict)

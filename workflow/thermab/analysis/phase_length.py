@@ -139,7 +139,7 @@ def _read_performance(path: Path) -> pd.DataFrame | None:
 
 
 def full_window_only(values: pd.DataFrame, validity: pd.DataFrame) -> pd.DataFrame:
-    """The per-phase metrics of one run (``analyze.run_metrics``'s rows, keyed by the run's
+    """The per-phase metrics of one run (``run_analysis.run_metrics``'s rows, keyed by the run's
     own order) without the phases of a shorter window than the run's longest for every
     metric outside BETWEEN_RESTARTS; a phase whose window is not recorded counts as full."""
     if "load_s" not in validity or validity["load_s"].isna().all() or values.empty:

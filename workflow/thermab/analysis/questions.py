@@ -23,8 +23,12 @@ moves the metric) carry what its verdict line (report/verdict.py) says in units.
 
 Output throughput, probe decode speed and energy per token are answered on their arm effect
 adjusted for what each restart draws (analysis/speed.py, ``adjusted_effects``): ``effects``
-then carries the adjusted effect with ``raw`` beside it and ``adjustment`` in words, which
-fill the ``adjustment`` and ``raw_*`` columns.
+then carries the adjusted effect with ``raw`` beside it and ``adjustment`` (a code, with the
+covariate and p it concerns), which fill the ``adjustment*`` and ``raw_*`` columns.
+
+``answer`` gives ``ANSWER_COLUMNS``, the numbers; questions.csv (``QUESTION_COLUMNS``) is
+what the report makes of them: ``adjustment`` in words, and ``balance``, the arm's
+acceptance check in words.
 
 A sequential run (``sequential``) calls ``answer`` at each look with that look's α.
 Pure functions over frames and dicts.
@@ -42,7 +46,6 @@ import pandas as pd
 from thermab.analysis import stats
 from thermab.analysis.model import Plan
 from thermab.config import question_words
-from thermab.metric_names import ADJUSTED
 
 QUESTION_COLUMNS = [
     "question",
@@ -67,6 +70,12 @@ QUESTION_COLUMNS = [
     "better",
     "note",
     "balance",
+]
+# the answers as the analysis writes them: no ``balance`` (the report's, from the acceptance
+# frame), ``adjustment`` a code of ``speed`` (``ADJUSTED``, ``RAW_*``) with what it concerns beside it
+ANSWER_COLUMNS = [column for column in QUESTION_COLUMNS if column != "balance"] + [
+    "adjustment_covariate",
+    "adjustment_p",
 ]
 YES, NO, UNDECIDED = "yes", "no", "undecided"
 ALPHA = 0.05
@@ -182,16 +191,13 @@ def answer(
     *,
     alpha: float = ALPHA,
     withheld: Mapping[tuple[str, str], str] | None = None,
-    balance: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
     """questions.csv: one row per question and non-reference arm.  ``effects`` is
     ``stats.arm_effects``; ``withheld`` maps (metric, arm) to why a ``yes`` may not be
-    given (a short load, unbalanced starts); ``balance`` maps an arm to its acceptance
-    check in words (``speed.balance_words``), the ``balance`` of its answers on speed and
-    energy per token."""
+    given (a short load, unbalanced starts)."""
     reference = plan.reference_arm
     arms = [arm for arm in plan.arms if arm != reference]
-    withheld, balance = withheld or {}, balance or {}
+    withheld = withheld or {}
     rows: list[dict[str, Any]] = []
     for question in questions:
         metric = resolve_metric(question["metric"], plan)
@@ -204,7 +210,6 @@ def answer(
                 "kind": question["kind"],
                 "level": 1 - 2 * alpha,
                 "better": better(question),
-                "balance": balance.get(arm, "") if metric in ADJUSTED else "",
             }
             effect = effects.get((metric, arm))
             if effect is None:
@@ -219,7 +224,7 @@ def answer(
                 )
                 continue
             rows.append({**row, **_tested(question, effect, alpha, withheld.get((metric, arm)))})
-    return pd.DataFrame(rows).reindex(columns=QUESTION_COLUMNS)
+    return pd.DataFrame(rows).reindex(columns=ANSWER_COLUMNS)
 
 
 def _tested(
@@ -255,6 +260,8 @@ def _tested(
         "note": "; ".join(notes),
         "unit": raw.get("unit", ""),
         "adjustment": effect.get("adjustment", ""),
+        "adjustment_covariate": effect.get("adjustment_covariate", ""),
+        "adjustment_p": effect.get("adjustment_p", math.nan),
         "raw_estimate": raw["diff"],
         "raw_ci_low": raw_low,
         "raw_ci_high": raw_high,

@@ -110,14 +110,15 @@ def phase_metrics(speed: pd.DataFrame) -> pd.DataFrame:
 
 def not_measured(speed: pd.DataFrame, arms: dict) -> pd.DataFrame:
     """Rows of variance.csv for the speed metrics no phase has, where the server was
-    scraped: empty values, the reason in ``verdict``.  A run without any scrape (imported,
-    or made before the scrape) has speed.csv's reasons alone."""
+    scraped: empty values, speed.csv's reasons in ``not_measured`` (the report's verdict
+    says so).  A run without any scrape (imported, or made before the scrape) has speed.csv's
+    reasons alone."""
     rows = []
     scraped = not speed.empty and not (speed["reason"] == NO_SCRAPE).all()
     for column, (metric, unit) in VALUES.items():
         if not scraped or speed[column].notna().any():
             continue
-        reasons = "; ".join(r for r in pd.unique(speed["reason"]) if r) or "not measured"
+        reasons = "; ".join(r for r in pd.unique(speed["reason"]) if r)
         for arm, spec in arms.items():
             rows.append(
                 {
@@ -126,10 +127,13 @@ def not_measured(speed: pd.DataFrame, arms: dict) -> pd.DataFrame:
                     "arm": arm,
                     "label": spec.get("label", arm),
                     "n": 0,
-                    "verdict": f"not measured: {reasons}",
+                    NOT_MEASURED: reasons,
                 }
             )
-    return pd.DataFrame(rows, columns=stats.VARIANCE_COLUMNS + ["verdict"])
+    return pd.DataFrame(rows, columns=stats.VARIANCE_COLUMNS + [NOT_MEASURED])
+
+
+NOT_MEASURED = "not_measured"  # variance's column of a metric no phase has: speed.csv's reasons
 
 
 def tost(low: float, high: float, margin: float) -> str:
@@ -169,7 +173,9 @@ def adjusted_effects(effects: dict, pooled: pd.DataFrame, reference: str, covari
     """(metric, arm) → the effect a question on ``metric_names.ADJUSTED`` is answered on:
     adjusted for ``covariates`` (``stats.covariate_effects``, ANCOVA) where the arm is not
     seen to move any of them, else the raw effect; each with ``raw`` (the raw effect) and
-    ``adjustment`` (which, and why, in words).
+    ``adjustment`` (which, and why: a code below (``ADJUSTED``, ``RAW_*``), with the covariate it
+    concerns in ``adjustment_covariate`` and the test's p in ``adjustment_p``; the report
+    puts it in words).
 
     The arm's effect on a covariate is tested two-sided at ``alpha`` on the covariate's own
     arm effect (``stats.arm_effects``): a setting that moves the drafter's acceptance would
@@ -191,38 +197,50 @@ def adjusted_effects(effects: dict, pooled: pd.DataFrame, reference: str, covari
         fitted = adjusted.get((metric, arm))
         why = _not_adjusted(effects, arm, covariates, alpha)
         if why is None and fitted is None:
-            why = "raw: no covariate in every phase of the fit"
+            why = {"adjustment": RAW_NOT_IN_FIT}
         if why is None:
-            adjustment = "adjusted for " + " + ".join(covariates)
-            result[(metric, arm)] = {**fitted, "raw": raw, "adjustment": adjustment}
-        elif why.startswith(MOVED) and fitted is not None:
-            result[(metric, arm)] = {
-                **raw,
-                "raw": raw,
-                "confirm": fitted,
-                "adjustment": why + "; a yes needs the adjusted too",
-            }
+            result[(metric, arm)] = {**fitted, "raw": raw, "adjustment": ADJUSTED}
+        elif why["adjustment"] == RAW_MOVED and fitted is not None:
+            result[(metric, arm)] = {**raw, "raw": raw, "confirm": fitted, **why, "adjustment": RAW_MOVED_CONFIRM}
         else:
-            result[(metric, arm)] = {**raw, "raw": raw, "adjustment": why}
+            result[(metric, arm)] = {**raw, "raw": raw, **why}
     return result
 
 
-MOVED = "raw: the arm moves"
+# How a question on metric_names.ADJUSTED is answered (questions.csv's ``adjustment``)
+ADJUSTED = "adjusted"  # on the arm coefficient adjusted for the covariates
+RAW_NO_COVARIATES = "raw:no-covariates"  # analysis.covariates is empty
+RAW_NOT_MEASURED = "raw:not-measured"  # the covariate is measured in no phase
+RAW_UNTESTABLE = "raw:untestable"  # one phase in an arm: the arm's effect on it cannot be tested
+RAW_MOVED = "raw:moved"  # the arm moves the covariate (two-sided t)
+RAW_MOVED_CONFIRM = "raw:moved-confirm"  # ... and a yes needs the adjusted effect's yes too
+RAW_NOT_IN_FIT = "raw:not-in-fit"  # no covariate in every phase of the fit
+ADJUSTMENTS = (
+    ADJUSTED,
+    RAW_NO_COVARIATES,
+    RAW_NOT_MEASURED,
+    RAW_UNTESTABLE,
+    RAW_MOVED,
+    RAW_MOVED_CONFIRM,
+    RAW_NOT_IN_FIT,
+)
 
 
-def _not_adjusted(effects: dict, arm: str, covariates, alpha: float) -> str | None:
-    """Why ``arm``'s speed may not be adjusted for ``covariates``, or None where it may."""
+def _not_adjusted(effects: dict, arm: str, covariates, alpha: float) -> dict | None:
+    """Why ``arm``'s speed may not be adjusted for ``covariates`` (``adjustment`` and, where
+    one covariate is the reason, ``adjustment_covariate`` and ``adjustment_p``), or None
+    where it may."""
     if not covariates:
-        return "raw: analysis.covariates is empty (the setting may move what a restart draws)"
+        return {"adjustment": RAW_NO_COVARIATES}
     for covariate in covariates:
         effect = effects.get((covariate, arm))
         if effect is None:
-            return f"raw: no {covariate} measured"
+            return {"adjustment": RAW_NOT_MEASURED, "adjustment_covariate": covariate}
         p = two_sided_p(effect)
         if math.isnan(p):
-            return f"raw: one phase in an arm, the arm's effect on {covariate} cannot be tested"
+            return {"adjustment": RAW_UNTESTABLE, "adjustment_covariate": covariate}
         if p < alpha:
-            return f"{MOVED} {covariate} (two-sided t, p = {p:.2g} < {alpha:g})"
+            return {"adjustment": RAW_MOVED, "adjustment_covariate": covariate, "adjustment_p": p}
     return None
 
 

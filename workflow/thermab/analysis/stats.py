@@ -108,6 +108,18 @@ class Effect(TypedDict):
     unit: str
 
 
+class Exclusion(TypedDict, total=False):
+    """Why ``best_setting`` left an arm out: ``criterion`` ``stalls`` (the stall-gap means,
+    the arm's and the reference's) or ``throughput`` (the loss, in % or in the unit)."""
+
+    criterion: str
+    mean: float
+    reference_mean: float
+    diff_pct: float
+    diff: float
+    unit: str
+
+
 class BestSetting(TypedDict):
     """The arm ``best_setting`` chose, and why the others were left out."""
 
@@ -115,7 +127,7 @@ class BestSetting(TypedDict):
     label: str
     value: str | None
     mean: float
-    excluded: dict[str, str]  # arm → the reason
+    excluded: dict[str, Exclusion]  # arm → why (the report puts it in words)
     checked: list[str]  # the criteria there were data for: stalls, throughput
 
 
@@ -445,7 +457,9 @@ def best_setting(
     visible to a user) nor lose throughput beyond variance (a "real" loss, or where the
     variance is unknown a loss larger than ``tolerance_pct`` %).  Returns
     {"arm", "label", "value", "mean", "excluded": {arm: reason}, "checked": [criteria]} or None
-    without temperature data."""
+    without temperature data; a reason is {"criterion": "stalls", "mean", "reference_mean"}
+    (the stall-gap counts) or {"criterion": "throughput", "diff_pct", "diff", "unit"} (the
+    loss), which the report puts in words."""
 
     def rows_of(metric: str) -> pd.DataFrame:
         return variance[variance["metric"] == metric].set_index("arm")
@@ -455,17 +469,22 @@ def best_setting(
         return None
     stall_means = stalls["mean"].astype(float)
     throughput_of = {str(arm): row for arm, row in throughput.iterrows()}
-    excluded: dict[str, str] = {}
+    excluded: dict[str, Exclusion] = {}
     for arm in map(str, temperature.index.drop(reference, errors="ignore")):
         if arm in stall_means and reference in stall_means and stall_means[arm] > stall_means[reference]:
-            excluded[arm] = f"more stall gaps than {reference} ({stall_means[arm]:.1f} vs {stall_means[reference]:.1f})"
+            excluded[arm] = {
+                "criterion": "stalls",
+                "mean": float(stall_means[arm]),
+                "reference_mean": float(stall_means[reference]),
+            }
         elif arm in throughput_of and _throughput_loss(throughput_of[arm], tolerance_pct):
             loss = throughput_of[arm]
-            excluded[arm] = "throughput loss " + (
-                f"{loss['diff_pct']:+.1f} %"
-                if not math.isnan(loss["diff_pct"])
-                else f"{loss['diff']:+.1f} {loss['unit']}"
-            )
+            excluded[arm] = {
+                "criterion": "throughput",
+                "diff_pct": float(loss["diff_pct"]),
+                "diff": float(loss["diff"]),
+                "unit": str(loss["unit"]),
+            }
     candidates = temperature.drop(index=list(excluded))["mean"].astype(float)
     best = str(candidates.idxmin())
     return {

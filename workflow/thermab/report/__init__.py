@@ -1,4 +1,5 @@
-"""report: what a run's numbers say in words and pictures: the summary, the figures, the
-HTML report, the fleet report, the provenance, and ``analyze``, the entry point that reads a
-run directory, has the analysis compute its tables and writes the numbers (rule analyze)
-apart from the words made from them (rules summary and evidence; figures draws them)."""
+"""report: what a run's numbers say in words and pictures: the tables users read, the
+summary, the evidence, the figures, the HTML report, the fleet report, the provenance.
+``analyze`` is the border: it reads the numbers rule analyze wrote (analysis/run_analysis.py)
+and puts them in words (rules tables, summary and evidence; figures draws them), and runs
+both sides in one process for ``python -m thermab analyze`` and a look."""

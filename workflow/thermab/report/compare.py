@@ -20,13 +20,13 @@ from pathlib import Path
 import pandas as pd
 
 from thermab import atomic, cli, layout
-from thermab.analysis import levels
+from thermab.analysis import levels, run_analysis
 from thermab.analysis.model import MAX_JSON_BYTES, distinct_runs
 from thermab.analysis.stats import welch_interval
 from thermab.config import read_bounded
 from thermab.errors import UserError
 from thermab.experiment import events
-from thermab.report import analyze, summary
+from thermab.report import summary
 from thermab.report.status import ENDS
 
 COLUMNS = [
@@ -165,7 +165,7 @@ def compare(paths: list[Path]) -> tuple[pd.DataFrame, list[str]]:
     if same:
         other, first = same[0]
         raise UserError(f"{other} is the same run as {first}: give runs that differ")
-    results = [analyze.compute(path) for path in paths]
+    results = [run_analysis.compute(path) for path in paths]
     labels = [{arm.label for arm in result.run.plan.arms.values()} for result in results]
     shared = set.intersection(*labels)
     if not shared:

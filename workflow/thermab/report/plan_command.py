@@ -11,9 +11,9 @@ import pandas as pd
 from thermab import cli
 from thermab.analysis import levels, planning
 from thermab.analysis.model import read_preflight
+from thermab.analysis.run_analysis import compute
 from thermab.layout import RunDir
 from thermab.report import evidence, plan_words
-from thermab.report.analyze import compute
 
 MAX_RESTART_CV_PCT = 1000  # a spread ten times the mean: past it no plan means anything
 

@@ -52,7 +52,8 @@ SHORT_LABEL = "load short"
 
 
 def render_figures(result: Analysis) -> list[Path]:
-    """Render every figure of an analysed run (``analyze.compute``); returns the paths written."""
+    """Render every figure of an analysed run (``run_analysis.compute``, or its numbers read
+    back: ``run_analysis.read_numbers``); returns the paths written."""
     files = RunDir(result.run.path)
     files.figures.mkdir(parents=True, exist_ok=True)
     out = files.figure

@@ -11,6 +11,7 @@ import pandas as pd
 from thermab import metric_names as names
 from thermab.analysis import energy, load_validity, sequential, speed, stats, washout
 from thermab.analysis.model import Plan
+from thermab.analysis.questions import ALPHA
 from thermab.load.validity import FULL_LENGTH_MIN, INFLIGHT_SLACK, MIN_ARRIVAL_SPAN_SHARE, MIN_TOKEN_ARRIVALS, bursts
 from thermab.markup import Markdown, md_cell, md_text
 from thermab.report import verdict
@@ -59,34 +60,22 @@ def markdown_table(frame: pd.DataFrame) -> str:
 
 def verdicts(variance: pd.DataFrame) -> pd.Series:
     """One sentence per row of variance.csv: the reference rows say so, the others state the
-    difference, its interval and the finding (see ``stats`` for the rules)."""
+    difference, its interval and the finding (see ``stats`` for the rules), and a difference
+    built on a phase whose load fell short (``load_short``) says so; a metric no phase has
+    (``speed.NOT_MEASURED``) says why."""
     if variance.empty:
         return pd.Series(dtype="string", name="verdict")
     labels = dict(zip(variance["arm"], variance["label"], strict=False))
-    return variance.apply(lambda row: _verdict(row, labels), axis=1).rename("verdict")
+    return variance.apply(lambda row: _noted_verdict(row, labels), axis=1).rename("verdict")
 
 
-def note_verdicts(variance: pd.DataFrame, pooled: pd.DataFrame) -> pd.DataFrame:
-    """``variance`` with ``load_short``, the phases behind each row (its arm's and, for a
-    difference, the reference's) whose load fell short, and every verdict of a difference
-    built on one saying so."""
-
-    def phases(row) -> str:
-        arms = [row["arm"]] + ([row["reference"]] if pd.notna(row["reference"]) else [])
-        return ", ".join(
-            load_validity.short_phases(pooled[(pooled["metric"] == row["metric"]) & pooled["arm"].isin(arms)])
-        )
-
-    load_short = (variance.apply(phases, axis=1) if len(variance) else pd.Series(dtype="string")).astype("string")
-    noted = variance["reference"].notna() & (load_short != "")
-    verdict = variance["verdict"].where(
-        ~noted,
-        variance["verdict"]
-        + " Built on phases whose load fell short of the configuration: "
-        + load_short
-        + " (see Load validity).",
-    )
-    return variance.assign(verdict=verdict, load_short=load_short)
+def _noted_verdict(row: pd.Series, labels: dict) -> str:
+    reasons = row.get(speed.NOT_MEASURED)
+    text = f"not measured: {reasons or 'not measured'}" if isinstance(reasons, str) else _verdict(row, labels)
+    short = row.get("load_short")
+    if pd.notna(row["reference"]) and isinstance(short, str) and short:
+        text += f" Built on phases whose load fell short of the configuration: {short} (see Load validity)."
+    return text
 
 
 def _verdict(row: pd.Series, labels: dict) -> str:
@@ -450,6 +439,21 @@ def load_validity_section(validity: pd.DataFrame, run: Plan) -> list[str]:
     ]
 
 
+def adjustment_words(code: str, covariate: str, p: float, covariates) -> str:
+    """How a question on speed or energy per token was answered (``speed.adjusted_effects``'
+    code, the covariate it concerns and its test's p), in words; "" for other questions."""
+    moved = f"raw: the arm moves {covariate} (two-sided t, p = {p:.2g} < {ALPHA:g})"
+    return {
+        speed.ADJUSTED: "adjusted for " + " + ".join(covariates),
+        speed.RAW_NO_COVARIATES: "raw: analysis.covariates is empty (the setting may move what a restart draws)",
+        speed.RAW_NOT_MEASURED: f"raw: no {covariate} measured",
+        speed.RAW_UNTESTABLE: f"raw: one phase in an arm, the arm's effect on {covariate} cannot be tested",
+        speed.RAW_MOVED: moved,
+        speed.RAW_MOVED_CONFIRM: moved + "; a yes needs the adjusted too",
+        speed.RAW_NOT_IN_FIT: "raw: no covariate in every phase of the fit",
+    }.get(code, "")
+
+
 def balance_words(arm: str, reference: str, check: dict) -> str:
     """One arm's acceptance check in words."""
     span = f"{check['low_pct']:+.1f} % to {check['high_pct']:+.1f} %"
@@ -784,8 +788,21 @@ def _energy_row(
     return row
 
 
+def excluded_words(excluded: dict, reference: str) -> str:
+    """The arms ``stats.best_setting`` left out and why, in words."""
+
+    def why(reason: dict) -> str:
+        if reason["criterion"] == "stalls":
+            return f"more stall gaps than {reference} ({reason['mean']:.1f} vs {reason['reference_mean']:.1f})"
+        if math.isnan(reason["diff_pct"]):
+            return f"throughput loss {reason['diff']:+.1f} {md_text(reason['unit'])}"
+        return f"throughput loss {reason['diff_pct']:+.1f} %"
+
+    return "; ".join(f"{arm}: {why(reason)}" for arm, reason in excluded.items()) or "none"
+
+
 def _best_sentence(best: dict, run: Plan) -> str:
-    excluded = "; ".join(f"{arm}: {md_text(why)}" for arm, why in best["excluded"].items()) or "none"
+    excluded = excluded_words(best["excluded"], run.reference_arm)
     unchecked = {"stalls", "throughput"} - set(best["checked"])
     caveat = f" Not checked for lack of request data: {', '.join(sorted(unchecked))}." if unchecked else ""
     if best["load_short"]:
@@ -805,7 +822,7 @@ def _cpu_sentence(saver: dict, run: Plan, variance: pd.DataFrame) -> str:
     """The setting that saves the most CPU (``stats.best_setting`` on the head's CPU)."""
     reference = run.reference_arm
     cpu = variance[variance["metric"] == names.cpu_median(run.head)].set_index("arm")
-    excluded = "; ".join(f"{arm}: {md_text(why)}" for arm, why in saver["excluded"].items()) or "none"
+    excluded = excluded_words(saver["excluded"], reference)
     return (
         f"Most CPU saved without extra stalls or throughput loss beyond variance:"
         f" {md_text(run.setting)} = {md_text(saver['value'])} ({md_text(saver['label'])},"
