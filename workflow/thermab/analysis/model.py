@@ -235,8 +235,8 @@ def _read_row_groups(
 STUDY_DESIGN = top_level_defaults("until", "max_repeats", "budget_hours")
 
 # What each of run.json's facts that an older, imported or inferred run may lack reads as
-# where it is absent: None (not recorded), an empty tuple (none), or what a run recorded
-# before the key existed ran at.  Read through the attribute, never put into the plan, so a
+# where it is absent: None (not recorded), an empty tuple (none), or what a run that does
+# not record it ran at.  Read through the attribute, never put into the plan, so a
 # plan thawed or copied holds the keys its run.json held and no more.
 UNRECORDED: Mapping[str, object] = MappingProxyType(
     {
