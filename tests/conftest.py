@@ -53,8 +53,8 @@ def pytest_ignore_collect(collection_path, config):
 # spin is accounted, not burnt, so two runs do not read each other's CPU). A run whose host is
 # this machine itself (no root: the real vLLM, and ssh to 127.0.0.1) takes the machine's one
 # lease (/tmp/thermab-lease), and the real vLLM loads both cores and shares its tiny model
-# and venv: those take turns in a lane of their own, which the levels run joins after
-# them, so the three lanes end together (their times: docs/benchmarks.md). An e2e module not
+# and venv: those take turns in a lane of their own, which the levels run and the
+# until-decided run join after them, so the three lanes end together (their times: docs/benchmarks.md). An e2e module not
 # named here joins the first lane.
 WHOLE_RUNS = ("whole-runs-1", "whole-runs-2")
 THIS_MACHINE = "this-machine"
@@ -73,6 +73,7 @@ SHARED = {
     "real/test_docker.py": THIS_MACHINE,
     "integration/test_discover.py": THIS_MACHINE,
     "e2e/test_sim_levels.py": THIS_MACHINE,
+    "e2e/test_until_decided_sim.py": THIS_MACHINE,
 }
 
 
