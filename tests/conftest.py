@@ -54,7 +54,7 @@ def pytest_ignore_collect(collection_path, config):
 # this machine itself (no root: the real vLLM, and ssh to 127.0.0.1) takes the machine's one
 # lease (/tmp/thermab-lease), and the real vLLM loads both cores and shares its tiny model
 # and venv: those take turns in a lane of their own, which the levels run and the
-# until-decided run join after them, so the three lanes end together (their times:
+# until-decided run join, so that the three lanes end together (their times:
 # docs/benchmarks.md). An e2e module not named here joins the first lane.
 WHOLE_RUNS = ("whole-runs-1", "whole-runs-2")
 THIS_MACHINE = "this-machine"
