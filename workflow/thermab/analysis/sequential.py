@@ -47,17 +47,28 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 from scipy import integrate, optimize, stats as scipy_stats
 
 from thermab.analysis.questions import ALPHA, NO, UNDECIDED, YES
-from thermab.config import MIN_DF, read_bounded, residual_df  # noqa: F401 (re-exported)
+from thermab.config import MIN_DF as MIN_DF, read_bounded, residual_df as residual_df  # re-exported
 from thermab.errors import UserError
-from thermab.experiment.plan import looks, order_of_repeat, pair_size, phases, williams_orders  # noqa: F401 (re-exported)
+from thermab.experiment.plan import (  # re-exported: the looks' arithmetic is read here
+    looks as looks,
+    order_of_repeat as order_of_repeat,
+    pair_size as pair_size,
+    phases as phases,
+    williams_orders as williams_orders,
+)
 from thermab.layout import RunDir
+from thermab.load_levels import Level
+
+FloatArray = npt.NDArray[np.float64]
 
 OBRIEN_FLEMING, POCOCK, BONFERRONI = "obrien_fleming", "pocock", "bonferroni"
 METHODS = (OBRIEN_FLEMING, POCOCK, BONFERRONI)
@@ -80,40 +91,53 @@ def spent(fraction: float, alpha: float = ALPHA, method: str = METHOD) -> float:
     raise ValueError(f"no spending function {method!r}: one of {OBRIEN_FLEMING}, {POCOCK}")
 
 
-def boundaries(fractions, alpha: float = ALPHA, method: str = METHOD) -> list[float]:
+def boundaries(fractions: Sequence[float], alpha: float = ALPHA, method: str = METHOD) -> list[float]:
     """The one-sided z boundaries of looks at increasing information ``fractions``: with no
     true difference, the chance of a first crossing at look k is spent(tₖ) − spent(tₖ₋₁).
     The density of the score Sₖ = Zₖ√tₖ on the continuation region is carried from look to
     look (Sₖ − Sₖ₋₁ ~ N(0, tₖ − tₖ₋₁)) and integrated on a grid."""
     norm = scipy_stats.norm
-    bounds, grid, density, previous_t, previous_spent = [], None, None, 0.0, 0.0
+    bounds: list[float] = []
+    carried: tuple[FloatArray, FloatArray] | None = None  # the last look's grid and density on it
+    previous_t, previous_spent = 0.0, 0.0
     for t in fractions:
         step, target = t - previous_t, spent(t, alpha, method) - previous_spent
-        if grid is None:  # the first look: a plain normal tail
+        if carried is None:  # the first look: a plain normal tail
             z = float(norm.isf(target))
         else:
             sd = math.sqrt(step)
 
-            def crossing(z, grid=grid, density=density, sd=sd, t=t, target=target):
-                return integrate.trapezoid(density * norm.sf((z * math.sqrt(t) - grid) / sd), grid) - target
+            def crossing(
+                z: float,
+                carried: tuple[FloatArray, FloatArray] = carried,
+                sd: float = sd,
+                t: float = t,
+                target: float = target,
+            ) -> float:
+                grid, density = carried
+                return float(integrate.trapezoid(density * norm.sf((z * math.sqrt(t) - grid) / sd), grid)) - target
 
             z = float(optimize.brentq(crossing, -10.0, 40.0, xtol=1e-10))
         upper = z * math.sqrt(t)
         new_grid = np.linspace(min(-10.0 * math.sqrt(t), upper - 1.0), upper, GRID_POINTS)
-        if grid is None:
+        density: FloatArray
+        if carried is None:
             density = norm.pdf(new_grid, scale=math.sqrt(t))
         else:
+            grid, old_density = carried
             # the trapezoid rule over the old grid as one product: density × weights, by the kernel
             weights = np.full(len(grid), grid[1] - grid[0])
             weights[[0, -1]] /= 2
             gap = (new_grid[:, None] - grid[None, :]) / math.sqrt(step)
-            density = np.exp(-0.5 * gap * gap) @ (weights * density) / math.sqrt(2 * math.pi * step)
-        grid, previous_t, previous_spent = new_grid, t, previous_spent + target
+            density = np.exp(-0.5 * gap * gap) @ (weights * old_density) / math.sqrt(2 * math.pi * step)
+        carried, previous_t, previous_spent = (new_grid, density), t, previous_spent + target
         bounds.append(z)
     return bounds
 
 
-def information_fractions(order: str, max_repeats: int, repeats, information: str = INFORMATION) -> list[float]:
+def information_fractions(
+    order: str, max_repeats: int, repeats: Iterable[int], information: str = INFORMATION
+) -> list[float]:
     """The information fractions of looks at ``repeats``: residual df less one over the last
     look's (``df_less_one``, the rule), residual df over the last look's (``df``), or
     repeats over ``max_repeats`` (``repeats``, the textbook's for a known variance)."""
@@ -154,18 +178,18 @@ def look_alpha(order: str, max_repeats: int, repeats: int, alpha: float = ALPHA,
     return levels[max(levels)] if levels else 0.0
 
 
-def decided(verdicts) -> bool:
+def decided(verdicts: Iterable[str]) -> bool:
     return all(v != UNDECIDED for v in verdicts)
 
 
-def next_repeats(order: str, max_repeats: int, repeats: int, verdicts) -> int | None:
+def next_repeats(order: str, max_repeats: int, repeats: int, verdicts: Iterable[str]) -> int | None:
     """The repeats to reach next, or None to stop: every question decided, or max_repeats."""
     if decided(verdicts) or repeats >= max_repeats:
         return None
     return min(max_repeats, next(r for r in looks(order, max_repeats) if r > repeats))
 
 
-def completed_repeats(run_dir: Path, order: str, every: list | None = None) -> int:
+def completed_repeats(run_dir: Path, order: str, every: list[Level] | None = None) -> int:
     """Repeats whose every phase (every level's, ``every`` the levels, ``plan.levels``, or
     None) has its phase.json, counted from the first."""
     run, rep = RunDir(run_dir), 0
@@ -178,7 +202,7 @@ def completed_repeats(run_dir: Path, order: str, every: list | None = None) -> i
     return rep
 
 
-def resume_repeats(run_dir: Path, order: str, max_repeats: int, every: list | None = None) -> int:
+def resume_repeats(run_dir: Path, order: str, max_repeats: int, every: list[Level] | None = None) -> int:
     """The repeats this invocation of an ``until: decided`` run should reach, from what is on
     disk: the first look not yet run, or, where the look's questions.csv is written, the
     next look it asks for (the same look when it is decided or the cap is reached).  So an
@@ -197,7 +221,7 @@ def resume_repeats(run_dir: Path, order: str, max_repeats: int, every: list | No
 MAX_ANSWERS_BYTES = 16 * 2**20  # a questions.csv of at most 50 questions at each of 32 levels is far less
 
 
-def read_answers(path: Path, columns=()) -> pd.DataFrame:
+def read_answers(path: Path, columns: Iterable[str] = ()) -> pd.DataFrame:
     """questions.csv with its ``phases_per_arm`` and ``verdict`` checked, and ``columns``
     required too: a file that is not such a table (not CSV, not UTF-8, a column missing, a
     count that is not a whole number, a verdict that is none) is a UserError naming it,
