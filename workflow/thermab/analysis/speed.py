@@ -23,12 +23,16 @@ values are empty with the reason, never a number.  Pure functions over frames an
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from typing import NotRequired, Required, TypedDict
 
 import pandas as pd
 
 from thermab import metric_names as names
 from thermab.analysis import stats
-from thermab.analysis.model import as_telemetry
+from thermab.analysis.model import Telemetry, as_telemetry
+from thermab.analysis.stats import Effect
+from thermab.config import Arm
 from thermab.contracts import ACCEPTANCE_COLUMNS
 from thermab.telemetry import server_metrics
 
@@ -46,10 +50,10 @@ NO_SCRAPE = "no scrape of the server's /metrics in the load window"
 BALANCED, UNBALANCED, UNDECIDED = "balanced", "unbalanced", "undecided"
 
 
-def _phase(inside: pd.DataFrame) -> tuple[dict, list[str]]:
+def _phase(inside: pd.DataFrame) -> tuple[dict[str, float], list[str]]:
     """One window's values from its server rows (sensor → values), and why any is empty."""
 
-    def mean(sensor):
+    def mean(sensor: str) -> float:
         values = inside.loc[inside["sensor"] == sensor, "value"]
         return float(values.mean()) if len(values) else math.nan
 
@@ -60,7 +64,7 @@ def _phase(inside: pd.DataFrame) -> tuple[dict, list[str]]:
     if inside.empty:
         why.append(NO_SCRAPE)
     elif len(faults):
-        codes = sorted({int(code) for code in faults})
+        codes = sorted({int(code) for code in faults.to_numpy(dtype=float)})
         why.append("the spec-decode counters " + " and ".join(server_metrics.SPEC_FAULTS.get(c, "?") for c in codes))
     elif math.isnan(drafts) or math.isnan(accepted):
         why.append(NO_SPEC)
@@ -77,7 +81,7 @@ def _phase(inside: pd.DataFrame) -> tuple[dict, list[str]]:
     return values, why
 
 
-def phase_speed(telemetry, windows: pd.DataFrame, host: str | None = None) -> pd.DataFrame:
+def phase_speed(telemetry: Telemetry | pd.DataFrame, windows: pd.DataFrame, host: str | None = None) -> pd.DataFrame:
     """The speed table: one row per load window, the three values and ``reason`` (why any
     is empty).  A value measured in some phases only is emptied in all, said in each."""
     frame = as_telemetry(telemetry).frame(kind="server", host=host)
@@ -91,7 +95,10 @@ def phase_speed(telemetry, windows: pd.DataFrame, host: str | None = None) -> pd
     for column in VALUES:
         measured = table[column].notna()
         if measured.any() and not measured.all():
-            missing = ", ".join(f"rep{int(r.rep)}-{r.arm}" for r in table[~measured].itertuples())
+            unmeasured = table.loc[~measured]
+            missing = ", ".join(
+                f"rep{rep}-{arm}" for rep, arm in zip(unmeasured["rep"].astype(int), unmeasured["arm"], strict=True)
+            )
             table[column] = math.nan
             for reasons in table["reason"]:
                 reasons.append(f"{column.replace('_', ' ')} not measured in {missing}: no comparison")
@@ -108,7 +115,7 @@ def phase_metrics(speed: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True).dropna(subset=["value"]).reset_index(drop=True)
 
 
-def not_measured(speed: pd.DataFrame, arms: dict) -> pd.DataFrame:
+def not_measured(speed: pd.DataFrame, arms: Mapping[str, Arm]) -> pd.DataFrame:
     """Rows of variance.csv for the speed metrics no phase has, where the server was
     scraped: empty values, speed.csv's reasons in ``not_measured`` (the report's verdict
     says so).  A run without any scrape (imported, or made before the scrape) has speed.csv's
@@ -146,13 +153,25 @@ def tost(low: float, high: float, margin: float) -> str:
     return UNBALANCED if low >= margin or high <= -margin else UNDECIDED
 
 
-def acceptance_balance(effects: dict, margin_pct: float, alpha: float) -> dict:
+class Balance(TypedDict):
+    """An arm's acceptance length against the reference's (``acceptance_balance``)."""
+
+    state: str  # BALANCED, UNBALANCED or UNDECIDED
+    low_pct: float
+    high_pct: float
+    margin_pct: float
+    n: int
+
+
+def acceptance_balance(
+    effects: Mapping[tuple[str, str], Effect], margin_pct: float, alpha: float
+) -> dict[str, Balance]:
     """arm → {state, low_pct, high_pct, margin_pct, n}: TOST of the arm's mean acceptance
     length against the reference's, within ± ``margin_pct`` % of the reference mean, on the
     arm effect ``stats.arm_effects`` gives (its t interval at 1 − 2α)."""
     from thermab.analysis.questions import interval
 
-    balance = {}
+    balance: dict[str, Balance] = {}
     for (metric, arm), effect in effects.items():
         if metric != names.ACCEPTANCE_LENGTH:
             continue
@@ -169,7 +188,31 @@ def acceptance_balance(effects: dict, margin_pct: float, alpha: float) -> dict:
     return balance
 
 
-def adjusted_effects(effects: dict, pooled: pd.DataFrame, reference: str, covariates, alpha: float) -> dict:
+class Adjustment(TypedDict, total=False):
+    """How an effect on ``metric_names.ADJUSTED`` is answered, and what that concerns."""
+
+    adjustment: Required[str]  # ADJUSTED or a RAW_* code
+    adjustment_covariate: str
+    adjustment_p: float
+
+
+class AdjustedEffect(Effect):
+    """The effect a question on ``metric_names.ADJUSTED`` is answered on (``adjusted_effects``)."""
+
+    raw: Effect
+    adjustment: str
+    confirm: NotRequired[Effect]  # the adjusted effect a raw yes must agree with
+    adjustment_covariate: NotRequired[str]
+    adjustment_p: NotRequired[float]
+
+
+def adjusted_effects(
+    effects: Mapping[tuple[str, str], Effect],
+    pooled: pd.DataFrame,
+    reference: str,
+    covariates: Sequence[str],
+    alpha: float,
+) -> dict[tuple[str, str], AdjustedEffect]:
     """(metric, arm) → the effect a question on ``metric_names.ADJUSTED`` is answered on:
     adjusted for ``covariates`` (``stats.covariate_effects``, ANCOVA) where the arm is not
     seen to move any of them, else the raw effect; each with ``raw`` (the raw effect) and
@@ -191,20 +234,43 @@ def adjusted_effects(effects: dict, pooled: pd.DataFrame, reference: str, covari
     if not wanted:
         return {}
     adjusted = stats.covariate_effects(pooled, reference, names.ADJUSTED, covariates) if covariates else {}
-    result = {}
+    result: dict[tuple[str, str], AdjustedEffect] = {}
     for metric, arm in wanted:
         raw = effects[(metric, arm)]
         fitted = adjusted.get((metric, arm))
         why = _not_adjusted(effects, arm, covariates, alpha)
-        if why is None and fitted is None:
-            why = {"adjustment": RAW_NOT_IN_FIT}
-        if why is None:
-            result[(metric, arm)] = {**fitted, "raw": raw, "adjustment": ADJUSTED}
+        if why is None and fitted is not None:
+            result[(metric, arm)] = _answered_on(fitted, raw, {"adjustment": ADJUSTED})
+        elif why is None:
+            result[(metric, arm)] = _answered_on(raw, raw, {"adjustment": RAW_NOT_IN_FIT})
         elif why["adjustment"] == RAW_MOVED and fitted is not None:
-            result[(metric, arm)] = {**raw, "raw": raw, "confirm": fitted, **why, "adjustment": RAW_MOVED_CONFIRM}
+            result[(metric, arm)] = _answered_on(raw, raw, {**why, "adjustment": RAW_MOVED_CONFIRM}, confirm=fitted)
         else:
-            result[(metric, arm)] = {**raw, "raw": raw, **why}
+            result[(metric, arm)] = _answered_on(raw, raw, why)
     return result
+
+
+def _answered_on(effect: Effect, raw: Effect, why: Adjustment, confirm: Effect | None = None) -> AdjustedEffect:
+    # field by field: a TypedDict unpacked with ** could carry any key of a subtype
+    answered: AdjustedEffect = {
+        "diff": effect["diff"],
+        "se": effect["se"],
+        "df": effect["df"],
+        "method": effect["method"],
+        "n": effect["n"],
+        "ref_n": effect["ref_n"],
+        "ref": effect["ref"],
+        "unit": effect["unit"],
+        "raw": raw,
+        "adjustment": why["adjustment"],
+    }
+    if confirm is not None:
+        answered["confirm"] = confirm
+    if "adjustment_covariate" in why:
+        answered["adjustment_covariate"] = why["adjustment_covariate"]
+    if "adjustment_p" in why:
+        answered["adjustment_p"] = why["adjustment_p"]
+    return answered
 
 
 # How a question on metric_names.ADJUSTED is answered (questions.csv's ``adjustment``)
@@ -226,7 +292,9 @@ ADJUSTMENTS = (
 )
 
 
-def _not_adjusted(effects: dict, arm: str, covariates, alpha: float) -> dict | None:
+def _not_adjusted(
+    effects: Mapping[tuple[str, str], Effect], arm: str, covariates: Sequence[str], alpha: float
+) -> Adjustment | None:
     """Why ``arm``'s speed may not be adjusted for ``covariates`` (``adjustment`` and, where
     one covariate is the reason, ``adjustment_covariate`` and ``adjustment_p``), or None
     where it may."""
@@ -244,7 +312,7 @@ def _not_adjusted(effects: dict, arm: str, covariates, alpha: float) -> dict | N
     return None
 
 
-def two_sided_p(effect: dict) -> float:
+def two_sided_p(effect: Effect) -> float:
     """The two-sided p of an arm effect's t statistic (diff / se on its df); NaN without se."""
     se, df = effect["se"], effect["df"]
     if math.isnan(se) or math.isnan(df):
@@ -256,7 +324,7 @@ def two_sided_p(effect: dict) -> float:
     return float(2 * scipy_stats.t.sf(abs(effect["diff"]) / se, df))
 
 
-def balance_frame(balance: dict, reference: str) -> pd.DataFrame:
+def balance_frame(balance: Mapping[str, Balance], reference: str) -> pd.DataFrame:
     """``acceptance_balance`` as rows, one per arm."""
     rows = [{"arm": arm, "reference": reference, **check} for arm, check in balance.items()]
     return pd.DataFrame(rows, columns=ACCEPTANCE_COLUMNS)
