@@ -103,7 +103,16 @@ def test_the_smallest_margin_a_budget_decides_is_the_one_it_needs():
 
 
 def test_an_estimate_on_the_margin_is_out_of_reach():
-    effect = {"diff": -1.0, "se": 0.5, "df": 5, "n": 4, "ref_n": 4, "ref": {"mean": 20.0, "sd": 1.0, "n": 4}}
+    effect = {
+        "diff": -1.0,
+        "se": 0.5,
+        "df": 5,
+        "method": "Welch t",
+        "n": 4,
+        "ref_n": 4,
+        "ref": {"mean": 20.0, "sd": 1.0, "n": 4, "cv_pct": 5.0},
+        "unit": "tok/s",
+    }
     run = Plan({"reference_arm": "A", "arms": {"A": {}, "B": {}}, "order": "AB"})
     question = {"metric": "m", "kind": "non_inferior", "better": "higher", "margin": 1.0}
     rows = planning.plan_rows([question], {("m", "B"): effect}, run, planning.Timings(0, 3600, 4), hours=100)

@@ -39,27 +39,32 @@ from __future__ import annotations
 import math
 import shlex
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Required, TypedDict
 
 import numpy as np
 import pandas as pd
 
 from thermab.analysis import sequential
 from thermab.analysis.metrics import PHASE_KEYS
-from thermab.analysis.model import Plan, read_events
-from thermab.analysis.questions import (
-    ALPHA,
-    POWER,
-    UNDECIDED,
+from thermab.analysis.model import Plan, RunData, read_events
+from thermab.analysis.questions import (  # ALPHA, POWER and UNDECIDED re-exported: a plan's words read them here
+    ALPHA as ALPHA,
+    POWER as POWER,
+    UNDECIDED as UNDECIDED,
     decisive_distance,
     gain_sign,
     margin_in_unit,
     phases_needed as solve_phases,
 )
+from thermab.analysis.stats import Effect
 from thermab.config import first_testing_repeats, question_words, repeats_in_budget
 from thermab.contracts import PLAN_COLUMNS
 from thermab.experiment import plan as experiment_plan
 from thermab.layout import RunDir
+from thermab.load_levels import Level
 from thermab.metric_names import BETWEEN_RESTARTS, OUTPUT_THROUGHPUT
 
 # The restart CV a plan assumes for speed and energy per token until the run has measured
@@ -84,7 +89,7 @@ class Timings:
     jobs: int
     time_scale: float = 1.0
 
-    def hours(self, repeats: int, arms: int) -> float:
+    def hours(self, repeats: float, arms: int) -> float:
         """Cluster-hours of a study of ``repeats`` repeats of ``arms`` arms, baseline included."""
         return (self.baseline_s + repeats * arms * self.job_s) * self.time_scale / 3600
 
@@ -103,7 +108,7 @@ class Timings:
 
 
 def study_plan(
-    run,
+    run: RunData,
     performance: pd.DataFrame,
     pooled: pd.DataFrame,
     answers: pd.DataFrame | None,
@@ -144,7 +149,7 @@ def measured_timings(events: pd.DataFrame, time_scale: float = 1.0) -> Timings |
     if events.empty or "event" not in events:
         return None
     marks = events[events["event"].isin(["patch_applied", "restart_start", "cooldown_end"])].dropna(subset=["rep"])
-    jobs = []
+    jobs: list[float] = []
     for _keys, job in marks.groupby(PHASE_KEYS, sort=False):
         begun = job.loc[job["event"] != "cooldown_end", "t"]
         ended = job.loc[job["event"] == "cooldown_end", "t"]
@@ -239,10 +244,10 @@ def budget_check(
 
 
 def resume_within_budget(
-    run_dir,
+    run_dir: Path,
     order: str,
     max_repeats: int,
-    every: list | None = None,
+    every: list[Level] | None = None,
     budget_hours: float | None = None,
     time_scale: float = 1.0,
     job_s: float | None = None,
@@ -274,7 +279,7 @@ def smallest_effect(repeats: int, alpha: float = ALPHA, power: float = POWER) ->
     return float(np.asarray(effect).item())
 
 
-def smallest_margin(question: dict, estimate: float, distance: float) -> float:
+def smallest_margin(question: Mapping[str, Any], estimate: float, distance: float) -> float:
     """The smallest margin (or ``by``) a study deciding ``distance`` from the bound decides,
     at the estimate seen: non-inferiority and superiority reach a ``yes`` beyond it (0: even
     no loss at all), equivalence a ``yes`` within ± it."""
@@ -294,13 +299,13 @@ def restart_spread(between: float, within: float) -> float:
 
 
 def plan_rows(
-    questions: list[dict],
-    effects: dict,
+    questions: Iterable[Mapping[str, Any]],
+    effects: Mapping[tuple[str, str], Effect],
     run: Plan,
     timings: Timings | None,
     *,
     answers: pd.DataFrame | None = None,
-    within: dict | None = None,
+    within: Mapping[str, float] | None = None,
     restart_cv_pct: float | None = None,
     hours: float | None = None,
     alpha: float = ALPHA,
@@ -316,31 +321,69 @@ def plan_rows(
     reference = run.reference_arm
     arms = [a for a in run.arms if a != reference]
     block = sequential.pair_size(run.order)
-    verdicts = {}
+    verdicts: dict[tuple[str, str], str] = {}
     if answers is not None and len(answers):
         verdicts = {(m, a): v for m, a, v in zip(answers["metric"], answers["arm"], answers["verdict"], strict=False)}
     budget_repeats = timings.repeats_within(hours, len(run.arms)) if hours and timings else None
-    rows = []
+    rows: list[dict[str, object]] = []
     for question in questions:
         metric = resolve_metric(question["metric"], run)
         for arm in arms:
             effect = effects.get((metric, arm))
-            row = dict.fromkeys(PLAN_COLUMNS, math.nan)
+            row: dict[str, object] = dict.fromkeys(PLAN_COLUMNS, math.nan)
             row.update(question=question_words(question), metric=metric, arm=arm, kind=question["kind"])
             row["verdict"] = verdicts.get((metric, arm), UNDECIDED)
             if effect is None:
                 rows.append({**row, "phases_per_arm": 0, "sd_from": "no data", "reach": "no data in this run"})
                 continue
             inside = (within or {}).get(metric, math.nan)
-            rows.append(
-                {**row, **_planned(question, metric, effect, run, timings, inside, restart_cv_pct, block, alpha, power)}
-            )
+            planned = _planned(question, metric, effect, run, timings, inside, restart_cv_pct, block, alpha, power)
+            rows.append({**row, **planned})
             if budget_repeats is not None:
-                rows[-1].update(_within_budget(question, effect, rows[-1], budget_repeats, alpha, power))
+                rows[-1].update(_within_budget(question, effect, planned, budget_repeats, alpha, power))
     return pd.DataFrame(rows).reindex(columns=PLAN_COLUMNS)
 
 
-def _planned(question, metric, effect, run, timings, inside, restart_cv_pct, block, alpha, power) -> dict:
+class Planned(TypedDict):
+    """A question's and arm's plan: the spread it rests on and what decides it (``plan_rows``)."""
+
+    unit: str
+    phases_per_arm: int
+    estimate: float
+    between_sd: float
+    within_sd: float
+    restart_sd: float
+    planned_sd: float
+    sd_from: str
+    distance: float
+    phases_needed: float
+    repeats_needed: float  # whole repeats, NaN where no number decides
+    hours_needed: float
+    reach: str
+
+
+class BudgetReach(TypedDict, total=False):
+    """What ``hours`` of budget reach for a question and arm (``plan_rows``)."""
+
+    budget_repeats: Required[int]
+    budget_distance: float
+    smallest_margin: float
+    smallest_margin_pct: float
+    reach: str
+
+
+def _planned(
+    question: Mapping[str, Any],
+    metric: str,
+    effect: Effect,
+    run: Plan,
+    timings: Timings | None,
+    inside: float,
+    restart_cv_pct: float | None,
+    block: int,
+    alpha: float,
+    power: float,
+) -> Planned:
     n = min(effect["n"], effect["ref_n"])
     between = effect["se"] / math.sqrt(1 / effect["n"] + 1 / effect["ref_n"]) if effect["n"] else math.nan
     planned, sd_from = between, "measured between phases"
@@ -358,10 +401,10 @@ def _planned(question, metric, effect, run, timings, inside, restart_cv_pct, blo
     margin = margin_in_unit(question, effect["ref"])
     distance = decisive_distance(question["kind"], gain_sign(question), margin, effect["diff"])
     needed = 2.0 if planned == 0 and distance > 0 else solve_phases(distance, planned, alpha, power)
-    repeats = math.ceil(needed / block) * block if math.isfinite(needed) else math.nan
+    repeats: float = math.ceil(needed / block) * block if math.isfinite(needed) else math.nan
     hours = timings.hours(repeats, len(run.arms)) if timings and math.isfinite(repeats) else math.nan
     return {
-        "unit": effect.get("unit", effect.get("raw", {}).get("unit", "")),
+        "unit": effect["unit"],
         "phases_per_arm": n,
         "estimate": effect["diff"],
         "between_sd": between,
@@ -392,7 +435,9 @@ def _reach(margin: float, distance: float, sd: float, needed: float, run: Plan, 
     return "reachable"
 
 
-def _within_budget(question, effect, row, budget_repeats, alpha, power) -> dict:
+def _within_budget(
+    question: Mapping[str, Any], effect: Effect, row: Planned, budget_repeats: int, alpha: float, power: float
+) -> BudgetReach:
     if budget_repeats == 0:  # a plan with no phases to count keeps its own reason
         reach = "out of reach: the budget does not fit one crossover block"
         return {"budget_repeats": 0, "reach": reach if row["reach"] == "reachable" else row["reach"]}
