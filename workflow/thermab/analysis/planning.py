@@ -42,7 +42,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Required, TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -362,10 +362,13 @@ class Planned(TypedDict):
     reach: str
 
 
-class BudgetReach(TypedDict, total=False):
+class _BudgetRepeats(TypedDict):
+    budget_repeats: int
+
+
+class BudgetReach(_BudgetRepeats, total=False):
     """What ``hours`` of budget reach for a question and arm (``plan_rows``)."""
 
-    budget_repeats: Required[int]
     budget_distance: float
     smallest_margin: float
     smallest_margin_pct: float

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import NotRequired, Required, TypedDict
+from typing import TypedDict
 
 import pandas as pd
 
@@ -188,22 +188,25 @@ def acceptance_balance(
     return balance
 
 
-class Adjustment(TypedDict, total=False):
+class _AdjustmentCode(TypedDict):
+    adjustment: str  # ADJUSTED or a RAW_* code
+
+
+class Adjustment(_AdjustmentCode, total=False):
     """How an effect on ``metric_names.ADJUSTED`` is answered, and what that concerns."""
 
-    adjustment: Required[str]  # ADJUSTED or a RAW_* code
     adjustment_covariate: str
     adjustment_p: float
 
 
-class AdjustedEffect(Effect):
+class _WithRaw(Effect):
+    raw: Effect
+
+
+class AdjustedEffect(_WithRaw, Adjustment, total=False):
     """The effect a question on ``metric_names.ADJUSTED`` is answered on (``adjusted_effects``)."""
 
-    raw: Effect
-    adjustment: str
-    confirm: NotRequired[Effect]  # the adjusted effect a raw yes must agree with
-    adjustment_covariate: NotRequired[str]
-    adjustment_p: NotRequired[float]
+    confirm: Effect  # the adjusted effect a raw yes must agree with
 
 
 def adjusted_effects(
