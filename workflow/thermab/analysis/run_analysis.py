@@ -15,7 +15,9 @@ the arm effect. Pooled runs must have the same arms."""
 
 import dataclasses
 import logging
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -56,6 +58,7 @@ from thermab.contracts import (
     POOLED_COLUMNS,
     WINDOW_COLUMNS,
     AnalysisRecord,
+    PhaseValidity,
 )
 from thermab.errors import UserError
 from thermab.experiment import plan
@@ -68,7 +71,7 @@ def phase_tables(run: RunData) -> dict[str, pd.DataFrame]:
     """The load windows and the per-phase tables of one run, every row marked with whether
     its phase's load was the configured one (``load_valid``)."""
     windows = metrics.load_windows(run.events)
-    reports = {
+    reports: dict[load_validity.PhaseKey, PhaseValidity | load_validity.DerivedValidity] = {
         **load_validity.derived_reports(run.requests, windows, run.events, run.plan, run.validity),
         **run.validity,
     }
@@ -158,7 +161,12 @@ def _check_poolable(runs: list[RunData]) -> None:
                 raise UserError(f"cannot pool {run.path} with {runs[0].path}: {key} differs")
 
 
-def compute(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = None) -> Analysis:
+def compute(
+    run_dir: str | Path,
+    also: Iterable[str | Path] = (),
+    detect_pct: float = 5.0,
+    analysis: dict[str, Any] | None = None,
+) -> Analysis:
     """Every number the tables, summary and figures show, without writing anything.
     ``analysis``: settings in place of run.json's (``model.load_run``), for every run pooled.
     A run of levels is analysed one level at a time (analysis.levels), every row of every
@@ -182,7 +190,9 @@ def compute(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = N
     return dataclasses.replace(result, open_plan=_open_plan(result))
 
 
-def compute_level(runs: list[RunData], detect_pct: float = 5.0) -> tuple[dict, pd.DataFrame, dict | None]:
+def compute_level(
+    runs: list[RunData], detect_pct: float = 5.0
+) -> tuple[dict[str, pd.DataFrame], pd.DataFrame, dict[str, Any] | None]:
     """The tables, the pooled per-phase metrics and a sweep's best setting of runs at one level."""
     run = runs[0]
     config = run.plan
@@ -210,20 +220,22 @@ def compute_level(runs: list[RunData], detect_pct: float = 5.0) -> tuple[dict, p
     tables["questions"], tables["acceptance"] = answer_questions(
         config, pooled, pd.concat([t["validity"] for t in every]), alpha
     )
-    best = None
+    chosen = None
     if variance["arm"].nunique() > 2:
-        best = stats.best_setting(
+        chosen = stats.best_setting(
             variance,
             config.arms,
             config.reference_arm,
             metric_names.zone_mean(config.head, config.timeline_zone),
         )
-    if best is not None:  # the choice weighs every arm's phases
-        best["load_short"] = load_validity.short_phases(pooled)
+    # as analysis.json records it; the choice weighs every arm's phases
+    best = None if chosen is None else {**chosen, "load_short": load_validity.short_phases(pooled)}
     return tables, pooled, best
 
 
-def answer_questions(config: Plan, pooled: pd.DataFrame, validity: pd.DataFrame, alpha: float = questions.ALPHA):
+def answer_questions(
+    config: Plan, pooled: pd.DataFrame, validity: pd.DataFrame, alpha: float = questions.ALPHA
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The answers (questions.csv's numbers) from the pooled per-phase metrics: a yes is
     withheld where a load fell short or, for a temperature, where the arms' starts were not
     balanced; speed and energy per token are answered adjusted for what each restart draws
@@ -248,7 +260,7 @@ def with_load_short(variance: pd.DataFrame, pooled: pd.DataFrame) -> pd.DataFram
     """``variance`` with ``load_short``, the phases behind each row (its arm's and, for a
     difference, the reference's) whose load fell short (the report's verdicts say so)."""
 
-    def phases(row) -> str:
+    def phases(row: pd.Series) -> str:
         arms = [row["arm"]] + ([row["reference"]] if pd.notna(row["reference"]) else [])
         return ", ".join(
             load_validity.short_phases(pooled[(pooled["metric"] == row["metric"]) & pooled["arm"].isin(arms)])
@@ -290,7 +302,7 @@ def write_numbers(result: Analysis) -> None:
     ).write(files.analysis_record)
 
 
-def read_numbers(run_dir, analysis: dict | None = None) -> Analysis:
+def read_numbers(run_dir: str | Path, analysis: dict[str, Any] | None = None) -> Analysis:
     """What ``write_numbers`` wrote in RUN_DIR, with the run's own data (run.json, events,
     tidy telemetry and requests) beside it: the analysis as the report rules see it."""
     files = RunDir(Path(run_dir))
@@ -308,7 +320,7 @@ def read_numbers(run_dir, analysis: dict | None = None) -> Analysis:
 FRAME_COLUMNS = {"windows": WINDOW_COLUMNS, "acceptance": ACCEPTANCE_COLUMNS, "completeness": COMPLETENESS_COLUMNS}
 
 
-def _read_frame(path: Path, columns) -> pd.DataFrame:
+def _read_frame(path: Path, columns: Iterable[str]) -> pd.DataFrame:
     """One frame of analysis/, or a UserError naming the file where it is none or lacks a
     column of its contract."""
     try:
