@@ -34,8 +34,8 @@ RESTATED = {"% of one core": (0.01, "cores", 2), "gaps": (1.0, "gaps per phase",
 
 
 class AnswerRow(Protocol):
-    """One row of questions.csv as read here (``itertuples`` or a Series); ``unit``, ``better``
-    and the level are read where the table has them."""
+    """One row of questions.csv as the report reads it (``itertuples`` or a Series); ``unit``,
+    ``better`` and the level are read where the table has them."""
 
     @property
     def question(self) -> object: ...
@@ -45,6 +45,8 @@ class AnswerRow(Protocol):
     def arm(self) -> object: ...
     @property
     def reference(self) -> object: ...
+    @property
+    def metric(self) -> str: ...
     @property
     def kind(self) -> str: ...
     @property
@@ -59,6 +61,12 @@ class AnswerRow(Protocol):
     def phases_per_arm(self) -> float: ...
     @property
     def phases_needed(self) -> float: ...
+
+
+def answer_rows(answers: pd.DataFrame) -> Iterator[AnswerRow]:
+    """questions.csv's rows; pandas' stubs give a row's every field as any scalar, the table's
+    columns are these."""
+    return cast("Iterator[AnswerRow]", answers.itertuples(index=False))
 
 
 def _text(row: AnswerRow, column: str) -> str:
@@ -161,9 +169,7 @@ def verdict_lines(answers: pd.DataFrame, command: str = "", *, escape: Callable[
     arms = answers["arm"].nunique() if "arm" in answers else 1
     levels = answers[LEVEL].nunique() if LEVEL in answers else 1
     lines = []
-    # pandas' stubs give a row's every field as any scalar; questions.csv's columns are these
-    rows = cast("Iterator[AnswerRow]", answers.itertuples(index=False))
-    for row in rows:
+    for row in answer_rows(answers):
         line = verdict_line(row, arms=arms, levels=levels, escape=escape)
         lines.append(line + (to_decide(row, command) if command else ""))
     return lines
