@@ -17,7 +17,7 @@ import math
 import pandas as pd
 
 from thermab.analysis import energy as energy_rows, levels
-from thermab.analysis.model import Plan
+from thermab.analysis.model import Plan, Sources
 from thermab.load.shapes import Shape
 from thermab.load_levels import CLOSED
 from thermab.markup import Markdown, md_cell, md_text
@@ -288,7 +288,7 @@ def evidence_markdown(
     *,
     preflight: dict | None,
     events: pd.DataFrame | None,
-    sources: dict,
+    sources: Sources,
     asked_s: pd.Series | None = None,
     energy: pd.DataFrame | None = None,
 ) -> str:

@@ -5,6 +5,8 @@ or writes files.  Every number printed carries its unit, and every table says it
 """
 
 import math
+from collections.abc import Hashable, Mapping
+from typing import Any
 
 import pandas as pd
 
@@ -454,8 +456,8 @@ def adjustment_words(code: str, covariate: str, p: float, covariates) -> str:
     }.get(code, "")
 
 
-def balance_words(arm: str, reference: str, check: dict) -> str:
-    """One arm's acceptance check in words."""
+def balance_words(arm: str, reference: str, check: Mapping[Hashable, Any]) -> str:
+    """One arm's acceptance check in words (a record of the acceptance table)."""
     span = f"{check['low_pct']:+.1f} % to {check['high_pct']:+.1f} %"
     if math.isnan(check["low_pct"]):
         span = "no interval"
