@@ -7,6 +7,8 @@ load window with their n, ``warnings`` says in words what makes a phase suspect,
 rule for a request's decode speed: a rate only where the tokens' arrivals measured one.
 """
 
+from collections.abc import Iterable
+
 import numpy as np
 import pandas as pd
 
@@ -80,7 +82,7 @@ def decode_speed(frame: pd.DataFrame) -> pd.Series:
     return ((tokens - 1) / decode_s).where(decode_measurable(frame) & (tokens > 1))
 
 
-def bursts(arrivals):
+def bursts(arrivals: Iterable[float | None]) -> str | None:
     """``"1–2 bursts"`` from the token arrivals of some requests; None when none recorded."""
     arrivals = pd.Series(arrivals, dtype="float64").dropna()
     if arrivals.empty:

@@ -18,7 +18,9 @@ the same arms.
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -34,7 +36,12 @@ from thermab.report import evidence, levels_summary, plan_words, summary
 log = logging.getLogger(__name__)
 
 
-def analyze(run_dir, also=(), detect_pct: float = 5.0, analysis: dict | None = None) -> dict[str, pd.DataFrame]:
+def analyze(
+    run_dir: str | Path,
+    also: Sequence[str | Path] = (),
+    detect_pct: float = 5.0,
+    analysis: dict[str, Any] | None = None,
+) -> dict[str, pd.DataFrame]:
     """Write RUN_DIR's numbers (``run_analysis.write_numbers``), its tables and its words in
     one go, as the rules analyze, tables, summary and evidence do; return the tables in words."""
     return write_outputs(compute(run_dir, also, detect_pct, analysis))
@@ -49,7 +56,7 @@ def write_outputs(result: Analysis) -> dict[str, pd.DataFrame]:
     return worded.tables
 
 
-def read_report(run_dir, analysis: dict | None = None) -> Analysis:
+def read_report(run_dir: str | Path, analysis: dict[str, Any] | None = None) -> Analysis:
     """The numbers rule analyze wrote in RUN_DIR (``run_analysis.read_numbers``), in words:
     what the report rules read."""
     return in_words(read_numbers(run_dir, analysis))
@@ -72,7 +79,7 @@ def in_words(result: Analysis) -> Analysis:
     return dataclasses.replace(result, tables=tables)
 
 
-def _placed(frame: pd.DataFrame, column: str, values, before: str) -> pd.DataFrame:
+def _placed(frame: pd.DataFrame, column: str, values: pd.Series, before: str) -> pd.DataFrame:
     out = frame.drop(columns=[column], errors="ignore")
     out.insert(list(out.columns).index(before) if before in out.columns else len(out.columns), column, values)
     return out
@@ -84,15 +91,17 @@ def answers_in_words(answers: pd.DataFrame, acceptance: pd.DataFrame, config: Pl
     token with its arm's acceptance check in words."""
     leveled = levels.LEVEL in answers.columns and levels.LEVEL in acceptance.columns
 
-    def key(arm, level):
+    def key(arm: str, level: str | float | None) -> str | tuple[str, str | None]:
         return (arm, None if pd.isna(level) else str(level)) if leveled else arm
 
     checks = {key(row["arm"], row.get(levels.LEVEL)): row for row in acceptance.to_dict("records")}
     balance, adjustment = [], []
     for row in answers.to_dict("records"):
         check = checks.get(key(row["arm"], row.get(levels.LEVEL)))
-        on_speed = row["metric"] in metric_names.ADJUSTED and check is not None
-        balance.append(summary.balance_words(row["arm"], row["reference"], check) if on_speed else "")
+        on_speed = row["metric"] in metric_names.ADJUSTED
+        balance.append(
+            summary.balance_words(row["arm"], row["reference"], check) if on_speed and check is not None else ""
+        )
         code = row["adjustment"]  # NaN where the question had no data
         adjustment.append(
             summary.adjustment_words(code, row["adjustment_covariate"], row["adjustment_p"], config.covariates)
@@ -133,6 +142,7 @@ def write_summary(result: Analysis) -> None:
         texts = {
             level.label: _summary(result, levels.tables_at(result.tables, level), levels.plan_at(run.plan, level))
             for level in every
+            if level is not None  # of_run's None stands for a run without levels alone
         }
         text = levels_summary.markdown(run.plan, result.tables, result.pooled, texts)
     tables = result.tables
@@ -186,7 +196,7 @@ def _open_plan_words(result: Analysis, tables: dict[str, pd.DataFrame], config: 
     )
 
 
-def compare_runs(run_dirs: list[Path], out_dir: Path, analysis: dict | None = None) -> pd.DataFrame:
+def compare_runs(run_dirs: list[Path], out_dir: Path, analysis: dict[str, Any] | None = None) -> pd.DataFrame:
     """Pool every run of a cluster (AB and BA, all repeats) into one variance table and
     its verdicts: ``out_dir/variance.{csv,md}`` and ``out_dir/summary.md``. With both
     orders present the period effect is separated from the arm effect (stats.compare)."""
@@ -238,7 +248,7 @@ def _write_markdown(out: Path, tables: dict[str, pd.DataFrame]) -> None:
         atomic.write_text(out / f"{name}.md", text)
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = cli.parser("analyze", __doc__)
     parser.add_argument("run_dir", help="results/{cluster}/{order} or an imported run directory")
     parser.add_argument(

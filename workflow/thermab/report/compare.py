@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -23,7 +24,7 @@ from thermab import atomic, cli, layout
 from thermab.analysis import levels, run_analysis
 from thermab.analysis.model import MAX_JSON_BYTES, distinct_runs
 from thermab.analysis.stats import welch_interval
-from thermab.config import read_bounded
+from thermab.config import Arm, read_bounded
 from thermab.errors import UserError
 from thermab.experiment import events
 from thermab.report import summary
@@ -63,7 +64,7 @@ def finished_run(path: Path) -> Path:
     return path
 
 
-def _leaves(value, path: str = ""):
+def _leaves(value: object, path: str = "") -> Iterator[tuple[str, str]]:
     """(``key.key``, its value as JSON) of each leaf of a JSON document."""
     if isinstance(value, dict):
         for key, inner in value.items():
@@ -101,7 +102,7 @@ def differences(environments: list[dict[str, str]], names: list[str]) -> list[st
     """One line per key whose value is not the same in every run (absent counts as a value);
     a file that only some runs have is one line, not one per key of it."""
     files = [{_file_of(key) for key in env} for env in environments]
-    partial = sorted(set().union(*files) - set.intersection(*files))
+    partial = sorted(set[str]().union(*files) - files[0].intersection(*files[1:]))
     lines = [
         f"{file}: only in {', '.join(name for name, own in zip(names, files, strict=True) if file in own)}"
         for file in partial
@@ -120,7 +121,7 @@ def _short(value: str | None) -> str:
     return value if len(value) <= SHOWN_CHARS else value[: SHOWN_CHARS - 1] + "…"
 
 
-def labelled(pooled: pd.DataFrame, arms: dict) -> pd.DataFrame:
+def labelled(pooled: pd.DataFrame, arms: Mapping[str, Arm]) -> pd.DataFrame:
     """A run's per-phase metrics with each arm's label (``arm_label``)."""
     return pooled.assign(arm_label=pooled["arm"].map({arm: arms[arm].label for arm in arms}))
 
@@ -199,7 +200,7 @@ def report(table: pd.DataFrame, differ: list[str], names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = cli.parser(
         "compare",
         "Any finished runs side by side (other clusters, versions, days): each later run against\n"

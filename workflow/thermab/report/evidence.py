@@ -13,26 +13,29 @@ Pure text rendering of frames and dicts; ``analyze`` reads the files and writes 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 
 from thermab.analysis import energy as energy_rows, levels
-from thermab.analysis.model import Plan
+from thermab.analysis.model import Plan, Sources
 from thermab.load.shapes import Shape
 from thermab.load_levels import CLOSED
 from thermab.markup import Markdown, md_cell, md_text
 from thermab.report import plan_words, verdict
 from thermab.report.summary import fmt_duration, markdown_table
 from thermab.report.units import fmt
+from thermab.telemetry.power import total_scope
 
 
-def simulated_hosts(preflight: dict | None) -> list[str]:
+def simulated_hosts(preflight: dict[str, Any] | None) -> list[str]:
     """The hosts preflight found to be thermab's simulated nodes."""
     hosts = (preflight or {}).get("hosts", {})
     return [name for name, facts in hosts.items() if isinstance(facts, dict) and facts.get("simulated")]
 
 
-def simulated_note(preflight: dict | None) -> list[str]:
+def simulated_note(preflight: dict[str, Any] | None) -> list[str]:
     """A quoted warning that the numbers come from a model, where any host is simulated."""
     hosts = simulated_hosts(preflight)
     if not hosts:
@@ -45,7 +48,7 @@ def simulated_note(preflight: dict | None) -> list[str]:
     ]
 
 
-def _level(row, plan: Plan) -> str | None:
+def _level(row: verdict.AnswerRow, plan: Plan) -> str | None:
     """The load level (its label) of a row of a run of levels, None in a run of one."""
     label = getattr(row, levels.LEVEL, None)
     if not isinstance(plan.users, tuple) or label is None or pd.isna(label):
@@ -55,12 +58,12 @@ def _level(row, plan: Plan) -> str | None:
 
 def load_shape(plan: Plan) -> str:
     """The load in words: a run of levels' labels, or its one level's shape."""
-    every = levels.of_run(plan)
-    if every == [None]:
+    named = [one for one in levels.of_run(plan) if one is not None]  # of_run's [None]: users unnamed
+    if not named:
         return "a load whose users run.json does not name"
     if isinstance(plan.users, tuple):
-        return "levels of load, one window each after each restart: " + "; ".join(one.label for one in every)
-    one = every[0]
+        return "levels of load, one window each after each restart: " + "; ".join(one.label for one in named)
+    one = named[0]
     if one.kind == CLOSED:
         return f"closed loop of {one.users} users (zero think time)"
     return Shape(one.users, **one.shape).describe()
@@ -86,7 +89,7 @@ def opening(
     answers: pd.DataFrame,
     variance: pd.DataFrame,
     plan: Plan,
-    preflight: dict | None,
+    preflight: dict[str, Any] | None,
     events: pd.DataFrame | None = None,
 ) -> list[str]:
     """What summary.md, report.html and evidence.md open with: the simulation named where
@@ -132,15 +135,15 @@ def _design(plan: Plan, windows: pd.DataFrame, asked_s: pd.Series | None = None)
     ]
 
 
-def _restored(events: pd.DataFrame) -> dict:
+def _restored(events: pd.DataFrame | None) -> dict[str, object]:
     """host → the sha256 of its file as restored at the end (the ``restored`` events)."""
-    if events is None or "event" not in events or "detail" not in events:
+    if events is None or any(column not in events for column in ("event", "detail", "host")):
         return {}
     rows = events[events["event"] == "restored"]
     return {
-        row.host: row.detail.get("sha256")
-        for row in rows.itertuples(index=False)
-        if isinstance(getattr(row, "detail", None), dict)
+        host: detail.get("sha256")
+        for host, detail in zip(rows["host"], rows["detail"], strict=True)
+        if isinstance(detail, dict)
     }
 
 
@@ -153,7 +156,7 @@ def _served_models(events: pd.DataFrame | None) -> list[str]:
     return list(dict.fromkeys(d["model"] for d in details if isinstance(d, dict) and isinstance(d.get("model"), str)))
 
 
-def _host_hardware(facts: dict, sources: dict) -> str:
+def _host_hardware(facts: dict[str, Any], sources: Mapping[str, Mapping[str, str]]) -> str:
     parts = [facts.get("uname") or "kernel not recorded"]
     zones = facts.get("zones") or []
     if zones:
@@ -165,14 +168,16 @@ def _host_hardware(facts: dict, sources: dict) -> str:
     return ", ".join(parts)
 
 
-def _sha(digest) -> str:
+def _sha(digest: object) -> str:
     """The first 16 hex digits of a file's sha256 as code, in Markdown; what is no hex digest
     is text."""
     text = str(digest or "")[:16]
     return f"`{text}`" if text and all(c in "0123456789abcdef" for c in text) else md_cell(text or "–")
 
 
-def _environment(plan: Plan, preflight: dict | None, events: pd.DataFrame, sources: dict) -> list[str]:
+def _environment(
+    plan: Plan, preflight: dict[str, Any] | None, events: pd.DataFrame | None, sources: Sources
+) -> list[str]:
     lines = ["### Environment", ""]
     if not preflight:
         return lines + ["No preflight.json in this run (an imported run): hosts and files are not recorded.", ""]
@@ -224,7 +229,7 @@ def key_numbers(answers: pd.DataFrame, variance: pd.DataFrame, plan: Plan) -> pd
     gives it (CPU in cores, stall gaps per phase)."""
     labels = {a: md_text(spec.label) for a, spec in plan.arms.items()}
     rows = []
-    for row in answers.itertuples(index=False):
+    for row in verdict.answer_rows(answers):
         selected = variance[variance["metric"] == row.metric]
         level = _level(row, plan)
         if level is not None and levels.LEVEL in selected:
@@ -259,11 +264,11 @@ def energy_scope(table: pd.DataFrame | None) -> list[str]:
     lines, blind = [], []
     for host, rows in hosts.groupby("host", sort=False):
         domains = rows["domain"].tolist()
-        summed, scopes, holds = energy_rows.total_scope(domains)
+        summed, scopes, holds = total_scope(domains)
         if not summed:
             continue
         if "wall" in scopes:
-            board = energy_rows.total_scope(energy_rows.on_board(domains))[1]
+            board = total_scope(energy_rows.on_board(domains))[1]
             lines.append(f"{host}: at the wall ({' + '.join(summed)}), on board {' + '.join(board) or 'nothing'}")
         if "cpu" not in holds:
             blind.append(f"{host} ({' + '.join(scopes)})")
@@ -286,9 +291,9 @@ def evidence_markdown(
     variance: pd.DataFrame,
     windows: pd.DataFrame,
     *,
-    preflight: dict | None,
+    preflight: dict[str, Any] | None,
     events: pd.DataFrame | None,
-    sources: dict,
+    sources: Sources,
     asked_s: pd.Series | None = None,
     energy: pd.DataFrame | None = None,
 ) -> str:

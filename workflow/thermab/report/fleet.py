@@ -8,6 +8,7 @@ head zone mean, head vLLM CPU, output throughput, the cluster's energy per outpu
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd  # noqa: E402
 
@@ -17,7 +18,8 @@ from thermab.analysis.model import Plan, read_plan  # noqa: E402
 from thermab.headless import plt  # noqa: E402 (the Agg backend, literal text)
 from thermab.layout import RunDir  # noqa: E402
 from thermab.markup import md_text  # noqa: E402
-from thermab.report.summary import DIGITS, fmt, markdown_table  # noqa: E402
+from thermab.report.summary import markdown_table  # noqa: E402
+from thermab.report.units import DIGITS, fmt  # noqa: E402
 
 COLUMNS = ["cluster", "arm", "label", "n", "metric", "unit", "mean", "diff_pct", "finding", "verdict"]
 
@@ -27,7 +29,7 @@ def metrics_of(run: Plan) -> list[str]:
     return [names.zone_mean(head, zone), names.cpu_median(head), names.OUTPUT_THROUGHPUT, energy.METRIC]
 
 
-def fleet_table(run_dirs: dict[str, Path], analysis: dict | None = None) -> pd.DataFrame:
+def fleet_table(run_dirs: dict[str, Path], analysis: dict[str, Any] | None = None) -> pd.DataFrame:
     """One row per cluster, arm and headline metric (metric names lose the head's host
         name, which differs between clusters).  ``analysis``: the settings the runs were analysed
     with, in place of run.json's (their metric names carry the timeline zone)."""
@@ -94,7 +96,12 @@ def fleet_figure(table: pd.DataFrame, out_png: Path) -> None:
 
 
 def write_fleet(
-    run_dirs: dict[str, Path], order: str, out_csv: Path, out_md: Path, out_png: Path, analysis: dict | None = None
+    run_dirs: dict[str, Path],
+    order: str,
+    out_csv: Path,
+    out_md: Path,
+    out_png: Path,
+    analysis: dict[str, Any] | None = None,
 ) -> None:
     table = fleet_table(run_dirs, analysis)
     out_csv.parent.mkdir(parents=True, exist_ok=True)

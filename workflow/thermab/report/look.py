@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from thermab.analysis import phase_length, planning, sequential
 from thermab.config import phase_job_s
@@ -20,6 +21,7 @@ from thermab.contracts import Decision
 from thermab.experiment import monitor, plan
 from thermab.experiment.cluster import ClusterRun
 from thermab.layout import BASELINE, RunDir
+from thermab.load_levels import Level
 from thermab.report.analyze import analyze
 from thermab.telemetry import ingest
 
@@ -30,7 +32,7 @@ def _link(path: Path, target: Path) -> None:
         path.symlink_to(os.path.relpath(target, path.parent))
 
 
-def view(run_dir: Path, repeats: int, order: str, every) -> RunDir:
+def view(run_dir: Path, repeats: int, order: str, every: list[Level] | None) -> RunDir:
     """``looks/{repeats}/`` as a run directory of the phases up to the look: run.json,
     preflight.json, events.jsonl, the baseline and those phases, and each host's pulled
     logs linked from the run; its monitor/stopped.json, tidy/ and tables/ its own."""
@@ -46,7 +48,7 @@ def view(run_dir: Path, repeats: int, order: str, every) -> RunDir:
     return look
 
 
-def decide(look: RunDir, run: ClusterRun, repeats: int, settings: dict) -> Decision:
+def decide(look: RunDir, run: ClusterRun, repeats: int, settings: dict[str, Any]) -> Decision:
     """The look's decision from its own tables: the next look while a question is open,
     ``max_repeats`` is not reached and the next look fits in ``budget_hours`` (``settings``:
     what it decides with, kept in the decision)."""
@@ -70,7 +72,7 @@ def decide(look: RunDir, run: ClusterRun, repeats: int, settings: dict) -> Decis
     return Decision(repeats, None, None, why, settings)
 
 
-def look(run: ClusterRun, repeats: int, settings: dict, out: Path) -> Decision:
+def look(run: ClusterRun, repeats: int, settings: dict[str, Any], out: Path) -> Decision:
     """The look at ``repeats``: every host put back and its logs pulled (the phases after it
     bring them up again), the look's tables, and its decision written to ``out``
     (``settings``: the rule's, ``analysis`` among them; the command a look prints comes from

@@ -6,10 +6,13 @@ smallest margin that budget decides. docs/planning.md explains the plan."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
 import pandas as pd
 
 from thermab import cli
-from thermab.analysis import levels, planning
+from thermab.analysis import levels, planning, questions
 from thermab.analysis.model import read_preflight
 from thermab.analysis.run_analysis import compute
 from thermab.layout import RunDir
@@ -25,7 +28,13 @@ def at_level(frame: pd.DataFrame, label: str | None) -> pd.DataFrame:
     return frame[frame[levels.LEVEL] == label].reset_index(drop=True)
 
 
-def plan_text(run_dir, *, hours=None, restart_cv_pct=None, time_scale=None) -> str:
+def plan_text(
+    run_dir: str | Path,
+    *,
+    hours: float | None = None,
+    restart_cv_pct: float | None = None,
+    time_scale: float | None = None,
+) -> str:
     result = compute(run_dir)
     simulated = bool(evidence.simulated_hosts(read_preflight(RunDir(result.run.path).preflight)))
     every = levels.of_run(result.run.plan)
@@ -45,12 +54,12 @@ def plan_text(run_dir, *, hours=None, restart_cv_pct=None, time_scale=None) -> s
         title = f"Plan for {run_dir}" + (f" at {label}" if len(every) > 1 else "")
         out += [title, "", *plan_words.plan_lines(rows, run.plan, timings, hours=hours, simulated=simulated), ""]
     answers = result.tables["questions"]
-    if (answers["verdict"] == planning.UNDECIDED).any():
+    if (answers["verdict"] == questions.UNDECIDED).any():
         out += [f"To decide what is open: {plan_words.decide_call(answers, result.run.plan, result.run.events)}", ""]
     return "\n".join(out)
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = cli.parser("plan", __doc__)
     parser.add_argument("run_dir", help="a run directory (results/{cluster}/{order}, a pilot or a finished study)")
     parser.add_argument(

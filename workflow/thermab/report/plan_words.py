@@ -5,13 +5,74 @@ cost (evidence.md, summary.md, ``status``, ``plan``). The numbers are ``analysis
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol, cast
 
 import pandas as pd
 
 from thermab.analysis import planning, sequential
 from thermab.analysis.model import Plan
-from thermab.config import first_testing_repeats
+from thermab.analysis.questions import ALPHA, POWER, UNDECIDED
+from thermab.config import first_testing_repeats, residual_df
+from thermab.experiment.plan import pair_size
 from thermab.markup import md_text
+
+
+class PlanRow(Protocol):
+    """One row of the plan (``contracts.PLAN_COLUMNS``, ``planning.study_plan``) as the words
+    read it; ``unit`` is NaN for a metric without one."""
+
+    @property
+    def question(self) -> str: ...
+    @property
+    def metric(self) -> str: ...
+    @property
+    def arm(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def verdict(self) -> str: ...
+    @property
+    def phases_per_arm(self) -> float: ...
+    @property
+    def estimate(self) -> float: ...
+    @property
+    def between_sd(self) -> float: ...
+    @property
+    def within_sd(self) -> float: ...
+    @property
+    def restart_sd(self) -> float: ...
+    @property
+    def planned_sd(self) -> float: ...
+    @property
+    def sd_from(self) -> str: ...
+    @property
+    def distance(self) -> float: ...
+    @property
+    def phases_needed(self) -> float: ...
+    @property
+    def repeats_needed(self) -> float: ...
+    @property
+    def hours_needed(self) -> float: ...
+    @property
+    def budget_repeats(self) -> float: ...
+    @property
+    def budget_distance(self) -> float: ...
+    @property
+    def smallest_margin(self) -> float: ...
+    @property
+    def smallest_margin_pct(self) -> float: ...
+    @property
+    def reach(self) -> str: ...
+    @property
+    def unit(self) -> object: ...
+
+
+def plan_rows(rows: pd.DataFrame) -> Iterator[PlanRow]:
+    """The plan's rows; pandas' stubs give a row's every field as any scalar, the plan's
+    columns are these."""
+    return cast("Iterator[PlanRow]", rows.itertuples(index=False))
 
 
 def decide_cost(answers: pd.DataFrame, plan: Plan, events: pd.DataFrame | None) -> str:
@@ -42,8 +103,8 @@ def one_more_pair(arms: int, block: int, timings: planning.Timings | None) -> st
     upper confidence bound of an sd on those df as a multiple of the estimate."""
     from scipy import stats as scipy_stats
 
-    def gives(repeats):
-        df = sequential.residual_df(arms, repeats)
+    def gives(repeats: int) -> str:
+        df = residual_df(arms, repeats)
         upper = math.sqrt(df / scipy_stats.chi2.ppf(0.2, df))
         cost = (
             f", {timings.hours(repeats - 1, arms) - timings.hours(0, arms):.1f} more cluster-hours" if timings else ""
@@ -61,11 +122,11 @@ def one_more_pair(arms: int, block: int, timings: planning.Timings | None) -> st
     )
 
 
-def _num(value: float, digits: int = 3) -> str:
+def _num(value: float | None, digits: int = 3) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}g}"
 
 
-def _in(value: float, unit, sign: bool = False) -> str:
+def _in(value: float | None, unit: object, sign: bool = False) -> str:
     """A number of the plan in the metric's unit (``—`` where unknown)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
@@ -73,7 +134,7 @@ def _in(value: float, unit, sign: bool = False) -> str:
     return f"{text} {unit}" if isinstance(unit, str) and unit else text
 
 
-def _decided_margin(row) -> str:
+def _decided_margin(row: PlanRow) -> str:
     """The smallest margin (or the largest ``by``) the budget decides at the estimate, in words;
     a margin that shows as 0 is never offered: any margin above it is decided."""
     pct = f" ({row.smallest_margin_pct:.2g} % of the reference)" if math.isfinite(row.smallest_margin_pct) else ""
@@ -89,7 +150,7 @@ def _decided_margin(row) -> str:
     return f"the smallest margin decided at this estimate is {_in(row.smallest_margin, row.unit)}{pct}"
 
 
-def _budget_words(row, said: bool, block: int) -> str:
+def _budget_words(row: PlanRow, said: bool, block: int) -> str:
     """What the budget decides, in words; ``said``: the line has said the question out of
     reach already, so the budget's reason follows without saying it twice."""
     if row.budget_repeats == 0:
@@ -141,18 +202,18 @@ def plan_lines(
     paragraph for the open questions); ``simulated``: the run's hosts are thermab's
     simulation, whose cluster-hours are the simulated study's."""
     labels = {a: spec.label for a, spec in run.arms.items()}
-    block = sequential.pair_size(run.order)
+    block = pair_size(run.order)
     arms = len(run.arms)
     lines = [timings_line(timings, arms, block, simulated)]
     lines.append(
-        f"Phases per arm to decide at {planning.POWER * 100:.0f} % power: statsmodels' TTestIndPower, one-sided at"
-        f" {planning.ALPHA:g}, for the distance between the estimate and the decisive bound at the planned sd"
+        f"Phases per arm to decide at {POWER * 100:.0f} % power: statsmodels' TTestIndPower, one-sided at"
+        f" {ALPHA:g}, for the distance between the estimate and the decisive bound at the planned sd"
         " (every phase is a restart of its own, so the arms' phases are independent samples);"
         f" rounded up to whole blocks of {block} repeats."
     )
     if len(rows) and rows["phases_per_arm"].max() <= 1:
         lines.append(one_more_pair(arms, block, timings))
-    for row in rows.itertuples(index=False):
+    for row in plan_rows(rows):
         head = f"- {row.question}, {labels.get(row.arm, row.arm)} vs {labels[run.reference_arm]}:"
         head += f" {str(row.verdict).upper()} after {row.phases_per_arm:.0f} phase(s) per arm."
         if row.sd_from == "no data":
@@ -166,7 +227,7 @@ def plan_lines(
         )
         if math.isfinite(row.phases_needed):
             need = (
-                f" Decided at {planning.POWER * 100:.0f} % power by {row.phases_needed:.0f} phases per arm:"
+                f" Decided at {POWER * 100:.0f} % power by {row.phases_needed:.0f} phases per arm:"
                 f" {row.repeats_needed:.0f} repeats, {row.repeats_needed * arms:.0f} phases"
                 + (f", {row.hours_needed:.1f} cluster-hours." if math.isfinite(row.hours_needed) else ".")
             )
@@ -184,7 +245,7 @@ def open_questions_section(
     run: Plan,
     timings: planning.Timings | None,
     events: pd.DataFrame,
-    run_dir,
+    run_dir: str | Path,
     simulated: bool = False,
 ) -> list[str]:
     """summary.md's paragraph for the questions left undecided: the plan of each (``rows``),
@@ -192,12 +253,12 @@ def open_questions_section(
     run the study that would decide them (``decide_call`` of questions.csv, ``answers``, as
     evidence.md gives it); [] when every question is decided.  ``simulated``: as
     ``plan_lines``."""
-    open_rows = rows[rows["verdict"] == planning.UNDECIDED]
+    open_rows = rows[rows["verdict"] == UNDECIDED]
     if open_rows.empty:
         return []
     lines = ["## What would decide the open questions", ""]
     budget, done = run.budget_hours, int(rows["phases_per_arm"].max())
-    upcoming = sequential.next_repeats(run.order, run.max_repeats, done, [planning.UNDECIDED])
+    upcoming = sequential.next_repeats(run.order, run.max_repeats, done, [UNDECIDED])
     if run.until == "decided" and budget is not None and upcoming and timings is not None:
         scale = timings.time_scale
         check = planning.budget_check(events, len(run.arms), done, upcoming, budget, scale)

@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import networkx as nx
 import yaml
@@ -81,8 +82,8 @@ def snakemake_dag(snakefile: Path, workdir: Path, config_file: Path, target: str
     return result.stdout
 
 
-def parse_dot(dot: str) -> nx.DiGraph:
-    graph = nx.DiGraph()
+def parse_dot(dot: str) -> nx.DiGraph[str]:
+    graph: nx.DiGraph[str] = nx.DiGraph()
     for node, label in re.findall(r'^\s*(\d+)\[label = "([^"]*)"', dot, flags=re.M):
         graph.add_node(node, label=label.replace("\\n", "\n"))
     for source, target in re.findall(r"^\s*(\d+) -> (\d+)", dot, flags=re.M):
@@ -90,7 +91,7 @@ def parse_dot(dot: str) -> nx.DiGraph:
     return graph
 
 
-def mermaid(graph: nx.DiGraph) -> str:
+def mermaid(graph: nx.DiGraph[str]) -> str:
     """The job DAG as a Mermaid flowchart (what ``snakemake --dag mermaid-js`` writes, less
     its colours), from the graph read off the dot."""
     lines = ["flowchart TB"]
@@ -101,12 +102,12 @@ def mermaid(graph: nx.DiGraph) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw_dag(graph: nx.DiGraph, out_svg: Path) -> None:
+def draw_dag(graph: nx.DiGraph[str], out_svg: Path) -> None:
     for layer, nodes in enumerate(nx.topological_generations(graph)):
         for node in nodes:
             graph.nodes[node]["layer"] = layer
-    positions = nx.multipartite_layout(graph, subset_key="layer", align="horizontal", scale=4)
-    positions = {node: (x, -y) for node, (x, y) in positions.items()}
+    layout = nx.multipartite_layout(graph, subset_key="layer", align="horizontal", scale=4)
+    positions = {node: (x, -y) for node, (x, y) in layout.items()}
     height = 1.2 * (max((d["layer"] for _, d in graph.nodes(data=True)), default=0) + 1)
     figure, axes = plt.subplots(figsize=(9, max(4.0, height)))
     nx.draw_networkx_edges(graph, positions, ax=axes, arrows=True, edge_color="#888888")
@@ -131,7 +132,7 @@ def manifest(run_dir: Path, skip: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(run_dir: Path, out_dir: Path, config: dict, snakefile: Path, workdir: Path, target: str) -> None:
+def write(run_dir: Path, out_dir: Path, config: dict[str, Any], snakefile: Path, workdir: Path, target: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     config_file = out_dir / "config.yaml"
     config_file.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -12,11 +12,17 @@ function that applies it to a matplotlib axis.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from thermab.analysis import questions
 from thermab.analysis.model import Plan
+from thermab.report import verdict
+
+if TYPE_CHECKING:  # the arithmetic alone needs no matplotlib
+    from thermab.headless import Axes
 
 FLOOR_PCT = 5.0  # the smallest half-span, in % of the reference mean (stats' detect_pct default)
 PAD = 0.08  # of the span, above and below
@@ -28,7 +34,7 @@ def margin_offsets(answers: pd.DataFrame | None, plan: Plan) -> dict[str, list[f
     offsets: dict[str, list[float]] = {}
     if answers is None or answers.empty:
         return offsets
-    for row in answers.dropna(subset=["margin"]).itertuples(index=False):
+    for row in verdict.answer_rows(answers.dropna(subset=["margin"])):
         question = next(
             (
                 q
@@ -46,7 +52,11 @@ def margin_offsets(answers: pd.DataFrame | None, plan: Plan) -> dict[str, list[f
 
 
 def held_limits(
-    values, reference: float, offsets=(), floor_pct: float = FLOOR_PCT, at_least: float = 0.0
+    values: Iterable[float],
+    reference: float,
+    offsets: Sequence[float] = (),
+    floor_pct: float = FLOOR_PCT,
+    at_least: float = 0.0,
 ) -> tuple[float, float] | None:
     """(low, high) of an axis showing ``values`` beside ``reference`` ± its margins and at
     least ± ``floor_pct`` % of it (± ``at_least`` in the unit, for a reference of 0); None
@@ -63,7 +73,7 @@ def held_limits(
     return low - pad, high + pad
 
 
-def hold(ax, values, reference: float, offsets=(), unit: str = "") -> None:
+def hold(ax: Axes, values: Iterable[float], reference: float, offsets: Sequence[float] = (), unit: str = "") -> None:
     """Set ``ax``'s value axis by ``held_limits`` and draw each margin as a dashed line."""
     limits = held_limits(values, reference, offsets)
     if limits is None:

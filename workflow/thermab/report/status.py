@@ -17,6 +17,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -61,7 +62,10 @@ def read_run_answers(run_dir: Path) -> pd.DataFrame | None:
         return None
     answers = read_answers(path, ANSWER_COLUMNS)
     numbers = ["margin", "estimate", "ci_low", "ci_high", "phases_needed"]
-    return answers.assign(**{c: pd.to_numeric(answers.get(c), errors="coerce") for c in numbers})
+    # a column the table lacks (one written before phases_needed) reads as unknown
+    return answers.assign(
+        **{c: pd.to_numeric(answers[c], errors="coerce") if c in answers else math.nan for c in numbers}
+    )
 
 
 def answer_lines(answers: pd.DataFrame | None, command: str = "") -> list[str]:
@@ -111,7 +115,7 @@ STATUS_KEYS = {  # status.json's keys (progress.write_status) and what each must
 }
 
 
-def _kind_problem(value, kind) -> str | None:
+def _kind_problem(value: object, kind: type) -> str | None:
     """Why ``value`` is not of ``kind`` (float: any finite number; int: a whole one)."""
     shown = str(value)[:40]
     if kind is bool or isinstance(value, bool):
@@ -124,7 +128,7 @@ def _kind_problem(value, kind) -> str | None:
     return None if isinstance(value, kind) else f"{shown!r} is not a {'text' if kind is str else 'mapping'}"
 
 
-def read_status(path: Path) -> dict:
+def read_status(path: Path) -> dict[str, Any]:
     """status.json, checked (read bounded, every key of the shape this thermab writes, each
     reading a finite number): a file of another shape (an older thermab's, damaged, huge)
     is a UserError naming the file and the key."""
@@ -148,7 +152,7 @@ def read_status(path: Path) -> dict:
     return state
 
 
-def _position_lines(state: dict, now: float) -> list[str]:
+def _position_lines(state: dict[str, Any], now: float) -> list[str]:
     age = now - state["t"]
     going = "now" if age < STALE_S else f"as of {_ago(age)} (no load running since)"
     lines = [

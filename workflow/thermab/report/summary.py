@@ -5,6 +5,8 @@ or writes files.  Every number printed carries its unit, and every table says it
 """
 
 import math
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from typing import Any, Protocol, cast
 
 import pandas as pd
 
@@ -12,10 +14,13 @@ from thermab import metric_names as names
 from thermab.analysis import energy, load_validity, sequential, speed, stats, washout
 from thermab.analysis.model import Plan
 from thermab.analysis.questions import ALPHA
+from thermab.analysis.stats import BestSetting, Exclusion
+from thermab.contracts import COMPLETENESS_COLUMNS
 from thermab.load.validity import FULL_LENGTH_MIN, INFLIGHT_SLACK, MIN_ARRIVAL_SPAN_SHARE, MIN_TOKEN_ARRIVALS, bursts
 from thermab.markup import Markdown, md_cell, md_text
 from thermab.report import verdict
 from thermab.report.units import DIGITS, fmt
+from thermab.telemetry.power import host_total_domains, total_scope
 
 VALIDITY_COLUMNS = [
     "phase",
@@ -46,7 +51,7 @@ def markdown_table(frame: pd.DataFrame) -> str:
     """A GitHub Markdown table; floats rounded to 2 decimals, NaN empty; every cell and
     header through ``markup.md_cell`` (a label, a host's or a zone's name is text)."""
 
-    def cell(value):
+    def cell(value: object) -> str:
         if value is pd.NA:
             return ""
         if isinstance(value, float):
@@ -69,7 +74,7 @@ def verdicts(variance: pd.DataFrame) -> pd.Series:
     return variance.apply(lambda row: _noted_verdict(row, labels), axis=1).rename("verdict")
 
 
-def _noted_verdict(row: pd.Series, labels: dict) -> str:
+def _noted_verdict(row: pd.Series, labels: Mapping[str, str]) -> str:
     reasons = row.get(speed.NOT_MEASURED)
     text = f"not measured: {reasons or 'not measured'}" if isinstance(reasons, str) else _verdict(row, labels)
     short = row.get("load_short")
@@ -78,7 +83,7 @@ def _noted_verdict(row: pd.Series, labels: dict) -> str:
     return text
 
 
-def _verdict(row: pd.Series, labels: dict) -> str:
+def _verdict(row: pd.Series, labels: Mapping[str, str]) -> str:
     if pd.isna(row["reference"]):
         return f"reference arm ({fmt(row['mean'], row['unit'])}, n = {row['n']} phases)"
     unit, ref_label = row["unit"], labels.get(row["reference"], row["reference"])
@@ -141,21 +146,22 @@ def _restart_variance(row: pd.Series) -> str:
 def completeness_section(frame: pd.DataFrame) -> str:
     """The completeness table (``completeness.completeness``) as a summary.md section."""
     rows = []
-    for row in frame.itertuples(index=False):
-        interval = row.interval_s
+    for host, source, interval, expected, got, largest_gap_s in frame[COMPLETENESS_COLUMNS].itertuples(
+        index=False, name=None
+    ):
         note = ""
-        if row.got == 0:
+        if got == 0:
             note = "no samples"
-        elif interval > 0 and row.largest_gap_s > 3 * interval:  # False for NaN too
-            note = f"gap of {row.largest_gap_s / interval:.0f} intervals"
+        elif interval > 0 and largest_gap_s > 3 * interval:  # False for NaN too
+            note = f"gap of {largest_gap_s / interval:.0f} intervals"
         rows.append(
             {
-                "host": row.host,
-                "source": row.source,
+                "host": host,
+                "source": source,
                 "interval": fmt(interval, "s"),
-                "expected": fmt(row.expected, "", 0),
-                "got": fmt(row.got, "", 0),
-                "largest gap": fmt(row.largest_gap_s, "s"),
+                "expected": fmt(expected, "", 0),
+                "got": fmt(got, "", 0),
+                "largest gap": fmt(largest_gap_s, "s"),
                 "note": note,
             }
         )
@@ -175,12 +181,12 @@ def completeness_section(frame: pd.DataFrame) -> str:
 
 def summary_markdown(
     run: Plan,
-    tables: dict,
+    tables: dict[str, pd.DataFrame],
     variance: pd.DataFrame,
     *,
-    sample_interval_s: dict,
+    sample_interval_s: dict[str, float],
     sources: list[str],
-    best: dict | None,
+    best: dict[str, Any] | None,
     completeness: pd.DataFrame | None = None,
     open_plan: list[str] | None = None,
 ) -> str:
@@ -294,7 +300,7 @@ def questions_section(answers: pd.DataFrame, run: Plan) -> list[str]:
     units = answers["unit"].fillna("") if "unit" in answers else pd.Series("", index=answers.index)
     rows = pd.DataFrame(
         {
-            "question": [verdict.label(row) for row in answers.itertuples(index=False)],
+            "question": [verdict.label(row) for row in verdict.answer_rows(answers)],
             "arm vs reference": [
                 f"{labels.get(a, a)} vs {labels.get(r, r)}"
                 for a, r in zip(answers["arm"], answers["reference"], strict=False)
@@ -303,7 +309,7 @@ def questions_section(answers: pd.DataFrame, run: Plan) -> list[str]:
             "interval": [
                 verdict.span(lo, hi, u) for lo, hi, u in zip(answers["ci_low"], answers["ci_high"], units, strict=False)
             ],
-            "margin": [verdict.margin_text(row) for row in answers.assign(unit=units).itertuples(index=False)],
+            "margin": [verdict.margin_text(row) for row in verdict.answer_rows(answers.assign(unit=units))],
             "phases per arm": answers["phases_per_arm"],
             "verdict": answers["verdict"].str.upper(),
             "phases needed": [f"{v:.0f}" if pd.notna(v) else "" for v in answers["phases_needed"]],
@@ -352,17 +358,21 @@ def questions_section(answers: pd.DataFrame, run: Plan) -> list[str]:
     ]
 
 
-def adjustment_lines(answers: pd.DataFrame, labels: dict) -> list[str]:
+def adjustment_lines(answers: pd.DataFrame, labels: Mapping[str, str]) -> list[str]:
     """Under the questions' table: each answer on speed or energy per token, what it was
     adjusted for (or why it stayed raw), and the raw effect beside it."""
     if "adjustment" not in answers:
         return []
     lines = []
-    for row in answers[answers["adjustment"].fillna("").astype(str) != ""].itertuples(index=False):
-        raw = f"raw {fmt(row.raw_estimate, sign=True)}"
-        if pd.notna(row.raw_ci_low):
-            raw += f" [{fmt(row.raw_ci_low, sign=True)}, {fmt(row.raw_ci_high, sign=True)}]"
-        lines.append(f"- {row.metric}, {labels.get(row.arm, row.arm)}: {row.adjustment} ({raw})")
+    adjusted = answers.loc[
+        answers["adjustment"].fillna("").astype(str) != "",
+        ["metric", "arm", "adjustment", "raw_estimate", "raw_ci_low", "raw_ci_high"],
+    ]
+    for metric, arm, adjustment, raw_estimate, raw_ci_low, raw_ci_high in adjusted.itertuples(index=False, name=None):
+        raw = f"raw {fmt(raw_estimate, sign=True)}"
+        if pd.notna(raw_ci_low):
+            raw += f" [{fmt(raw_ci_low, sign=True)}, {fmt(raw_ci_high, sign=True)}]"
+        lines.append(f"- {metric}, {labels.get(arm, arm)}: {adjustment} ({raw})")
     if not lines:
         return []
     return [
@@ -373,6 +383,56 @@ def adjustment_lines(answers: pd.DataFrame, labels: dict) -> list[str]:
         *lines,
         "",
     ]
+
+
+class ValidityRow(Protocol):
+    """One phase of tables/validity.csv as the section reads it; a phase without load records
+    has NaN for each."""
+
+    @property
+    def order(self) -> str: ...
+    @property
+    def rep(self) -> int: ...
+    @property
+    def arm(self) -> str: ...
+    @property
+    def load_valid(self) -> bool | float: ...
+    @property
+    def users(self) -> object: ...
+    @property
+    def inflight_mean(self) -> float: ...
+    @property
+    def share_at_users(self) -> float: ...
+    @property
+    def server_running_mean(self) -> float: ...
+    @property
+    def server_waiting_mean(self) -> float: ...
+    @property
+    def server_held_max(self) -> float: ...
+    @property
+    def full_length_share(self) -> float: ...
+    @property
+    def ok_load(self) -> object: ...
+    @property
+    def cached_share(self) -> float: ...
+    @property
+    def reporting_cached(self) -> object: ...
+    @property
+    def failed(self) -> object: ...
+    @property
+    def requests(self) -> object: ...
+    @property
+    def usage_source(self) -> object: ...
+    @property
+    def shortfalls(self) -> object: ...
+    @property
+    def warnings(self) -> object: ...
+
+
+def validity_rows(validity: pd.DataFrame) -> Iterator[ValidityRow]:
+    """validity.csv's rows; pandas' stubs give a row's every field as any scalar, the table's
+    columns are these."""
+    return cast("Iterator[ValidityRow]", validity.itertuples(index=False))
 
 
 def load_validity_section(validity: pd.DataFrame, run: Plan) -> list[str]:
@@ -388,8 +448,10 @@ def load_validity_section(validity: pd.DataFrame, run: Plan) -> list[str]:
         ]
     labels = {a: spec.label for a, spec in run.arms.items()}
     rows = []
-    for phase in validity.itertuples(index=False):
-        row = {"phase": f"{phase.order} rep{phase.rep}-{phase.arm} ({labels.get(phase.arm, phase.arm)})"}
+    for phase in validity_rows(validity):
+        row: dict[str, object] = {
+            "phase": f"{phase.order} rep{phase.rep}-{phase.arm} ({labels.get(phase.arm, phase.arm)})"
+        }
         if pd.isna(phase.load_valid):
             rows.append({**row, "load": load_validity.NO_RECORDS})
             continue
@@ -439,7 +501,7 @@ def load_validity_section(validity: pd.DataFrame, run: Plan) -> list[str]:
     ]
 
 
-def adjustment_words(code: str, covariate: str, p: float, covariates) -> str:
+def adjustment_words(code: str, covariate: str, p: float, covariates: Iterable[str]) -> str:
     """How a question on speed or energy per token was answered (``speed.adjusted_effects``'
     code, the covariate it concerns and its test's p), in words; "" for other questions."""
     moved = f"raw: the arm moves {covariate} (two-sided t, p = {p:.2g} < {ALPHA:g})"
@@ -454,8 +516,8 @@ def adjustment_words(code: str, covariate: str, p: float, covariates) -> str:
     }.get(code, "")
 
 
-def balance_words(arm: str, reference: str, check: dict) -> str:
-    """One arm's acceptance check in words."""
+def balance_words(arm: str, reference: str, check: Mapping[Hashable, Any]) -> str:
+    """One arm's acceptance check in words (a record of the acceptance table)."""
     span = f"{check['low_pct']:+.1f} % to {check['high_pct']:+.1f} %"
     if math.isnan(check["low_pct"]):
         span = "no interval"
@@ -472,12 +534,13 @@ def balance_section(balance: pd.DataFrame | None, run: Plan) -> list[str]:
         return []
     labels = {a: md_text(spec.label) for a, spec in run.arms.items()}
     lines = ["## Balanced acceptance", ""]
-    for row in balance.itertuples(index=False):
-        mark = row.state if row.state == speed.BALANCED else f"**{row.state}**"
-        span = "no interval" if math.isnan(row.low_pct) else f"{row.low_pct:+.1f} % to {row.high_pct:+.1f} %"
+    checks = balance[["arm", "reference", "state", "low_pct", "high_pct", "n"]]
+    for arm, reference, state, low_pct, high_pct, n in checks.itertuples(index=False, name=None):
+        mark = state if state == speed.BALANCED else f"**{state}**"
+        span = "no interval" if math.isnan(low_pct) else f"{low_pct:+.1f} % to {high_pct:+.1f} %"
         lines.append(
-            f"- {row.arm} ({labels.get(row.arm, row.arm)}) vs {row.reference}: mean acceptance length {span}"
-            f" of the reference's ({row.n} phases per arm): {mark}"
+            f"- {arm} ({labels.get(arm, arm)}) vs {reference}: mean acceptance length {span}"
+            f" of the reference's ({n} phases per arm): {mark}"
         )
     margin = float(balance["margin_pct"].iloc[0])
     lines += [
@@ -529,11 +592,13 @@ def start_balance_section(validity: pd.DataFrame, run: Plan) -> list[str]:
     ]
 
 
-def _by_arm(frame: pd.DataFrame, present: list[str]):
+def _by_arm(frame: pd.DataFrame, present: list[str]) -> list[tuple[str, pd.DataFrame]]:
     return [(arm, frame[frame["arm"] == arm]) for arm in present]
 
 
-def _threshold_table(tables: dict, run: Plan, present: list[str], labels: dict) -> pd.DataFrame:
+def _threshold_table(
+    tables: dict[str, pd.DataFrame], run: Plan, present: list[str], labels: Mapping[str, str]
+) -> pd.DataFrame:
     head, zone = run.head, run.timeline_zone
     th = tables["thresholds"]
     th = th[(th["host"] == head) & (th["sensor"] == zone)]
@@ -544,19 +609,18 @@ def _threshold_table(tables: dict, run: Plan, present: list[str], labels: dict) 
         row = {"threshold": fmt(threshold, "°C", 0)}
         for arm, phase_rows in _by_arm(th[th["threshold_c"] == threshold], present):
             cells = []
-            for phase in phase_rows.itertuples(index=False):
-                if pd.isna(phase.reached_s):
-                    peak = peaks[(peaks["order"] == phase.order) & (peaks["rep"] == phase.rep) & (peaks["arm"] == arm)][
-                        "max_c"
-                    ]
+            reached = phase_rows[["order", "rep", "reached_s", "samples_at_or_above"]]
+            for order, rep, reached_s, samples_at_or_above in reached.itertuples(index=False, name=None):
+                if pd.isna(reached_s):
+                    peak = peaks[(peaks["order"] == order) & (peaks["rep"] == rep) & (peaks["arm"] == arm)]["max_c"]
                     cells.append(f"not reached (peak {fmt(peak.max(), '°C')})")
                 else:
                     grazing = (
                         " (one grazing sample)"
-                        if phase.samples_at_or_above == 1
-                        else (f" ({phase.samples_at_or_above} samples at or above)")
+                        if samples_at_or_above == 1
+                        else (f" ({samples_at_or_above} samples at or above)")
                     )
-                    cells.append(fmt_duration(phase.reached_s) + grazing)
+                    cells.append(fmt_duration(reached_s) + grazing)
             row[labels[arm]] = "; ".join(cells) or "–"
         rows.append(row)
     return pd.DataFrame(rows)
@@ -568,7 +632,7 @@ def _mean_cell(values: pd.Series, unit: str) -> str:
     return f"{fmt(values.mean(), '', DIGITS.get(unit))} ± {fmt(values.std(), unit)}"
 
 
-def _zone_table(zones: pd.DataFrame, run: Plan, present: list[str], labels: dict) -> pd.DataFrame:
+def _zone_table(zones: pd.DataFrame, run: Plan, present: list[str], labels: Mapping[str, str]) -> pd.DataFrame:
     head, zone, reference = run.head, run.timeline_zone, run.reference_arm
     reference_means = zones[zones["arm"] == reference].groupby(["host", "sensor"])["mean_c"].mean()
     head_zones = (
@@ -600,7 +664,9 @@ def _zone_table(zones: pd.DataFrame, run: Plan, present: list[str], labels: dict
     return pd.DataFrame(rows)
 
 
-def _cpu_performance_table(tables: dict, run: Plan, present: list[str], labels: dict) -> pd.DataFrame:
+def _cpu_performance_table(
+    tables: dict[str, pd.DataFrame], run: Plan, present: list[str], labels: Mapping[str, str]
+) -> pd.DataFrame:
     cpu, perf = tables["cpu"], tables["performance"]
     rows = []
     for host in run.hosts:
@@ -619,7 +685,7 @@ def _cpu_performance_table(tables: dict, run: Plan, present: list[str], labels: 
     if perf["requests_completed"].isna().all():
         rows.append({"measure": "requests", **{labels[a]: "no request data in this run" for a in present}})
         return pd.DataFrame(rows)
-    measures = [
+    measures: list[tuple[str, Callable[[pd.DataFrame], str]]] = [
         (
             "requests completed in the window",
             lambda r: " + ".join(
@@ -654,7 +720,9 @@ def _probe_cell(rows: pd.DataFrame) -> str:
     return f"not measurable: tokens arrived in {arrived}, n = {ok} probes"
 
 
-def _energy_section(tables: dict, run: Plan, present: list[str], labels: dict) -> list[str]:
+def _energy_section(
+    tables: dict[str, pd.DataFrame], run: Plan, present: list[str], labels: Mapping[str, str]
+) -> list[str]:
     """ "Energy under load": the cluster total's power, J/token, tokens/J and above-idle figures
     per arm, then each host's total; lines of summary.md."""
     table = tables.get("energy", pd.DataFrame(columns=energy.ENERGY_COLUMNS))
@@ -758,13 +826,16 @@ def _at_the_wall(table: pd.DataFrame, total: pd.DataFrame, onboard: pd.DataFrame
     blind = [
         str(host)
         for host, rows in hosts.groupby("host", sort=False)
-        if energy.host_total_domains(energy.on_board(rows["domain"].tolist()))
-        and "cpu" not in energy.total_scope(energy.on_board(rows["domain"].tolist()))[2]
+        if host_total_domains(energy.on_board(rows["domain"].tolist()))
+        and "cpu" not in total_scope(energy.on_board(rows["domain"].tolist()))[2]
     ]
     walls = table.loc[table["domain"].map(lambda domain: energy.is_wall(str(domain)))]
     listed = "; ".join(
         f"{host} {domain}: {scope}"
-        for (host, domain), scope in walls.groupby(["host", "domain"], sort=False)["scope"].first().items()
+        for host, domain, scope in walls.groupby(["host", "domain"], sort=False)["scope"]
+        .first()
+        .reset_index()
+        .itertuples(index=False, name=None)
     )
     return [
         f"Energy per token at the wall (scope: {total['scope'].iloc[0]}) is what the meters outside the hosts"
@@ -776,9 +847,15 @@ def _at_the_wall(table: pd.DataFrame, total: pd.DataFrame, onboard: pd.DataFrame
 
 
 def _energy_row(
-    name: str, frame: pd.DataFrame, column: str, unit: str, present: list[str], labels: dict, reference: str
-) -> dict:
-    row, means = {"measure": name}, {}
+    name: str,
+    frame: pd.DataFrame,
+    column: str,
+    unit: str,
+    present: list[str],
+    labels: Mapping[str, str],
+    reference: str,
+) -> dict[str, str]:
+    row, means = {"measure": name}, dict[str, float]()
     for arm, arm_rows in _by_arm(frame, present):
         means[arm] = arm_rows[column].mean()
         row[labels[arm]] = _mean_cell(arm_rows[column], unit) if arm_rows[column].count() else "–"
@@ -788,10 +865,10 @@ def _energy_row(
     return row
 
 
-def excluded_words(excluded: dict, reference: str) -> str:
+def excluded_words(excluded: Mapping[str, Exclusion], reference: str) -> str:
     """The arms ``stats.best_setting`` left out and why, in words."""
 
-    def why(reason: dict) -> str:
+    def why(reason: Exclusion) -> str:
         if reason["criterion"] == "stalls":
             return f"more stall gaps than {reference} ({reason['mean']:.1f} vs {reason['reference_mean']:.1f})"
         if math.isnan(reason["diff_pct"]):
@@ -801,7 +878,7 @@ def excluded_words(excluded: dict, reference: str) -> str:
     return "; ".join(f"{arm}: {why(reason)}" for arm, reason in excluded.items()) or "none"
 
 
-def _best_sentence(best: dict, run: Plan) -> str:
+def _best_sentence(best: dict[str, Any], run: Plan) -> str:
     excluded = excluded_words(best["excluded"], run.reference_arm)
     unchecked = {"stalls", "throughput"} - set(best["checked"])
     caveat = f" Not checked for lack of request data: {', '.join(sorted(unchecked))}." if unchecked else ""
@@ -818,7 +895,7 @@ def _best_sentence(best: dict, run: Plan) -> str:
     )
 
 
-def _cpu_sentence(saver: dict, run: Plan, variance: pd.DataFrame) -> str:
+def _cpu_sentence(saver: BestSetting, run: Plan, variance: pd.DataFrame) -> str:
     """The setting that saves the most CPU (``stats.best_setting`` on the head's CPU)."""
     reference = run.reference_arm
     cpu = variance[variance["metric"] == names.cpu_median(run.head)].set_index("arm")
@@ -827,18 +904,18 @@ def _cpu_sentence(saver: dict, run: Plan, variance: pd.DataFrame) -> str:
         f"Most CPU saved without extra stalls or throughput loss beyond variance:"
         f" {md_text(run.setting)} = {md_text(saver['value'])} ({md_text(saver['label'])},"
         f" arm {saver['arm']}), {md_text(run.head)} vLLM CPU median {fmt(saver['mean'], '% of one core')}"
-        f" against {fmt(cpu.at[reference, 'mean'], '% of one core')} for"
+        f" against {fmt(cpu['mean'][reference], '% of one core')} for"
         f" {md_text(run.arms[reference].label)}."
         f" Excluded: {excluded}."
     )
 
 
-def _sampling(sample_interval_s: dict, kind: str) -> str:
+def _sampling(sample_interval_s: dict[str, float], kind: str) -> str:
     interval = sample_interval_s.get(kind)
     return "not sampled in this run" if interval is None else f"sampled every {fmt_interval(interval)} (median)"
 
 
-def _definitions(run: Plan, tables: dict, sample_interval_s: dict) -> str:
+def _definitions(run: Plan, tables: dict[str, pd.DataFrame], sample_interval_s: dict[str, float]) -> str:
     windows = tables["windows"]
     labels = {a: md_text(spec.label) for a, spec in run.arms.items()}
     phase_list = ", ".join(

@@ -25,10 +25,10 @@ from thermab.report.traffic import changed_levels, level_order, panels, points
 def tradeoff_png(
     pooled: pd.DataFrame,
     config: Plan,
-    colors: dict,
+    colors: dict[str, str],
     path: Path,
     variance: pd.DataFrame | None = None,
-    margins: dict | None = None,
+    margins: dict[str, list[float]] | None = None,
     answers: pd.DataFrame | None = None,
 ) -> Path:
     """``margins``: metric → its questions' bounds as offsets from the reference (``scale``);
@@ -89,7 +89,7 @@ def tradeoff_png(
     return path
 
 
-def one_level_rows(variance: pd.DataFrame, config: Plan, margins: dict) -> pd.DataFrame:
+def one_level_rows(variance: pd.DataFrame, config: Plan, margins: dict[str, list[float]]) -> pd.DataFrame:
     """Per panel metric and non-reference arm: the difference in % of the reference mean with
     its 95 % interval, and the questions' margins in the same %.  Pure."""
     rows = []
@@ -112,7 +112,9 @@ def one_level_rows(variance: pd.DataFrame, config: Plan, margins: dict) -> pd.Da
     return pd.DataFrame(rows, columns=["metric", "arm", "diff_pct", "low_pct", "high_pct", "margins_pct"])
 
 
-def _one_level_png(variance: pd.DataFrame, config: Plan, colors: dict, path: Path, margins: dict) -> Path:
+def _one_level_png(
+    variance: pd.DataFrame, config: Plan, colors: dict[str, str], path: Path, margins: dict[str, list[float]]
+) -> Path:
     rows = one_level_rows(variance, config, margins)
     titles = [title for _metric, title, _unit in panels(config)]
     fig, ax = plt.subplots(figsize=(9.5, 0.6 * len(titles) + 1.6), layout="constrained")
@@ -129,14 +131,16 @@ def _one_level_png(variance: pd.DataFrame, config: Plan, colors: dict, path: Pat
             capsize=3,
             label=f"{config.arms[arm].label} − {config.arms[config.reference_arm].label}",
         )
-    for row in rows.drop_duplicates("metric").itertuples(index=False):
-        for margin in row.margins_pct:
-            i = titles.index(row.metric)
+    drawn = rows.drop_duplicates("metric")
+    for metric, margins_pct in zip(drawn["metric"], drawn["margins_pct"], strict=True):
+        for margin in margins_pct:
+            i = titles.index(metric)
             ax.vlines(margin, i - 0.35, i + 0.35, color="#444444", ls="--", lw=1)
     ax.axvline(0, color="#888888", lw=1)
     values = pd.concat([rows["diff_pct"], rows["low_pct"], rows["high_pct"]]).tolist()
     every_margin = [m for ms in rows["margins_pct"] for m in ms]
     limits = scale.held_limits(values, 0.0, every_margin, at_least=scale.FLOOR_PCT)
+    assert limits is not None  # held_limits gives None for an unknown reference alone, and 0 is known
     ax.set_xlim(*limits)
     ax.set_yticks(range(len(titles)), titles)
     ax.invert_yaxis()

@@ -10,6 +10,7 @@ changes from the level before.  summary.md's table of a run of levels is ``table
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 
 import pandas as pd
 
@@ -51,7 +52,7 @@ def points(pooled: pd.DataFrame, metrics: list[str], order: list[str]) -> pd.Dat
     if levels.LEVEL not in pooled:
         return pd.DataFrame(columns=POINT_COLUMNS)
     data = pooled[pooled["metric"].isin(metrics) & pooled[levels.LEVEL].notna()]
-    rank = {label: position for position, label in enumerate(order)}
+    rank: dict[Hashable, int] = {label: position for position, label in enumerate(order)}
     rows = []
     for (metric, arm, label), group in data.groupby(["metric", "arm", levels.LEVEL], sort=False):
         stats = describe(group["value"])
@@ -106,14 +107,14 @@ def table(pooled: pd.DataFrame, config: Plan) -> pd.DataFrame:
             row = {"level": label, "arm": labels[arm]}
             for metric, title, unit in shown:
                 digits = TTFT_DIGITS if metric == names.TTFT_MEDIAN else None
-                if metric not in mine.index or pd.isna(mine.loc[metric, "mean"]):
+                if metric not in mine.index or pd.isna(mine["mean"][metric]):
                     row[title] = "–"
                     continue
-                point = mine.loc[metric]
+                mean, high = mine["mean"][metric], mine["ci_high"][metric]
                 digits = DIGITS.get(unit, 2) if digits is None else digits
-                text = fmt(point["mean"], "", digits)
-                if pd.notna(point["ci_high"]):  # the interval's half width, in the mean's digits
-                    text += f" ± {fmt(point['ci_high'] - point['mean'], '', digits)}"
-                row[title] = f"{text} {SHORT_UNIT.get(unit, unit)}" + (" †" if point["short"] else "")
+                text = fmt(mean, "", digits)
+                if pd.notna(high):  # the interval's half width, in the mean's digits
+                    text += f" ± {fmt(high - mean, '', digits)}"
+                row[title] = f"{text} {SHORT_UNIT.get(unit, unit)}" + (" †" if mine["short"][metric] else "")
             rows.append(row)
     return pd.DataFrame(rows, columns=["level", "arm", *(title for _metric, title, _unit in shown)])

@@ -18,6 +18,8 @@ before them gives numbers without a unit), so a reader of the file says what the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from typing import Protocol, cast
 
 import pandas as pd
 
@@ -31,12 +33,48 @@ LABEL_CHARS = 60
 RESTATED = {"% of one core": (0.01, "cores", 2), "gaps": (1.0, "gaps per phase", 1)}
 
 
-def _text(row, column: str) -> str:
+class AnswerRow(Protocol):
+    """One row of questions.csv as the report reads it (``itertuples`` or a Series); ``unit``,
+    ``better`` and the level are read where the table has them."""
+
+    @property
+    def question(self) -> str: ...
+    @property
+    def verdict(self) -> str: ...
+    @property
+    def arm(self) -> str: ...
+    @property
+    def reference(self) -> str: ...
+    @property
+    def metric(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def margin(self) -> float: ...
+    @property
+    def estimate(self) -> float: ...
+    @property
+    def ci_low(self) -> float: ...
+    @property
+    def ci_high(self) -> float: ...
+    @property
+    def phases_per_arm(self) -> float: ...
+    @property
+    def phases_needed(self) -> float: ...
+
+
+def answer_rows(answers: pd.DataFrame) -> Iterator[AnswerRow]:
+    """questions.csv's rows; pandas' stubs give a row's every field as any scalar, the table's
+    columns are these."""
+    return cast("Iterator[AnswerRow]", answers.itertuples(index=False))
+
+
+def _text(row: AnswerRow, column: str) -> str:
     value = getattr(row, column, "")
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
 
-def _number(value, digits: int, sign: bool) -> str:
+def _number(value: float, digits: int, sign: bool) -> str:
     return fmt(value, "", digits, sign=sign)
 
 
@@ -61,7 +99,7 @@ def span(low: float, high: float, unit: str) -> str:
     return f"[{numbers} {shown}]" if shown else f"[{numbers}]"
 
 
-def margin_text(row) -> str:
+def margin_text(row: AnswerRow) -> str:
     """The bound (or bounds) the interval must clear, in the metric's unit: ``−10.5 tok/s``,
     ``± 0.5 °C``, ``0 cores`` (a superiority question without ``by``); ``unknown`` where the
     margin is in % of a reference mean that cannot be told from zero."""
@@ -80,13 +118,13 @@ def margin_text(row) -> str:
     return quantity(bound, unit)
 
 
-def label(row) -> str:
+def label(row: AnswerRow) -> str:
     """The question's words in at most ``LABEL_CHARS`` characters (the figure's label too)."""
     words = " ".join(str(row.question).split())
     return words if len(words) <= LABEL_CHARS else words[: LABEL_CHARS - 1].rstrip() + "…"
 
 
-def _who(row, arms: int, levels: int) -> str:
+def _who(row: AnswerRow, arms: int, levels: int) -> str:
     """Which arm and level, where the run has more than one of either."""
     parts = []
     if arms > 1:
@@ -96,7 +134,7 @@ def _who(row, arms: int, levels: int) -> str:
     return f" ({' '.join(parts)})" if parts else ""
 
 
-def verdict_line(row, *, arms: int = 1, levels: int = 1, escape=str) -> str:
+def verdict_line(row: AnswerRow, *, arms: int = 1, levels: int = 1, escape: Callable[[str], str] = str) -> str:
     """One row of questions.csv as its verdict line; ``arms`` and ``levels``: how many the
     answers hold (the arm and level are named where there is more than one); ``escape``:
     what the question's words and the level's label pass through (``markup.md_text`` in
@@ -112,7 +150,7 @@ def verdict_line(row, *, arms: int = 1, levels: int = 1, escape=str) -> str:
     )
 
 
-def to_decide(row, command: str) -> str:
+def to_decide(row: AnswerRow, command: str) -> str:
     """What follows an undecided verdict line: the phases per arm that would decide it and
     ``command`` (the command with its cluster-hours); "" for a decided one, and for one not
     measured in the run (no number of repeats measures what the run has no source for)."""
@@ -125,13 +163,13 @@ def to_decide(row, command: str) -> str:
     return f"; to decide: {need}, {command}"
 
 
-def verdict_lines(answers: pd.DataFrame, command: str = "", *, escape=str) -> list[str]:
+def verdict_lines(answers: pd.DataFrame, command: str = "", *, escape: Callable[[str], str] = str) -> list[str]:
     """Every row of questions.csv as its verdict line, each undecided one followed by
     ``to_decide`` where ``command`` is given."""
     arms = answers["arm"].nunique() if "arm" in answers else 1
     levels = answers[LEVEL].nunique() if LEVEL in answers else 1
     lines = []
-    for row in answers.itertuples(index=False):
+    for row in answer_rows(answers):
         line = verdict_line(row, arms=arms, levels=levels, escape=escape)
         lines.append(line + (to_decide(row, command) if command else ""))
     return lines
