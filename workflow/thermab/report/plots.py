@@ -17,9 +17,13 @@ short of the configuration (``load_valid`` False) is drawn hollow and labelled "
 its load window on the timeline is hatched.
 """
 
+from __future__ import annotations
+
 import math
 import textwrap
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, Protocol, cast
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -29,11 +33,11 @@ from thermab import (
     layout,  # noqa: E402
     metric_names as names,  # noqa: E402
 )
-from thermab.analysis import energy, levels  # noqa: E402
+from thermab.analysis import levels  # noqa: E402
 from thermab.analysis.load_validity import is_short  # noqa: E402
 from thermab.analysis.model import Analysis, Plan, RunData, ordered_hosts  # noqa: E402
 from thermab.analysis.questions import decisive_bounds  # noqa: E402
-from thermab.headless import plt, ticker  # noqa: E402 (the Agg backend, literal text)
+from thermab.headless import Axes, plt, ticker  # noqa: E402 (the Agg backend, literal text)
 from thermab.layout import RunDir  # noqa: E402
 from thermab.load import latency  # noqa: E402
 from thermab.load.validity import bursts  # noqa: E402
@@ -42,6 +46,7 @@ from thermab.report import (  # noqa: E402
     tradeoff,  # noqa: E402
     verdict,
 )
+from thermab.telemetry.power import host_total_domains
 
 ARM_COLORS = ["#e66101", "#5e3c99", "#1b9e77", "#2c7bb6", "#a6611a", "#d01c8b", "#666666"]
 HEAD_ZONE_COLOR = "#b2182b"
@@ -49,6 +54,47 @@ OTHER_HOST_COLORS = ["#2166ac", "#4dac26", "#7b3294"]
 # load windows are shaded and carry their own labels; run_start/run_end are the axis ends
 UNLABELLED_EVENTS = {"load_start", "load_end", "run_start", "run_end"}
 SHORT_LABEL = "load short"
+
+
+class WindowRow(Protocol):
+    """One load window of tables/windows.csv as the timeline draws it, ``short`` added."""
+
+    @property
+    def order(self) -> str: ...
+    @property
+    def rep(self) -> int: ...
+    @property
+    def arm(self) -> str: ...
+    @property
+    def load_start(self) -> float: ...
+    @property
+    def load_end(self) -> float: ...
+    @property
+    def short(self) -> bool: ...
+
+
+def window_rows(windows: pd.DataFrame) -> Iterator[WindowRow]:
+    """The load windows, each with ``short`` (its load fell short, ``is_short``); pandas' stubs
+    give a row's every field as any scalar, the table's columns are these."""
+    return cast("Iterator[WindowRow]", windows.assign(short=is_short(windows)).itertuples(index=False))
+
+
+class EventRow(Protocol):
+    """One row of events.jsonl as the timeline marks it (``model.read_events``); ``detail`` is
+    read where some event has one."""
+
+    @property
+    def t(self) -> float: ...
+    @property
+    def event(self) -> str: ...
+    @property
+    def arm(self) -> object: ...  # a phase's letter; NaN for an event of the whole run
+
+
+def event_rows(events: pd.DataFrame) -> Iterator[EventRow]:
+    """The events' rows; pandas' stubs give a row's every field as any scalar, the frame's
+    columns are these."""
+    return cast("Iterator[EventRow]", events.itertuples(index=False))
 
 
 def render_figures(result: Analysis) -> list[Path]:
@@ -91,7 +137,7 @@ def render_figures(result: Analysis) -> list[Path]:
     return written
 
 
-def _timeline_frames(run: RunData):
+def _timeline_frames(run: RunData) -> tuple[float, pd.DataFrame, pd.DataFrame]:
     """(t0, head zones, timeline zone of each host) with t in minutes from run_start."""
     config = run.plan
     starts = run.events.loc[run.events["event"] == "run_start", "t"]
@@ -109,7 +155,7 @@ def _power_lines(run: RunData, t0: float) -> list[tuple[str, str, pd.DataFrame]]
     lines = []
     for host in ordered_hosts(run.plan) + sorted(set(power["host"]) - set(ordered_hosts(run.plan))):
         own = power[power["host"] == host]
-        for domain in energy.host_total_domains(set(own["sensor"])):
+        for domain in host_total_domains(set(own["sensor"])):
             samples = own[own["sensor"] == domain].sort_values("t")
             lines.append((host, domain, samples.assign(minutes=(samples["t"] - t0) / 60)))
     return lines
@@ -137,7 +183,14 @@ SERVER_SENSORS = {"running": ("#1b7837", "-"), "waiting": ("#762a83", "--")}
 SERVER_GAP_INTERVALS = 5  # a gap of more scrape intervals than this breaks the line
 
 
-def _server_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, t0: float) -> None:
+def _server_panel(
+    ax: Axes,
+    run: RunData,
+    lines: list[tuple[str, pd.DataFrame]],
+    windows: pd.DataFrame,
+    colors: dict[str, str],
+    t0: float,
+) -> None:
     """The server's own running and waiting requests (its /metrics), load windows shaded."""
     for sensor, samples in lines:
         color, dash = SERVER_SENSORS[sensor]
@@ -156,9 +209,9 @@ def _server_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, 
     _finish_panel(ax, windows, colors, t0, "at the server (requests)")
 
 
-def _finish_panel(ax, windows: pd.DataFrame, colors: dict, t0: float, ylabel: str) -> None:
+def _finish_panel(ax: Axes, windows: pd.DataFrame, colors: dict[str, str], t0: float, ylabel: str) -> None:
     """A panel under the temperatures: load windows shaded in their arm's colour, from zero."""
-    for window in windows.itertuples(index=False):
+    for window in window_rows(windows):
         ax.axvspan(
             (window.load_start - t0) / 60,
             (window.load_end - t0) / 60,
@@ -182,9 +235,16 @@ def _host_color(run: RunData, host: str) -> str:
 POWER_DASHES = ["-", "--", ":", "-."]
 
 
-def _power_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, t0: float) -> None:
+def _power_panel(
+    ax: Axes,
+    run: RunData,
+    lines: list[tuple[str, str, pd.DataFrame]],
+    windows: pd.DataFrame,
+    colors: dict[str, str],
+    t0: float,
+) -> None:
     """Power of each host's total domains under the temperatures, load windows shaded."""
-    styles = {}
+    styles: dict[str, int] = {}  # host → its domains drawn so far
     for host, domain, samples in lines:
         styles[host] = styles.get(host, -1) + 1
         ax.plot(
@@ -200,7 +260,7 @@ def _power_panel(ax, run: RunData, lines, windows: pd.DataFrame, colors: dict, t
 
 def _last_t(run: RunData) -> float:
     """The last sample or event (events: a run without telemetry)."""
-    return pd.Series([run.telemetry.t_max, run.events["t"].max()]).max()
+    return float(pd.Series([run.telemetry.t_max, run.events["t"].max()]).max())
 
 
 def _arm_label(config: Plan, arm: str) -> str:
@@ -208,7 +268,7 @@ def _arm_label(config: Plan, arm: str) -> str:
     return config.arms[arm].label if arm in config.arms else arm
 
 
-def _window_label(window, config: Plan) -> str:
+def _window_label(window: WindowRow, config: Plan) -> str:
     label = _arm_label(config, window.arm)
     short = f", {SHORT_LABEL}" if window.short else ""
     return f"{label} ({window.arm}, rep {window.rep}{short})"
@@ -223,12 +283,12 @@ def _labelled_events(run: RunData, t0: float, span_min: float) -> list[tuple[lis
     """Events to mark on the timeline as (minutes of each event, one label): events closer than
     1.5 % of the time span share a label, because their rotated texts would overlap."""
     events = run.events[~run.events["event"].isin(UNLABELLED_EVENTS)]
-    groups = []
-    for event in events.itertuples(index=False):
-        arm = getattr(event, "arm", None)
-        text = event.event if not isinstance(arm, str) else f"{event.event} {arm}"
-        if event.event == "note" and isinstance(getattr(event, "detail", None), str):
-            text = f"note: {event.detail}"
+    groups: list[tuple[list[float], list[str]]] = []
+    for event in event_rows(events):
+        text = event.event if not isinstance(event.arm, str) else f"{event.event} {event.arm}"
+        detail = getattr(event, "detail", None)  # a column only where some event has one
+        if event.event == "note" and isinstance(detail, str):
+            text = f"note: {detail}"
         minutes = (event.t - t0) / 60
         if groups and minutes - groups[-1][0][0] < 0.015 * span_min:
             groups[-1][0].append(minutes)
@@ -238,13 +298,18 @@ def _labelled_events(run: RunData, t0: float, span_min: float) -> list[tuple[lis
     return [(times, " / ".join(texts)) for times, texts in groups]
 
 
-def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -> list[Path]:
+def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict[str, str], out: Path) -> list[Path]:
     """timeline.png and timeline.svg."""
     config = run.plan
     t0, head, zone = _timeline_frames(run)
     power_lines = _power_lines(run, t0)
     server_lines = _server_lines(run, t0)
-    below = [(draw, lines) for draw, lines in ((_power_panel, power_lines), (_server_panel, server_lines)) if lines]
+    # the panels under the temperatures, each drawn into its axes
+    below: list[Callable[[Axes], None]] = []
+    if power_lines:
+        below.append(lambda panel: _power_panel(panel, run, power_lines, windows, colors, t0))
+    if server_lines:
+        below.append(lambda panel: _server_panel(panel, run, server_lines, windows, colors, t0))
     fig, axes = plt.subplots(
         1 + len(below),
         1,
@@ -297,7 +362,7 @@ def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -
         low = temperatures.min() - 3
         high = max([temperatures.max()] + [c for c, _, _ in lines]) + 4
     ax.set_ylim(low, high)
-    for window in windows.assign(short=is_short(windows)).itertuples(index=False):
+    for window in window_rows(windows):
         start, end = (window.load_start - t0) / 60, (window.load_end - t0) / 60
         ax.axvspan(
             start, end, color=colors.get(window.arm, "#999999"), alpha=0.13, lw=0, hatch="//" if window.short else None
@@ -335,8 +400,8 @@ def timeline_png(run: RunData, windows: pd.DataFrame, colors: dict, out: Path) -
     ax.set_ylabel("temperature (°C)")
     ax.set_title(_title(config, "thermal zones" + (" and power" if power_lines else "")))
     ax.grid(alpha=0.25)
-    for (draw, lines), panel in zip(below, axes[1:, 0], strict=False):
-        draw(panel, run, lines, windows, colors, t0)
+    for draw, panel in zip(below, axes[1:, 0], strict=True):
+        draw(panel)
     bottom = axes[-1, 0]
     bottom.set_xlabel("time from run_start (min)")
     handles = [h for axis in axes[:, 0] for h in axis.get_legend_handles_labels()[0]]
@@ -365,7 +430,7 @@ def _axes(row: int) -> tuple[str, str]:
     return ("x", "y") if row == 1 else (f"x{row}", f"y{row}")
 
 
-def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict, path: Path) -> Path:
+def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict[str, str], path: Path) -> Path:
     """The timeline as a self-contained interactive page (hover lists every zone at that time),
     with the power panel below it when the run has power telemetry."""
     config = run.plan
@@ -402,7 +467,7 @@ def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict, path: Path)
             hovertemplate="%{y:.1f} °C",
             **temps,
         )
-    styles = {}
+    styles: dict[str, int] = {}  # host → its domains drawn so far
     for host, domain, samples in power_lines:
         styles[host] = styles.get(host, -1) + 1
         fig.add_scatter(
@@ -433,7 +498,7 @@ def timeline_html(run: RunData, windows: pd.DataFrame, colors: dict, path: Path)
     # add_hline and add_vline go over every axis of the figure at each call, which took most
     # of the page's time.
     shapes, notes = [], []
-    for window in windows.assign(short=is_short(windows)).itertuples(index=False):
+    for window in window_rows(windows):
         x0, x1 = (window.load_start - t0) / 60, (window.load_end - t0) / 60
         for row in filter(None, (1, power_row, server_row)):
             x, y = _axes(row)
@@ -526,26 +591,26 @@ def _placeholder(path: Path, title: str, message: str) -> Path:
     return path
 
 
-def _arm_axis(ax, config: Plan, arms: list[str]) -> None:
+def _arm_axis(ax: Axes, config: Plan, arms: list[str]) -> None:
     ax.set_xticks(range(len(arms)), [f"{config.arms[a].label}\n({a})" for a in arms])
     ax.set_xlim(-0.6, len(arms) - 0.4)
     ax.grid(axis="y", alpha=0.3)
 
 
 def _per_phase_points(
-    ax,
+    ax: Axes,
     frame: pd.DataFrame,
     column: str,
     config: Plan,
-    colors: dict,
-    low: str | None = None,
-    high: str | None = None,
-    margins: tuple[list[float], str] = ((), ""),
+    colors: dict[str, str],
+    bar: tuple[str, str] | None = None,
+    margins: tuple[Sequence[float], str] = ((), ""),
 ) -> None:
-    """One point per phase at its arm, spread by repeat, with an optional low–high bar and
-    the arm mean as a line, so that restart variance is visible next to the arm difference.
-    A phase whose load fell short is a hollow point labelled so.  The value axis is held to
-    the reference mean ± the question's ``margins`` (offsets, unit) and ± 5 % (``scale``)."""
+    """One point per phase at its arm, spread by repeat, with an optional bar (``bar``: the
+    columns of its low and high ends) and the arm mean as a line, so that restart variance is
+    visible next to the arm difference.  A phase whose load fell short is a hollow point
+    labelled so.  The value axis is held to the reference mean ± the question's ``margins``
+    (offsets, unit) and ± 5 % (``scale``)."""
     arms = [a for a in config.arms if a in set(frame["arm"])]
     frame = frame.assign(short=is_short(frame))
     for x, arm in enumerate(arms):
@@ -554,7 +619,8 @@ def _per_phase_points(
         for offset, row in zip(offsets, rows.itertuples(index=False), strict=False):
             value = getattr(row, column)
             errors = None
-            if low is not None:
+            if bar is not None:
+                low, high = bar
                 errors = [[value - getattr(row, low)], [getattr(row, high) - value]]
             ax.errorbar(
                 x + offset,
@@ -577,19 +643,25 @@ def _per_phase_points(
         if len(rows):
             ax.hlines(rows[column].mean(), x - 0.3, x + 0.3, color=colors[arm], lw=1.5, alpha=0.7)
     _arm_axis(ax, config, arms)
-    shown = [frame[c] for c in (column, low, high) if c is not None]
+    shown = pd.concat([frame[c] for c in (column, *(bar or ()))])
     reference = frame.loc[frame["arm"] == config.reference_arm, column].mean()
-    scale.hold(ax, pd.concat(shown).tolist() if shown else [], reference, *margins)
+    scale.hold(ax, shown.tolist(), reference, *margins)
 
 
-def _level(frame: pd.DataFrame, row) -> str:
+def _level(frame: pd.DataFrame, row: object) -> str:
     """`` 16 users`` after a window's name in a run of levels: its level's label (docs/design.md,
     "Levels of load")."""
     many = levels.LEVEL in frame and frame[levels.LEVEL].nunique() > 1
     return f" {getattr(row, levels.LEVEL)}" if many else ""
 
 
-def cpu_png(cpu: pd.DataFrame, config: Plan, colors: dict, path: Path, margins: dict | None = None) -> Path:
+def cpu_png(
+    cpu: pd.DataFrame,
+    config: Plan,
+    colors: dict[str, str],
+    path: Path,
+    margins: dict[str, list[float]] | None = None,
+) -> Path:
     """vLLM CPU median per phase (bars: 5th–95th percentile of the samples), one panel per host."""
     if cpu.empty:
         return _placeholder(path, "vLLM CPU", "no CPU data in this run")
@@ -598,7 +670,13 @@ def cpu_png(cpu: pd.DataFrame, config: Plan, colors: dict, path: Path, margins: 
     for ax, host in zip(axes[0], hosts, strict=False):
         offsets = (margins or {}).get(names.cpu_median(host), [])
         _per_phase_points(
-            ax, cpu[cpu["host"] == host], "median_pct", config, colors, "p5_pct", "p95_pct", (offsets, "% of one core")
+            ax,
+            cpu[cpu["host"] == host],
+            "median_pct",
+            config,
+            colors,
+            ("p5_pct", "p95_pct"),
+            (offsets, "% of one core"),
         )
         ax.set_title(f"{host}: vLLM CPU sum, median (p5–p95)")
         ax.set_ylabel("vLLM CPU (% of one core)")
@@ -608,7 +686,13 @@ def cpu_png(cpu: pd.DataFrame, config: Plan, colors: dict, path: Path, margins: 
     return path
 
 
-def throughput_png(perf: pd.DataFrame, config: Plan, colors: dict, path: Path, margins: dict | None = None) -> Path:
+def throughput_png(
+    perf: pd.DataFrame,
+    config: Plan,
+    colors: dict[str, str],
+    path: Path,
+    margins: dict[str, list[float]] | None = None,
+) -> Path:
     """Output throughput and probe decode speed per phase: the throughput the verdicts test
     (the tokens generated inside the window, ``output_tok_s_in_window``, ± its standard error
     within the window), its margin lines about the reference arm's mean of the same numbers."""
@@ -624,8 +708,7 @@ def throughput_png(perf: pd.DataFrame, config: Plan, colors: dict, path: Path, m
         "output_tok_s_in_window",
         config,
         colors,
-        "se_low",
-        "se_high",
+        ("se_low", "se_high"),
         margins=(margins.get(names.OUTPUT_THROUGHPUT, []), "tok/s"),
     )
     axes[0].set_title("output throughput: tokens generated in the window\n(bar: ± its standard error)", fontsize=10)
@@ -654,7 +737,7 @@ def throughput_png(perf: pd.DataFrame, config: Plan, colors: dict, path: Path, m
     return path
 
 
-def time_to_threshold_png(tables: dict, config: Plan, colors: dict, path: Path) -> Path:
+def time_to_threshold_png(tables: dict[str, pd.DataFrame], config: Plan, colors: dict[str, str], path: Path) -> Path:
     """Minutes from load start to each threshold on the head's timeline zone, one series per
     phase; thresholds a phase never reached are open triangles at the window's end."""
     head, zone = config.head, config.timeline_zone
@@ -701,7 +784,7 @@ def time_to_threshold_png(tables: dict, config: Plan, colors: dict, path: Path) 
     return path
 
 
-def dose_response_png(pooled: pd.DataFrame, config: Plan, best: dict | None, path: Path) -> Path:
+def dose_response_png(pooled: pd.DataFrame, config: Plan, best: dict[str, Any] | None, path: Path) -> Path:
     """Setting value → head zone mean, head CPU, throughput and stall gaps (one point per
     phase, line through the arm means), naming the best setting (``stats.best_setting``)."""
     head, zone = config.head, config.timeline_zone
@@ -760,7 +843,7 @@ def dose_response_png(pooled: pd.DataFrame, config: Plan, best: dict | None, pat
 VERDICT_MARKERS = {"yes": "o", "no": "X", "undecided": "s"}
 
 
-def questions_png(answers: pd.DataFrame, config: Plan, colors: dict, path: Path) -> Path:
+def questions_png(answers: pd.DataFrame, config: Plan, colors: dict[str, str], path: Path) -> Path:
     """A forest plot of the declared questions: one panel per question, titled with its
     verdict line's label, in its metric's unit as the verdict line gives it (CPU in cores,
     stall gaps per phase) on the x axis; each arm's estimate with the interval its test uses,
@@ -779,7 +862,7 @@ def questions_png(answers: pd.DataFrame, config: Plan, colors: dict, path: Path)
             continue
         unit = str(rows["unit"].dropna().iloc[0]) if "unit" in rows and rows["unit"].notna().any() else ""
         factor, shown = verdict.RESTATED.get(unit, (1.0, unit))[:2]
-        for y, row in enumerate(rows.itertuples(index=False)):
+        for y, row in enumerate(verdict.answer_rows(rows)):
             color = colors.get(row.arm, "black")
             if pd.notna(row.ci_low):
                 ax.hlines(y, row.ci_low * factor, row.ci_high * factor, color=color, lw=2.5)
@@ -824,7 +907,7 @@ def questions_png(answers: pd.DataFrame, config: Plan, colors: dict, path: Path)
 WAKEUP_PANELS = (("ttft_s", "time to first token"), ("first_step_s", "first decode step"))
 
 
-def log_scale(ax, which: str) -> None:
+def log_scale(ax: Axes, which: str) -> None:
     """``ax``'s ``which`` axis (x or y) logarithmic, its ticks labelled in plain numbers
     (``0.001``, ``120``): the default labels are mathtext, which headless draws as written, and
     a span within a decade has no decade to label."""
@@ -837,7 +920,7 @@ def log_scale(ax, which: str) -> None:
 LEVEL_MARKERS, LEVEL_DASHES = ("o", "s", "^", "D", "v"), ("-", "--", ":", "-.")  # the lines of a run of levels
 
 
-def wakeup_png(table: pd.DataFrame, config: Plan, colors: dict, path: Path) -> Path:
+def wakeup_png(table: pd.DataFrame, config: Plan, colors: dict[str, str], path: Path) -> Path:
     """tables/wakeup.csv drawn: each arm's median latency (ms) against the idle gap before it
     (s), both axes logarithmic, with its interval, in a run of levels a line per arm and level
     (each level its own dash and marker: the probes after its windows); drawn for a run with
@@ -884,7 +967,7 @@ def wakeup_png(table: pd.DataFrame, config: Plan, colors: dict, path: Path) -> P
     return path
 
 
-def latency_png(table: pd.DataFrame, config: Plan, colors: dict, path: Path) -> Path:
+def latency_png(table: pd.DataFrame, config: Plan, colors: dict[str, str], path: Path) -> Path:
     """tables/latency.csv drawn: a panel per latency (TTFT, TPOT, ITL, E2EL), each arm's
     (in a run of levels each arm's and level's) p50, p90 and p99 in ms: the mean of its
     phases' percentiles, the bar from the lowest phase's to the highest's; a run without
