@@ -73,15 +73,16 @@ def in_words(result: Analysis) -> Analysis:
     variance = tables["variance"]
     verdicts = summary.verdicts(variance)
     tables["variance"] = _placed(
-        variance.drop(columns=[speed.NOT_MEASURED], errors="ignore"), "verdict", verdicts, before="load_short"
+        variance.drop(columns=[speed.NOT_MEASURED], errors="ignore"), "verdict", verdicts, anchor="load_short"
     )
     tables["questions"] = answers_in_words(tables["questions"], tables["acceptance"], result.run.plan)
     return dataclasses.replace(result, tables=tables)
 
 
-def _placed(frame: pd.DataFrame, column: str, values: pd.Series, before: str) -> pd.DataFrame:
+def _placed(frame: pd.DataFrame, column: str, values: pd.Series, anchor: str) -> pd.DataFrame:
+    """``frame`` with ``column`` in the place of ``anchor`` (that column one to the right), or last."""
     out = frame.drop(columns=[column], errors="ignore")
-    out.insert(list(out.columns).index(before) if before in out.columns else len(out.columns), column, values)
+    out.insert(list(out.columns).index(anchor) if anchor in out.columns else len(out.columns), column, values)
     return out
 
 

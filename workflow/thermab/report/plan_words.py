@@ -5,9 +5,9 @@ cost (evidence.md, summary.md, ``status``, ``plan``). The numbers are ``analysis
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Protocol
 
 import pandas as pd
 
@@ -17,6 +17,7 @@ from thermab.analysis.questions import ALPHA, POWER, UNDECIDED
 from thermab.config import first_testing_repeats, residual_df
 from thermab.experiment.plan import pair_size
 from thermab.markup import md_text
+from thermab.report.table_rows import tuple_rows
 
 
 class PlanRow(Protocol):
@@ -69,10 +70,8 @@ class PlanRow(Protocol):
     def unit(self) -> object: ...
 
 
-def plan_rows(rows: pd.DataFrame) -> Iterator[PlanRow]:
-    """The plan's rows; pandas' stubs give a row's every field as any scalar, the plan's
-    columns are these."""
-    return cast("Iterator[PlanRow]", rows.itertuples(index=False))
+# the plan's rows
+plan_rows: Callable[[pd.DataFrame], Iterator[PlanRow]] = tuple_rows
 
 
 def decide_cost(answers: pd.DataFrame, plan: Plan, events: pd.DataFrame | None) -> str:

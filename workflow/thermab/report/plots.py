@@ -23,7 +23,7 @@ import math
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -46,6 +46,7 @@ from thermab.report import (  # noqa: E402
     tradeoff,  # noqa: E402
     verdict,
 )
+from thermab.report.table_rows import tuple_rows
 from thermab.telemetry.power import host_total_domains
 
 ARM_COLORS = ["#e66101", "#5e3c99", "#1b9e77", "#2c7bb6", "#a6611a", "#d01c8b", "#666666"]
@@ -74,9 +75,8 @@ class WindowRow(Protocol):
 
 
 def window_rows(windows: pd.DataFrame) -> Iterator[WindowRow]:
-    """The load windows, each with ``short`` (its load fell short, ``is_short``); pandas' stubs
-    give a row's every field as any scalar, the table's columns are these."""
-    return cast("Iterator[WindowRow]", windows.assign(short=is_short(windows)).itertuples(index=False))
+    """The load windows, each with ``short`` (its load fell short, ``is_short``)."""
+    return tuple_rows(windows.assign(short=is_short(windows)))
 
 
 class EventRow(Protocol):
@@ -91,10 +91,8 @@ class EventRow(Protocol):
     def arm(self) -> object: ...  # a phase's letter; NaN for an event of the whole run
 
 
-def event_rows(events: pd.DataFrame) -> Iterator[EventRow]:
-    """The events' rows; pandas' stubs give a row's every field as any scalar, the frame's
-    columns are these."""
-    return cast("Iterator[EventRow]", events.itertuples(index=False))
+# the events' rows
+event_rows: Callable[[pd.DataFrame], Iterator[EventRow]] = tuple_rows
 
 
 def render_figures(result: Analysis) -> list[Path]:

@@ -6,7 +6,7 @@ or writes files.  Every number printed carries its unit, and every table says it
 
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import pandas as pd
 
@@ -19,6 +19,7 @@ from thermab.contracts import COMPLETENESS_COLUMNS
 from thermab.load.validity import FULL_LENGTH_MIN, INFLIGHT_SLACK, MIN_ARRIVAL_SPAN_SHARE, MIN_TOKEN_ARRIVALS, bursts
 from thermab.markup import Markdown, md_cell, md_text
 from thermab.report import verdict
+from thermab.report.table_rows import tuple_rows
 from thermab.report.units import DIGITS, fmt
 from thermab.telemetry.power import host_total_domains, total_scope
 
@@ -429,10 +430,8 @@ class ValidityRow(Protocol):
     def warnings(self) -> object: ...
 
 
-def validity_rows(validity: pd.DataFrame) -> Iterator[ValidityRow]:
-    """validity.csv's rows; pandas' stubs give a row's every field as any scalar, the table's
-    columns are these."""
-    return cast("Iterator[ValidityRow]", validity.itertuples(index=False))
+# validity.csv's rows
+validity_rows: Callable[[pd.DataFrame], Iterator[ValidityRow]] = tuple_rows
 
 
 def load_validity_section(validity: pd.DataFrame, run: Plan) -> list[str]:

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Protocol, cast
+from typing import Protocol
 
 import pandas as pd
 
 from thermab.analysis.levels import LEVEL
 from thermab.analysis.questions import UNDECIDED, decisive_bounds
+from thermab.report.table_rows import tuple_rows
 from thermab.report.units import DIGITS, fmt
 
 LABEL_CHARS = 60
@@ -63,10 +64,8 @@ class AnswerRow(Protocol):
     def phases_needed(self) -> float: ...
 
 
-def answer_rows(answers: pd.DataFrame) -> Iterator[AnswerRow]:
-    """questions.csv's rows; pandas' stubs give a row's every field as any scalar, the table's
-    columns are these."""
-    return cast("Iterator[AnswerRow]", answers.itertuples(index=False))
+# questions.csv's rows
+answer_rows: Callable[[pd.DataFrame], Iterator[AnswerRow]] = tuple_rows
 
 
 def _text(row: AnswerRow, column: str) -> str:
