@@ -180,9 +180,9 @@ def get_look_phases(name):
 
 def get_look_settings(wildcards):
     """What the look ``{repeats}`` decides with (its params): the analysis settings and where
-    the study stops. A look that went on keeps the
-    settings it decided with, so it never runs again (its block ran); a look that stopped
-    decides again when they change, and the run goes on from it."""
+    the study stops. A look that went on keeps the settings it decided with, so it never runs
+    again (its block ran); a look that stopped decides again when they change, and the run
+    goes on from it."""
     decision = layout.run_dir(wildcards.cluster, wildcards.order).look(wildcards.repeats).decision
     if decision.is_file():
         decided = one_line(lambda: Decision.read(decision))

@@ -2,8 +2,8 @@
 # verdicts, the answers' adjustment and balance), summary.md and evidence.md, made from the
 # numbers analyze wrote and the run's own files; they never analyse again. The words read
 # the analysis settings too (the names of zones and thresholds, the margins), and the report
-# room's own code through its digest (REPORT_CODE, common.smk): a change of wording reruns these jobs
-# and the figures, never analyze or a phase.
+# room's own code through its digest (REPORT_CODE, common.smk): a change of wording reruns
+# these jobs and the figures, never analyze or a phase.
 rule tables:
     input:
         **ANALYSIS_FILES,
