@@ -174,6 +174,11 @@ ACCEPTANCE_SHARE = 0.064 / 0.073  # of the restart CV, the simulated server's dr
 
 
 SPEED_ONLY_PROBES_ENDED = 6  # of the 3 × 3 a speed-only phase asks, the ones a 40-s window lets end
+# what a shorter window moves by itself, the same in both arms (relative to a mean of 1): a
+# speed-only phase's 3 × 3 probes beside the load make more tokens per joule (J/token
+# 0.94–1.01 in the speed-only phases of the one-night run against 1.01–1.29 in the full ones,
+# docs/benchmarks.md) and take a little of the load's throughput
+WINDOW_SHIFT = {names.CLUSTER_ENERGY_PER_TOKEN: -0.10, names.OUTPUT_THROUGHPUT: -0.02}
 
 
 def six_questions(
@@ -228,6 +233,7 @@ def six_questions(
         probe_scale = np.where(speed_only, math.sqrt(DEFAULT["load"]["probe_n"] / SPEED_ONLY_PROBES_ENDED), 1.0)
         drift = PERIOD * position[:seen]
         throughput = 1 + restart[:, :seen] + within * draws[names.OUTPUT_THROUGHPUT][:, :seen]
+        shorter = window[:, :seen] < LOAD_S
         values = {
             names.OUTPUT_THROUGHPUT: throughput + speed_sd * drift,
             names.CLUSTER_ENERGY_PER_TOKEN: 2 - throughput + power[:, :seen] + speed_sd * drift,
@@ -238,25 +244,24 @@ def six_questions(
             **{metric: level + sd * (draws[metric][:, :seen] + drift) for metric, (level, sd) in LEVEL.items()},
         }
         if alpha > 0:
-            full = window[:, :seen] == LOAD_S
             for column, question in enumerate(SIX):
                 metric = question["metric"]
-                y = values[metric] + effects[metric] * is_b[:seen]
-                # heat, CPU and gaps on the full windows only: experiments grouped by which those are
+                y = values[metric] + effects[metric] * is_b[:seen] + WINDOW_SHIFT.get(metric, 0.0) * shorter
+                # experiments grouped by which phases ran the shorter window: heat, CPU and gaps
+                # on the full ones only, speed and energy per token on all with a window term
                 every = metric in names.BETWEEN_RESTARTS
-                for mask in np.unique(np.ones((1, seen), bool) if every else full[open_], axis=0):
-                    rows = open_ if every else open_ & (full == mask).all(axis=1)
-                    if not rows.any() or mask.sum() - 3 < sequential.MIN_DF:
+                for pattern in np.unique(shorter[open_], axis=0):
+                    rows = open_ & (shorter == pattern).all(axis=1)
+                    mask = np.ones(seen, bool) if every else ~pattern
+                    if mask.sum() - 3 < sequential.MIN_DF:
                         continue
-                    if adjusted and metric in names.ADJUSTED:
-                        estimate, se, df = adjusted_least_squares(
-                            y[rows][:, mask],
-                            is_b[:seen][mask],
-                            position[:seen][mask],
-                            measured[rows][:, :seen][:, mask],
-                        )
-                    else:
-                        estimate, se, df = least_squares(y[rows][:, mask], is_b[:seen][mask], position[:seen][mask])
+                    estimate, se, df = adjusted_least_squares(
+                        y[rows][:, mask],
+                        is_b[:seen][mask],
+                        position[:seen][mask],
+                        measured[rows][:, :seen][:, mask] if adjusted and metric in names.ADJUSTED else None,
+                        pattern[mask],
+                    )
                     if df < sequential.MIN_DF:
                         continue
                     half = questions.interval(0.0, 1.0, df, alpha)[1]

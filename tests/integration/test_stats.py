@@ -181,6 +181,50 @@ def test_arm_period_fit_agrees_with_least_squares(seed):
     assert stats.arm_period_fit(long[long["order"] == "ABC"], "A") is None  # one order: confounded
 
 
+def _crossover(repeats: int, effect: float, shift: float, seed: int) -> pd.DataFrame:
+    """A two-arm crossover of ``repeats`` (AB, BA, …), its last two repeats in a shorter
+    window whose level is ``shift`` apart, the same in both arms; ``acceptance`` per phase."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for rep in range(1, repeats + 1):
+        order = "AB" if rep % 2 else "BA"
+        window = 40.0 if rep > repeats - 2 else 60.0
+        for arm in order:
+            acceptance = rng.normal(2.4, 0.1)
+            value = 1.0 + effect * (arm == "B") + shift * (window < 60) + 0.5 * acceptance + rng.normal(0, 0.01)
+            rows += [
+                (order, rep, arm, "J/token", "J/token", value, window),
+                (order, rep, arm, "acceptance length", "tokens/draft", acceptance, window),
+            ]
+    return pd.DataFrame(rows, columns=["order", "rep", "arm", "metric", "unit", "value", stats.WINDOW])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_level_shift_between_windows_is_a_term_of_the_fit_not_residual(seed):
+    shifted, level = _crossover(6, -0.05, -0.2, seed), _crossover(6, -0.05, 0.0, seed)
+    for adjusted in (False, True):
+        if adjusted:
+            effects = {
+                name: stats.covariate_effects(frame, "A", ["J/token"], ["acceptance length"])[("J/token", "B")]
+                for name, frame in (("shifted", shifted), ("level", level))
+            }
+        else:
+            effects = {
+                name: stats.arm_effects(frame[frame["metric"] == "J/token"], "A")[("J/token", "B")]
+                for name, frame in (("shifted", shifted), ("level", level))
+            }
+        # the shift is the same in both arms of its block: the window term takes all of it
+        assert effects["shifted"]["diff"] == pytest.approx(effects["level"]["diff"], abs=1e-9)
+        assert effects["shifted"]["se"] == pytest.approx(effects["level"]["se"], rel=1e-6)
+        assert "window" in effects["shifted"]["method"]
+    jtoken = shifted[shifted["metric"] == "J/token"]
+    with_term = stats.arm_effects(jtoken, "A")[("J/token", "B")]
+    without = stats.arm_effects(jtoken.drop(columns=stats.WINDOW), "A")[("J/token", "B")]
+    assert "window" not in without["method"] and without["se"] > 2 * with_term["se"]  # the shift in the residual
+    one_window = level[level["rep"] <= 4]
+    assert "window" not in stats.arm_effects(one_window, "A")[("J/token", "B")]["method"]
+
+
 def test_repeats_needed_is_the_closed_form_normal_approximation():
     from statistics import NormalDist
 

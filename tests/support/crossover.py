@@ -29,11 +29,24 @@ def least_squares(y: np.ndarray, is_b: np.ndarray, position: np.ndarray):
     return beta[:, 1], se, df
 
 
-def adjusted_least_squares(y: np.ndarray, is_b: np.ndarray, position: np.ndarray, covariate: np.ndarray):
-    """B − A of ``value ~ arm + position + covariate`` for every row of ``y``, each row with
-    its own ``covariate`` (what stats.covariate_effects fits): (estimates, se, residual df)."""
-    ones = np.ones_like(covariate)
-    x = np.stack([ones, ones * is_b, ones * position, covariate], axis=2)
+def adjusted_least_squares(
+    y: np.ndarray,
+    is_b: np.ndarray,
+    position: np.ndarray,
+    covariate: np.ndarray | None,
+    shorter: np.ndarray | None = None,
+):
+    """B − A of ``value ~ arm + position + window + covariate`` for every row of ``y``, each row
+    with its own ``covariate`` (what stats.covariate_effects fits; None: none), and with a
+    window term where ``shorter`` (which phases ran the shorter window, one pattern shared by
+    the rows) holds both kinds: (estimates, se, residual df)."""
+    ones = np.ones(y.shape)
+    columns = [ones, ones * is_b, ones * position]
+    if shorter is not None and 0 < shorter.sum() < len(shorter):
+        columns.append(ones * shorter)
+    if covariate is not None:
+        columns.append(covariate)
+    x = np.stack(columns, axis=2)
     gram_inverse = np.linalg.inv(np.einsum("npk,npl->nkl", x, x))
     beta = np.einsum("nkl,npl,np->nk", gram_inverse, x, y)
     residual = y - np.einsum("npk,nk->np", x, beta)

@@ -14,7 +14,7 @@ the same window.  The other speed and per-token metrics follow the throughput: J
 the window's energy over its tokens, whose relative error is the throughput's (the power
 moves far less), and the probes' decode speed does not depend on the window at all.
 
-Every other metric pools only the phases of the run's full window (``full_window_only``):
+Every other metric pools only the phases of the run's full window (``with_windows``):
 a heat metric's phase is one climb up a heat-up ramp, whose mean depends on how long it
 climbed, and a count of stall gaps on how long it counted.  They are decided on the full
 windows before any shorter one runs, and stay decided on them.
@@ -38,6 +38,7 @@ from thermab.analysis.levels import LEVEL
 from thermab.analysis.metrics import PHASE_KEYS, long
 from thermab.analysis.planning import restart_spread
 from thermab.analysis.questions import UNDECIDED
+from thermab.analysis.stats import WINDOW
 from thermab.config import read_bounded
 from thermab.errors import UserError
 from thermab.experiment import plan
@@ -138,15 +139,19 @@ def _read_performance(path: Path) -> pd.DataFrame | None:
     )
 
 
-def full_window_only(values: pd.DataFrame, validity: pd.DataFrame) -> pd.DataFrame:
+def with_windows(values: pd.DataFrame, validity: pd.DataFrame) -> pd.DataFrame:
     """The per-phase metrics of one run (``run_analysis.run_metrics``'s rows, keyed by the run's
-    own order) without the phases of a shorter window than the run's longest for every
-    metric outside BETWEEN_RESTARTS; a phase whose window is not recorded counts as full."""
+    own order), each with its phase's load window (``WINDOW``: the window asked, the run's
+    longest where a phase recorded none), without the phases of a shorter window than the
+    run's longest for every metric outside BETWEEN_RESTARTS.  The window is a term of the
+    fits of the metrics pooled over windows (``stats``): a speed-only phase runs more probes
+    beside the load, which moves a window's energy per token by itself, the same in both arms."""
     if "load_s" not in validity or validity["load_s"].isna().all() or values.empty:
         return values
     phases = validity.assign(rep=validity["rep"].astype("int64"), load_s=validity["load_s"].astype("float64"))
     lengths = phases.set_index(PHASE_KEYS)["load_s"]
     keys = pd.MultiIndex.from_frame(values[PHASE_KEYS].astype({"rep": "int64"}))
-    asked = pd.Series(lengths.reindex(keys).to_numpy(), index=values.index)
-    keep = values["metric"].isin(BETWEEN_RESTARTS) | ~(asked < float(lengths.max()))
-    return values[keep].reset_index(drop=True)
+    full = float(lengths.max())
+    asked = pd.Series(lengths.reindex(keys).to_numpy(), index=values.index).fillna(full)
+    keep = values["metric"].isin(BETWEEN_RESTARTS) | ~(asked < full)
+    return values.assign(**{WINDOW: asked})[keep].reset_index(drop=True)

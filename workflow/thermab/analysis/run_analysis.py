@@ -128,7 +128,7 @@ def run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 def _run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """Every metric of every phase, but for heat and the others outside speed and energy per
-    token the phases of the run's full window only (``phase_length.full_window_only``)."""
+    token the phases of the run's full window only, each with its window (``phase_length.with_windows``)."""
     config = run.plan
     values = load_validity.mark(
         pd.concat(
@@ -150,7 +150,7 @@ def _run_metrics(run: RunData, tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
         ),
         tables["validity"],
     )
-    return phase_length.full_window_only(values, tables["validity"])
+    return phase_length.with_windows(values, tables["validity"])
 
 
 def _check_poolable(runs: list[RunData]) -> None:

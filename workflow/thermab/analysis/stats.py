@@ -13,7 +13,10 @@ Two estimates of an arm's effect, both as (arm − reference), also in % of the 
   longer confounded: an ordinary least-squares fit ``value ~ arm + position`` (position =
   index of the arm in its order, a linear drift per step) separates the arm effect from the
   period effect, each with a t interval on the residual degrees of freedom.  This estimate
-  is then the one reported.
+  is then the one reported.  Where a metric's phases ran load windows of more than one length
+  (``WINDOW``: ``until: decided`` shortens the windows once only speed questions are open),
+  the fit has a term per window as well: a window's length moves some metrics by itself
+  (a speed-only window runs more probes beside the load), the same in both arms of its block.
 
 The interval in % divides by the reference mean and treats it as fixed, so it is given only
 where that mean can be told from zero (``per_cent_of``); a difference is a finding ("real")
@@ -33,6 +36,7 @@ from thermab import metric_names as names
 # SciPy and statsmodels are imported where they are used: together they take about a second
 # to import, which every importer of the finding names (summary, the report) would pay
 
+WINDOW = "window_s"  # the long table's column of a phase's load window (phase_length.with_windows)
 VARIANCE_COLUMNS = [
     "metric",
     "unit",
@@ -93,6 +97,7 @@ class ArmPeriodFit(TypedDict):
     arms: dict[str, Estimate]  # arm → its effect against the reference
     period: Estimate  # per position step
     se: dict[str, tuple[float, float]]  # arm → (standard error, residual df)
+    terms: list[str]  # the fit's terms beside the arm (``fit_terms`` names them)
 
 
 class Effect(TypedDict):
@@ -167,12 +172,28 @@ def welch_interval(reference: pd.Series, arm: pd.Series, alpha: float = 0.05) ->
     return {"diff": diff, "ci_low": float(low), "ci_high": float(high)}
 
 
+def window_terms(data: pd.DataFrame) -> list[str]:
+    """The fit's term for the load window where ``data``'s phases ran more than one length
+    (``WINDOW``), as a category: a level per length, so any shift a length makes by itself
+    is taken out, none assumed proportional to it."""
+    if WINDOW in data and data[WINDOW].nunique() > 1:
+        return [f"C({WINDOW})"]
+    return []
+
+
+def fit_terms(terms: list[str]) -> str:
+    """The method's words for a fit of ``terms`` beyond the arm: "position + window" etc."""
+    words = {"position": "position", f"C({WINDOW})": "window"}
+    return " + ".join(words.get(term, term) for term in terms)
+
+
 def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> ArmPeriodFit | None:
     """OLS ``value ~ arm + position`` over all arms of one metric (arm as treatment contrasts
-    against ``reference``, position as a number: a linear drift per step).
+    against ``reference``, position as a number: a linear drift per step), with a term per
+    load window where the phases ran more than one (``window_terms``).
 
     Returns {"arms": {arm: (estimate, low, high)}, "period": (estimate, low, high),
-    "se": {arm: (standard error, residual df)}} with the
+    "se": {arm: (standard error, residual df)}, "terms": the terms beside the arm} with the
     period effect per position step, or None when arm and position are confounded (a single
     order, or no phase of the reference arm) or no residual degree of freedom is left.
     """
@@ -185,7 +206,8 @@ def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> A
 
     position = [order.index(arm) for order, arm in zip(data["order"], data["arm"], strict=False)]
     arm_term = f"C(arm, Treatment(reference={reference!r}))"
-    model = ols(f"value ~ {arm_term} + position", data.assign(position=position))
+    terms = ["position", *window_terms(data)]
+    model = ols(f"value ~ {arm_term} + " + " + ".join(terms), data.assign(position=position))
     if model.df_resid < 1 or model.rank < model.exog.shape[1]:
         return None
     fit = model.fit()
@@ -200,6 +222,7 @@ def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> A
         "arms": {a: estimate(f"{arm_term}[T.{a}]") for a in others},
         "period": estimate("position"),
         "se": {a: (float(fit.bse[f"{arm_term}[T.{a}]"]), float(fit.df_resid)) for a in others},
+        "terms": terms,
     }
 
 
@@ -224,7 +247,7 @@ def arm_effects(long: pd.DataFrame, reference: str) -> dict[tuple[str, str], Eff
             method = "none (n = 1)"
             if fit is not None:
                 diff, se, df = fit["arms"][arm][0], *fit["se"][arm]
-                method = "OLS arm + position, orders pooled"
+                method = f"OLS arm + {fit_terms(fit['terms'])}, orders pooled"
             elif min(len(values), len(ref_values)) >= 2:
                 method = "Welch t"
                 if values.var(ddof=1) + ref_values.var(ddof=1) == 0:
@@ -250,9 +273,10 @@ def covariate_effects(
 ) -> dict[tuple[str, str], Effect]:
     """``arm_effects`` of ``metrics`` adjusted for per-phase ``covariates`` (metrics of the same
     phases in ``long``): the OLS fit ``value ~ arm + position + covariates`` (ANCOVA; position
-    only where orders are pooled, as ``arm_period_fit``), its arm coefficient, standard error
-    and residual df.  A metric is left out where a phase lacks a covariate or the fit has no
-    residual degree of freedom: its raw effect stands."""
+    only where orders are pooled and a window term only where the phases ran more than one
+    window, as ``arm_period_fit``), its arm coefficient, standard error and residual df.  A
+    metric is left out where a phase lacks a covariate or the fit has no residual degree of
+    freedom: its raw effect stands."""
     keys = ["order", "rep", "arm"]
     covariate_values = {}
     for index, name in enumerate(covariates):
@@ -277,10 +301,12 @@ def _covariate_fit(data: pd.DataFrame, reference: str, covariates: list[str]) ->
         return {}
     from statsmodels.formula.api import ols
 
-    terms = [f"C(arm, Treatment(reference={reference!r}))", *covariates]
+    design = []
     if data["order"].nunique() > 1:
-        terms.append("position")
+        design.append("position")
         data = data.assign(position=[o.index(a) for o, a in zip(data["order"], data["arm"], strict=True)])
+    design += window_terms(data)
+    terms = [f"C(arm, Treatment(reference={reference!r}))", *design, *covariates]
     model = ols("value ~ " + " + ".join(terms), data)
     if model.df_resid < 1 or model.rank < model.exog.shape[1]:
         return {}
@@ -295,7 +321,7 @@ def _covariate_fit(data: pd.DataFrame, reference: str, covariates: list[str]) ->
             "diff": float(fit.params[name]),
             "se": float(fit.bse[name]),
             "df": float(fit.df_resid),
-            "method": "ANCOVA arm + " + ("position + " if "position" in terms else "") + "covariates",
+            "method": "ANCOVA arm + " + "".join(f"{fit_terms([term])} + " for term in design) + "covariates",
             "n": int((data["arm"] == arm).sum()),
             "ref_n": ref["n"],
             "ref": ref,
@@ -373,7 +399,7 @@ def _difference(
     if fit is not None:
         diff, low, high = fit["arms"][arm]
         period = fit["period"]
-        method = "OLS arm + position, orders pooled"
+        method = f"OLS arm + {fit_terms(fit['terms'])}, orders pooled"
     else:
         welch = welch_interval(ref_values, values, alpha)
         diff, low, high = welch["diff"], welch["ci_low"], welch["ci_high"]
