@@ -223,7 +223,10 @@ def adjusted_effects(
     concerns in ``adjustment_covariate`` and the test's p in ``adjustment_p``; the report
     puts it in words).
 
-    The arm's effect on a covariate is tested two-sided at ``alpha`` on the covariate's own
+    Each metric is fitted with its own covariates (``covariates_of``: the probes' decode speed
+    with the probes' own acceptance length where the client measured it), named in
+    ``adjustment_covariate``.  The arm's effect on a covariate, the declared ones and the
+    metric's own, is tested two-sided at ``alpha`` on the covariate's own
     arm effect (``stats.arm_effects``): a setting that moves the drafter's acceptance would
     have part of its effect on speed taken away by the adjustment, so then the raw answer
     stands, with the adjusted effect as ``confirm``: a yes needs both (``questions``).  The
@@ -236,14 +239,21 @@ def adjusted_effects(
     wanted = [(metric, arm) for (metric, arm) in effects if metric in names.ADJUSTED]
     if not wanted:
         return {}
-    adjusted = stats.covariate_effects(pooled, reference, names.ADJUSTED, covariates) if covariates else {}
+    used = {metric: covariates_of(metric, covariates, pooled) for metric, _arm in wanted}
+    adjusted = {}
+    for metric, own in used.items():
+        if own:
+            adjusted.update(stats.covariate_effects(pooled, reference, [metric], own))
     result: dict[tuple[str, str], AdjustedEffect] = {}
     for metric, arm in wanted:
         raw = effects[(metric, arm)]
         fitted = adjusted.get((metric, arm))
-        why = _not_adjusted(effects, arm, covariates, alpha)
+        # the declared covariates and the metric's own measures of them: the arm may move neither
+        why = _not_adjusted(effects, arm, list(dict.fromkeys([*covariates, *used[metric]])), alpha)
         if why is None and fitted is not None:
-            result[(metric, arm)] = _answered_on(fitted, raw, {"adjustment": ADJUSTED})
+            result[(metric, arm)] = _answered_on(
+                fitted, raw, {"adjustment": ADJUSTED, "adjustment_covariate": " + ".join(used[metric])}
+            )
         elif why is None:
             result[(metric, arm)] = _answered_on(raw, raw, {"adjustment": RAW_NOT_IN_FIT})
         elif why["adjustment"] == RAW_MOVED and fitted is not None:
@@ -251,6 +261,27 @@ def adjusted_effects(
         else:
             result[(metric, arm)] = _answered_on(raw, raw, why)
     return result
+
+
+# A metric's own measure of a covariate, where every one of its phases has it: the probes'
+# decode speed moves with the tokens their own steps yielded (each probe draws its drafts,
+# a luck beside the restart's draw that the batch's acceptance length cannot see), which the
+# client measures per probe (analysis/metrics.py, ``probe_tokens_per_step``)
+OWN_MEASURE = {names.PROBE_DECODE_SPEED: {names.ACCEPTANCE_LENGTH: names.PROBE_ACCEPTANCE_LENGTH}}
+
+
+def covariates_of(metric: str, covariates: Sequence[str], pooled: pd.DataFrame) -> list[str]:
+    """The covariates ``metric`` is adjusted for: ``covariates``, each replaced by the metric's
+    own measure of it (OWN_MEASURE) where every phase of the metric in ``pooled`` has one."""
+    keys = ["order", "rep", "arm"]
+    phases = set(map(tuple, pooled.loc[pooled["metric"] == metric, keys].to_numpy().tolist()))
+    own = []
+    for covariate in covariates:
+        measure = OWN_MEASURE.get(metric, {}).get(covariate)
+        rows = pooled[(pooled["metric"] == measure) & pooled["value"].notna()] if measure else pooled.iloc[:0]
+        covered = phases and phases <= set(map(tuple, rows[keys].to_numpy().tolist()))
+        own.append(measure if measure and covered else covariate)
+    return own
 
 
 def _answered_on(effect: Effect, raw: Effect, why: Adjustment, confirm: Effect | None = None) -> AdjustedEffect:
