@@ -27,6 +27,8 @@ run's events measured (the median job, from its first ``patch_applied`` or ``res
 to its last ``cooldown_end``), the baseline once; ``time_scale`` study seconds stand for one
 second of the run (30 on the simulated cluster, ``timings.time_scale``).  A plan is whole
 crossover blocks of repeats (``sequential.pair_size``), as ``until: decided`` runs them.
+The budget stop prices the next look's jobs at the median of the measured jobs of their
+kind, full or speed-only (``job_price``): the kinds differ by the heat cooldown.
 
 **A restart CV to plan for** (``restart_cv_pct``): for the metrics restarts move (speed and
 energy per token, ``metric_names.BETWEEN_RESTARTS``) the planned sd becomes
@@ -96,7 +98,7 @@ class Timings:
     def repeats_within(self, hours: float, arms: int) -> int:
         """The most repeats whose study fits in ``hours`` (0: not one crossover pair), every
         phase job at the measured median (``config.repeats_in_budget``, which prices the
-        budget at the config read and the budget stop too)."""
+        budget at the config read too)."""
         room_s = (hours * 3600 / self.time_scale if self.time_scale > 0 else math.inf) - self.baseline_s
         if self.job_s <= 0 or room_s < 2 * arms * self.job_s:  # not one crossover pair (AB, BA)
             return 0
@@ -301,8 +303,9 @@ def run_budget_check(
     time_scale: float = 1.0,
 ) -> BudgetCheck | None:
     """``budget_check`` of the run in ``run_dir``: its events, and the windows its phase
-    records were asked for.  The one check the budget stop acts on and summary.md words."""
-    windows = experiment_plan.recorded_windows(run_dir, order, repeats, crossover=True, every=every)
+    records were asked for (a job of a repeat not yet whole is one of them).  The one check
+    the budget stop acts on and summary.md words."""
+    windows = experiment_plan.recorded_windows(run_dir, order, target, crossover=True, every=every)
     events = read_events(RunDir(run_dir).events)
     return budget_check(events, windows, jobs, len(order), repeats, target, budget_hours, time_scale)
 
