@@ -192,8 +192,9 @@ def test_a_speed_only_look_is_priced_at_the_speed_only_jobs_never_the_full_ones(
     events, windows = read_events(path / "events.jsonl"), windows_of(path)
     assert windows == {1: 60, 2: 60, 3: 60, 4: 40, 5: 40}
     # the speed-only jobs' median, above the config's 40 s (their restart and the wait for
-    # the requests in flight), far below the median of all ten jobs (86.5 s)
+    # the requests in flight), far below the median of all ten jobs
     assert planning.job_price(events, windows, SPEED_ONLY) == (47.5, True)
+    assert planning.measured_timings(events).job_s == 85.5
     assert planning.job_price(events, windows, FULL) == (87.5, True)
     # two levels of load: each job ran both, and its measured seconds hold both
     assert planning.job_price(events, windows, dataclasses.replace(SPEED_ONLY, levels=2)) == (47.5, True)

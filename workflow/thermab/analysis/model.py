@@ -318,8 +318,8 @@ class Plan(AnalysisSettings):  # the analysis settings at its top level, as run.
     prompt_tokens: int | None
     probe_n: int | None  # 0: the run had no probe
     load_s: int | None
-    min_load_s: int | None  # the window's floor and the heat cooldown's cap: the price of a phase job
-    cooldown_max_s: float | None  # (planning.NextJobs) where none of its kind was measured
+    min_load_s: int | None  # with cooldown_max_s, the config's price of a phase job (planning.NextJobs)
+    cooldown_max_s: float | None
     idle_s: float | None
     wakeup_gaps_s: tuple[float, ...] | None
     slo: Mapping[str, float] | None  # load.slo (goodput's bounds in ms)

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import pandas as pd
 
-from thermab.analysis import planning, sequential
+from thermab.analysis import phase_length, planning, sequential
 from thermab.analysis.model import Plan
 from thermab.analysis.questions import ALPHA, POWER, UNDECIDED
 from thermab.config import first_testing_repeats, residual_df
@@ -247,8 +247,6 @@ def next_look_check(
     questions.csv (``answers``) as the look chose it (``phase_length.look_window_s``), and
     ``planning.run_budget_check``, which the stop acts on.  None without a budget, a next
     look or run.json's timings to price that window (a run.json of another tool's)."""
-    from thermab.analysis import phase_length
-
     load_s, min_load_s, cooldown_max_s = run.load_s, run.min_load_s, run.cooldown_max_s
     budget = run.budget_hours
     if run.until != "decided" or budget is None or load_s is None or min_load_s is None or cooldown_max_s is None:
