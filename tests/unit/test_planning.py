@@ -4,20 +4,23 @@ checked against the run it is read from (the power, against simulated studies:
 integration/test_planning_runs.py)."""
 
 import copy
+import dataclasses
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
 from support.paths import REPO as ROOT, default_config
-from support.synthetic_run import PHASE_S, write_synthetic_run
+from support.synthetic_run import PHASE_S, plan_view, write_synthetic_run
 from thermab.__main__ import main
-from thermab.analysis import metrics, planning, questions, run_analysis, sequential
+from thermab.analysis import metrics, phase_length, planning, questions, run_analysis, sequential
 from thermab.analysis.model import Plan, load_run, read_events
 from thermab.config import ConfigError, validate
+from thermab.experiment import plan as experiment_plan
 from thermab.report import plan_words
 
 DEFAULT = default_config()
@@ -120,32 +123,127 @@ def test_an_estimate_on_the_margin_is_out_of_reach():
     assert math.isnan(rows.loc[0, "phases_needed"])
 
 
-def test_the_budget_stops_when_the_next_look_cannot_fit(tmp_path):
-    path = tmp_path / "AB"
+# The budget's runs below: full windows of 60 s with a heat cooldown of at most 40 s (the
+# config's price of a full job, 100 s) and speed-only windows of 40 s (their price, 40 s).
+FULL = planning.NextJobs(window_s=60, load_s=60, cooldown_max_s=40)
+SPEED_ONLY = planning.NextJobs(window_s=40, load_s=60, cooldown_max_s=40)
+
+
+def budget_run(path, jobs_s):
+    """A run directory of the phase jobs ``jobs_s`` (rep → (window asked, seconds of each
+    of its two jobs)) after a baseline of 100 s: their phase records, events, and
+    questions.csv with a question still open after them."""
+    path.mkdir(parents=True)
     events = [{"t": 0.0, "event": "baseline_start"}, {"t": 100.0, "event": "baseline_end"}]
     t = 100.0
-    for rep in range(1, 5):
-        for arm in sequential.order_of_repeat("AB", rep):
+    for rep, (window, seconds) in jobs_s.items():
+        for arm, job_s in zip(sequential.order_of_repeat("AB", rep), seconds, strict=True):
             (path / "phases" / f"rep{rep}-{arm}").mkdir(parents=True)
-            (path / "phases" / f"rep{rep}-{arm}" / "phase.json").write_text("{}")
+            (path / "phases" / f"rep{rep}-{arm}" / "phase.json").write_text(json.dumps({"load_s": window}))
             keys = {"order": "AB", "rep": rep, "arm": arm}
-            events += [{"t": t, "event": "restart_start", **keys}, {"t": t + 900, "event": "cooldown_end", **keys}]
-            t += 900
+            events += [{"t": t, "event": "restart_start", **keys}, {"t": t + job_s, "event": "cooldown_end", **keys}]
+            t += job_s
     (path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     (path / "tables").mkdir()
-    pd.DataFrame({"phases_per_arm": [4], "verdict": ["undecided"]}).to_csv(path / "tables" / "questions.csv")
+    answers = pd.DataFrame({"metric": ["output throughput"], "phases_per_arm": [len(jobs_s)], "verdict": ["undecided"]})
+    answers.to_csv(path / "tables" / "questions.csv", index=False)
+    return path, answers
+
+
+def windows_of(path):
+    return experiment_plan.recorded_windows(path, "AB", 8, crossover=True)
+
+
+def test_the_budget_stops_when_the_next_look_cannot_fit(tmp_path):
+    path, _answers = budget_run(tmp_path / "AB", {rep: (60, (900, 900)) for rep in range(1, 5)})
     # 4 repeats took 8 × 900 s + 100 s = 2.03 h; the next look (1 repeat) needs 0.5 h more
-    # at the measured job, or what the price of its window says (a speed-only job's, 200 s)
+    # at the measured full job
     assert planning.resume_within_budget(path, "AB", 8) == 5
-    assert planning.resume_within_budget(path, "AB", 8, budget_hours=2.6) == 5
-    assert planning.resume_within_budget(path, "AB", 8, budget_hours=2.5) == 4
-    assert planning.resume_within_budget(path, "AB", 8, budget_hours=2.2, job_s=200) == 5
-    check = planning.budget_check(read_events(path / "events.jsonl"), 2, 4, 5, 2.5)
+    assert planning.resume_within_budget(path, "AB", 8, budget_hours=2.6, jobs=FULL) == 5
+    assert planning.resume_within_budget(path, "AB", 8, budget_hours=2.5, jobs=FULL) == 4
+    # a speed-only look, none of whose kind ran, at the config's price of its window: 2 × 40 s
+    assert planning.resume_within_budget(path, "AB", 8, budget_hours=2.06, jobs=SPEED_ONLY) == 5
+    assert planning.resume_within_budget(path, "AB", 8, budget_hours=2.04, jobs=SPEED_ONLY) == 4
+    check = planning.run_budget_check(path, "AB", None, FULL, 4, 5, 2.5)
     assert not check.fits and round(check.used, 2) == 2.03 and check.need == pytest.approx(0.5)
+    assert check.measured and check.job_s == 900
     sentence = plan_words.budget_sentence(check)
-    assert "does not fit" in sentence and "2.03 used" in sentence and "the measured 900 s" in sentence
-    check = planning.budget_check(read_events(path / "events.jsonl"), 2, 4, 5, 2.2, job_s=200)
-    assert check.fits and "price of at most 200 s per phase job" in plan_words.budget_sentence(check)
+    assert "does not fit" in sentence and "2.03 used" in sentence
+    assert "0.50 h at the median 900 s of this run's full phase jobs" in sentence
+    check = planning.run_budget_check(path, "AB", None, SPEED_ONLY, 4, 5, 2.06)
+    assert check.fits and not check.measured and check.job_s == 40
+    assert "the config's price of at most 40 s per speed-only phase job (none measured yet)" in (
+        plan_words.budget_sentence(check)
+    )
+
+
+def test_full_jobs_only_price_a_full_look_at_their_median_and_a_speed_only_one_at_its_window(tmp_path):
+    path, _answers = budget_run(tmp_path / "AB", {1: (60, (85, 88)), 2: (60, (90, 86)), 3: (60, (89, 87))})
+    events = read_events(path / "events.jsonl")
+    assert planning.job_price(events, windows_of(path), FULL) == (87.5, True)
+    assert planning.job_price(events, windows_of(path), SPEED_ONLY) == (40, False)
+    # a job of a repeat whose window no phase record holds ran the full window
+    assert planning.job_price(events, {}, FULL) == (87.5, True)
+
+
+def test_a_speed_only_look_is_priced_at_the_speed_only_jobs_never_the_full_ones(tmp_path):
+    jobs = {1: (60, (85, 88)), 2: (60, (90, 86)), 3: (60, (89, 87)), 4: (40, (46, 51)), 5: (40, (45, 49))}
+    path, _answers = budget_run(tmp_path / "AB", jobs)
+    events, windows = read_events(path / "events.jsonl"), windows_of(path)
+    assert windows == {1: 60, 2: 60, 3: 60, 4: 40, 5: 40}
+    # the speed-only jobs' median, above the config's 40 s (their restart and the wait for
+    # the requests in flight), far below the median of all ten jobs
+    assert planning.job_price(events, windows, SPEED_ONLY) == (47.5, True)
+    assert planning.measured_timings(events).job_s == 85.5
+    assert planning.job_price(events, windows, FULL) == (87.5, True)
+    # two levels of load: each job ran both, and its measured seconds hold both
+    assert planning.job_price(events, windows, dataclasses.replace(SPEED_ONLY, levels=2)) == (47.5, True)
+    check = planning.budget_check(events, windows, SPEED_ONLY, 2, 5, 6, 10.0)
+    assert check.job_s == 47.5 and check.need == pytest.approx(2 * 47.5 / 3600) and check.speed_only
+
+
+def test_with_no_job_measured_the_price_is_the_configs_and_the_first_look_runs(tmp_path):
+    path, _answers = budget_run(tmp_path / "AB", {})
+    events = read_events(path / "events.jsonl")
+    assert planning.job_price(events, {}, FULL) == (100, False)
+    assert planning.job_price(events, {}, SPEED_ONLY) == (40, False)
+    assert planning.job_price(events, {}, dataclasses.replace(SPEED_ONLY, levels=3)) == (120, False)
+    assert planning.budget_check(events, {}, FULL, 2, 0, 3, 0.01) is None
+
+
+def test_the_summary_words_the_numbers_the_budget_stop_acted_on(tmp_path):
+    """The stop (report/look.py: the look's window, ``resume_within_budget``) and summary.md's
+    budget sentence (``plan_words.next_look_check``) price the next look alike."""
+    rng = np.random.default_rng(3)
+    jobs = {1: (60, (85, 88)), 2: (60, (90, 86)), 3: (60, (89, 87)), 4: (40, (46, 51))}
+    path, answers = budget_run(tmp_path / "AB", jobs)
+    performance = pd.DataFrame(
+        [
+            {"order": "AB", "rep": rep, "arm": arm, "window_s": float(window), "output_tok_s_se": 2.0}
+            for rep, (window, _seconds) in jobs.items()
+            for arm in "AB"
+        ]
+    ).assign(output_tok_s_in_window=lambda frame: 215 + rng.normal(0, 16, len(frame)))
+    performance.to_csv(path / "tables" / "performance.csv", index=False)
+    window = phase_length.next_block_window(path, "AB", "A", 60, 40)
+    assert window == 40  # speed only: the floor
+    used = (100 + sum(sum(seconds) for _window, seconds in jobs.values())) / 3600
+    for budget, goes_on in ((used + 2 * 48.5 / 3600, True), (used + 2 * 48 / 3600, False)):
+        plan = plan_view(
+            until="decided", max_repeats=8, budget_hours=budget, load_s=60, min_load_s=40, cooldown_max_s=40
+        )
+        stop = dataclasses.replace(SPEED_ONLY, window_s=window)
+        reached = planning.resume_within_budget(path, "AB", 8, None, budget, 1.0, stop)
+        check = plan_words.next_look_check(plan, path, performance, answers, 4)
+        assert (reached == 5) == goes_on == check.fits
+        assert check.job_s == 48.5 and check.measured and check.speed_only and check.target == 5
+        sentence = plan_words.budget_sentence(check)
+        assert "the median 48 s of this run's speed-only phase jobs" in sentence
+        assert sentence.endswith(" fits.") == goes_on
+    # a run.json of another tool's, without the timings that price a window: no account
+    assert (
+        plan_words.next_look_check(plan_view(until="decided", budget_hours=1.0), path, performance, answers, 4) is None
+    )
 
 
 @pytest.mark.parametrize(

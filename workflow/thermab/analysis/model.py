@@ -251,6 +251,8 @@ UNRECORDED: Mapping[str, object] = MappingProxyType(
         "prompt_tokens": None,
         "probe_n": None,
         "load_s": None,
+        "min_load_s": None,
+        "cooldown_max_s": None,
         "idle_s": None,
         "wakeup_gaps_s": None,
         "slo": None,
@@ -282,6 +284,7 @@ class Plan(AnalysisSettings):  # the analysis settings at its top level, as run.
     ``UNRECORDED`` gives where run.json has none, and that absence means something:
     ``users`` None, the run is its one level, of users the requests show; ``max_tokens``,
     ``prompt_tokens``, ``probe_n``, ``load_s`` None, what the requests show or nothing;
+    ``min_load_s``, ``cooldown_max_s`` None, no budget's account in summary.md;
     ``trip_point_c`` None, no line drawn; ``slo`` None, no goodput; ``sample_intervals_s``
     None, the intervals as measured; ``hosts_without_zones`` empty, every host has zones;
     ``configfiles`` None, the command that continues the run says to add them (an empty
@@ -315,6 +318,8 @@ class Plan(AnalysisSettings):  # the analysis settings at its top level, as run.
     prompt_tokens: int | None
     probe_n: int | None  # 0: the run had no probe
     load_s: int | None
+    min_load_s: int | None  # with cooldown_max_s, the config's price of a phase job (planning.NextJobs)
+    cooldown_max_s: float | None
     idle_s: float | None
     wakeup_gaps_s: tuple[float, ...] | None
     slo: Mapping[str, float] | None  # load.slo (goodput's bounds in ms)

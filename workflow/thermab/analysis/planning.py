@@ -27,6 +27,8 @@ run's events measured (the median job, from its first ``patch_applied`` or ``res
 to its last ``cooldown_end``), the baseline once; ``time_scale`` study seconds stand for one
 second of the run (30 on the simulated cluster, ``timings.time_scale``).  A plan is whole
 crossover blocks of repeats (``sequential.pair_size``), as ``until: decided`` runs them.
+The budget stop prices the next look's jobs at the median of the measured jobs of their
+kind, full or speed-only (``job_price``): the kinds differ by the heat cooldown.
 
 **A restart CV to plan for** (``restart_cv_pct``): for the metrics restarts move (speed and
 energy per token, ``metric_names.BETWEEN_RESTARTS``) the planned sd becomes
@@ -60,7 +62,7 @@ from thermab.analysis.questions import (  # ALPHA, POWER and UNDECIDED re-export
     phases_needed as solve_phases,
 )
 from thermab.analysis.stats import Effect
-from thermab.config import first_testing_repeats, question_words, repeats_in_budget
+from thermab.config import first_testing_repeats, phase_job_s, question_words, repeats_in_budget
 from thermab.contracts import PLAN_COLUMNS
 from thermab.experiment import plan as experiment_plan
 from thermab.layout import RunDir
@@ -96,7 +98,7 @@ class Timings:
     def repeats_within(self, hours: float, arms: int) -> int:
         """The most repeats whose study fits in ``hours`` (0: not one crossover pair), every
         phase job at the measured median (``config.repeats_in_budget``, which prices the
-        budget at the config read and the budget stop too)."""
+        budget at the config read too)."""
         room_s = (hours * 3600 / self.time_scale if self.time_scale > 0 else math.inf) - self.baseline_s
         if self.job_s <= 0 or room_s < 2 * arms * self.job_s:  # not one crossover pair (AB, BA)
             return 0
@@ -146,21 +148,29 @@ def study_plan(
 def measured_timings(events: pd.DataFrame, time_scale: float = 1.0) -> Timings | None:
     """The run's timings from its events; None where no phase job ran from its restart to
     its cooldown's end (an imported run)."""
-    if events.empty or "event" not in events:
-        return None
-    marks = events[events["event"].isin(["patch_applied", "restart_start", "cooldown_end"])].dropna(subset=["rep"])
-    jobs: list[float] = []
-    for _keys, job in marks.groupby(PHASE_KEYS, sort=False):
-        begun = job.loc[job["event"] != "cooldown_end", "t"]
-        ended = job.loc[job["event"] == "cooldown_end", "t"]
-        if len(begun) and len(ended) and ended.max() > begun.min():
-            jobs.append(float(ended.max() - begun.min()))
-    if not jobs:
+    jobs = measured_jobs(events)
+    if jobs.empty:
         return None
     starts = events.loc[events["event"] == "baseline_start", "t"]
     ends = events.loc[events["event"] == "baseline_end", "t"]
     baseline = float(ends.max() - starts.max()) if len(starts) and len(ends) and ends.max() > starts.max() else 0.0
     return Timings(baseline, float(np.median(jobs)), len(jobs), time_scale)
+
+
+def measured_jobs(events: pd.DataFrame) -> pd.Series:
+    """Seconds of each phase job the events saw whole, by ``PHASE_KEYS``: from its first
+    ``patch_applied`` or ``restart_start`` to its last ``cooldown_end`` (every level's
+    window in one job); empty where none was."""
+    seconds: dict[tuple[object, ...], float] = {}
+    if not events.empty and "event" in events and all(key in events for key in PHASE_KEYS):
+        marks = events[events["event"].isin(["patch_applied", "restart_start", "cooldown_end"])]
+        for keys, job in marks.dropna(subset=["rep"]).groupby(PHASE_KEYS, sort=False):
+            begun = job.loc[job["event"] != "cooldown_end", "t"]
+            ended = job.loc[job["event"] == "cooldown_end", "t"]
+            if len(begun) and len(ended) and ended.max() > begun.min():
+                seconds[tuple(keys)] = float(ended.max() - begun.min())
+    index = pd.MultiIndex.from_tuples(list(seconds), names=PHASE_KEYS) if seconds else None
+    return pd.Series(list(seconds.values()), index=index, dtype="float64")
 
 
 def decide_repeats(answers: pd.DataFrame, plan: Plan) -> int:
@@ -204,10 +214,49 @@ def elapsed_hours(events: pd.DataFrame, time_scale: float = 1.0) -> float:
 
 
 @dataclass(frozen=True)
+class NextJobs:
+    """The phase jobs of the next look, as the config prices them: their load window
+    ``window_s``, the run's full window ``load_s`` and its heat cooldown's cap, and the
+    levels of load each job runs a window of."""
+
+    window_s: float
+    load_s: float
+    cooldown_max_s: float
+    levels: int = 1
+
+    @property
+    def speed_only(self) -> bool:
+        """A window shorter than the run's full one (``experiment.plan.speed_only``)."""
+        return self.window_s < self.load_s
+
+    @property
+    def formula_s(self) -> float:
+        """The most such a job costs by the config (``config.phase_job_s``, every level's)."""
+        return phase_job_s(self.load_s, self.cooldown_max_s, self.window_s) * self.levels
+
+
+def job_price(events: pd.DataFrame, windows: Mapping[int, float], jobs: NextJobs) -> tuple[float, bool]:
+    """(seconds, measured): the price of one phase job of the next look.  The median of the
+    run's measured jobs of its kind, where one was measured: a full job's heat cooldown, or
+    a speed-only job's restart and wait for the requests in flight, are the cluster's and no
+    formula knows them; else the config's price (``NextJobs.formula_s``).  ``windows``: the
+    load window each repeat was asked for (``experiment.plan.recorded_windows``); a job of a
+    repeat without one ran the full window."""
+    measured = measured_jobs(events)
+    if not measured.empty:
+        asked = [windows.get(int(rep), jobs.load_s) for rep in measured.index.get_level_values("rep")]
+        alike = measured[[(window < jobs.load_s) == jobs.speed_only for window in asked]]
+        if len(alike):
+            return float(np.median(alike)), True
+    return jobs.formula_s, False
+
+
+@dataclass(frozen=True)
 class BudgetCheck:
     """Whether the look at ``target`` repeats fits in what is left of ``budget_hours`` after
     ``repeats``: cluster-hours ``used`` so far and ``need`` for the next look, at ``job_s``
-    per phase job (``measured``: the run's median job; else the price of its window)."""
+    per phase job (``measured``: the median of the run's jobs of its kind; else the
+    config's price of its window; ``job_price``), ``speed_only``: its window's kind."""
 
     fits: bool
     used: float
@@ -217,30 +266,48 @@ class BudgetCheck:
     budget_hours: float
     job_s: float
     measured: bool
+    speed_only: bool
 
 
 def budget_check(
     events: pd.DataFrame,
+    windows: Mapping[int, float],
+    jobs: NextJobs,
     arms: int,
     repeats: int,
     target: int,
     budget_hours: float,
     time_scale: float = 1.0,
-    job_s: float | None = None,
 ) -> BudgetCheck | None:
-    """The budget's check of the look at ``target`` repeats after ``repeats``; None where
-    there is none to make: before any job was measured the look runs (the config check keeps
-    a budget of less than one pair of phases out).  Each phase job of the next look at
-    ``job_s`` (the price ``config.phase_job_s`` gives the window it runs: a speed-only one
-    waits out no heat cooldown), or where none is given at the run's measured median."""
-    timings = measured_timings(events, time_scale)
-    if timings is None or target <= repeats:
+    """The budget's check of the look at ``target`` repeats after ``repeats``, each of its
+    phase jobs at ``job_price``; None where there is none to make: before any job was
+    measured the look runs (the config check keeps a budget of less than one pair of phases
+    out)."""
+    if target <= repeats or measured_jobs(events).empty:
         return None
     used = elapsed_hours(events, time_scale)
-    measured = job_s is None
-    price = timings.job_s if job_s is None else job_s
+    price, measured = job_price(events, windows, jobs)
     need = (target - repeats) * arms * price * time_scale / 3600
-    return BudgetCheck(used + need <= budget_hours, used, need, repeats, target, budget_hours, price, measured)
+    fits = used + need <= budget_hours
+    return BudgetCheck(fits, used, need, repeats, target, budget_hours, price, measured, jobs.speed_only)
+
+
+def run_budget_check(
+    run_dir: Path,
+    order: str,
+    every: list[Level] | None,
+    jobs: NextJobs,
+    repeats: int,
+    target: int,
+    budget_hours: float,
+    time_scale: float = 1.0,
+) -> BudgetCheck | None:
+    """``budget_check`` of the run in ``run_dir``: its events, and the windows its phase
+    records were asked for (a job of a repeat not yet whole is one of them).  The one check
+    the budget stop acts on and summary.md words."""
+    windows = experiment_plan.recorded_windows(run_dir, order, target, crossover=True, every=every)
+    events = read_events(RunDir(run_dir).events)
+    return budget_check(events, windows, jobs, len(order), repeats, target, budget_hours, time_scale)
 
 
 def resume_within_budget(
@@ -250,19 +317,18 @@ def resume_within_budget(
     every: list[Level] | None = None,
     budget_hours: float | None = None,
     time_scale: float = 1.0,
-    job_s: float | None = None,
+    jobs: NextJobs | None = None,
 ) -> int:
     """``sequential.resume_repeats``, stopped at the repeats done when the look it asks for
-    does not fit in what is left of ``budget_hours`` (``budget_check``, its phase jobs at
-    ``job_s``)."""
+    does not fit in what is left of ``budget_hours`` (``run_budget_check``, its phase jobs
+    ``jobs``)."""
     wanted = sequential.resume_repeats(run_dir, order, max_repeats, every)
-    if budget_hours is None:
+    if budget_hours is None or jobs is None:
         return wanted
     done = sequential.completed_repeats(run_dir, order, every)
     if done == 0 or wanted <= done:
         return wanted
-    events = read_events(RunDir(run_dir).events)
-    check = budget_check(events, len(order), done, wanted, budget_hours, time_scale, job_s)
+    check = run_budget_check(run_dir, order, every, jobs, done, wanted, budget_hours, time_scale)
     return wanted if check is None or check.fits else done
 
 

@@ -134,9 +134,10 @@ def repeats_in_budget(room_s: float, phases: int, full_job_s: float, speed_job_s
     """The most repeats of ``phases`` phase jobs that fit in ``room_s`` (what is left after
     the baseline): up to the first testing look (``first_look`` repeats) at the full job's
     price, and after it at the speed-only job's, which is how a run goes on once that look
-    decided its heat questions.  A run whose heat questions stay open pays the full price
-    and the budget stops it sooner (``analysis.planning.budget_check``): fewer looks lose
-    power, never error control, and the looks' α stays laid out over these repeats."""
+    decided its heat questions.  A run whose heat questions stay open pays the full price,
+    and the budget stop prices each look at the jobs the run measured
+    (``analysis.planning.job_price``), so it may stop sooner: fewer looks lose power, never
+    error control, and the looks' α stays laid out over these repeats."""
     full, speed = phases * full_job_s, phases * speed_job_s
     if room_s < first_look * full:
         return max(0, math.floor(room_s / full + 1e-9))

@@ -267,6 +267,8 @@ CONFIG_KEYS = {
     "max_tokens": ("load", "max_tokens"),
     "prompt_tokens": ("load", "prompt_tokens"),
     "load_s": ("timings", "load_s"),
+    "min_load_s": ("timings", "min_load_s"),
+    "cooldown_max_s": ("timings", "cooldown_max_s"),
     "probe_n": ("load", "probe_n"),  # checked apart: 0 stands for no probe
     "sample_intervals_s": ("monitor", "intervals"),
     "rate": ("load", "rate"),

@@ -282,6 +282,8 @@ def _checked(run: ClusterRun, out_path: Path, run_json: Path, unreached: dict[st
             trip_point_c=min(trips, default=None),
             max_tokens=load.max_tokens,
             load_s=config.timings.load_s,
+            min_load_s=config.timings.min_load_s,
+            cooldown_max_s=config.timings.cooldown_max_s,
             users=thaw(load.users),
             rate=load.rate,
             burstiness=load.burstiness,

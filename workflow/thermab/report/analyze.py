@@ -192,8 +192,10 @@ def _open_plan_words(result: Analysis, tables: dict[str, pd.DataFrame], config: 
         return []
     timings, rows = result.open_plan
     simulated = bool(evidence.simulated_hosts(read_preflight(RunDir(result.run.path).preflight)))
+    repeats = int(rows["phases_per_arm"].max()) if len(rows) else 0
+    check = plan_words.next_look_check(config, result.run.path, tables["performance"], tables["questions"], repeats)
     return plan_words.open_questions_section(
-        rows, tables["questions"], config, timings, result.run.events, result.run.path, simulated
+        rows, tables["questions"], config, timings, result.run.events, result.run.path, simulated, check
     )
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from thermab.analysis import phase_length, planning, sequential
-from thermab.config import phase_job_s
 from thermab.contracts import Decision
 from thermab.experiment import monitor, plan
 from thermab.experiment.cluster import ClusterRun
@@ -58,9 +57,9 @@ def decide(look: RunDir, run: ClusterRun, repeats: int, settings: dict[str, Any]
         window = phase_length.next_block_window(
             look.path, order, next(iter(config.arms)), timings.load_s, timings.min_load_s
         )
-        job_s = phase_job_s(timings.load_s, timings.cooldown_max_s, window) * len(every or [None])  # every level's
+        jobs = planning.NextJobs(window, timings.load_s, timings.cooldown_max_s, len(every or [None]))
         reached = planning.resume_within_budget(
-            look.path, order, config.max_repeats, every, config.budget_hours, timings.time_scale, job_s
+            look.path, order, config.max_repeats, every, config.budget_hours, timings.time_scale, jobs
         )
         if reached > repeats:
             return Decision(repeats, reached, window, f"questions still open: going on to {reached} repeats", settings)

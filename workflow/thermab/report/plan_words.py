@@ -11,10 +11,11 @@ from typing import Protocol
 
 import pandas as pd
 
-from thermab.analysis import planning, sequential
+from thermab.analysis import phase_length, planning, sequential
 from thermab.analysis.model import Plan
 from thermab.analysis.questions import ALPHA, POWER, UNDECIDED
 from thermab.config import first_testing_repeats, residual_df
+from thermab.experiment import plan as experiment_plan
 from thermab.experiment.plan import pair_size
 from thermab.markup import md_text
 from thermab.report.table_rows import tuple_rows
@@ -238,6 +239,29 @@ def plan_lines(
     return lines
 
 
+def next_look_check(
+    run: Plan, run_dir: str | Path, performance: pd.DataFrame, answers: pd.DataFrame, repeats: int
+) -> planning.BudgetCheck | None:
+    """The budget stop's check of the look after ``repeats`` (report/look.py's), made again
+    at the run's end: the next block's window from the run's performance table and
+    questions.csv (``answers``) as the look chose it (``phase_length.look_window_s``), and
+    ``planning.run_budget_check``, which the stop acts on.  None without a budget, a next
+    look or run.json's timings to price that window (a run.json of another tool's)."""
+    load_s, min_load_s, cooldown_max_s = run.load_s, run.min_load_s, run.cooldown_max_s
+    budget = run.budget_hours
+    if run.until != "decided" or budget is None or load_s is None or min_load_s is None or cooldown_max_s is None:
+        return None
+    upcoming = sequential.next_repeats(run.order, run.max_repeats, repeats, answers["verdict"])
+    if not upcoming:
+        return None
+    window = phase_length.look_window_s(performance, answers, run.order, run.reference_arm, load_s, min_load_s)
+    every = None if run.users is None else experiment_plan.levels(run)
+    jobs = planning.NextJobs(window, load_s, cooldown_max_s, len(every or [None]))
+    return planning.run_budget_check(
+        Path(run_dir), run.order, every, jobs, repeats, upcoming, budget, float(run.time_scale)
+    )
+
+
 def open_questions_section(
     rows: pd.DataFrame,
     answers: pd.DataFrame,
@@ -246,22 +270,18 @@ def open_questions_section(
     events: pd.DataFrame,
     run_dir: str | Path,
     simulated: bool = False,
+    check: planning.BudgetCheck | None = None,
 ) -> list[str]:
     """summary.md's paragraph for the questions left undecided: the plan of each (``rows``),
-    the budget's account where ``until: decided`` had one, and the commands that plan and
-    run the study that would decide them (``decide_call`` of questions.csv, ``answers``, as
-    evidence.md gives it); [] when every question is decided.  ``simulated``: as
-    ``plan_lines``."""
+    the budget's account where ``until: decided`` had one (``check``: ``next_look_check``),
+    and the commands that plan and run the study that would decide them (``decide_call`` of
+    questions.csv, ``answers``, as evidence.md gives it); [] when every question is decided.
+    ``simulated``: as ``plan_lines``."""
     open_rows = rows[rows["verdict"] == UNDECIDED]
     if open_rows.empty:
         return []
     lines = ["## What would decide the open questions", ""]
-    budget, done = run.budget_hours, int(rows["phases_per_arm"].max())
-    upcoming = sequential.next_repeats(run.order, run.max_repeats, done, [UNDECIDED])
-    if run.until == "decided" and budget is not None and upcoming and timings is not None:
-        scale = timings.time_scale
-        check = planning.budget_check(events, len(run.arms), done, upcoming, budget, scale)
-        lines += [budget_sentence(check), ""] if check else []
+    lines += [budget_sentence(check), ""] if check else []
     # words of the run's questions and labels: escaped here
     for line in plan_lines(open_rows, run, timings, simulated=simulated):
         lines += ["- " + md_text(line[2:])] if line.startswith("- ") else [md_text(line), ""]
@@ -284,10 +304,16 @@ def open_questions_section(
 
 
 def budget_sentence(check: planning.BudgetCheck) -> str:
-    """The budget's account of the next look, in a sentence."""
+    """The budget's account of the next look, in a sentence: the price of its phase jobs
+    (``planning.job_price``) and where it comes from."""
+    kind = "speed-only" if check.speed_only else "full"
+    price = (
+        f"the median {check.job_s:.0f} s of this run's {kind} phase jobs"
+        if check.measured
+        else f"the config's price of at most {check.job_s:.0f} s per {kind} phase job (none measured yet)"
+    )
     return (
         f"Budget {check.budget_hours:g} cluster-hours: {check.used:.2f} used after {check.repeats} repeats;"
-        f" the next look ({check.target - check.repeats} more repeats, {check.need:.2f} h at"
-        f" {'the measured' if check.measured else 'its window’s price of at most'} {check.job_s:.0f} s per phase job)"
+        f" the next look ({check.target - check.repeats} more repeats, {check.need:.2f} h at {price})"
         + (" fits." if check.fits else " does not fit, so the run stopped here.")
     )
