@@ -45,7 +45,7 @@ def validate(raw: dict[str, Any], workdir: str | Path | None = None) -> dict[str
     _raise([_describe(e) for e in errors])
     _shortest_window(raw, config)
     _raise(_semantic_problems(config, Path(workdir or Path.cwd()).resolve()))
-    fit_max_repeats_to_budget(config)
+    fit_max_repeats_to_budget(config, "max_repeats" in raw)
     return config
 
 

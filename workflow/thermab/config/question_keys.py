@@ -9,6 +9,7 @@ from typing import Any
 
 from thermab import load_levels, metric_names as names
 from thermab.config.problems import _short
+from thermab.config.schema import maximum
 from thermab.config.setting import literal_number
 
 
@@ -183,15 +184,19 @@ def budget_repeats(config: dict[str, Any]) -> int | None:
     )
 
 
-def fit_max_repeats_to_budget(config: dict[str, Any]) -> None:
-    """Lower ``max_repeats`` to what the budget fits (``budget_repeats``), never below
-    ``repeats`` or one crossover pair.  The looks' α is laid out over ``max_repeats``
-    (analysis/sequential.py): a budget that stops the run before the last looks would leave
-    their α unspent.  Fixed from the config alone, before any phase ran, so the spending
-    stays pre-specified (docs/planning.md)."""
+def fit_max_repeats_to_budget(config: dict[str, Any], max_repeats_given: bool = True) -> None:
+    """``max_repeats`` to what the budget fits (``budget_repeats``): lowered where the config
+    gives more, and where it gives none the budget's own (up to the schema's bound), never
+    below ``repeats`` or one crossover pair.  A budget is the cap its user chose, and the
+    looks' α is laid out over ``max_repeats`` (analysis/sequential.py): a cap below what the
+    budget reaches would end the run with hours left and questions open, one above it would
+    leave the last looks' α unspent.  Fixed from the config alone, before any phase ran, so
+    the spending stays pre-specified (docs/planning.md)."""
     fits = budget_repeats(config)
-    if fits is not None:
-        config["max_repeats"] = min(config["max_repeats"], max(2, config["repeats"], fits))
+    if fits is None:
+        return
+    cap = min(config["max_repeats"], fits) if max_repeats_given else min(fits, int(maximum("max_repeats") or fits))
+    config["max_repeats"] = max(2, config["repeats"], cap)
 
 
 def questions_problems(

@@ -239,7 +239,9 @@ def level_bounds() -> dict[str, Any]:
     return {name: maximum("load", name) for name in load_levels.LEVEL_KEYS}
 
 
-def maximum(section: str, key: str) -> float | None:
-    """The schema's maximum of ``section.key`` (None where it sets none)."""
-    bound: float | None = _schema()["properties"][section]["properties"][key].get("maximum")
+def maximum(section: str, key: str | None = None) -> float | None:
+    """The schema's maximum of ``section.key``, or of the top-level key ``section`` (None where
+    it sets none)."""
+    spec = _schema()["properties"][section]
+    bound: float | None = (spec if key is None else spec["properties"][key]).get("maximum")
     return bound
