@@ -27,6 +27,8 @@ from support.sim_runs import CONFIGS, assert_clean, ports_file
 from thermab import layout
 from thermab.analysis import TABLES, energy, metrics
 from thermab.experiment.events import EVENTS
+from thermab.metric_names import PROBE_ACCEPTANCE_LENGTH
+from thermab.sim import restart
 
 COLUMNS = {  # each table begins with the columns its analysis defines (docs/design.md's first)
     "thresholds": metrics.THRESHOLD_COLUMNS,
@@ -98,6 +100,23 @@ def test_load_was_the_intended_load(ab_run):
     assert set(requests["kind"]) == {"load", "probe"}
     performance = pd.read_csv(ab_run / "tables/performance.csv")
     assert (performance["output_tok_s"] > 0).all() and (performance["probe_n"] == 2).all()
+
+
+def test_the_probes_own_tokens_per_step_are_what_the_simulated_drafter_accepts(ab_run):
+    """The server streams a chunk a step, so a probe's tokens after the first over its chunks
+    after the first are the tokens its steps yielded: from one (no draft accepted) to one
+    plus the drafter's five.  The phase's value (two probes of 64 tokens, some 26 steps each)
+    lies near the drafter's expected 1 + Σₖ Πⱼ≤ₖ pⱼ (2.38 at 0.6), which each start draws
+    around (a few %) and each probe's own drafts spread (about ± 0.3 a probe)."""
+    requests = pd.read_parquet(ab_run / "tidy/requests.parquet")
+    probes = requests[requests["kind"] == "probe"]
+    per_probe = metrics.request_tokens_per_step(probes)
+    assert per_probe.between(1, 1 + restart.MTP_DRAFT_TOKENS).all(), per_probe.tolist()
+    per_phase = pd.read_csv(ab_run / "tables/performance.csv")["probe_tokens_per_step"]
+    expected = restart.acceptance_length(restart.FIXED.acceptance)
+    assert (per_phase - expected).abs().lt(0.8).all(), f"{per_phase.tolist()} against {expected:.2f}"
+    variance = pd.read_csv(ab_run / "tables/variance.csv")
+    assert set(variance.loc[variance["metric"] == PROBE_ACCEPTANCE_LENGTH, "arm"]) == {"A", "B"}
 
 
 def test_events_and_tidy_telemetry(ab_run):

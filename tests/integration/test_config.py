@@ -12,6 +12,7 @@ import yaml
 
 from support.command_line import snakemake_command
 from support.paths import REPO as ROOT
+from thermab import metric_names as names
 from thermab.config import ConfigError, cluster_spec, read_file, validate, view
 
 NAN, INF = float("nan"), float("inf")
@@ -28,6 +29,16 @@ def test_default_config_is_valid_and_gets_defaults(raw):
     assert config["load"]["probe_n"] == 3
     assert config["clusters"]["sim"]["hosts"]["head"]["agent_dir"] == "/tmp/thermab-agent"
     assert "probe_n" not in raw["load"], "validate must not modify its input"
+
+
+def test_the_probes_acceptance_length_is_a_covariate_a_config_may_name(raw):
+    """A per-phase metric of variance.csv that the adjusted metrics are not, so it may stand
+    beside the server's acceptance length; asked about, it is a question's, not a covariate."""
+    raw["analysis"]["covariates"] = [names.ACCEPTANCE_LENGTH, names.PROBE_ACCEPTANCE_LENGTH]
+    assert validate(copy.deepcopy(raw))["analysis"]["covariates"][1] == names.PROBE_ACCEPTANCE_LENGTH
+    raw["questions"] = [{"metric": names.PROBE_ACCEPTANCE_LENGTH, "kind": "equivalent", "margin_pct": 2}]
+    with pytest.raises(ConfigError, match=r"analysis\.covariates\.1'.*is itself a question's"):
+        validate(raw)
 
 
 @pytest.mark.parametrize(

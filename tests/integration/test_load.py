@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 from support.openai_test_servers import MisbehavingServer
 from thermab import config
-from thermab.analysis import wakeup
+from thermab.analysis import metrics, wakeup
 from thermab.contracts import REQUEST_COLUMNS
 from thermab.jsonl import JsonlTail
 from thermab.load import prompts, runner, validity
@@ -94,6 +94,7 @@ def test_normal_load_records_every_request_with_probe_and_unique_tags(tmp_path):
     assert (frame["stall_gaps"] == 0).all() and (frame["max_gap_s"] < 1.0).all()
     # one token a chunk, read as they come: at most one arrival per token, spanning the decode
     assert frame["token_arrivals"].between(1, frame["completion_tokens"]).all()
+    assert (frame["token_chunks"] == frame["completion_tokens"]).all()
     assert (frame["token_span_s"] <= frame["t_end"] - frame["t_first_token"]).all()
 
     loads, probes = frame[frame["kind"] == "load"], frame[frame["kind"] == "probe"]
@@ -135,6 +136,7 @@ def test_no_usage_falls_back_to_counting_chunks_and_says_so(tmp_path):
     assert frame["ok"].all()
     assert (frame["usage_source"] == "chunks").all()
     assert (frame["completion_tokens"] == MAX_TOKENS).all()  # one token a chunk here
+    assert metrics.request_tokens_per_step(frame).isna().all(), "tokens counted as chunks say nothing of the steps"
     assert frame["prompt_tokens"].isna().all() and frame["cached_tokens"].isna().all()
     assert any("without usage" in w for w in report["warnings"])
 
@@ -145,6 +147,9 @@ def test_packed_chunks_are_counted_from_usage(tmp_path):
     assert frame["ok"].all() and (frame["usage_source"] == "usage").all()
     assert (frame["completion_tokens"] == MAX_TOKENS).all()  # 7 chunks carried the 20 tokens
     assert (frame["token_arrivals"] <= 7).all()  # arrivals are of chunks, not tokens
+    assert (frame["token_chunks"] == 7).all()
+    # after the first chunk's token, 19 tokens in 6 steps of 3 (the last step 1)
+    assert metrics.request_tokens_per_step(frame).tolist() == pytest.approx([19 / 6] * len(frame))
     assert untimed(report["warnings"]) == []
 
 
@@ -474,6 +479,7 @@ def report_of(frame, users=4):
 def test_a_closed_loop_of_full_length_unique_requests_is_as_configured():
     report = report_of(records())
     assert validity.shortfalls(report) == [] and report["warnings"] == []
+    assert records()["token_chunks"].isna().all()  # records written before chunks were kept: unknown
     assert report["probe"]["measurable"] == 1 and report["probe"]["decode_tok_s_median"] == 29.0
 
 

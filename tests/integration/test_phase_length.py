@@ -3,6 +3,7 @@ only questions of speed and energy per token are open, what it reads from a run 
 and the heat metrics' pooling of the run's full windows only."""
 
 import copy
+import dataclasses
 import json
 import math
 
@@ -197,6 +198,9 @@ def test_heat_pools_only_the_full_windows_and_speed_every_window(tmp_path):
             report = tmp_path / "AB" / "phases" / f"rep{rep}-{arm}" / "validity.json"
             report.write_text(json.dumps({**json.loads(report.read_text()), "duration_s": length}))
     run = levels.at_level(load_run(path), Level(4))  # the reports by phase, as the analysis reads them
+    # the probes' chunks counted (2.5 tokens a step): their covariate goes wherever their speed goes
+    chunks = pd.array([103 if kind == "probe" else pd.NA for kind in run.requests["kind"]], dtype="Int64")
+    run = dataclasses.replace(run, requests=run.requests.assign(token_chunks=chunks))
     tables = run_analysis.phase_tables(run)
     assert tables["validity"].set_index(["rep", "arm"])["load_s"].to_dict() == {
         (1, "A"): 300,
@@ -208,6 +212,7 @@ def test_heat_pools_only_the_full_windows_and_speed_every_window(tmp_path):
     reps = pooled.groupby("metric")["rep"].unique().map(sorted)
     assert reps[HEAT] == [1] and reps[names.cpu_median("head")] == [1] and reps[names.STALL_GAPS] == [1]
     assert reps[names.OUTPUT_THROUGHPUT] == [1, 2] and reps[names.PROBE_DECODE_SPEED] == [1, 2]
+    assert reps[names.PROBE_ACCEPTANCE_LENGTH] == [1, 2]
 
 
 def test_phases_without_a_recorded_window_all_count_as_full(tmp_path):

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from thermab import metric_names as names
 from thermab.analysis import metrics
 
 
@@ -210,6 +211,64 @@ def test_bursty_probes_have_no_speed_but_say_how_they_arrived():
     row = metrics.performance(frame, window()).iloc[0]
     assert math.isnan(row["probe_tok_s_median"]) and row["probe_n"] == 0 and row["probe_ok"] == 3
     assert (row["probe_arrivals_min"], row["probe_arrivals_max"]) == (1, 2)
+
+
+def with_chunks(frame, chunks, usage_source="usage"):
+    """``frame`` with its probes' token chunks (in the probes' order) and usage source."""
+    probes = frame["kind"] == "probe"
+    frame = frame.assign(token_chunks=pd.array([pd.NA] * len(frame), dtype="Int64"), usage_source=usage_source)
+    frame.loc[probes, "token_chunks"] = chunks
+    return frame.astype({"usage_source": "string"})
+
+
+# 255 tokens after the first in 170, 102 and 85 steps: 1.5, 2.5 and 3.0 tokens a step, for the
+# probes of decode speed 18, 17 and 20 tok/s
+CHUNKS = [171, 103, 86]
+
+
+def probe_row(frame):
+    return metrics.performance(frame, window()).iloc[0]
+
+
+def test_the_probes_tokens_per_step_are_the_median_probe_s_own():
+    """The probe of the median speed (18 tok/s) made 1.5 tokens a step: its value, not the
+    median of the three values (2.5), which is another probe's."""
+    row = probe_row(with_chunks(requests_frame(), CHUNKS))
+    assert row["probe_tok_s_median"] == pytest.approx(18.0)
+    assert row["probe_tokens_per_step"] == pytest.approx(1.5)
+
+
+def test_for_an_even_count_the_two_middle_probes_by_speed_are_averaged():
+    """The fastest probe's tokens came in two bursts: no speed, so it is none of the middle
+    ones; the two measured (17 and 18 tok/s) are the middle, their 2.5 and 1.5 averaged."""
+    frame = with_chunks(requests_frame(), CHUNKS)
+    fastest = frame.index[frame["kind"] == "probe"][2]
+    frame.loc[fastest, "token_arrivals"] = 2
+    row = probe_row(frame)
+    assert row["probe_n"] == 2 and row["probe_tok_s_median"] == pytest.approx(17.5)
+    assert row["probe_tokens_per_step"] == pytest.approx(2.0)
+
+
+def test_without_counted_chunks_or_with_tokens_counted_as_chunks_there_is_none():
+    assert math.isnan(probe_row(requests_frame())["probe_tokens_per_step"])  # recorded before token_chunks
+    assert math.isnan(probe_row(with_chunks(requests_frame(), [1, 103, 86]))["probe_tokens_per_step"])
+    assert math.isnan(probe_row(with_chunks(requests_frame(), [pd.NA, 103, 86]))["probe_tokens_per_step"])
+    # a server without usage: completion_tokens is the chunk count, the ratio 1 whatever was drafted
+    chunked = with_chunks(requests_frame(), [256, 256, 256], usage_source="chunks")
+    assert math.isnan(probe_row(chunked)["probe_tokens_per_step"])
+    # a probe without a value beside the median one leaves the median's value alone
+    assert probe_row(with_chunks(requests_frame(), [171, 1, pd.NA]))["probe_tokens_per_step"] == pytest.approx(1.5)
+
+
+def test_the_probes_tokens_per_step_are_a_per_phase_metric_of_their_own():
+    perf = metrics.performance(with_chunks(requests_frame(), CHUNKS), window())
+    empty = pd.DataFrame(columns=metrics.ZONE_COLUMNS)
+    long = metrics.phase_metrics(empty, pd.DataFrame(columns=metrics.CPU_COLUMNS), perf, [], "TSOC")
+    row = long.set_index("metric").loc[names.PROBE_ACCEPTANCE_LENGTH]
+    assert (row["unit"], row["value"]) == ("tokens/step", pytest.approx(1.5))
+    without = metrics.performance(requests_frame(), window())
+    long = metrics.phase_metrics(empty, pd.DataFrame(columns=metrics.CPU_COLUMNS), without, [], "TSOC")
+    assert names.PROBE_ACCEPTANCE_LENGTH not in set(long["metric"])  # not measured: no row, never a zero
 
 
 @pytest.mark.parametrize("requests", [None, pd.DataFrame()])

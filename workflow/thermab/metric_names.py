@@ -16,6 +16,9 @@ TTFT_MEDIAN = "TTFT median"  # of the load's own requests: a level's latency, wh
 ACCEPTANCE_LENGTH = "acceptance length"
 ENGINE_STEPS = "engine steps per second"
 TOKENS_PER_STEP = "tokens per step"
+# the probes' own tokens per decode step, counted by the client (analysis/metrics.py): the
+# acceptance that the probes behind probe decode speed drew, request by request
+PROBE_ACCEPTANCE_LENGTH = "probe acceptance length"
 RUN_METRICS = (
     OUTPUT_THROUGHPUT,
     PROBE_DECODE_SPEED,
@@ -25,6 +28,7 @@ RUN_METRICS = (
     ACCEPTANCE_LENGTH,
     ENGINE_STEPS,
     TOKENS_PER_STEP,
+    PROBE_ACCEPTANCE_LENGTH,
 )  # one per run
 # Speed and energy per token: their spread is between server restarts (docs/simulation.md,
 # "Restart variance"), and none of them grows with the window as a heat-up ramp's mean or a
@@ -32,7 +36,15 @@ RUN_METRICS = (
 # (analysis/phase_length.py), and they pool phases of every length; every other metric
 # pools only the phases of the run's full window.
 BETWEEN_RESTARTS = frozenset(
-    {OUTPUT_THROUGHPUT, PROBE_DECODE_SPEED, CLUSTER_ENERGY_PER_TOKEN, ACCEPTANCE_LENGTH, ENGINE_STEPS, TOKENS_PER_STEP}
+    {
+        OUTPUT_THROUGHPUT,
+        PROBE_DECODE_SPEED,
+        CLUSTER_ENERGY_PER_TOKEN,
+        ACCEPTANCE_LENGTH,
+        ENGINE_STEPS,
+        TOKENS_PER_STEP,
+        PROBE_ACCEPTANCE_LENGTH,
+    }
 )
 # What a server start draws moves these three through the drafter's acceptance, which a
 # setting that leaves the model's numerics alone cannot move: their arm effect is adjusted

@@ -42,6 +42,7 @@ PERFORMANCE_COLUMNS = PHASE_KEYS + [
     "output_tok_s_in_window",
     "output_tok_s_se",
     "ttft_median_s",
+    "probe_tokens_per_step",
 ]
 BATCHES = 6  # equal parts of a window whose rates give its throughput's standard error
 PHASE_METRIC_COLUMNS = PHASE_KEYS + ["metric", "unit", "value"]
@@ -57,6 +58,8 @@ REQUEST_COLUMNS = [
     "max_gap_s",
     "token_arrivals",
     "token_span_s",
+    "token_chunks",
+    "usage_source",
 ]
 CPU_SENSOR = "vllm_cpu_pct"
 
@@ -269,6 +272,41 @@ def probe_decode_speed(requests: pd.DataFrame) -> pd.Series:
     return validity.decode_speed(requests)
 
 
+def request_tokens_per_step(requests: pd.DataFrame) -> pd.Series:
+    """Each request's own tokens per decode step, (completion_tokens − 1) / (token_chunks − 1):
+    the server streams one chunk per engine step per request, the first carrying the
+    prefill's token, so the chunks after it count the decode steps and the tokens after it
+    what those steps yielded (under speculative decoding, one plus the drafts accepted).
+    NaN where the chunks were not counted (a run recorded before ``token_chunks``), fewer
+    than two came, or ``usage_source`` is "chunks" (the tokens were then counted as chunks:
+    the ratio would be 1 whatever the steps yielded)."""
+    if "token_chunks" not in requests:
+        return pd.Series(np.nan, index=requests.index, dtype="float64")
+    steps = requests["token_chunks"].astype("float64") - 1  # nullable Int64: NA → NaN
+    tokens = requests["completion_tokens"].astype("float64")
+    counted = ~requests["usage_source"].isin(["chunks"]) if "usage_source" in requests else True
+    return ((tokens - 1) / steps).where((steps >= 1) & counted)
+
+
+def at_median_probe(speeds: pd.Series, values: pd.Series) -> float:
+    """``values`` of the probe whose decode speed is the median of ``speeds`` (NaN where not
+    measurable, left out), for an even count the mean of the two middle probes' values, the
+    middle by decode speed; NaN where no probe was measurable or a middle probe has no value.
+
+    The probe whose speed ``probe_tok_s_median`` is, not a median of the values on their own:
+    a probe's decode speed is its tokens per step over the step time, so the value that goes
+    with the median speed is that probe's own; a median taken apart may come from another
+    probe, whose luck with its drafts the median speed does not carry."""
+    speed = speeds.to_numpy("float64", na_value=np.nan)
+    value = values.to_numpy("float64", na_value=np.nan)
+    measured = ~np.isnan(speed)
+    ranked = value[measured][np.argsort(speed[measured], kind="stable")]
+    if not len(ranked):
+        return np.nan
+    middle = (len(ranked) - 1) // 2
+    return float(np.mean(ranked[middle : len(ranked) - middle]))
+
+
 def performance(requests: pd.DataFrame | None, windows: pd.DataFrame) -> pd.DataFrame:
     """Throughput, probe decode speed, stalls and errors per load window.
 
@@ -283,8 +321,10 @@ def performance(requests: pd.DataFrame | None, windows: pd.DataFrame) -> pd.Data
     ``probe_tok_s_median`` is the median over the probes whose decode speed was
     measurable, ``probe_n`` their number, ``probe_ok`` the ok probes of the window and
     ``probe_arrivals_min``/``_max`` the range of their token arrivals (how many bursts the
-    tokens came in; NaN when not recorded).  Without request data every measured column is
-    NaN, never zero.
+    tokens came in; NaN when not recorded).  ``probe_tokens_per_step`` is the tokens per
+    decode step of the probe(s) behind ``probe_tok_s_median`` (``at_median_probe`` of
+    ``request_tokens_per_step``): what the probes' drafts yielded, the covariate of their
+    decode speed.  Without request data every measured column is NaN, never zero.
 
     Two throughputs: ``output_tok_s``, the tokens of the load requests that *ended* in the
     window (the study's figure, for its tables), and ``output_tok_s_in_window``, each load
@@ -321,7 +361,8 @@ def _window_requests(phase: pd.DataFrame, window: LoadWindow) -> dict[str, float
     ok = phase[phase["ok"].astype(bool)]
     load = ok[ok["kind"] == "load"]
     ok_probes = ok[ok["kind"] == "probe"]
-    probes = probe_decode_speed(ok_probes).dropna()
+    speeds = probe_decode_speed(ok_probes)
+    probes = speeds.dropna()
     arrivals = (
         ok_probes["token_arrivals"].astype("float64") if "token_arrivals" in ok_probes else pd.Series(dtype="float64")
     )  # runs recorded before the column existed
@@ -334,6 +375,7 @@ def _window_requests(phase: pd.DataFrame, window: LoadWindow) -> dict[str, float
         "output_tok_s": output_tokens / window.window_s,
         "probe_tok_s_median": probes.median() if len(probes) else np.nan,
         "probe_n": len(probes),
+        "probe_tokens_per_step": at_median_probe(speeds, request_tokens_per_step(ok_probes)),
         "stall_gaps": ok["stall_gaps"].sum(min_count=1) if "stall_gaps" in ok else np.nan,
         "max_gap_s": ok["max_gap_s"].max() if "max_gap_s" in ok else np.nan,
         "errors": len(phase) - len(ok),
@@ -391,7 +433,7 @@ def phase_metrics(
     """The per-phase values the arm comparison works on, long format
     (order, rep, arm, metric, unit, value): the timeline zone's mean and the vLLM CPU median
     of every host (in the order of ``hosts``), throughput (counted in the window), probe
-    speed and stall gaps."""
+    speed with the probes' own tokens per step, and stall gaps."""
     parts = []
     for host in hosts:
         zone_mean = zones[(zones["host"] == host) & (zones["sensor"] == zone)]
@@ -399,6 +441,7 @@ def phase_metrics(
         parts.append(long(cpu[cpu["host"] == host], "median_pct", names.cpu_median(host), "% of one core"))
     parts.append(long(perf, "output_tok_s_in_window", names.OUTPUT_THROUGHPUT, "tok/s"))
     parts.append(long(perf, "probe_tok_s_median", names.PROBE_DECODE_SPEED, "tok/s"))
+    parts.append(long(perf, "probe_tokens_per_step", names.PROBE_ACCEPTANCE_LENGTH, "tokens/step"))
     parts.append(long(perf, "ttft_median_s", names.TTFT_MEDIAN, "s"))
     parts.append(long(perf, "stall_gaps", names.STALL_GAPS, "gaps"))
     return pd.concat(parts, ignore_index=True).dropna(subset=["value"]).reset_index(drop=True)

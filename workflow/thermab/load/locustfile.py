@@ -30,7 +30,8 @@ counts those of at least ``--stall-gap-s``.
 ``token_arrivals`` counts the separate arrivals of text (lines handled within
 ``ARRIVAL_GAP_S`` of the previous one were read from one buffer: one arrival) and
 ``token_span_s`` is the time from the first to the last: what the analysis needs to tell a
-measured decode speed from tokens that came in a few bursts.
+measured decode speed from tokens that came in a few bursts. ``token_chunks`` counts the
+events that carried text, one per engine step: the request's own tokens per step.
 
 Locust runs the users, their spawning and stopping, the statistics and the web UI. The
 streams go over geventhttpclient, the client of Locust's FastHttpUser, used directly: a

@@ -13,7 +13,8 @@ beside ``out_parquet``:
   (a file, as nothing large travels on a command line);
 - ``out_parquet``: the records with ``order``, ``rep``, ``arm``, ``users`` and ``load_level`` added, in the columns and
   dtypes of docs/design.md's ``tidy/requests.parquet`` plus the stream diagnostics
-  ``max_gap_s``, ``stall_gaps``, ``usage_source``, ``token_arrivals`` and ``token_span_s``;
+  ``max_gap_s``, ``stall_gaps``, ``usage_source``, ``token_arrivals``, ``token_chunks`` and
+  ``token_span_s``;
 - ``validity.json``: whether the load was the load intended (:mod:`thermab.load.validity`);
 - ``latency.json``: the window's latency in ``vllm bench serve``'s result keys, with its
   ITL sketch and goodput against ``load.slo`` (:mod:`thermab.load.latency`).

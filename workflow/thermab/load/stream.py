@@ -118,6 +118,7 @@ class StreamReader:
             "stall_gaps": self.stall_gaps,
             "usage_source": "usage" if self.usage else "chunks",
             "token_arrivals": self.token_arrivals,
+            "token_chunks": self.token_chunks,
             "token_span_s": None if self.t_first_token is None else self.t_last_token - self.t_first_token,
             "first_step_s": self.first_step_s,
             "itl_keys": list(self.itl_bins),
