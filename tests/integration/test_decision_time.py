@@ -190,6 +190,8 @@ def probes_ended(window_s: np.ndarray) -> np.ndarray:
     SPEED_ONLY_PROBES, SPEED_ONLY_PROBE_AT), the ones that end inside it: at least one."""
     asked = 3 * DEFAULT["load"]["probe_n"]
     return np.clip(np.floor(0.9 * window_s / PROBE_S), 1, asked)
+
+
 # what a shorter window moves by itself, the same in both arms (relative to a mean of 1): a
 # speed-only phase's 3 × 3 probes beside the load make more tokens per joule (J/token
 # 0.94–1.01 in the speed-only phases of the one-night run against 1.01–1.29 in the full ones,
@@ -224,8 +226,9 @@ def six_questions(
     (the restart's draw and their own luck) where ``probes_own``, else for the phase's.
     ``cheaper_speed``: a speed-only phase (its window below
     LOAD_S) has no cooldown but SPEED_ONLY_OVERHEAD_S, and its probes' median is over the
-    ``probes_ended`` of its window (their spread × √(probe_n / that)).  ``stop_at``: the run stops after the look at these repeats,
-    as a budget that has no room for the next look stops it.  ``levels``: repeat → the α of
+    ``probes_ended`` of its window (their spread × √(probe_n / that)).  ``stop_at``: the run
+    stops after the look at these repeats, as a budget that has no room for the next look
+    stops it.  ``levels``: repeat → the α of
     its look, ``sequential.look_alphas`` where None.  Returns (final verdicts, a yes at any
     look: both (n, 6), repeats run, cluster-hours)."""
     is_b, position = design(max_repeats)

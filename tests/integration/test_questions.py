@@ -117,7 +117,12 @@ def test_the_default_questions_name_the_default_runs_metrics():
     )
     cpu = zones.assign(median_pct=1.0)
     perf = zones.assign(
-        output_tok_s=1.0, output_tok_s_in_window=1.0, probe_tok_s_median=1.0, stall_gaps=0.0, ttft_median_s=0.1
+        output_tok_s=1.0,
+        output_tok_s_in_window=1.0,
+        probe_tok_s_median=1.0,
+        probe_tokens_per_step=2.4,
+        stall_gaps=0.0,
+        ttft_median_s=0.1,
     )
     written = set(metrics.phase_metrics(zones, cpu, perf, ["head"], "TSOC")["metric"]) | {"cluster energy per token"}
     assert {q["metric"] for q in config["questions"]} <= written

@@ -504,8 +504,9 @@ def adjustment_words(code: str, covariate: str, p: float, covariates: Iterable[s
     """How a question on speed or energy per token was answered (``speed.adjusted_effects``'
     code, the covariate it concerns and its test's p), in words; "" for other questions."""
     moved = f"raw: the arm moves {covariate} (two-sided t, p = {p:.2g} < {ALPHA:g})"
+    adjusted_for = covariate if isinstance(covariate, str) and covariate else " + ".join(covariates)
     return {
-        speed.ADJUSTED: "adjusted for " + (covariate if isinstance(covariate, str) and covariate else " + ".join(covariates)),
+        speed.ADJUSTED: f"adjusted for {adjusted_for}",
         speed.RAW_NO_COVARIATES: "raw: analysis.covariates is empty (the setting may move what a restart draws)",
         speed.RAW_NOT_MEASURED: f"raw: no {covariate} measured",
         speed.RAW_UNTESTABLE: f"raw: one phase in an arm, the arm's effect on {covariate} cannot be tested",
