@@ -196,9 +196,11 @@ def test_the_command_that_decides_says_what_it_costs_at_the_runs_measured_jobs()
             ],
         ]
     )
-    # 14 repeats of two arms at 90-s jobs plus the 20-s baseline, × 30: (20 + 28 × 90) × 30 / 3600
+    # each job from the end of the one before it (the 10-s gaps between jobs are cluster time
+    # too): 90, 100, 100, 100 s; 14 repeats of two arms at the median 100 s plus the 20-s
+    # baseline, × 30: (20 + 28 × 100) × 30 / 3600
     assert plan_words.decide_cost(answers, plan, events) == (
-        " (at most 21.2 cluster-hours: this run's median phase job of 90 s × 30 study seconds per second)"
+        " (at most 23.5 cluster-hours: this run's median phase job of 100 s × 30 study seconds per second)"
     )
     assert plan_words.decide_cost(answers, plan, None) == ""
 

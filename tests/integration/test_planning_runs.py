@@ -47,7 +47,9 @@ def test_the_summary_plans_the_open_questions_and_gives_the_commands(tmp_path):
     # probe speed at the field's 7.5 % restart CV, assumed: 21 phases per arm, 22 repeats in pairs
     assert "Decided at 80 % power by 21 phases per arm: 22 repeats" in section
     # the command is evidence.md's: no spread measured yet, so the schema's default cap
-    command = "`snakemake --cores 1 all --config until=decided max_repeats=8` (at most 1.9 cluster-hours"
+    # priced at the run's measured jobs, each from the end of the one before it: 8 repeats of
+    # 2 phases at the median 438 s and the 50-s baseline, 2.0 cluster-hours
+    command = "`snakemake --cores 1 all --config until=decided max_repeats=8` (at most 2.0 cluster-hours"
     assert f"To run it, resuming from the phases on disk (`budget_hours=H` caps its cluster time): {command}" in section
     assert command in (path / "evidence.md").read_text()
     assert f"python -m thermab plan {path} --hours H" in section

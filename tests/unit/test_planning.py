@@ -416,3 +416,22 @@ def test_cluster_hours_are_named_as_the_runs_measured_phase_times_scaled(tmp_pat
     assert main(["plan", str(path), "--time-scale", "30"]) == 0
     first = capsys.readouterr().out.splitlines()[2]
     assert "On the simulated cluster these are the timings of the study it simulates, not of your cluster" in first
+
+
+def test_a_job_costs_the_cluster_time_from_the_end_of_what_came_before_it():
+    """A look's analysis between two jobs is cluster time the next job adds, as its restart is."""
+
+    def mark(t, event, rep=None, arm=None):
+        return {"t": t, "event": event, "order": "AB", "rep": rep, "arm": arm}
+
+    events = pd.DataFrame(
+        [
+            mark(0.0, "baseline_start"),
+            mark(20.0, "baseline_end"),
+            mark(25.0, "restart_start", 1, "A"),
+            mark(100.0, "cooldown_end", 1, "A"),
+            mark(130.0, "restart_start", 1, "B"),  # 30 s of a look's analysis before it
+            mark(200.0, "cooldown_end", 1, "B"),
+        ]
+    )
+    assert planning.measured_jobs(events).tolist() == [80.0, 100.0]

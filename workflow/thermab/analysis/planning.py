@@ -158,17 +158,24 @@ def measured_timings(events: pd.DataFrame, time_scale: float = 1.0) -> Timings |
 
 
 def measured_jobs(events: pd.DataFrame) -> pd.Series:
-    """Seconds of each phase job the events saw whole, by ``PHASE_KEYS``: from its first
-    ``patch_applied`` or ``restart_start`` to its last ``cooldown_end`` (every level's
-    window in one job); empty where none was."""
+    """Cluster seconds each phase job the events saw whole added, by ``PHASE_KEYS``: from
+    the end of what came before it (the last ``cooldown_end`` or ``baseline_end`` before its
+    first ``patch_applied`` or ``restart_start``; that start itself where nothing came
+    before) to its last ``cooldown_end`` (every level's window in one job).  The gap before a
+    job (a look's analysis, the workflow's scheduling) is cluster time it costs as much as
+    its restart is: a budget priced without it overran its last look.  Empty where no job
+    was seen whole."""
     seconds: dict[tuple[object, ...], float] = {}
     if not events.empty and "event" in events and all(key in events for key in PHASE_KEYS):
         marks = events[events["event"].isin(["patch_applied", "restart_start", "cooldown_end"])]
+        done = events.loc[events["event"].isin(["cooldown_end", "baseline_end"]), "t"].to_numpy(dtype=float)
         for keys, job in marks.dropna(subset=["rep"]).groupby(PHASE_KEYS, sort=False):
             begun = job.loc[job["event"] != "cooldown_end", "t"]
             ended = job.loc[job["event"] == "cooldown_end", "t"]
             if len(begun) and len(ended) and ended.max() > begun.min():
-                seconds[tuple(keys)] = float(ended.max() - begun.min())
+                before = done[done <= begun.min()]
+                start = before.max() if len(before) else begun.min()
+                seconds[tuple(keys)] = float(ended.max() - start)
     index = pd.MultiIndex.from_tuples(list(seconds), names=PHASE_KEYS) if seconds else None
     return pd.Series(list(seconds.values()), index=index, dtype="float64")
 

@@ -172,25 +172,31 @@ def welch_interval(reference: pd.Series, arm: pd.Series, alpha: float = 0.05) ->
     return {"diff": diff, "ci_low": float(low), "ci_high": float(high)}
 
 
-def window_terms(data: pd.DataFrame) -> list[str]:
-    """The fit's term for the load window where ``data``'s phases ran more than one length
-    (``WINDOW``), as a category: a level per length, so any shift a length makes by itself
-    is taken out, none assumed proportional to it."""
-    if WINDOW in data and data[WINDOW].nunique() > 1:
-        return [f"C({WINDOW})"]
-    return []
+SHORTER = "shorter_window"  # the fit's term: the phase ran a window shorter than the data's longest
+
+
+def with_window_term(data: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """``data`` with the fit's window term where its phases ran windows of more than one
+    length (``WINDOW``), and that term's name: one indicator, shorter than the longest, as
+    ``until: decided`` runs them (its full window, then speed-only blocks that run 3 × the
+    probes beside the load, whatever their length).  What a shorter window moves by itself
+    is that one shift, the same in both arms of its block; a level per length would spend a
+    residual df on each length the rule happened to pick."""
+    if WINDOW not in data or data[WINDOW].nunique() < 2:
+        return data, []
+    return data.assign(**{SHORTER: (data[WINDOW] < data[WINDOW].max()).astype(float)}), [SHORTER]
 
 
 def fit_terms(terms: list[str]) -> str:
     """The method's words for a fit of ``terms`` beyond the arm: "position + window" etc."""
-    words = {"position": "position", f"C({WINDOW})": "window"}
+    words = {"position": "position", SHORTER: "window"}
     return " + ".join(words.get(term, term) for term in terms)
 
 
 def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> ArmPeriodFit | None:
     """OLS ``value ~ arm + position`` over all arms of one metric (arm as treatment contrasts
-    against ``reference``, position as a number: a linear drift per step), with a term per
-    load window where the phases ran more than one (``window_terms``).
+    against ``reference``, position as a number: a linear drift per step), with a window term
+    where the phases ran windows of more than one length (``with_window_term``).
 
     Returns {"arms": {arm: (estimate, low, high)}, "period": (estimate, low, high),
     "se": {arm: (standard error, residual df)}, "terms": the terms beside the arm} with the
@@ -206,7 +212,8 @@ def arm_period_fit(data: pd.DataFrame, reference: str, alpha: float = 0.05) -> A
 
     position = [order.index(arm) for order, arm in zip(data["order"], data["arm"], strict=False)]
     arm_term = f"C(arm, Treatment(reference={reference!r}))"
-    terms = ["position", *window_terms(data)]
+    data, window = with_window_term(data)
+    terms = ["position", *window]
     model = ols(f"value ~ {arm_term} + " + " + ".join(terms), data.assign(position=position))
     if model.df_resid < 1 or model.rank < model.exog.shape[1]:
         return None
@@ -305,7 +312,8 @@ def _covariate_fit(data: pd.DataFrame, reference: str, covariates: list[str]) ->
     if data["order"].nunique() > 1:
         design.append("position")
         data = data.assign(position=[o.index(a) for o, a in zip(data["order"], data["arm"], strict=True)])
-    design += window_terms(data)
+    data, window = with_window_term(data)
+    design += window
     terms = [f"C(arm, Treatment(reference={reference!r}))", *design, *covariates]
     model = ols("value ~ " + " + ".join(terms), data)
     if model.df_resid < 1 or model.rank < model.exog.shape[1]:
