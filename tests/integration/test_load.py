@@ -483,6 +483,16 @@ def test_a_closed_loop_of_full_length_unique_requests_is_as_configured():
     assert report["probe"]["measurable"] == 1 and report["probe"]["decode_tok_s_median"] == 29.0
 
 
+def test_probes_not_sent_before_the_window_ended_are_no_failures():
+    frame = records()
+    asked_three = validity.validity_report(
+        frame, (0.0, 10.0), users=4, max_tokens=20, prompt_tokens=200, probe_n=3, stall_gap_s=1.0
+    )
+    assert asked_three["warnings"] == ["probe: 1 of 3 requests sent before the window ended"]
+    failed = frame.assign(ok=frame["ok"].where(frame["kind"] != "probe", False))
+    assert "probe: 1 of 1 requests sent failed" in report_of(failed)["warnings"]
+
+
 def test_shortfalls_name_each_way_the_load_fell_short():
     """users − 0.05 in flight is the least that counts as the configured closed loop."""
     assert validity.shortfalls(report_of(records(inflight_end=9.9))) == []  # 3.96 of 4

@@ -251,8 +251,10 @@ def warnings(report: Validity, probe_n):
             f"{gaps['requests_with_stalls']} requests (largest {gaps['max_gap_s']} s)"
         )
     probe = report["probe"]
-    if probe["ok"] < probe_n:
-        out.append(f"probe: {probe['ok']} of {probe_n} requests succeeded")
+    if probe["ok"] < probe["n"]:
+        out.append(f"probe: {probe['n'] - probe['ok']} of {probe['n']} requests sent failed")
+    if probe["n"] < probe_n:  # a probe is sent only inside the window: the rest did not fit
+        out.append(f"probe: {probe['n']} of {probe_n} requests sent before the window ended")
     if probe["ok"] and not probe["measurable"]:
         how = bursts(probe["token_arrivals"])
         out.append(
