@@ -16,7 +16,7 @@ from support.crossover import design, least_squares
 from support.paths import default_config
 from support.synthetic_run import plan_view, write_synthetic_run
 from thermab import metric_names as names
-from thermab.analysis import levels, phase_length, run_analysis, sequential
+from thermab.analysis import levels, phase_length, run_analysis, sequential, washout
 from thermab.analysis.model import load_run
 from thermab.config import ConfigError, default_questions, validate
 from thermab.contracts import Decision
@@ -213,6 +213,25 @@ def test_heat_pools_only_the_full_windows_and_speed_every_window(tmp_path):
     assert reps[HEAT] == [1] and reps[names.cpu_median("head")] == [1] and reps[names.STALL_GAPS] == [1]
     assert reps[names.OUTPUT_THROUGHPUT] == [1, 2] and reps[names.PROBE_DECODE_SPEED] == [1, 2]
     assert reps[names.PROBE_ACCEPTANCE_LENGTH] == [1, 2]
+
+
+def test_the_starts_a_heat_answer_needs_balanced_are_its_full_windows_only():
+    """A speed-only phase waits for no heat cooldown, so it may start hot: its start does not
+    withhold the heat answers, which pool the full windows only."""
+    validity = pd.DataFrame(
+        {
+            "order": ["AB", "AB", "BA", "BA"],
+            "rep": [1, 1, 2, 2],
+            "arm": ["A", "B", "B", "A"],
+            "load_s": [60.0, 60.0, 20.0, 20.0],
+            "start_c": [49.0, 49.2, 49.3, 70.0],
+        }
+    )
+    full = phase_length.full_window_phases(validity)
+    assert full["rep"].tolist() == [1, 1]
+    assert washout.unbalanced(validity, "A") != {} and washout.unbalanced(full, "A") == {}
+    unrecorded = validity.assign(load_s=np.nan)
+    assert phase_length.full_window_phases(unrecorded).equals(unrecorded)
 
 
 def test_phases_without_a_recorded_window_all_count_as_full(tmp_path):

@@ -139,6 +139,17 @@ def _read_performance(path: Path) -> pd.DataFrame | None:
     )
 
 
+def full_window_phases(validity: pd.DataFrame) -> pd.DataFrame:
+    """The rows of one run's ``validity`` of its longest window (a phase that recorded none
+    counts as full): the phases heat and the other metrics outside BETWEEN_RESTARTS pool,
+    and so the ones whose start temperatures must be balanced for them (a speed-only phase
+    waits for no heat cooldown, by design)."""
+    if "load_s" not in validity or validity["load_s"].isna().all():
+        return validity
+    asked = validity["load_s"].astype("float64")
+    return validity[~(asked < float(asked.max()))]
+
+
 def with_windows(values: pd.DataFrame, validity: pd.DataFrame) -> pd.DataFrame:
     """The per-phase metrics of one run (``run_analysis.run_metrics``'s rows, keyed by the run's
     own order), each with its phase's load window (``WINDOW``: the window asked, the run's

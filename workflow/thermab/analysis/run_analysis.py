@@ -218,7 +218,7 @@ def compute_level(
         alpha = sequential.look_alpha(config.order, config.max_repeats, repeats)
     # the level's plan asks the questions asked at it (levels.plan_at)
     tables["questions"], tables["acceptance"] = answer_questions(
-        config, pooled, pd.concat([t["validity"] for t in every]), alpha
+        config, pooled, pd.concat([phase_length.full_window_phases(t["validity"]) for t in every]), alpha
     )
     chosen = None
     if variance["arm"].nunique() > 2:
@@ -238,9 +238,9 @@ def answer_questions(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The answers (questions.csv's numbers) from the pooled per-phase metrics: a yes is
     withheld where a load fell short or, for a temperature, where the arms' starts were not
-    balanced; speed and energy per token are answered adjusted for what each restart draws
-    (``speed.adjusted_effects``).
-    Also the acceptance check per arm (``speed.balance_frame``), which the report puts in
+    balanced (``validity``: the phases a temperature pools, the full windows); speed and
+    energy per token are answered adjusted for what each restart draws
+    (``speed.adjusted_effects``).  Also the acceptance check per arm (``speed.balance_frame``), which the report puts in
     words in the answers' ``balance``."""
     unbalanced = washout.unbalanced(validity, config.reference_arm, config.start_balance_c)
     effects = stats.arm_effects(pooled, config.reference_arm)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from thermab import metric_names as names
-from thermab.analysis import energy, load_validity, sequential, speed, stats, washout
+from thermab.analysis import energy, load_validity, phase_length, sequential, speed, stats, washout
 from thermab.analysis.model import Plan
 from thermab.analysis.questions import ALPHA
 from thermab.analysis.stats import BestSetting, Exclusion
@@ -555,11 +555,13 @@ def balance_section(balance: pd.DataFrame | None, run: Plan) -> list[str]:
 
 
 def start_balance_section(validity: pd.DataFrame, run: Plan) -> list[str]:
-    """The "Balanced starts" section: per arm, where its phases started (the head's timeline
-    zone at load_start), how idle the head was before each restart, and whether the arms
-    started alike (washout.arm_starts); nothing where no phase has a start temperature."""
+    """The "Balanced starts" section: per arm, where its phases of the run's full window
+    started (the head's timeline zone at load_start; the phases the questions in °C pool,
+    phase_length.full_window_phases), how idle the head was before each restart, and whether
+    the arms started alike (washout.arm_starts); nothing where no phase has a start
+    temperature."""
     tolerance = run.start_balance_c
-    starts = washout.arm_starts(validity, run.reference_arm, tolerance)
+    starts = washout.arm_starts(phase_length.full_window_phases(validity), run.reference_arm, tolerance)
     if starts.empty:
         return []
     labels = {a: spec.label for a, spec in run.arms.items()}
@@ -587,7 +589,8 @@ def start_balance_section(validity: pd.DataFrame, run: Plan) -> list[str]:
         f"Start: the head's timeline zone at its last sample before load_start; head idle W: its total power"
         f" over the 10 s before the phase's restart (the end of the cooldown before it, or of the baseline)."
         f" Arms whose mean starts lie more than {tolerance:g} °C from the reference's (analysis.start_balance_c)"
-        " are unbalanced: no question in °C built on them is yes. Per phase in tables/validity.csv.",
+        " are unbalanced: no question in °C built on them is yes. Phases of a shorter window (speed-only:"
+        " no heat cooldown) are left out. Per phase in tables/validity.csv.",
         "",
     ]
 
