@@ -129,8 +129,10 @@ def _design(plan: Plan, windows: pd.DataFrame, asked_s: pd.Series | None = None)
         f"- Arms: {arm_text}.",
         f"- Orders: {orders}; {design} (each phase restarts the server, then loads it for {window}, then cools down).",
         f"- Load: {load}.",
-        "- Tests: each question on the arm effect (Welch t, or OLS arm + position where orders are pooled),"
-        " each bound of its interval a one-sided test (docs/statistics.md).",
+        "- Tests: each question on the arm effect (Welch t, or OLS arm + position where orders are pooled,"
+        " + window where the phases ran windows of two lengths; speed and energy per token adjusted for"
+        " the acceptance, its method in the questions table), each bound of its interval a one-sided test"
+        " (docs/statistics.md).",
         "",
     ]
 
