@@ -479,7 +479,7 @@ def report_of(frame, users=4):
 def test_a_closed_loop_of_full_length_unique_requests_is_as_configured():
     report = report_of(records())
     assert validity.shortfalls(report) == [] and report["warnings"] == []
-    assert records()["token_chunks"].isna().all()  # records written before chunks were kept: unknown
+    assert records()["token_chunks"].isna().all()  # records without chunk counts: unknown
     assert report["probe"]["measurable"] == 1 and report["probe"]["decode_tok_s_median"] == 29.0
 
 

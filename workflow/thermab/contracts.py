@@ -47,7 +47,7 @@ REQUEST_COLUMNS = {  # docs/design.md's tidy/requests.parquet, then the stream d
     "stall_gaps": "int64",
     "usage_source": "string",
     "token_arrivals": "Int64",
-    "token_chunks": "Int64",  # the events that carried text: one an engine step (null before it was kept)
+    "token_chunks": "Int64",  # the events that carried text: one an engine step (null in records without it)
     "token_span_s": "float64",
     "first_step_s": "float64",  # the first decode step: second token chunk − first
     # a shape's timing (load/shapes.py): when the request was due, the think time drawn

@@ -277,7 +277,7 @@ def request_tokens_per_step(requests: pd.DataFrame) -> pd.Series:
     the server streams one chunk per engine step per request, the first carrying the
     prefill's token, so the chunks after it count the decode steps and the tokens after it
     what those steps yielded (under speculative decoding, one plus the drafts accepted).
-    NaN where the chunks were not counted (a run recorded before ``token_chunks``), fewer
+    NaN where the chunks were not counted (records without ``token_chunks``), fewer
     than two came, or ``usage_source`` is "chunks" (the tokens were then counted as chunks:
     the ratio would be 1 whatever the steps yielded)."""
     if "token_chunks" not in requests:

@@ -159,12 +159,12 @@ def measured_timings(events: pd.DataFrame, time_scale: float = 1.0) -> Timings |
 
 def measured_jobs(events: pd.DataFrame) -> pd.Series:
     """Cluster seconds each phase job the events saw whole added, by ``PHASE_KEYS``: from
-    the end of what came before it (the last ``cooldown_end`` or ``baseline_end`` before its
-    first ``patch_applied`` or ``restart_start``; that start itself where nothing came
-    before) to its last ``cooldown_end`` (every level's window in one job).  The gap before a
+    the end of what preceded it (the last ``cooldown_end`` or ``baseline_end`` up to its
+    first ``patch_applied`` or ``restart_start``; that start itself where nothing preceded
+    it) to its last ``cooldown_end`` (every level's window in one job).  The gap ahead of a
     job (a look's analysis, the workflow's scheduling) is cluster time it costs as much as
-    its restart is: a budget priced without it overran its last look.  Empty where no job
-    was seen whole."""
+    its restart is: a budget that left it out would let a run's last look overrun.  Empty
+    where no job was seen whole."""
     seconds: dict[tuple[object, ...], float] = {}
     if not events.empty and "event" in events and all(key in events for key in PHASE_KEYS):
         marks = events[events["event"].isin(["patch_applied", "restart_start", "cooldown_end"])]
@@ -173,8 +173,8 @@ def measured_jobs(events: pd.DataFrame) -> pd.Series:
             begun = job.loc[job["event"] != "cooldown_end", "t"]
             ended = job.loc[job["event"] == "cooldown_end", "t"]
             if len(begun) and len(ended) and ended.max() > begun.min():
-                before = done[done <= begun.min()]
-                start = before.max() if len(before) else begun.min()
+                preceding = done[done <= begun.min()]
+                start = preceding.max() if len(preceding) else begun.min()
                 seconds[tuple(keys)] = float(ended.max() - start)
     index = pd.MultiIndex.from_tuples(list(seconds), names=PHASE_KEYS) if seconds else None
     return pd.Series(list(seconds.values()), index=index, dtype="float64")
