@@ -139,6 +139,14 @@ def _read_performance(path: Path) -> pd.DataFrame | None:
     )
 
 
+def _asked_windows(validity: pd.DataFrame) -> pd.Series:
+    """The load window each phase of one run's ``validity`` was asked for, by PHASE_KEYS: the
+    run's longest where a phase recorded none."""
+    phases = validity.assign(rep=validity["rep"].astype("int64"), load_s=validity["load_s"].astype("float64"))
+    lengths = phases.set_index(PHASE_KEYS)["load_s"]
+    return lengths.fillna(lengths.max())
+
+
 def full_window_phases(validity: pd.DataFrame) -> pd.DataFrame:
     """The rows of one run's ``validity`` of its longest window (a phase that recorded none
     counts as full): the phases heat and the other metrics outside BETWEEN_RESTARTS pool,
@@ -146,8 +154,9 @@ def full_window_phases(validity: pd.DataFrame) -> pd.DataFrame:
     waits for no heat cooldown, by design)."""
     if "load_s" not in validity or validity["load_s"].isna().all():
         return validity
-    asked = validity["load_s"].astype("float64")
-    return validity[~(asked < float(asked.max()))]
+    asked = _asked_windows(validity)
+    full: pd.DataFrame = validity[(asked >= asked.max()).to_numpy()]
+    return full
 
 
 def with_windows(values: pd.DataFrame, validity: pd.DataFrame) -> pd.DataFrame:
@@ -159,10 +168,9 @@ def with_windows(values: pd.DataFrame, validity: pd.DataFrame) -> pd.DataFrame:
     beside the load, which moves a window's energy per token by itself, the same in both arms."""
     if "load_s" not in validity or validity["load_s"].isna().all() or values.empty:
         return values
-    phases = validity.assign(rep=validity["rep"].astype("int64"), load_s=validity["load_s"].astype("float64"))
-    lengths = phases.set_index(PHASE_KEYS)["load_s"]
-    keys = pd.MultiIndex.from_frame(values[PHASE_KEYS].astype({"rep": "int64"}))
+    lengths = _asked_windows(validity)
     full = float(lengths.max())
+    keys = pd.MultiIndex.from_frame(values[PHASE_KEYS].astype({"rep": "int64"}))
     asked = pd.Series(lengths.reindex(keys).to_numpy(), index=values.index).fillna(full)
     keep = values["metric"].isin(BETWEEN_RESTARTS) | ~(asked < full)
     return values.assign(**{WINDOW: asked})[keep].reset_index(drop=True)

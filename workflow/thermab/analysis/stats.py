@@ -15,8 +15,9 @@ Two estimates of an arm's effect, both as (arm − reference), also in % of the 
   period effect, each with a t interval on the residual degrees of freedom.  This estimate
   is then the one reported.  Where a metric's phases ran load windows of more than one length
   (``WINDOW``: ``until: decided`` shortens the windows once only speed questions are open),
-  the fit has a term per window as well: a window's length moves some metrics by itself
-  (a speed-only window runs more probes beside the load), the same in both arms of its block.
+  the fit has a window term as well (one indicator: shorter than the longest): a shorter
+  window moves some metrics by itself (a speed-only window runs more probes beside the
+  load), the same in both arms of its block.
 
 The interval in % divides by the reference mean and treats it as fixed, so it is given only
 where that mean can be told from zero (``per_cent_of``); a difference is a finding ("real")
@@ -36,7 +37,9 @@ from thermab import metric_names as names
 # SciPy and statsmodels are imported where they are used: together they take about a second
 # to import, which every importer of the finding names (summary, the report) would pay
 
-WINDOW = "window_s"  # the long table's column of a phase's load window (phase_length.with_windows)
+# the long table's column of the load window a phase was asked for, named as validity.csv
+# names it (phase_length.with_windows)
+WINDOW = "load_s"
 VARIANCE_COLUMNS = [
     "metric",
     "unit",
